@@ -1,0 +1,52 @@
+"""Exceptions raised by rl-export.
+
+Hierarchy::
+
+    RlExportError                  base of everything the CLI turns into a one-line message
+    ├── ConfigError                a setting is wrong; names the environment variable or flag
+    │   └── PartitionMismatchError topics exist with a partition count other than configured
+    ├── BrokerUnavailableError     Kafka cannot be reached at the configured bootstrap address
+    ├── StoreError                 the object store failed or refused a request
+    │   ├── ObjectExistsError      a create-only write lost: the object is already there
+    │   └── ObjectNotFoundError    a read asked for a key that is not there
+    └── LocalStackError            a local component (Kafka, SeaweedFS) could not be set up
+"""
+
+from __future__ import annotations
+
+
+class RlExportError(Exception):
+    """Base class: an error the command line reports as one line, without a traceback."""
+
+
+class ConfigError(RlExportError):
+    """A setting has a value that cannot work; the message names the setting."""
+
+    def __init__(self, setting: str, detail: str) -> None:
+        super().__init__(f"{setting}: {detail}")
+        self.setting = setting
+        self.detail = detail
+
+
+class PartitionMismatchError(ConfigError):
+    """Existing topics do not all have the configured partition count."""
+
+
+class BrokerUnavailableError(RlExportError):
+    """No Kafka broker answered at the bootstrap address."""
+
+
+class StoreError(RlExportError):
+    """The object store failed or refused a request."""
+
+
+class ObjectExistsError(StoreError):
+    """A create-only write found the key already present (another writer won)."""
+
+
+class LocalStackError(RlExportError):
+    """A local component (Kafka, SeaweedFS) could not be installed or started."""
+
+
+class ObjectNotFoundError(StoreError):
+    """A read asked for a key that does not exist."""

@@ -1,0 +1,341 @@
+"""Input events (DESIGN.md section 2) as pydantic models, decoded straight from JSON bytes.
+
+Every event carries ``event_id``, ``event_type``, ``occurred_at``, ``org``, ``project`` and
+``trace_id``; unknown extra fields are kept. ``decode_event`` turns the raw Kafka value into
+one of the models below or an :class:`EventRejection` that says why it cannot be accepted,
+which the worker sends to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+)
+
+# RFC 3339 date-time: a full date, a time with seconds, optional fraction, and an offset.
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+def parse_rfc3339(value: Any) -> datetime:
+    """Parse an RFC 3339 timestamp (offset or ``Z`` required) and normalise it to UTC."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("datetime has no UTC offset")
+        return value.astimezone(UTC)
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        raise ValueError("expected an RFC 3339 date-time with offset, e.g. 2026-01-31T12:00:00Z")
+    text = value.replace("t", "T").replace("z", "Z")
+    head, sep, tail = text.partition(".")
+    if sep:  # Python keeps microseconds: cut a longer fraction, keep the offset.
+        digits = re.match(r"\d+", tail)
+        assert digits is not None  # guaranteed by _RFC3339
+        text = f"{head}.{digits.group()[:6]}{tail[digits.end() :]}"
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except ValueError as exc:  # e.g. month 13: the shape matched, the calendar did not
+        raise ValueError(f"not a valid date-time: {exc}") from None
+
+
+def format_utc(value: datetime) -> str:
+    """Format a datetime as ISO 8601 in UTC with a ``Z`` suffix (the output convention)."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+UtcDatetime = Annotated[
+    datetime,
+    BeforeValidator(parse_rfc3339),
+    PlainSerializer(format_utc, return_type=str, when_used="json-unless-none"),
+]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+
+class _Open(BaseModel):
+    """A nested object whose unknown fields are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Message(_Open):
+    """One chat message. Validated for shape; the record keeps the original object."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[Any] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+
+
+def _check_messages(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for index, message in enumerate(value):
+        try:
+            Message.model_validate(message)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"messages[{index}].{where}: {first['msg']}") from None
+    return value
+
+
+# Messages pass through exactly as received: validated, never rebuilt.
+Messages = Annotated[list[dict[str, Any]], AfterValidator(_check_messages)]
+
+
+class Attachment(_Open):
+    """A reference to a file kept elsewhere (never its content)."""
+
+    name: NonEmptyStr
+    uri: NonEmptyStr
+    content_type: str
+    size: StrictInt = Field(ge=0)
+
+
+class EvaluatorResult(_Open):
+    """One evaluator's verdict on a trace."""
+
+    evaluator: NonEmptyStr
+    score: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True)
+    passed: StrictBool
+    reasoning: str | None = None
+
+
+class Outcome(_Open):
+    type: str
+    turn: StrictInt | None = None
+    decision: StrictBool | None = None
+    severity: StrictInt = Field(0, ge=0)
+
+
+class Assessment(_Open):
+    principle_id: str
+    decision: StrictBool | str | None = None
+    explanation: str | None = None
+
+
+class Classification(_Open):
+    type: str
+    turn: StrictInt | None = None
+    assessments: list[Assessment] = Field(default_factory=list)
+
+
+class Report(_Open):
+    outcomes: list[Outcome] = Field(default_factory=list)
+    classifications: list[Classification] = Field(default_factory=list)
+
+
+class Rubric(BaseModel):
+    """The four human ratings, each an integer 1..5."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    correctness: StrictInt = Field(ge=1, le=5)
+    helpfulness: StrictInt = Field(ge=1, le=5)
+    efficiency: StrictInt = Field(ge=1, le=5)
+    safety: StrictInt = Field(ge=1, le=5)
+
+    def total(self) -> int:
+        """Sum of the four ratings (4..20)."""
+        return self.correctness + self.helpfulness + self.efficiency + self.safety
+
+
+class BaseEvent(BaseModel):
+    """Fields every event carries; unknown extra fields are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    event_id: NonEmptyStr
+    occurred_at: UtcDatetime
+    org: NonEmptyStr
+    project: NonEmptyStr
+    trace_id: NonEmptyStr
+
+    def order_key(self) -> tuple[datetime, str]:
+        """Return the key that defines "latest": ``occurred_at``, then ``event_id``."""
+        return (self.occurred_at, self.event_id)
+
+
+class TraceCompleted(BaseEvent):
+    event_type: Literal["trace.completed"]
+    agent_version: str
+    scenario: str
+    messages: Messages
+    spans: list[Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    attachments: list[Attachment] = Field(default_factory=list)
+
+
+class TraceDeleted(BaseEvent):
+    event_type: Literal["trace.deleted"]
+
+
+class EvaluationFinished(BaseEvent):
+    event_type: Literal["evaluation.finished"]
+    evaluation_id: NonEmptyStr
+    results: list[EvaluatorResult]
+    report: Report = Field(default_factory=Report)
+
+
+class LabelSubmitted(BaseEvent):
+    event_type: Literal["label.submitted"]
+    labeler: NonEmptyStr
+    rubric: Rubric
+    comment: str | None = None
+
+
+class LabelSkipped(BaseEvent):
+    event_type: Literal["label.skipped"]
+    labeler: NonEmptyStr
+
+
+class LabelRetracted(BaseEvent):
+    event_type: Literal["label.retracted"]
+    labeler: NonEmptyStr
+
+
+Event = Annotated[
+    TraceCompleted
+    | TraceDeleted
+    | EvaluationFinished
+    | LabelSubmitted
+    | LabelSkipped
+    | LabelRetracted,
+    Field(discriminator="event_type"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+EVENT_MODELS: dict[str, type[BaseEvent]] = {
+    "trace.completed": TraceCompleted,
+    "trace.deleted": TraceDeleted,
+    "evaluation.finished": EvaluationFinished,
+    "label.submitted": LabelSubmitted,
+    "label.skipped": LabelSkipped,
+    "label.retracted": LabelRetracted,
+}
+
+
+class EventFamily(enum.StrEnum):
+    """Which input topic carries an event type (the setting names the topic itself)."""
+
+    TRACES = "traces"
+    EVALUATIONS = "evaluations"
+    LABELS = "labels"
+
+
+FAMILY_OF_TYPE: dict[str, EventFamily] = {
+    "trace.completed": EventFamily.TRACES,
+    "trace.deleted": EventFamily.TRACES,
+    "evaluation.finished": EventFamily.EVALUATIONS,
+    "label.submitted": EventFamily.LABELS,
+    "label.skipped": EventFamily.LABELS,
+    "label.retracted": EventFamily.LABELS,
+}
+
+
+class RejectReason(enum.StrEnum):
+    """Why an event went to the dead-letter topic (a bounded label for metrics)."""
+
+    BAD_JSON = "bad_json"
+    UNKNOWN_EVENT_TYPE = "unknown_event_type"
+    WRONG_TOPIC = "wrong_topic"
+    INVALID = "invalid"
+    OVERSIZED = "oversized"
+    FUTURE = "future"
+    KEY_MISMATCH = "key_mismatch"
+    ORG_MISMATCH = "org_mismatch"
+
+
+@dataclass(frozen=True)
+class EventRejection:
+    """An event that cannot be accepted, with the reason and a human-readable detail."""
+
+    reason: RejectReason
+    detail: str
+
+
+def _describe(exc: ValidationError) -> tuple[RejectReason, str]:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    kind = first["type"]
+    if kind == "json_invalid":
+        return RejectReason.BAD_JSON, f"not valid JSON: {first['msg']}"
+    if kind == "dict_type" and not first["loc"]:
+        return RejectReason.INVALID, "the event is valid JSON but not a JSON object"
+    if kind == "union_tag_not_found":
+        return RejectReason.INVALID, "event_type is missing"
+    if kind == "union_tag_invalid":
+        ctx = first.get("ctx") or {}
+        return RejectReason.UNKNOWN_EVENT_TYPE, f"unknown event_type {ctx.get('tag')!r}"
+    parts = []
+    for err in errors[:3]:
+        # loc starts with the union tag ("label.submitted"); drop it from the path.
+        loc = [str(p) for p in err["loc"][1:]] or ["event"]
+        message = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(loc)}: {message}")
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return RejectReason.INVALID, "; ".join(parts) + more
+
+
+def decode_event(
+    raw: bytes,
+    *,
+    max_bytes: int,
+    now: datetime,
+    future_tolerance_s: float,
+    key: bytes | None = None,
+    family: EventFamily | None = None,
+) -> BaseEvent | EventRejection:
+    """Decode and check one Kafka value; never raises for bad input.
+
+    Checks, in order: size, JSON and schema (pydantic parses the bytes itself), that the
+    event type belongs on the topic it came from, that the Kafka key is the ``trace_id``,
+    and that ``occurred_at`` is not further in the future than the tolerance.
+    """
+    if len(raw) > max_bytes:
+        return EventRejection(
+            RejectReason.OVERSIZED, f"event is {len(raw)} bytes, the limit is {max_bytes}"
+        )
+    try:
+        event: BaseEvent = EVENT_ADAPTER.validate_json(raw)
+    except ValidationError as exc:
+        reason, detail = _describe(exc)
+        return EventRejection(reason, detail)
+    event_type: str = getattr(event, "event_type")  # noqa: B009 - every union member has it
+    if family is not None and FAMILY_OF_TYPE[event_type] is not family:
+        return EventRejection(
+            RejectReason.WRONG_TOPIC, f"{event_type} does not belong on the {family} topic"
+        )
+    if key is not None and key != event.trace_id.encode():
+        return EventRejection(
+            RejectReason.KEY_MISMATCH,
+            f"Kafka key {key[:80]!r} is not the trace_id {event.trace_id[:80]!r}",
+        )
+    ahead = (event.occurred_at - now).total_seconds()
+    if ahead > future_tolerance_s:
+        return EventRejection(
+            RejectReason.FUTURE,
+            f"occurred_at {format_utc(event.occurred_at)} is {ahead:.0f}s ahead of the "
+            f"worker's clock (tolerance {future_tolerance_s:.0f}s)",
+        )
+    return event
+
+
+def event_type_of(event: BaseEvent) -> str:
+    """Return the ``event_type`` of a decoded event."""
+    value: str = getattr(event, "event_type")  # noqa: B009 - declared on every subclass
+    return value

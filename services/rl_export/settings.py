@@ -1,0 +1,108 @@
+"""The one settings class: every environment variable rl-export reads is named here.
+
+Each field ``name`` is read from ``RL_EXPORT_<NAME>`` (for example ``RL_EXPORT_KAFKA_BOOTSTRAP``);
+command-line flags override the environment. Settings are frozen once loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rl_export.errors import ConfigError
+from rl_export.storeurl import parse_store_url
+
+ENV_PREFIX = "RL_EXPORT_"
+MIB = 1024 * 1024
+DAY_S = 24 * 3600
+
+_BOOTSTRAP = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+class Settings(BaseSettings):
+    """Every setting of the service, with its default."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    # Kafka
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Comma-separated host:port list of Kafka brokers."
+    )
+    topic_traces: str = "traces.completed"
+    topic_evaluations: str = "evaluations.finished"
+    topic_labels: str = "labels.submitted"
+    topic_trajectories: str = "trajectories"
+    topic_dead_letter: str = "rl-export.dead-letter"
+    partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
+    replication_factor: int = Field(1, ge=1, le=32)
+    app_id: str = Field("rl-export", min_length=1, description="Consumer group of the join.")
+    sink_group: str = Field("rl-export-sink", min_length=1)
+
+    # Events and the join
+    max_event_bytes: int = Field(MIB, ge=1024, description="Larger events are dead-lettered.")
+    future_tolerance_s: float = Field(DAY_S, ge=0)
+    human_pass_threshold: float = Field(0.7, ge=0.0, le=1.0)
+    orphan_retention_s: float = Field(7 * DAY_S, gt=0)
+    tombstone_retention_s: float = Field(7 * DAY_S, gt=0)
+    state_store: str = Field("rocksdb://", pattern=r"^(rocksdb|memory)://$")
+
+    # Object storage and shards
+    store_url: str = Field("var/store", description="file:///abs/path, a path, or s3://bucket/p")
+    shard_max_records: int = Field(10_000, ge=1)
+    shard_max_bytes: int = Field(64 * MIB, ge=1024)
+    shard_max_age_s: float = Field(10.0, gt=0)
+
+    # Local stack and servers
+    data_dir: Path = Field(Path("var"), description="Where the embedded stack keeps its data.")
+    broker_port: int = Field(9092, ge=1, le=65535)
+    worker_web_port: int = Field(6066, ge=1, le=65535)
+    web_port: int = Field(8080, ge=1, le=65535)
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers or not all(_BOOTSTRAP.match(s) for s in servers):
+            raise ValueError(f"expected host:port[,host:port...], got {value!r}")
+        return ",".join(servers)
+
+    @field_validator("store_url")
+    @classmethod
+    def _check_store_url(cls, value: str) -> str:
+        parse_store_url(value)  # raises ValueError with the reason
+        return value
+
+    @property
+    def input_topics(self) -> tuple[str, str, str]:
+        """The three input topics, in the order traces, evaluations, labels."""
+        return (self.topic_traces, self.topic_evaluations, self.topic_labels)
+
+    @property
+    def all_topics(self) -> tuple[str, ...]:
+        """Every topic the service creates and checks at start."""
+        return (*self.input_topics, self.topic_trajectories, self.topic_dead_letter)
+
+
+def env_name(field: str) -> str:
+    """Return the environment variable that sets ``field``."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Load settings from the environment, apply overrides, and report errors as ConfigError.
+
+    The error names the environment variable of the first invalid setting, so the command
+    line can print one line instead of a validation traceback.
+    """
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**clean)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(env_name(field), message) from None
