@@ -1,0 +1,72 @@
+"""Real components for the integration tests, started once per test session.
+
+* ``kafka``: the local single-node Apache Kafka (KRaft) of ``rl_export.broker``;
+* ``s3``: SeaweedFS serving the S3 API, with ``AWS_ENDPOINT_URL`` pointed at it;
+* ``settings``: per test, unique topic names and consumer groups on that broker.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rl_export.broker import LocalKafka
+from rl_export.process import free_port
+from rl_export.seaweed import LOCAL_CREDENTIALS, LocalS3
+from rl_export.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), free_port(), heap="512m")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
+    server = LocalS3(tmp_path_factory.mktemp("seaweedfs"), bucket="rl-export-test")
+    saved = {k: os.environ.get(k) for k in (*LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL")}
+    server.start()
+    os.environ.update(LOCAL_CREDENTIALS)
+    os.environ["AWS_ENDPOINT_URL"] = server.endpoint_url
+    try:
+        yield server
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def settings(kafka: LocalKafka, tmp_path: Path) -> Settings:
+    """Settings for one test: its own topics, consumer groups, data dir and local store."""
+    run = unique("t")
+    return Settings(
+        kafka_bootstrap=kafka.bootstrap,
+        topic_traces=f"{run}.traces.completed",
+        topic_evaluations=f"{run}.evaluations.finished",
+        topic_labels=f"{run}.labels.submitted",
+        topic_trajectories=f"{run}.trajectories",
+        topic_dead_letter=f"{run}.dead-letter",
+        partitions=4,
+        app_id=f"{run}-join",
+        sink_group=f"{run}-sink",
+        data_dir=tmp_path / "var",
+        store_url=str(tmp_path / "store"),
+        state_store="memory://",
+    )

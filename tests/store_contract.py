@@ -1,0 +1,64 @@
+"""One test body for every ObjectStore: memory and local in the unit tests, S3 in integration."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rl_export.errors import ObjectExistsError, ObjectNotFoundError
+from rl_export.store import ObjectStore
+
+
+async def check_store_contract(store: ObjectStore) -> None:
+    """Exercise every method of the interface and the create-only semantics."""
+    await store.check()
+    assert await store.list("acme/") == []
+
+    await store.put("acme/bot/human/data/t-0/a.jsonl", b'{"a":1}\n')
+    await store.put("acme/bot/human/data/t-0/a.jsonl", b'{"a":2}\n')  # put replaces
+    assert await store.get("acme/bot/human/data/t-0/a.jsonl") == b'{"a":2}\n'
+
+    await store.put_if_absent("acme/bot/human/_manifest/t-0/00000000000000000000.json", b"w1")
+    with pytest.raises(ObjectExistsError):
+        await store.put_if_absent("acme/bot/human/_manifest/t-0/00000000000000000000.json", b"w2")
+    assert await store.get("acme/bot/human/_manifest/t-0/00000000000000000000.json") == b"w1"
+
+    await store.put("acme/bot/evaluator/x.json", b"{}")
+    await store.put("acme/botany/human/y.json", b"{}")
+    assert await store.list("acme/bot/") == [
+        "acme/bot/evaluator/x.json",
+        "acme/bot/human/_manifest/t-0/00000000000000000000.json",
+        "acme/bot/human/data/t-0/a.jsonl",
+    ]
+    assert await store.list("acme/bot/human/_manifest/t-0/0000") == [
+        "acme/bot/human/_manifest/t-0/00000000000000000000.json"
+    ]
+
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("acme/bot/missing.json")
+
+    await store.delete("acme/bot/evaluator/x.json")
+    await store.delete("acme/bot/evaluator/x.json")  # deleting twice is fine
+    assert "acme/bot/evaluator/x.json" not in await store.list("acme/")
+
+    for bad in ("", "/abs", "a/../b", "a//b", "dir/"):
+        with pytest.raises(ValueError, match="key"):
+            await store.put(bad, b"x")
+
+
+async def check_create_only_race(store: ObjectStore, writers: int = 8) -> None:
+    """Concurrent create-only writers of one key: exactly one wins, the object is its bytes."""
+    key = "race/_manifest/t-0/00000000000000000042.json"
+
+    async def attempt(n: int) -> int | None:
+        try:
+            await store.put_if_absent(key, f"writer-{n}".encode())
+        except ObjectExistsError:
+            return None
+        return n
+
+    results = await asyncio.gather(*(attempt(n) for n in range(writers)))
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    assert await store.get(key) == f"writer-{winners[0]}".encode()
