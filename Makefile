@@ -1,0 +1,61 @@
+# rl-export task runner. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+prereqs: ## check Python >= 3.11, Java >= 17 and Maven, with a clear message
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rl-export needs Python >= 3.11, found " + sys.version.split()[0])'
+	@command -v java >/dev/null || { echo "rl-export needs Java >= 17 for the local Kafka broker: java not found" >&2; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  [ "$${v:-0}" -ge 17 ] || { echo "rl-export needs Java >= 17 for the local Kafka broker, found $$v" >&2; exit 1; }
+	@command -v mvn >/dev/null || { echo "rl-export needs Maven to fetch Kafka from Maven Central: mvn not found" >&2; exit 1; }
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory prereqs
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install rl-export with the dev tools (idempotent)
+
+run: install ## start the embedded stack (Kafka, every stage, synthetic traffic); data in var/
+	$(BIN)/rl-export dev
+
+lint: install ## ruff lint and format check
+	$(BIN)/ruff check services tests
+	$(BIN)/ruff format --check services tests
+
+typecheck: install ## mypy --strict
+	$(BIN)/mypy
+
+format: install ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff format services tests
+	$(BIN)/ruff check --fix services tests
+
+schemas: install ## regenerate schemas/ from the pydantic models
+	$(BIN)/python -m rl_export.schemas schemas
+
+unit: install ## the fast unit tests only
+	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+
+integration: install ## the integration tests (real Kafka broker and SeaweedFS)
+	$(BIN)/python -m pytest -m integration $(PYTEST_ARGS)
+
+# pytest exits 5 when it collected no tests: for us that is a failure, not a pass.
+test: lint typecheck ## the whole suite: lint, types, unit and integration tests
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
