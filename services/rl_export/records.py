@@ -75,3 +75,46 @@ class Tombstone(_Record):
     reward_source: RewardSource | None
     revision: int = Field(ge=1)
     deleted: Literal[True] = True
+
+
+CorpusSource = RewardSource | None
+"""A corpus's reward source: ``human``, ``evaluator``, or None for the ``traces`` corpus."""
+
+
+def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | None:
+    """Render a join snapshot as the ``trajectory`` record of one corpus.
+
+    Returns the tombstone of a deleted trace, the record when the trajectory is ready for
+    ``source`` (always, for the ``traces`` corpus), or None when it is not ready. The sink
+    writes a tombstone when a trajectory it holds stops being ready.
+    """
+    if snapshot["deleted"]:
+        return tombstone(snapshot, source)
+    if source is None:
+        reward = None
+    else:
+        reward = snapshot[source]
+        if reward is None:
+            return None
+    scored = {
+        "reward_source": source,
+        "reward": None if reward is None else reward["reward"],
+        "passed": None if reward is None else reward["passed"],
+    }
+    return {k: scored[k] if k in scored else snapshot[k] for k in _RECORD_FIELDS}
+
+
+def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
+    """The tombstone of a trace in one corpus: it hides every earlier revision."""
+    return {
+        "trace_id": snapshot["trace_id"],
+        "org": snapshot["org"],
+        "project": snapshot["project"],
+        "reward_source": source,
+        "revision": snapshot["revision"],
+        "deleted": True,
+    }
+
+
+# The record's fields, in DESIGN.md order.
+_RECORD_FIELDS = list(TrajectoryRecord.model_fields)
