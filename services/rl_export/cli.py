@@ -83,6 +83,15 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from rl_export.worker import run_worker
+
+    settings = _settings(
+        args, kafka_bootstrap="bootstrap", store_url="store", worker_web_port="web_port"
+    )
+    return run_worker(settings)
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from rl_export.dev import run_dev
 
@@ -110,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=5.0, help="synthetic traces per second (0 for none)"
     )
     p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("worker", help="a stream-processing worker (the join)")
+    p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
+    p.add_argument("--store", metavar="URL", help="object store URL")
+    p.add_argument("--web-port", type=int, help="port of /metrics, /healthz, /readyz")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")

@@ -49,9 +49,9 @@ class Stage(ManagedProcess):
 def stages(settings: Settings) -> list[tuple[str, list[str]]]:
     """Return the stages the embedded stack runs, as (name, rl-export arguments).
 
-    Stages are added here as they are built (the join worker, the sink, the web service).
+    Stages are added here as they are built (the sink and the web service come next).
     """
-    return []
+    return [("worker", ["worker", "--web-port", str(settings.worker_web_port)])]
 
 
 async def _traffic(settings: Settings, rate: float, stop: asyncio.Event) -> None:
@@ -105,6 +105,7 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
         print(f"  object store       {store}")
         for stage in running:
             print(f"  {stage.name:<18} pid {stage.pid}  (log {stage.log_path})")
+        print(f"  worker metrics     http://127.0.0.1:{settings.worker_web_port}/metrics")
         asyncio.run(_serve(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
                            traffic_rate))  # fmt: skip
     finally:

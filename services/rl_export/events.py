@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -257,6 +258,7 @@ class RejectReason(enum.StrEnum):
     OVERSIZED = "oversized"
     FUTURE = "future"
     KEY_MISMATCH = "key_mismatch"
+    WRONG_PARTITION = "wrong_partition"
     ORG_MISMATCH = "org_mismatch"
 
 
@@ -266,6 +268,25 @@ class EventRejection:
 
     reason: RejectReason
     detail: str
+
+
+# pydantic's JSON parser accepts NaN and Infinity, and integers of any size; neither can be
+# written back as standard JSON by orjson. Events that may hold them get a strict parse.
+_SUSPECT = re.compile(rb"NaN|Infinity|\d{19}")
+
+
+def _strict_json_problem(raw: bytes, event: BaseEvent) -> EventRejection | None:
+    if not _SUSPECT.search(raw):
+        return None
+    try:
+        orjson.loads(raw)  # refuses NaN and Infinity
+    except orjson.JSONDecodeError as exc:
+        return EventRejection(RejectReason.BAD_JSON, f"not valid JSON: {exc}")
+    try:
+        orjson.dumps(event.model_dump())  # refuses integers beyond 64 bits
+    except TypeError as exc:
+        return EventRejection(RejectReason.INVALID, f"cannot be stored: {exc}")
+    return None
 
 
 def _describe(exc: ValidationError) -> tuple[RejectReason, str]:
@@ -302,7 +323,8 @@ def decode_event(
 ) -> BaseEvent | EventRejection:
     """Decode and check one Kafka value; never raises for bad input.
 
-    Checks, in order: size, JSON and schema (pydantic parses the bytes itself), that the
+    Checks, in order: size, JSON and schema (pydantic parses the bytes itself; NaN,
+    Infinity and integers beyond 64 bits are refused, as orjson cannot write them), that the
     event type belongs on the topic it came from, that the Kafka key is the ``trace_id``,
     and that ``occurred_at`` is not further in the future than the tolerance.
     """
@@ -315,6 +337,9 @@ def decode_event(
     except ValidationError as exc:
         reason, detail = _describe(exc)
         return EventRejection(reason, detail)
+    problem = _strict_json_problem(raw, event)
+    if problem is not None:
+        return problem
     event_type: str = getattr(event, "event_type")  # noqa: B009 - every union member has it
     if family is not None and FAMILY_OF_TYPE[event_type] is not family:
         return EventRejection(

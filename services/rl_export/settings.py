@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     orphan_retention_s: float = Field(7 * DAY_S, gt=0)
     tombstone_retention_s: float = Field(7 * DAY_S, gt=0)
     state_store: str = Field("rocksdb://", pattern=r"^(rocksdb|memory)://$")
+    join_batch_size: int = Field(1000, ge=1, description="Events the join takes per batch.")
+    join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
+    expiry_scan_interval_s: float = Field(3600.0, gt=0)
 
     # Object storage and shards
     store_url: str = Field("var/store", description="file:///abs/path, a path, or s3://bucket/p")
@@ -61,6 +64,8 @@ class Settings(BaseSettings):
     broker_port: int = Field(9092, ge=1, le=65535)
     worker_web_port: int = Field(6066, ge=1, le=65535)
     web_port: int = Field(8080, ge=1, le=65535)
+    web_host: str = Field("127.0.0.1", description="Address the HTTP servers bind to.")
+    log_level: str = Field("warn", pattern=r"^(crit|error|warn|info|debug)$")
 
     @field_validator("kafka_bootstrap")
     @classmethod

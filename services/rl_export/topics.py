@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.partitioner import murmur2
 
 from rl_export.errors import BrokerUnavailableError, PartitionMismatchError, RlExportError
 from rl_export.settings import Settings, env_name
@@ -146,3 +147,9 @@ async def ensure_service_topics(settings: Settings) -> dict[str, int]:
         topic_specs(settings),
         replication_factor=settings.replication_factor,
     )
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as in the Java client) picks."""
+    hashed: int = murmur2(key)
+    return (hashed & 0x7FFFFFFF) % partitions

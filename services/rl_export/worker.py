@@ -1,0 +1,466 @@
+"""The join worker: a Faust app whose agent joins the three input topics into a table.
+
+How an event travels through the worker (the steps match :meth:`JoinProcessor.process`):
+
+1. The agent takes a batch of events (up to ``join_batch_size``, waiting at most
+   ``join_batch_window_s``) from the three input topics, which are co-partitioned by
+   ``trace_id``, so one trace's events always reach the same worker.
+2. Each event is decoded from its bytes and checked (size, JSON, schema, topic, key,
+   partition, clock). One that fails goes to the dead-letter topic with its original
+   bytes, its source topic, partition and offset, and the reason in the headers.
+3. The event is merged into its trace's state (:func:`rl_export.join.merge`). States are
+   read from the table once per trace per batch and kept in a working set.
+4. After the batch, every touched state is written to the table once (RocksDB and its
+   changelog topic), then the last snapshot of each trace that emitted is sent to the
+   ``trajectories`` topic (revisions may skip numbers, which DESIGN.md allows).
+5. Faust acks the batch; its consumer commit flushes the producer (changelog, snapshots,
+   dead letters) before it commits offsets: at least once. A redelivered event is a
+   duplicate: it re-sends the current snapshot with the same revision and rewrites the
+   state (so a changelog write lost in a crash is made good); the sink drops the repeat.
+6. States due to expire (orphans, tombstones) in the batch's partitions are deleted.
+   A read-only timer rebuilds the expiry index from the table after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rl_export.events import EventFamily, EventRejection, RejectReason, decode_event, event_type_of
+from rl_export.join import JoinConfig, RawEvent, TraceState, dump_state, expired, load_state, merge
+from rl_export.metrics import Metrics
+from rl_export.settings import Settings
+from rl_export.topics import partition_for
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "trace-state"
+HEADER_EVENT_MS = "rl-export-event-ms"
+
+
+@dataclass(frozen=True)
+class InMessage:
+    """What the join needs of one Kafka message; ``handle`` is the transport's own event."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int | None = None
+    handle: Any = None
+
+
+class StateTable(Protocol):
+    """The join's state, keyed by ``trace_id`` bytes; ``at`` says which message is current."""
+
+    def get(self, key: bytes, at: InMessage) -> bytes | None: ...
+    def put(self, key: bytes, value: bytes, at: InMessage) -> None: ...
+    def delete(self, key: bytes, at: InMessage) -> None: ...
+    def items(self) -> Iterable[tuple[bytes, bytes]]: ...
+    def __len__(self) -> int: ...
+
+
+class Emitter(Protocol):
+    """Where snapshots and dead letters go."""
+
+    async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None: ...
+    async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
+
+
+class MemoryTable:
+    """A dict-backed :class:`StateTable` for unit tests and ``replay``."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes, at: InMessage) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: bytes, value: bytes, at: InMessage) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes, at: InMessage) -> None:
+        self.data.pop(key, None)
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]:
+        return list(self.data.items())
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def dead_letter_headers(message: InMessage, rejection: EventRejection) -> list[tuple[str, bytes]]:
+    """Headers that say where a dead letter came from and why (the value is the original)."""
+    return [
+        ("rl-export-reason", rejection.reason.value.encode()),
+        ("rl-export-detail", rejection.detail.encode()[:4096]),
+        ("rl-export-source-topic", message.topic.encode()),
+        ("rl-export-source-partition", str(message.partition).encode()),
+        ("rl-export-source-offset", str(message.offset).encode()),
+    ]
+
+
+@dataclass
+class BatchResult:
+    """What one batch did (for tests and logs)."""
+
+    snapshots: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    rejected: list[tuple[InMessage, EventRejection]] = field(default_factory=list)
+    expired: list[tuple[bytes, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Touched:
+    state: TraceState
+    last: InMessage
+    emit: bool = False
+    event_ms: int | None = None
+
+
+class JoinProcessor:
+    """Runs steps 2-4 and 6 of the flow above over a batch; no Kafka in here."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        table: StateTable,
+        emitter: Emitter,
+        metrics: Metrics,
+        families: dict[str, EventFamily],
+    ) -> None:
+        self.settings = settings
+        self.table = table
+        self.emitter = emitter
+        self.metrics = metrics
+        self.families = families
+        self.config = JoinConfig(human_pass_threshold=settings.human_pass_threshold)
+        # partition -> heap of (deadline, trace_id): states that may expire then.
+        self._expiry: dict[int, list[tuple[float, bytes]]] = {}
+
+    def _check(self, message: InMessage, now: datetime) -> Any:
+        decoded = decode_event(
+            message.value,
+            max_bytes=self.settings.max_event_bytes,
+            now=now,
+            future_tolerance_s=self.settings.future_tolerance_s,
+            key=message.key,
+            family=self.families.get(message.topic),
+        )
+        if isinstance(decoded, EventRejection):
+            return decoded
+        expected = partition_for(decoded.trace_id.encode(), self.settings.partitions)
+        if message.partition >= 0 and message.partition != expected:
+            return EventRejection(
+                RejectReason.WRONG_PARTITION,
+                f"trace {decoded.trace_id!r} belongs on partition {expected} (Kafka's default "
+                f"partitioner), not {message.partition}",
+            )
+        return decoded
+
+    async def process(self, messages: list[InMessage], now: float | None = None) -> BatchResult:
+        """Decode, merge and emit a batch; write each touched state once."""
+        clock = time.time() if now is None else now
+        wall = datetime.fromtimestamp(clock, UTC)
+        result = BatchResult()
+        touched: dict[bytes, _Touched] = {}
+        self.metrics.batch_size.observe(len(messages))
+
+        for message in messages:  # step 2 and 3
+            decoded = self._check(message, wall)
+            if isinstance(decoded, EventRejection):
+                result.rejected.append((message, decoded))
+                self.metrics.events.labels("unknown", "rejected").inc()
+                continue
+            key = decoded.trace_id.encode()
+            entry = touched.get(key)
+            if entry is not None:
+                state: TraceState | None = entry.state
+            else:
+                stored = self.table.get(key, message)
+                state = None if stored is None else load_state(stored)
+            raw = RawEvent(
+                message.value, message.topic, message.partition, message.offset,
+                message.timestamp_ms,
+            )  # fmt: skip
+            merged = merge(state, decoded, raw, now=clock, config=self.config)
+            self.metrics.events.labels(event_type_of(decoded), merged.outcome).inc()
+            if entry is None:
+                entry = touched[key] = _Touched(merged.state, message)
+            else:
+                entry.state, entry.last = merged.state, message
+            for item, rejection in merged.rejected:
+                origin = InMessage(item.topic, item.partition, item.offset, key, item.value)
+                result.rejected.append((origin, rejection))
+            if merged.snapshot is not None:
+                entry.emit = True
+                entry.event_ms = message.timestamp_ms
+                result.snapshots[key] = merged.snapshot
+
+        for key, entry in touched.items():  # step 4: one table write per trace
+            self.table.put(key, dump_state(entry.state), entry.last)
+            self._schedule(key, entry.state, entry.last.partition)
+        for key, snapshot in result.snapshots.items():
+            event_ms = touched[key].event_ms
+            await self.emitter.snapshot(key, orjson.dumps(snapshot), event_ms)
+            self.metrics.snapshots.inc()
+            if event_ms is not None:
+                self.metrics.latency.observe(max(0.0, clock - event_ms / 1000))
+        for message, rejection in result.rejected:
+            await self.emitter.dead_letter(message, rejection)
+            self.metrics.rejected.labels(rejection.reason.value).inc()
+
+        result.expired = self._expire(messages, clock)  # step 6
+        self.metrics.table_keys.set(len(self.table))
+        return result
+
+    def _deadline(self, state: TraceState) -> float | None:
+        if state.deleted and state.deleted_at is not None:
+            return state.deleted_at + self.settings.tombstone_retention_s
+        if state.is_orphan and state.first_pending_at is not None:
+            return state.first_pending_at + self.settings.orphan_retention_s
+        return None
+
+    def _schedule(self, key: bytes, state: TraceState, partition: int) -> None:
+        deadline = self._deadline(state)
+        if deadline is not None:
+            heapq.heappush(self._expiry.setdefault(partition, []), (deadline, key))
+
+    def rebuild_expiry(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Index every state that may expire (after a restart); return how many."""
+        count = 0
+        for key, value in items:
+            state = load_state(value)
+            if self._deadline(state) is not None:
+                self._schedule(key, state, partition_for(key, self.settings.partitions))
+                count += 1
+        return count
+
+    def _expire(self, messages: list[InMessage], now: float) -> list[tuple[bytes, str]]:
+        dropped: list[tuple[bytes, str]] = []
+        at_partition = {m.partition: m for m in messages}
+        for partition, at in at_partition.items():
+            heap = self._expiry.get(partition)
+            while heap and heap[0][0] <= now:
+                _, key = heapq.heappop(heap)
+                stored = self.table.get(key, at)
+                if stored is None:
+                    continue
+                kind = expired(
+                    load_state(stored),
+                    now,
+                    self.settings.orphan_retention_s,
+                    self.settings.tombstone_retention_s,
+                )
+                if kind is not None:  # the state may have moved on since it was indexed
+                    self.table.delete(key, at)
+                    self.metrics.expired.labels(kind).inc()
+                    dropped.append((key, kind))
+        return dropped
+
+
+# --- Faust ---------------------------------------------------------------------------------
+
+
+def _set_current_event(event: Any) -> None:
+    """Make ``event`` Faust's current event.
+
+    Faust tables and the RocksDB store find a key's partition from the current event. The
+    agent handles a whole batch at once, so it names the event each table access belongs to.
+    """
+    from faust.streams import _current_event
+
+    _current_event.set(weakref.ref(event))
+
+
+class FaustTable:
+    """:class:`StateTable` over a Faust table (RocksDB or memory, changelog-backed)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, key: bytes, at: InMessage) -> bytes | None:
+        _set_current_event(at.handle)
+        value: bytes | None = self.table.get(key)
+        return value
+
+    def put(self, key: bytes, value: bytes, at: InMessage) -> None:
+        _set_current_event(at.handle)
+        self.table[key] = value
+
+    def delete(self, key: bytes, at: InMessage) -> None:
+        _set_current_event(at.handle)
+        self.table.pop(key, None)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.table.items()
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+class FaustEmitter:
+    """:class:`Emitter` that sends through the Faust app's producer."""
+
+    def __init__(self, trajectories: Any, dead_letter: Any) -> None:
+        self.trajectories = trajectories
+        self.dead_letter_topic = dead_letter
+
+    async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None:
+        headers = [] if event_ms is None else [(HEADER_EVENT_MS, str(event_ms).encode())]
+        await self.trajectories.send(key=key, value=value, headers=headers)
+
+    async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
+        await self.dead_letter_topic.send(
+            key=message.key, value=message.value, headers=dead_letter_headers(message, rejection)
+        )
+
+
+@dataclass
+class WorkerApp:
+    """The Faust app with its processor and metrics."""
+
+    app: Any
+    processor: JoinProcessor
+    metrics: Metrics
+    changelog_topic: str
+
+
+def changelog_topic_name(settings: Settings) -> str:
+    return f"{settings.app_id}-{TABLE_NAME}-changelog"
+
+
+def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> WorkerApp:
+    """Declare the Faust app, its table, topics, agent, timer and web pages."""
+    import faust
+
+    datadir = settings.data_dir / "worker" / settings.app_id
+    datadir.mkdir(parents=True, exist_ok=True)
+    raw: Any = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw",
+                       value_serializer="raw")  # fmt: skip
+    app = faust.App(
+        settings.app_id,
+        broker=[f"kafka://{server}" for server in settings.kafka_bootstrap.split(",")],
+        store=settings.state_store,
+        datadir=str(datadir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_disable_leader=True,
+        # Bytes in, bytes out: we decode events ourselves (pydantic from JSON bytes). Set on
+        # the app as well as the topics, since Faust falls back to the app's serializers.
+        key_serializer="raw",
+        value_serializer="raw",
+        processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_max_request_size=settings.max_event_bytes * 2 + 64 * 1024,
+        producer_linger=0.01,
+        web_enabled=True,
+        web_bind=settings.web_host,
+        web_host=settings.web_host,
+        web_port=settings.worker_web_port,
+        web_in_thread=False,
+    )
+    families = {
+        settings.topic_traces: EventFamily.TRACES,
+        settings.topic_evaluations: EventFamily.EVALUATIONS,
+        settings.topic_labels: EventFamily.LABELS,
+    }
+    inputs = app.topic(*families, schema=raw, partitions=settings.partitions)
+    trajectories = app.topic(settings.topic_trajectories, schema=raw)
+    dead_letter = app.topic(settings.topic_dead_letter, schema=raw)
+    # No schema= here: a table declared with a Schema starves the agent of its events
+    # (faust-streaming 0.15); the app-level raw serializers apply to the changelog.
+    table = app.Table(
+        TABLE_NAME, default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes
+    )
+    metrics = Metrics(registry or CollectorRegistry())
+    processor = JoinProcessor(
+        settings, FaustTable(table), FaustEmitter(trajectories, dead_letter), metrics, families
+    )
+
+    @app.agent(inputs, concurrency=1)
+    async def join(stream: Any) -> None:  # step 1: decode, merge, emit; nothing else here
+        async for batch in stream.take_events(
+            settings.join_batch_size, within=settings.join_batch_window_s
+        ):
+            messages = [
+                InMessage(
+                    e.message.topic,
+                    e.message.partition,
+                    e.message.offset,
+                    e.message.key,
+                    e.message.value,
+                    _timestamp_ms(e.message.timestamp),
+                    e,
+                )
+                for e in batch
+            ]
+            await processor.process(messages)
+
+    # A read-only scan: the agent alone writes the table, so the two never race.
+    @app.timer(settings.expiry_scan_interval_s, on_leader=False)  # type: ignore[untyped-decorator]
+    async def rebuild_expiry_index() -> None:
+        if _ready(app):
+            found = processor.rebuild_expiry(processor.table.items())
+            log.info("expiry index rebuilt: %d states may expire", found)
+
+    @app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        return web.json({"status": "ok"})
+
+    @app.page("/readyz")
+    async def readyz(web: Any, request: Any) -> Any:
+        ready = _ready(app)
+        return web.json({"ready": ready}, status=200 if ready else 503)
+
+    @app.page("/metrics")
+    async def metrics_page(web: Any, request: Any) -> Any:
+        # aiohttp takes the charset separately from the media type.
+        return web.bytes(generate_latest(metrics.registry), content_type="text/plain")
+
+    return WorkerApp(app, processor, metrics, changelog_topic_name(settings))
+
+
+def _timestamp_ms(value: float | None) -> int | None:
+    return None if value is None else int(value * 1000)
+
+
+def _ready(app: Any) -> bool:
+    """Joined the group, assigned partitions, table recovered, not rebalancing."""
+    try:
+        assigned = app.assignor.assigned_actives()
+        recovered = app.tables.recovery.completed.is_set()
+    except AttributeError:  # before the consumer and tables exist
+        return False
+    return bool(assigned) and recovered and not app.rebalancing
+
+
+def run_worker(settings: Settings) -> int:
+    """Check the topics, then run the worker until SIGTERM/SIGINT; return the exit code."""
+    import faust
+
+    from rl_export.topics import check_partition_counts, ensure_service_topics, partition_counts
+
+    async def check_topics() -> dict[str, int]:
+        await ensure_service_topics(settings)
+        return await partition_counts(settings.kafka_bootstrap, [changelog_topic_name(settings)])
+
+    check_partition_counts(asyncio.run(check_topics()), settings.partitions)
+    asyncio.set_event_loop(asyncio.new_event_loop())  # asyncio.run closed the previous one
+    built = build_app(settings)
+    worker = faust.Worker(built.app, loglevel=settings.log_level, quiet=True)
+    try:
+        worker.execute_from_commandline()  # returns only by raising SystemExit
+    except SystemExit as exc:
+        return int(exc.code or 0)
