@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     replication_factor: int = Field(1, ge=1, le=32)
     app_id: str = Field("rl-export", min_length=1, description="Consumer group of the join.")
     sink_group: str = Field("rl-export-sink", min_length=1)
+    session_timeout_s: float = Field(
+        10.0, ge=1, description="How soon the group notices a dead worker and rebalances."
+    )
 
     # Events and the join
     max_event_bytes: int = Field(MIB, ge=1024, description="Larger events are dead-lettered.")

@@ -11,6 +11,7 @@ from rl_export.process import free_port
 from rl_export.settings import Settings
 from rl_export.topics import TopicSpec, ensure_topics
 from tests.factories import event
+from tests.integration.workers import settings_env
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -32,8 +33,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
 def test_produce_publishes_a_file(settings: Settings, tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     path.write_bytes(dumps_lines([event("trace.completed"), event("label.skipped", "e-2")]))
-    env = {"PATH": "/usr/bin:/bin", **settings_env(settings)}
-    result = run_cli("produce", str(path), "--bootstrap", settings.kafka_bootstrap, env=env)
+    result = run_cli(
+        "produce", str(path), "--bootstrap", settings.kafka_bootstrap, env=settings_env(settings)
+    )
     assert result.returncode == 0, result.stderr
     assert "published 2 events, skipped 0 lines" in result.stdout
 
@@ -68,13 +70,13 @@ def test_differing_partition_counts_are_one_line(settings: Settings, tmp_path: P
     asyncio.run(ensure_topics(settings.kafka_bootstrap, [TopicSpec(settings.topic_traces, 1, {})]))
     path = tmp_path / "e.jsonl"
     path.write_bytes(dumps_lines([event("trace.completed")]))
-    env = {"PATH": "/usr/bin:/bin", **settings_env(settings)}
-    result = run_cli("produce", str(path), env=env)
+    result = run_cli("produce", str(path), env=settings_env(settings))
+    assert_one_line_error(result, "RL_EXPORT_PARTITIONS", f"{settings.topic_traces} has 1")
+    result = run_cli("worker", env=settings_env(settings))
     assert_one_line_error(result, "RL_EXPORT_PARTITIONS", f"{settings.topic_traces} has 1")
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that configures a child process like ``settings``."""
-    fields = ["kafka_bootstrap", "topic_traces", "topic_evaluations", "topic_labels",
-              "topic_trajectories", "topic_dead_letter", "partitions"]  # fmt: skip
-    return {f"RL_EXPORT_{f.upper()}": str(getattr(settings, f)) for f in fields}
+def test_a_worker_with_an_unreachable_broker_is_one_line(settings: Settings) -> None:
+    env = settings_env(settings, RL_EXPORT_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}")
+    result = run_cli("worker", env=env)
+    assert_one_line_error(result, "RL_EXPORT_KAFKA_BOOTSTRAP", "no Kafka broker answered")
