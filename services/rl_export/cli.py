@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 import threading
@@ -136,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # aiokafka warns about every retry while topic leaders settle; errors still show.
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
     try:
         code: int = args.func(args)
     except ConfigError as exc:

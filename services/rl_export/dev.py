@@ -16,7 +16,7 @@ import random
 import signal
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -61,7 +61,9 @@ async def _traffic(settings: Settings, rate: float, stop: asyncio.Event) -> None
     try:
         index = int(time.time())
         while not stop.is_set():
-            for event in trace_events(rng, index, datetime.now(UTC)):
+            # Completed a little while ago, so labels and evaluations stay in the past.
+            completed = datetime.now(UTC) - timedelta(hours=6)
+            for event in trace_events(rng, index, completed):
                 topic = topic_for(settings, FAMILY_OF_TYPE[event["event_type"]])
                 await producer.send(topic, orjson.dumps(event), key=event["trace_id"].encode())
             index += 1

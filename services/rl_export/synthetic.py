@@ -73,10 +73,13 @@ def _base(
     }
 
 
-def trace_events(rng: random.Random, index: int, start: datetime) -> list[dict[str, Any]]:
-    """Return every event of one synthetic trace, in the order they happened."""
+def trace_events(rng: random.Random, index: int, completed_at: datetime) -> list[dict[str, Any]]:
+    """Return every event of one synthetic trace, in the order they happened.
+
+    The trace completes at ``completed_at``; evaluations and labels follow within hours.
+    """
     trace = {"trace_id": f"tr-{index:08d}", "org": "acme", "project": "support-bot"}
-    at = start + timedelta(seconds=index)
+    at = completed_at
     events = []
     completed = _base(rng, "trace.completed", trace, at, 0)
     completed |= {
@@ -136,7 +139,9 @@ def generate(
     """Return the events of ``n_traces`` traces, shuffled, with some exact duplicates."""
     rng = random.Random(seed)
     start = start or datetime(2026, 1, 1, tzinfo=UTC)
-    events = [e for i in range(n_traces) for e in trace_events(rng, i, start)]
+    events = [
+        e for i in range(n_traces) for e in trace_events(rng, i, start + timedelta(seconds=i))
+    ]
     events += [rng.choice(events) for _ in range(int(len(events) * duplicate_rate))]
     if shuffle:
         rng.shuffle(events)
