@@ -106,8 +106,14 @@ def kafka_libs(root: Path | None = None) -> Path:
 
 
 def new_cluster_id() -> str:
-    """Return a random Kafka cluster id (a UUID in URL-safe base64, unpadded)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """Return a random Kafka cluster id (a UUID in URL-safe base64, unpadded).
+
+    URL-safe base64 may start with "-", which the storage tool would read as an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class LocalKafka(ManagedProcess):
