@@ -14,11 +14,15 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_export import __version__
 from rl_export.errors import ConfigError, RlExportError
-from rl_export.settings import Settings, load_settings
+from rl_export.settings import Settings, env_name, load_settings
+
+if TYPE_CHECKING:
+    from rl_export.corpora import CorpusRef
+    from rl_export.store import ObjectStore
 
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
@@ -27,7 +31,13 @@ EXIT_CONFIG = 2
 def _settings(args: argparse.Namespace, **mapping: str) -> Settings:
     """Load settings with flag overrides; ``mapping`` maps setting names to flag attributes."""
     overrides = {name: getattr(args, attr, None) for name, attr in mapping.items()}
-    return load_settings(**overrides)
+    try:
+        return load_settings(**overrides)
+    except ConfigError as exc:
+        for name, attr in mapping.items():  # name the flag when the value came from one
+            if overrides[name] is not None and exc.setting == env_name(name):
+                raise ConfigError(f"--{attr.replace('_', '-')}", exc.detail) from None
+        raise
 
 
 def _wait_for_signal() -> int:
@@ -93,6 +103,101 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return run_worker(settings)
 
 
+def _open(url: str | None, settings: Settings) -> ObjectStore:
+    from rl_export.store import open_store
+    from rl_export.storeurl import parse_store_url
+
+    try:
+        location = parse_store_url(url or settings.store_url)
+    except ValueError as exc:
+        raise ConfigError("--store", str(exc)) from None
+    return open_store(location)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rl_export.produce import read_lines
+    from rl_export.progress import Progress
+    from rl_export.replay import replay, summary
+
+    settings = _settings(args, store_url="store")
+    missing = [p for p in args.files if not p.is_file()]
+    if missing:
+        raise ConfigError("FILE", f"no such file: {missing[0]}")
+
+    async def run() -> list[str]:
+        store = _open(args.store, settings)
+        progress = Progress("replaying")
+        try:
+            await store.check()
+            report = await replay(
+                settings, store, read_lines(args.files), run_id=args.run_id, progress=progress
+            )
+        finally:
+            progress.close()
+            await store.close()
+        return summary(report)
+
+    for line in asyncio.run(run()):
+        print(line)
+    return 0
+
+
+def _ref(args: argparse.Namespace) -> CorpusRef:
+    from rl_export.corpora import CorpusRef, check_name
+
+    for flag in ("org", "project", "corpus"):
+        if not getattr(args, flag):
+            raise ConfigError(f"--{flag}", f"is required for shards {args.action}")
+    try:
+        return CorpusRef(
+            check_name("org", args.org),
+            check_name("project", args.project),
+            check_name("corpus", args.corpus),
+        )
+    except ValueError as exc:
+        raise ConfigError("--org/--project/--corpus", str(exc)) from None
+
+
+def cmd_shards(args: argparse.Namespace) -> int:
+    from rl_export import shards
+
+    settings = _settings(args, store_url="store")
+
+    async def run() -> int:
+        store = _open(args.store, settings)
+        out = sys.stdout.buffer
+        try:
+            if args.action == "ls":
+                for entry in await shards.ls(store, args.prefix):
+                    print(entry)
+            elif args.action == "verify":
+                report = await shards.verify(store, args.prefix)
+                for problem in report.problems:
+                    print(problem, file=sys.stderr)
+                print(report.summary())
+                return 0 if report.ok else 1
+            elif args.action == "compact":
+                from rl_export.compaction import compact_all
+                from rl_export.sink import writer_id
+
+                for compaction in await compact_all(store, args.prefix, writer=writer_id()):
+                    print(f"generation {compaction.generation}: {compaction.records} records")
+            elif args.action == "cat":
+                async for line in shards.cat(store, _ref(args), latest_only=args.latest):
+                    out.write(line)
+            elif args.action == "tail":
+                stop = asyncio.Event()
+                asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+                async for line in shards.tail(store, _ref(args), stop=stop):
+                    out.write(line)
+                    out.flush()
+        finally:
+            await store.close()
+        return 0
+
+    return asyncio.run(run())
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from rl_export.dev import run_dev
 
@@ -126,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL", help="object store URL")
     p.add_argument("--web-port", type=int, help="port of /metrics, /healthz, /readyz")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("replay", help="run the join and sink over event files, no broker")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("--store", metavar="URL", required=True, help="object store URL")
+    p.add_argument("--run-id", help="names the replay's chains (default: time and random)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("shards", help="list, read, tail, verify or compact corpora")
+    p.add_argument("action", choices=["ls", "cat", "tail", "verify", "compact"])
+    p.add_argument("--store", metavar="URL", required=True, help="object store URL")
+    p.add_argument("--prefix", default="", help="only corpora under this key prefix")
+    p.add_argument("--org", help="cat/tail: the corpus's org")
+    p.add_argument("--project", help="cat/tail: the corpus's project")
+    p.add_argument("--corpus", help="cat/tail: the corpus name (human, evaluator, traces, ...)")
+    p.add_argument("--latest", action="store_true", help="cat: latest revision per trace only")
+    p.set_defaults(func=cmd_shards)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")

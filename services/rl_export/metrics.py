@@ -58,3 +58,59 @@ class Metrics:
             buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000),
             registry=registry,
         )
+
+
+class SinkMetrics:
+    """The sink's metrics (registered on the same registry as the join's)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.records = Counter(
+            "rl_export_sink_records_total",
+            "Records (and tombstones) committed to corpora, by corpus name.",
+            ["corpus"],
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "rl_export_sink_bytes_total",
+            "Bytes of shard objects committed, by corpus name.",
+            ["corpus"],
+            registry=registry,
+        )
+        self.commits = Counter(
+            "rl_export_sink_commits_total",
+            "Commits created in manifest chains, by corpus name.",
+            ["corpus"],
+            registry=registry,
+        )
+        self.commit_latency = Histogram(
+            "rl_export_sink_commit_latency_seconds",
+            "From starting a shard upload to its commit being created.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.freshness = Histogram(
+            "rl_export_sink_freshness_seconds",
+            "From an input event's Kafka timestamp to its record being visible in a corpus.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.conflicts = Counter(
+            "rl_export_sink_conflicts_total",
+            "Create-only commits that lost to another writer.",
+            registry=registry,
+        )
+        self.repeats = Counter(
+            "rl_export_sink_repeats_dropped_total",
+            "Snapshots dropped because the corpus already holds that revision or a later one.",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "rl_export_sink_store_errors_total",
+            "Object-store requests that failed (the flush is retried).",
+            registry=registry,
+        )
+        self.bad_snapshots = Counter(
+            "rl_export_sink_bad_snapshots_total",
+            "Messages on the trajectories topic that are not snapshots (skipped).",
+            registry=registry,
+        )

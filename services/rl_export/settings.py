@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from rl_export.corpora import DEFAULT_CORPORA, CorpusSpec
 from rl_export.errors import ConfigError
 from rl_export.storeurl import parse_store_url
 
@@ -61,6 +62,13 @@ class Settings(BaseSettings):
     shard_max_records: int = Field(10_000, ge=1)
     shard_max_bytes: int = Field(64 * MIB, ge=1024)
     shard_max_age_s: float = Field(10.0, gt=0)
+    shard_compression: Literal["none", "gzip"] = "none"
+    corpora: tuple[CorpusSpec, ...] = Field(
+        DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
+    )
+    crash_at: Literal["", "after_data", "after_commit"] = Field(
+        "", description="Fault injection for tests: SIGKILL the sink at this point."
+    )
 
     # Local stack and servers
     data_dir: Path = Field(Path("var"), description="Where the embedded stack keeps its data.")
@@ -109,6 +117,9 @@ def load_settings(**overrides: Any) -> Settings:
     clean = {k: v for k, v in overrides.items() if v is not None}
     try:
         return Settings(**clean)
+    except SettingsError as exc:  # a complex value (e.g. corpora) that is not valid JSON
+        field = str(exc).split('"')[1] if '"' in str(exc) else "settings"
+        raise ConfigError(env_name(field), "not valid JSON") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "settings"

@@ -1,4 +1,4 @@
-"""The join worker: a Faust app whose agent joins the three input topics into a table.
+"""The worker: a Faust app whose agent joins the input topics, and the sink beside it.
 
 How an event travels through the worker (the steps match :meth:`JoinProcessor.process`):
 
@@ -38,14 +38,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.events import EventFamily, EventRejection, RejectReason, decode_event, event_type_of
 from rl_export.join import JoinConfig, RawEvent, TraceState, dump_state, expired, load_state, merge
-from rl_export.metrics import Metrics
+from rl_export.metrics import Metrics, SinkMetrics
 from rl_export.settings import Settings
+from rl_export.sink import HEADER_EVENT_MS, Sink, SinkConfig
+from rl_export.store import open_store
 from rl_export.topics import partition_for
 
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "trace-state"
-HEADER_EVENT_MS = "rl-export-event-ms"
 
 
 @dataclass(frozen=True)
@@ -377,6 +378,7 @@ class WorkerApp:
     processor: JoinProcessor
     metrics: Metrics
     changelog_topic: str
+    sink: Sink
 
 
 def changelog_topic_name(settings: Settings) -> str:
@@ -429,7 +431,25 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     table = app.Table(
         TABLE_NAME, default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes
     )
-    metrics = Metrics(registry or CollectorRegistry())
+    registry = registry or CollectorRegistry()
+    metrics = Metrics(registry)
+    sink = Sink(
+        bootstrap=settings.kafka_bootstrap,
+        topic=settings.topic_trajectories,
+        group=settings.sink_group,
+        store=open_store(settings.store_url),
+        metrics=SinkMetrics(registry),
+        config=SinkConfig(
+            max_records=settings.shard_max_records,
+            max_bytes=settings.shard_max_bytes,
+            max_age_s=settings.shard_max_age_s,
+            compression=settings.shard_compression,
+            partitions=settings.partitions,
+            crash_at=settings.crash_at,
+        ),
+        specs=settings.corpora,
+        session_timeout_s=settings.session_timeout_s,
+    )
     processor = JoinProcessor(
         settings, FaustTable(table), FaustEmitter(trajectories, dead_letter), metrics, families
     )
@@ -470,13 +490,18 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
                 found = processor.rebuild_expiry(processor.table.items())
                 log.info("expiry index rebuilt: %d states may expire", found)
 
+    @app.task  # type: ignore[untyped-decorator]
+    async def run_sink() -> None:
+        """The sink stage, in the same process: its own consumer group on trajectories."""
+        await sink.run(asyncio.Event())  # cancelled when the worker stops
+
     @app.page("/healthz")  # type: ignore[untyped-decorator]
     async def healthz(web: Any, request: Any) -> Any:
         return web.json({"status": "ok"})
 
     @app.page("/readyz")  # type: ignore[untyped-decorator]
     async def readyz(web: Any, request: Any) -> Any:
-        ready = _ready(app)
+        ready = _ready(app) and sink.assigned.is_set()
         return web.json({"ready": ready}, status=200 if ready else 503)
 
     @app.page("/metrics")  # type: ignore[untyped-decorator]
@@ -484,7 +509,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         # aiohttp takes the charset separately from the media type.
         return web.bytes(generate_latest(metrics.registry), content_type="text/plain")
 
-    return WorkerApp(app, processor, metrics, changelog_topic_name(settings))
+    return WorkerApp(app, processor, metrics, changelog_topic_name(settings), sink)
 
 
 def _timestamp_ms(value: float | None) -> int | None:

@@ -20,13 +20,15 @@ from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, m
 from rl_export.process import ManagedProcess, free_port
 from rl_export.produce import topic_for
 from rl_export.settings import Settings
+from rl_export.topics import ensure_service_topics
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment that configures a child process exactly like ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
-    for name in Settings.model_fields:
-        env[f"RL_EXPORT_{name.upper()}"] = str(getattr(settings, name))
+    for name, value in settings.model_dump(mode="json").items():
+        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        env[f"RL_EXPORT_{name.upper()}"] = text
     env.update(extra)
     return env
 
@@ -36,7 +38,14 @@ class WorkerProcess(ManagedProcess):
 
     name = "rl-export worker"
 
-    def __init__(self, settings: Settings, label: str, *, store: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        label: str,
+        *,
+        store: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = settings.data_dir / label
         super().__init__(self.data_dir / "worker.log")
         self.web_port = free_port()
@@ -46,12 +55,24 @@ class WorkerProcess(ManagedProcess):
             RL_EXPORT_WORKER_WEB_PORT=str(self.web_port),
             RL_EXPORT_LOG_LEVEL="info",
             **({"RL_EXPORT_STATE_STORE": store} if store else {}),
+            **(env or {}),
         )
+        self.returncode: int | None = None
 
     def start(self, timeout_s: float = 90.0) -> WorkerProcess:
         self._spawn([sys.executable, "-m", "rl_export.cli", "worker"], env=self.env)
         self._wait_until(self.ready, timeout_s, "/readyz answered 200")
         return self
+
+    def start_and_wait_for_exit(self, timeout_s: float) -> int:
+        """Run until the process exits by itself (a fault-injected crash); return its code."""
+        self._spawn([sys.executable, "-m", "rl_export.cli", "worker"], env=self.env)
+        assert self.proc is not None
+        try:
+            self.returncode = self.proc.wait(timeout_s)
+        finally:
+            self.stop()
+        return self.returncode
 
     def ready(self) -> bool:
         try:
@@ -87,6 +108,7 @@ async def publish(
     settings: Settings, events: Iterable[dict[str, Any] | tuple[str, bytes, bytes]]
 ) -> int:
     """Publish events (dicts routed by type, or raw (topic, key, value) tuples)."""
+    await ensure_service_topics(settings)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5)
     await producer.start()
     count = 0

@@ -83,3 +83,20 @@ def test_plain_paths_are_local_and_absolute(
     loc = parse_store_url("var/store")
     assert loc.kind == "file"
     assert loc.path == tmp_path / "var" / "store"
+
+
+def test_corpora_come_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "RL_EXPORT_CORPORA",
+        '[{"name": "passed-human", "source": "human", "filter": {"passed": true}}]',
+    )
+    (spec,) = load_settings().corpora
+    assert (spec.name, spec.source, spec.filter) == ("passed-human", "human", {"passed": True})
+
+
+@pytest.mark.parametrize("value", ["not json", '[{"name": "../x", "source": null}]'])
+def test_bad_corpora_name_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("RL_EXPORT_CORPORA", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.setting == "RL_EXPORT_CORPORA"
