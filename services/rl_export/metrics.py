@@ -109,6 +109,11 @@ class SinkMetrics:
             "Object-store requests that failed (the flush is retried).",
             registry=registry,
         )
+        self.compactions = Counter(
+            "rl_export_sink_compactions_total",
+            "Compaction generations this process created.",
+            registry=registry,
+        )
         self.bad_snapshots = Counter(
             "rl_export_sink_bad_snapshots_total",
             "Messages on the trajectories topic that are not snapshots (skipped).",

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     shard_max_bytes: int = Field(64 * MIB, ge=1024)
     shard_max_age_s: float = Field(10.0, gt=0)
     shard_compression: Literal["none", "gzip"] = "none"
+    compaction_interval_s: float = Field(
+        300.0, gt=0, description="How often a worker compacts the corpora it writes."
+    )
+    shard_retention_s: float = Field(
+        7 * DAY_S, ge=0, description="How long shards covered by a compaction stay readable."
+    )
     corpora: tuple[CorpusSpec, ...] = Field(
         DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
     )

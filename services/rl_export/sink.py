@@ -322,6 +322,11 @@ class Sink:
         self.parts: dict[int, PartitionSink] = {}
         self.assigned = asyncio.Event()
 
+    def corpora_written(self) -> list[CorpusRef]:
+        """The corpora this sink has written to (for periodic compaction)."""
+        refs = {w.ref for part in self.parts.values() for w in part.writers.values()}
+        return sorted(refs, key=lambda r: r.root)
+
     def _part(self, partition: int) -> PartitionSink:
         part = self.parts.get(partition)
         if part is None:

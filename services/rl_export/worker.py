@@ -36,6 +36,8 @@ from typing import Any, Protocol
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
+from rl_export.compaction import compact, expire
+from rl_export.errors import StoreError
 from rl_export.events import EventFamily, EventRejection, RejectReason, decode_event, event_type_of
 from rl_export.join import JoinConfig, RawEvent, TraceState, dump_state, expired, load_state, merge
 from rl_export.metrics import Metrics, SinkMetrics
@@ -494,6 +496,24 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     async def run_sink() -> None:
         """The sink stage, in the same process: its own consumer group on trajectories."""
         await sink.run(asyncio.Event())  # cancelled when the worker stops
+
+    @app.timer(settings.compaction_interval_s)  # type: ignore[untyped-decorator]
+    async def compact_corpora() -> None:
+        """Compact what this worker writes; other workers may race, create-only decides."""
+        for ref in sink.corpora_written():
+            try:
+                made = await compact(
+                    sink.store, ref, writer=sink.writer, compression=settings.shard_compression
+                )
+                await expire(
+                    sink.store, ref, retention_s=settings.shard_retention_s, now=time.time()
+                )
+            except StoreError as exc:
+                log.error("compaction of %s failed, will retry: %s", ref.root, exc)
+                continue
+            if made is not None:
+                sink.metrics.compactions.inc()
+                log.info("%s: generation %d, %d records", ref.root, made.generation, made.records)
 
     @app.page("/healthz")  # type: ignore[untyped-decorator]
     async def healthz(web: Any, request: Any) -> Any:

@@ -260,3 +260,31 @@ async def test_replay_and_the_stream_give_the_same_final_records(
     assert report.invalid["org_mismatch"] == 1
     assert verified.ok, verified.problems
     assert from_replay == from_stream == expected_corpora(events)
+
+
+async def test_periodic_compaction_keeps_the_view_and_the_chains_valid(
+    s3_settings: Settings,
+) -> None:
+    events = workload(60, seed=51)
+    fast = s3_settings.model_copy(update={"compaction_interval_s": 2.0})
+    with WorkerProcess(fast, "w1").start() as worker:
+        await publish(fast, events)
+        await wait_for_corpora(fast, events)
+        await until_async(lambda: compactions(fast), timeout_s=60)
+        made = worker.metric("rl_export_sink_compactions_total")
+    assert made >= 1
+    assert await merged_view_of(fast) == expected_corpora(events)
+    report = await assert_verified(fast)
+    assert report.compactions >= 1
+
+
+async def compactions(settings: Settings) -> bool:
+    keys = (await snapshot_store(settings)).keys()
+    return any(k.endswith("/_compaction.json") for k in keys)
+
+
+async def until_async(condition: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.5)
