@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean
+.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,3 +59,6 @@ test: lint typecheck ## the whole suite: lint, types, unit and integration tests
 
 clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+bench: install ## benchmark: one worker vs a bare consumer on 100k events, freshness, scaling
+	$(BIN)/python -m rl_export.bench

@@ -1,0 +1,358 @@
+"""``make bench``: one worker against a bare consumer on the same backlog, side by side.
+
+1. Start the local Kafka broker and produce a backlog of realistic events (multi-turn
+   conversations of a few KB, evaluations with reports, labels with skips and retractions,
+   shuffled, with duplicates).
+2. Baseline: a bare aiokafka consumer that parses every event with orjson and writes JSONL.
+3. One ``rl-export worker`` (join and sink, RocksDB table) catches up on the same backlog,
+   until both its consumer groups have committed the end of every topic.
+4. Freshness under a steady load: event to visible in a corpus, p50/p99.
+5. Two workers on the same backlog (fresh groups and store): the scaling.
+
+Results are printed and written as JSON to ``var/bench/<time>.json`` to compare runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from rl_export.broker import LocalKafka
+from rl_export.events import FAMILY_OF_TYPE
+from rl_export.process import free_port
+from rl_export.produce import topic_for
+from rl_export.settings import Settings
+from rl_export.synthetic import generate, trace_events
+from rl_export.topics import ensure_service_topics
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+async def produce(settings: Settings, events: list[dict[str, Any]]) -> float:
+    await ensure_service_topics(settings)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, linger_ms=20, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    started = time.perf_counter()
+    try:
+        futures = []
+        for event in events:
+            topic = topic_for(settings, FAMILY_OF_TYPE[event["event_type"]])
+            futures.append(
+                await producer.send(topic, orjson.dumps(event), key=event["trace_id"].encode())
+            )
+        for fut in futures:
+            await fut
+    finally:
+        await producer.stop()
+    return time.perf_counter() - started
+
+
+async def bare_consumer(settings: Settings, total: int, out: Path) -> float:
+    """The baseline: consume, parse with orjson, write JSONL; no join, no state."""
+    consumer = AIOKafkaConsumer(
+        *settings.input_topics,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=f"bench-bare-{os.getpid()}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=5000,
+    )
+    await consumer.start()
+    seen = 0
+    started = time.perf_counter()
+    try:
+        with open(out, "wb") as fh:
+            while seen < total:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for r in records:
+                        fh.write(orjson.dumps(orjson.loads(r.value)) + b"\n")
+                    seen += len(records)
+    finally:
+        await consumer.stop()
+    return time.perf_counter() - started
+
+
+async def lag(settings: Settings, group: str, topics: list[str]) -> int:
+    """Messages not yet committed by ``group`` on ``topics``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(settings.partitions)]
+        ends = await consumer.end_offsets(tps)
+        committed = await admin.list_consumer_group_offsets(group)
+        total = 0
+        for tp in tps:
+            done = committed.get(tp)
+            total += ends[tp] - (done.offset if done is not None and done.offset >= 0 else 0)
+        return total
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+def worker_env(settings: Settings, port: int, data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
+    for name, value in settings.model_dump(mode="json").items():
+        env[f"RL_EXPORT_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    env.update(RL_EXPORT_WORKER_WEB_PORT=str(port), RL_EXPORT_DATA_DIR=str(data_dir), **extra)
+    return env
+
+
+def start_worker(
+    settings: Settings, data_dir: Path, **extra: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "worker.log", "wb") as log_file:  # the child keeps its own handle
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rl_export.cli", "worker"],
+            env=worker_env(settings, port, data_dir, **extra),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, port
+
+
+def metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def histogram(text: str, name: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of a histogram in Prometheus text."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def quantile(
+    before: list[tuple[float, float]], after: list[tuple[float, float]], q: float
+) -> float:
+    """A quantile of the observations made between two histogram readings (interpolated)."""
+    base = dict(before)
+    counts = [(le, c - base.get(le, 0.0)) for le, c in after]
+    total = counts[-1][1] if counts else 0
+    if total <= 0:
+        return float("nan")
+    rank, previous_le, previous_c = q * total, 0.0, 0.0
+    for le, c in counts:
+        if c >= rank:
+            if le == float("inf"):
+                return previous_le
+            span = c - previous_c
+            return previous_le + (le - previous_le) * ((rank - previous_c) / span if span else 0)
+        previous_le, previous_c = le, c
+    return previous_le
+
+
+def peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str, Any]:
+    """Run ``workers`` workers until both groups have committed everything; time it."""
+    started = time.perf_counter()
+    procs = [start_worker(settings, data_dir / f"w{i}") for i in range(workers)]
+    try:
+        while True:
+            await asyncio.sleep(1.0)
+            for proc, _ in procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a worker exited early; see {data_dir}")
+            join_lag = await lag(settings, settings.app_id, list(settings.input_topics))
+            sink_lag = await lag(settings, settings.sink_group, [settings.topic_trajectories])
+            if join_lag == 0 and sink_lag == 0:
+                break
+        elapsed = time.perf_counter() - started
+        rss = [peak_rss_mib(p.pid) for p, _ in procs]
+        text = "".join(metrics(port) for _, port in procs)
+    finally:
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            proc.wait(60)
+    return {"workers": workers, "seconds": elapsed, "peak_rss_mib": rss, "metrics": text}
+
+
+async def steady(settings: Settings, data_dir: Path, rate: float, seconds: float) -> dict[str, Any]:
+    """Freshness under a steady load: publish ``rate`` events/s, read the sink's histogram."""
+    proc, port = start_worker(settings, data_dir)
+    try:
+        while True:  # ready?
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3)
+        before = histogram(metrics(port), "rl_export_sink_freshness_seconds")
+        join_before = histogram(metrics(port), "rl_export_join_latency_seconds")
+        rng = random.Random(99)
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5)
+        await producer.start()
+        sent, index, started = 0, 10_000_000, time.perf_counter()
+        try:
+            while time.perf_counter() - started < seconds:
+                completed = datetime.now(UTC) - timedelta(hours=6)
+                for event in trace_events(rng, index, completed):
+                    topic = topic_for(settings, FAMILY_OF_TYPE[event["event_type"]])
+                    await producer.send(topic, orjson.dumps(event), key=event["trace_id"].encode())
+                    sent += 1
+                index += 1
+                ahead = sent / rate - (time.perf_counter() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        await asyncio.sleep(settings.shard_max_age_s + 3)
+        text = metrics(port)
+        after = histogram(text, "rl_export_sink_freshness_seconds")
+        join_after = histogram(text, "rl_export_join_latency_seconds")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "events": sent,
+        "freshness_p50_s": quantile(before, after, 0.5),
+        "freshness_p99_s": quantile(before, after, 0.99),
+        "join_latency_p50_s": quantile(join_before, join_after, 0.5),
+        "join_latency_p99_s": quantile(join_before, join_after, 0.99),
+    }
+
+
+def fresh(settings: Settings, tag: str, store: Path) -> Settings:
+    """Same topics, new consumer groups and store: a new worker catching up from zero."""
+    return settings.model_copy(
+        update={"app_id": f"bench-{tag}-join", "sink_group": f"bench-{tag}-sink",
+                "store_url": str(store)}
+    )  # fmt: skip
+
+
+async def run(traces: int, seed: int, out_dir: Path, keep: bool) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="rl-export-bench-"))
+    broker = LocalKafka(work / "kafka", free_port(), heap="1g")
+    log(f"starting Kafka in {work}")
+    broker.start()
+    try:
+        base = Settings(
+            kafka_bootstrap=broker.bootstrap, partitions=8, state_store="rocksdb://",
+            data_dir=work / "var", store_url=str(work / "store"), shard_max_age_s=1.0,
+        )  # fmt: skip
+        events = generate(traces, seed=seed, duplicate_rate=0.02)
+        size = sum(len(orjson.dumps(e)) for e in events)
+        log(f"producing {len(events):,} events ({size / len(events) / 1024:.1f} KiB avg)")
+        produce_s = await produce(base, events)
+
+        log("baseline: bare aiokafka consumer, orjson parse, JSONL write")
+        bare_s = await bare_consumer(base, len(events), work / "bare.jsonl")
+        bare_rate = len(events) / bare_s
+
+        log("one worker (join + sink) catching up")
+        one = await catch_up(fresh(base, "one", work / "store-one"), 1, work / "one")
+        one_rate = len(events) / one["seconds"]
+
+        log("two workers catching up on the same backlog")
+        two = await catch_up(fresh(base, "two", work / "store-two"), 2, work / "two")
+        two_rate = len(events) / two["seconds"]
+
+        log("freshness under a steady load (shard age bound 1 s)")
+        fresh_stats = await steady(fresh(base, "steady", work / "store-steady"),
+                                   work / "steady", rate=2000, seconds=30)  # fmt: skip
+    finally:
+        broker.stop()
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    result = {
+        "at": datetime.now(UTC).isoformat(),
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "events": len(events),
+        "traces": traces,
+        "avg_event_bytes": size / len(events),
+        "produce_events_per_s": len(events) / produce_s,
+        "bare_consumer_events_per_s": bare_rate,
+        "worker_events_per_s": one_rate,
+        "worker_vs_bare": one_rate / bare_rate,
+        "worker_seconds_incl_start": one["seconds"],
+        "worker_peak_rss_mib": one["peak_rss_mib"][0],
+        "two_workers_events_per_s": two_rate,
+        "two_vs_one": two_rate / one_rate,
+        "two_workers_peak_rss_mib": two["peak_rss_mib"],
+        "steady": fresh_stats,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print_table(result, path)
+    return result
+
+
+def print_table(r: dict[str, Any], path: Path) -> None:
+    rows = [
+        ("events in backlog", f"{r['events']:,} ({r['avg_event_bytes'] / 1024:.1f} KiB avg)"),
+        ("bare consumer (baseline)", f"{r['bare_consumer_events_per_s']:,.0f} events/s"),
+        ("one worker, join + sink", f"{r['worker_events_per_s']:,.0f} events/s"),
+        ("  ratio to baseline", f"{r['worker_vs_bare']:.3f}"),
+        ("  peak RSS", f"{r['worker_peak_rss_mib']:.0f} MiB"),
+        ("two workers", f"{r['two_workers_events_per_s']:,.0f} events/s"),
+        ("  ratio to one worker", f"{r['two_vs_one']:.2f}"),
+        ("freshness p50 / p99", f"{r['steady']['freshness_p50_s']:.2f} s / "
+                                f"{r['steady']['freshness_p99_s']:.2f} s "
+                                f"at {r['steady']['rate']:.0f} events/s"),
+        ("join latency p50 / p99", f"{r['steady']['join_latency_p50_s']:.3f} s / "
+                                   f"{r['steady']['join_latency_p99_s']:.3f} s"),
+    ]  # fmt: skip
+    width = max(len(a) for a, _ in rows)
+    print()
+    for a, b in rows:
+        print(f"  {a:<{width}}  {b}")
+    print(f"\n  results: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl-export-bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--traces", type=int, default=31_000, help="about 3.3 events each")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("var/bench"))
+    parser.add_argument("--keep", action="store_true", help="keep the broker and stores")
+    args = parser.parse_args(argv)
+    asyncio.run(run(args.traces, args.seed, args.out, args.keep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
