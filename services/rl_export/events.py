@@ -282,11 +282,7 @@ _NINETEEN_DIGITS = b"0" * 19
 
 
 def _suspect(raw: bytes) -> bool:
-    return (
-        b"NaN" in raw
-        or b"Infinity" in raw
-        or _NINETEEN_DIGITS in raw.translate(_DIGITS_TO_ZERO)
-    )
+    return b"NaN" in raw or b"Infinity" in raw or _NINETEEN_DIGITS in raw.translate(_DIGITS_TO_ZERO)
 
 
 def _strict_json_problem(raw: bytes, event: BaseEvent) -> EventRejection | None:

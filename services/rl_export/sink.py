@@ -234,6 +234,17 @@ class PartitionSink:
     writers: dict[tuple[str, str, str], ChainWriter] = field(default_factory=dict)
     last_offset: int = -1
     first_pending_at: float | None = None
+    committed: int = -1  # the Kafka offset last committed for this partition
+
+    def idle_offset(self) -> int | None:
+        """With nothing pending, the offset after the last record read, if not yet committed.
+
+        Records that wrote nothing (repeats, not ready, skipped) must still move the group
+        offset, or a partition whose tail is all repeats would lag forever.
+        """
+        if self.pending_records or self.last_offset + 1 <= self.committed:
+            return None
+        return self.last_offset + 1
 
     def _writer(self, org: str, project: str, spec: CorpusSpec) -> ChainWriter:
         key = (org, project, spec.name)
@@ -376,21 +387,22 @@ class Sink:
     async def _flush_due(self, consumer: AIOKafkaConsumer) -> None:
         now = time.monotonic()
         for partition, part in list(self.parts.items()):
-            if not part.due(now):
-                continue
-            try:
-                offset = await part.flush()
-            except StoreError as exc:
-                self.metrics.store_errors.inc()
-                log.error("flush of %s-%d failed, will retry: %s", self.topic, partition, exc)
-                part.first_pending_at = now  # back off by one age bound
-                continue
+            offset = part.idle_offset()
+            if part.due(now):
+                try:
+                    offset = await part.flush()
+                except StoreError as exc:
+                    self.metrics.store_errors.inc()
+                    log.error("flush of %s-%d failed, will retry: %s", self.topic, partition, exc)
+                    part.first_pending_at = now  # back off by one age bound
+                    continue
             if offset is None or self.parts.get(partition) is not part:
                 continue
             try:  # step 3 (c)
                 await consumer.commit(
                     {TopicPartition(self.topic, partition): OffsetAndMetadata(offset, "")}
                 )
+                part.committed = offset
             except (CommitFailedError, IllegalStateError) as exc:
                 log.warning("offset commit for partition %d skipped: %s", partition, exc)
 
