@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import shutil
@@ -32,6 +33,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from rl_export.broker import LocalKafka
 from rl_export.events import FAMILY_OF_TYPE
@@ -40,6 +42,8 @@ from rl_export.produce import topic_for
 from rl_export.settings import Settings
 from rl_export.synthetic import generate, trace_events
 from rl_export.topics import ensure_service_topics
+
+logging.getLogger("aiokafka").setLevel(logging.ERROR)  # retries while leaders settle
 
 
 def log(message: str) -> None:
@@ -102,7 +106,10 @@ async def lag(settings: Settings, group: str, topics: list[str]) -> int:
     try:
         tps = [TopicPartition(t, p) for t in topics for p in range(settings.partitions)]
         ends = await consumer.end_offsets(tps)
-        committed = await admin.list_consumer_group_offsets(group)
+        try:
+            committed = await admin.list_consumer_group_offsets(group)
+        except KafkaError:  # the group does not exist yet
+            return sum(ends.values())
         total = 0
         for tp in tps:
             done = committed.get(tp)
@@ -345,7 +352,7 @@ def print_table(r: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rl-export-bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--traces", type=int, default=31_000, help="about 3.3 events each")
+    parser.add_argument("--traces", type=int, default=36_000, help="about 2.9 events each")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     parser.add_argument("--keep", action="store_true", help="keep the broker and stores")

@@ -69,6 +69,9 @@ class _Collector:
         where = self.where.get((message.topic, message.partition, message.offset), "?")
         self.report.reject(where, rejection.reason.value, rejection.detail)
 
+    async def flush(self) -> None:
+        return None
+
 
 async def replay(
     settings: Settings,

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import orjson
+from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.compaction import compact, expire
@@ -75,10 +76,11 @@ class StateTable(Protocol):
 
 
 class Emitter(Protocol):
-    """Where snapshots and dead letters go."""
+    """Where snapshots and dead letters go; ``flush`` returns once they are delivered."""
 
     async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
+    async def flush(self) -> None: ...
 
 
 class MemoryTable:
@@ -222,6 +224,7 @@ class JoinProcessor:
         for message, rejection in result.rejected:
             await self.emitter.dead_letter(message, rejection)
             self.metrics.rejected.labels(rejection.reason.value).inc()
+        await self.emitter.flush()  # delivered before the batch is acked
 
         result.expired = self._expire(messages, clock)  # step 6
         self.metrics.table_keys.set(len(self.table))
@@ -355,21 +358,53 @@ class FaustTable:
         return len(self.table)
 
 
-class FaustEmitter:
-    """:class:`Emitter` that sends through the Faust app's producer."""
+class KafkaEmitter:
+    """:class:`Emitter` with a producer of its own: batched, and flushed once per batch.
 
-    def __init__(self, trajectories: Any, dead_letter: Any) -> None:
-        self.trajectories = trajectories
-        self.dead_letter_topic = dead_letter
+    Faust's producer sends one message at a time through a small buffer; snapshots carry
+    whole conversations, so they go through a batching aiokafka producer instead.
+    :meth:`flush` waits for the broker's acknowledgement of everything sent for a batch, and
+    the agent calls it before the batch is acked, so at least once holds as with Faust's.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self._pending: list[asyncio.Future[Any]] = []
+
+    async def _send(self, topic: str, key: bytes | None, value: bytes,
+                    headers: list[tuple[str, bytes]]) -> None:  # fmt: skip
+        if self._producer is None:
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self.settings.kafka_bootstrap,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=5,
+                max_batch_size=1024 * 1024,
+                max_request_size=self.settings.max_event_bytes * 2 + 64 * 1024,
+            )
+            await self._producer.start()
+        self._pending.append(await self._producer.send(topic, value, key=key, headers=headers))
 
     async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None:
         headers = [] if event_ms is None else [(HEADER_EVENT_MS, str(event_ms).encode())]
-        await self.trajectories.send(key=key, value=value, headers=headers)
+        await self._send(self.settings.topic_trajectories, key, value, headers)
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
-        await self.dead_letter_topic.send(
-            key=message.key, value=message.value, headers=dead_letter_headers(message, rejection)
-        )
+        await self._send(
+            self.settings.topic_dead_letter, message.key, message.value,
+            dead_letter_headers(message, rejection),
+        )  # fmt: skip
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.gather(*pending)
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
 
 
 @dataclass
@@ -426,8 +461,6 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         settings.topic_labels: EventFamily.LABELS,
     }
     inputs = app.topic(*families, schema=raw, partitions=settings.partitions)
-    trajectories = app.topic(settings.topic_trajectories, schema=raw)
-    dead_letter = app.topic(settings.topic_dead_letter, schema=raw)
     # No schema= here: a table declared with a Schema starves the agent of its events
     # (faust-streaming 0.15); the app-level raw serializers apply to the changelog.
     table = app.Table(
@@ -453,7 +486,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         session_timeout_s=settings.session_timeout_s,
     )
     processor = JoinProcessor(
-        settings, FaustTable(table), FaustEmitter(trajectories, dead_letter), metrics, families
+        settings, FaustTable(table), KafkaEmitter(settings), metrics, families
     )
 
     # Faust has no type information, so its decorators are untyped for mypy.

@@ -46,12 +46,16 @@ class CollectingEmitter:
     def __init__(self) -> None:
         self.snapshots: list[tuple[bytes, bytes, int | None]] = []
         self.dead_letters: list[tuple[InMessage, EventRejection]] = []
+        self.flushes = 0
 
     async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None:
         self.snapshots.append((key, value, event_ms))
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         self.dead_letters.append((message, rejection))
+
+    async def flush(self) -> None:
+        self.flushes += 1
 
     def revisions(self, trace_id: str) -> list[int]:
         key = trace_id.encode()
@@ -512,3 +516,10 @@ async def test_rebuild_expiry_lets_a_fresh_processor_expire_stored_states() -> N
     assert set(h.table.data) == {THIRD.encode(), ELSEWHERE.encode()}
     assert h.metric("rl_export_join_expired_total", kind="orphan") == 1
     assert h.metric("rl_export_join_expired_total", kind="tombstone") == 1
+
+
+async def test_every_batch_is_flushed_before_it_is_acked() -> None:
+    h = Harness()
+    await h.processor.process([h.message(event("trace.completed", "t-1"))], now=NOW)
+    await h.processor.process([h.message(event("label.skipped", "s-1"))], now=NOW)
+    assert h.emitter.flushes == 2
