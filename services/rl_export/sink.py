@@ -162,7 +162,10 @@ class ChainWriter:
     async def commit(self, last_offset: int) -> None:
         """Step 3 (a) and (b): data object, then the create-only commit; retry after a loss."""
         while self.pending:
-            state = await self.load()
+            if self.state is None:  # a lost race invalidated it (perhaps a failed reload)
+                await self._after_losing()
+                continue
+            state = self.state
             rows = [p.record for p in self.pending]
             shard = encode_shard(rows, self.config.compression)
             started = time.monotonic()
@@ -193,7 +196,7 @@ class ChainWriter:
                 )
             except ObjectExistsError:
                 self.metrics.conflicts.inc()
-                await self._after_losing()
+                self.state = None  # reloaded, and pending re-checked, at the top of the loop
                 continue
             now = time.time()
             self.metrics.commit_latency.observe(time.monotonic() - started)
@@ -208,10 +211,14 @@ class ChainWriter:
             self.pending_bytes = 0
 
     async def _after_losing(self) -> None:
-        """Another writer created our commit first: take its chain, keep what it left."""
+        """Another writer created our commit first: take its chain, keep what it left.
+
+        The chain is reloaded before anything pending is let go: if the reload fails, the
+        pending records stay, ``state`` stays None, and the next flush starts here again.
+        """
+        state = await self.load()  # raises before anything pending is let go
         waiting = self.pending
-        self.pending, self.pending_bytes, self.state = [], 0, None
-        state = await self.load()
+        self.pending, self.pending_bytes = [], 0
         log.warning(
             "%s %s: lost a commit race; chain head is now %d", self.ref.root, self.stream,
             state.head,
@@ -376,17 +383,48 @@ class Sink:
             while not stop.is_set():
                 batch = await consumer.getmany(timeout_ms=200)
                 for tp, records in batch.items():
-                    part = self._part(tp.partition)
-                    for r in records:
-                        event_ms = _event_ms(r.headers)
-                        await part.handle(r.offset, r.value, event_ms)
+                    try:
+                        await self._handle(consumer, tp, records)
+                    except StoreError as exc:
+                        await self._rewind(consumer, tp, exc)
                 await self._flush_due(consumer)
         finally:
             await consumer.stop()
 
+    async def _handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any) -> None:
+        """Step 2 for one partition's records, while the partition is still ours."""
+        for r in records:
+            # A rebalance can run while we await the store: a partition taken away mid-batch
+            # must not get a fresh PartitionSink from the rest of a stale batch.
+            if tp not in consumer.assignment():
+                self.parts.pop(tp.partition, None)
+                return
+            await self._part(tp.partition).handle(r.offset, r.value, _event_ms(r.headers))
+
+    async def _rewind(self, consumer: AIOKafkaConsumer, tp: TopicPartition, exc: Exception) -> None:
+        """The store failed while reading a chain: forget the partition's state, read it again.
+
+        Nothing of it was committed past the group offset, so seeking back to that offset
+        (or the beginning) and rebuilding the writers from the store loses nothing.
+        """
+        self.metrics.store_errors.inc()
+        log.error("%s-%d: store failed, reading the partition again: %s", *tp, exc)
+        self.parts.pop(tp.partition, None)
+        if tp in consumer.assignment():
+            committed = await consumer.committed(tp)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        await asyncio.sleep(1.0)
+
     async def _flush_due(self, consumer: AIOKafkaConsumer) -> None:
         now = time.monotonic()
+        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
         for partition, part in list(self.parts.items()):
+            if partition not in assigned:  # revoked while we were busy: its next owner reads it
+                self.parts.pop(partition, None)
+                continue
             offset = part.idle_offset()
             if part.due(now):
                 try:

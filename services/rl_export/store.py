@@ -16,11 +16,14 @@ import asyncio
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rl_export.errors import ObjectExistsError, ObjectNotFoundError, StoreError
 from rl_export.storeurl import StoreLocation, parse_store_url
+
+T = TypeVar("T")
 
 
 def check_key(key: str) -> str:
@@ -161,23 +164,32 @@ class LocalStore:
         if not os.access(self.root, os.W_OK):
             raise StoreError(f"store directory {self.root} is not writable")
 
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a file operation off the event loop; OS errors become StoreError."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"{self.url}: {exc}") from exc
+
     async def put(self, key: str, data: bytes) -> None:
-        await asyncio.to_thread(self._put, key, data)
+        await self._io(self._put, key, data)
 
     async def put_if_absent(self, key: str, data: bytes) -> None:
-        await asyncio.to_thread(self._put_if_absent, key, data)
+        await self._io(self._put_if_absent, key, data)
 
     async def get(self, key: str) -> bytes:
-        return await asyncio.to_thread(self._get, key)
+        return await self._io(self._get, key)
 
     async def list(self, prefix: str = "") -> list[str]:
-        return await asyncio.to_thread(self._list, prefix)
+        return await self._io(self._list, prefix)
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self._delete, key)
+        await self._io(self._delete, key)
 
     async def check(self) -> None:
-        await asyncio.to_thread(self._check)
+        await self._io(self._check)
 
     async def close(self) -> None:
         return None

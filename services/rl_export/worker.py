@@ -507,7 +507,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
                 )
                 for e in batch
             ]
-            await processor.process(messages)
+            await _process_until_done(processor, messages)
 
     @app.task  # type: ignore[untyped-decorator]
     async def keep_expiry_index() -> None:
@@ -563,6 +563,26 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         return web.bytes(generate_latest(metrics.registry), content_type="text/plain")
 
     return WorkerApp(app, processor, metrics, changelog_topic_name(settings), sink)
+
+
+async def _process_until_done(processor: JoinProcessor, messages: list[InMessage]) -> None:
+    """Retry a failed batch until it goes through, never letting Faust ack it unprocessed.
+
+    Faust acks a batch's events when the agent's generator is closed, even by an exception,
+    so a send timeout or a broker error would otherwise drop the batch. Processing again is
+    safe: events already merged are duplicates that re-send the same revision.
+    """
+    delay = 0.5
+    while True:
+        try:
+            await processor.process(messages)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("join batch of %d events failed; retrying in %.1fs", len(messages), delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
 
 def _timestamp_ms(value: float | None) -> int | None:

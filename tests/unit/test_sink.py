@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from rl_export.codec import dumps, iter_lines, loads
@@ -28,6 +29,7 @@ from rl_export.corpora import (
     follow_chain,
     read_shard,
 )
+from rl_export.errors import StoreError
 from rl_export.events import EventRejection, decode_event
 from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from rl_export.metrics import SinkMetrics
@@ -616,3 +618,39 @@ async def test_idle_offset_moves_past_records_that_wrote_nothing() -> None:
     sink.committed = 5
     assert sink.idle_offset() is None
     await verified(store)
+
+
+class FlakyListStore(RecordingStore):
+    """Fails ``list`` a given number of times (a store outage while reloading a chain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_lists = 0
+
+    async def list(self, prefix: str = "") -> list[str]:
+        if self.fail_lists:
+            self.fail_lists -= 1
+            raise StoreError("simulated outage")
+        return await super().list(prefix)
+
+
+async def test_a_store_error_while_reloading_after_a_lost_race_keeps_everything_pending() -> None:
+    store = FlakyListStore()
+    sink, registry = make_sink(store)
+    t0, t1, t2, t3 = (Trace(f"tr-{n}", minute=n) for n in range(4))
+    snaps = [t0.completed(), t1.completed(), t2.completed(), t3.completed()]
+    await feed(sink, list(enumerate(snaps)))
+    await put_winner(store, 1, [rendered(s, None) for s in snaps[:2]])
+
+    store.fail_lists = 1  # the reload after losing fails once
+    with pytest.raises(StoreError):
+        await sink.flush()
+    traces_writer = next(w for w in sink.writers.values() if w.ref == TRACES)
+    assert [p.offset for p in traces_writer.pending] == [0, 1, 2, 3]  # nothing let go
+    assert sink.idle_offset() is None  # so the group offset cannot move past them
+
+    assert await sink.flush() == 4  # the retry commits what the winner did not cover
+    assert spans(await chain(store, TRACES)) == [(0, 1), (2, 3)]
+    assert sample(registry, CONFLICTS) >= 1
+    report = await verify(store)
+    assert report.ok, report.problems
