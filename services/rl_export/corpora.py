@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rl_export.codec import dumps_lines, iter_lines, loads
 from rl_export.errors import ObjectNotFoundError, StoreError
-from rl_export.records import CorpusSource, render
+from rl_export.records import render
 from rl_export.store import ObjectStore
 
 SCHEMA_VERSION = 1
@@ -79,11 +79,6 @@ DEFAULT_CORPORA: tuple[CorpusSpec, ...] = (
     CorpusSpec(name="evaluator", source="evaluator"),
     CorpusSpec(name="traces", source=None),
 )
-
-
-def source_label(source: CorpusSource) -> str:
-    return source or "traces"
-
 
 # --- layout ---------------------------------------------------------------------------------
 

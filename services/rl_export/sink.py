@@ -27,7 +27,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -453,12 +453,3 @@ def _event_ms(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-async def drain(parts: Sequence[PartitionSink], on_flush: Callable[[int], Awaitable[None]]) -> None:
-    """Commit everything pending (used by replay at the end of its input)."""
-    for part in parts:
-        if part.pending_records:
-            offset = await part.flush()
-            if offset is not None:
-                await on_flush(offset)
