@@ -39,7 +39,7 @@ from rl_export.broker import LocalKafka
 from rl_export.events import FAMILY_OF_TYPE
 from rl_export.process import free_port
 from rl_export.produce import topic_for
-from rl_export.settings import Settings
+from rl_export.settings import Settings, child_env
 from rl_export.synthetic import generate, trace_events
 from rl_export.topics import ensure_service_topics
 
@@ -121,11 +121,13 @@ async def lag(settings: Settings, group: str, topics: list[str]) -> int:
 
 
 def worker_env(settings: Settings, port: int, data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
-    for name, value in settings.model_dump(mode="json").items():
-        env[f"RL_EXPORT_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-    env.update(RL_EXPORT_WORKER_WEB_PORT=str(port), RL_EXPORT_DATA_DIR=str(data_dir), **extra)
-    return env
+    return child_env(
+        settings,
+        os.environ,
+        RL_EXPORT_WORKER_WEB_PORT=str(port),
+        RL_EXPORT_DATA_DIR=str(data_dir),
+        **extra,
+    )
 
 
 def start_worker(

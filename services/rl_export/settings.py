@@ -6,7 +6,9 @@ command-line flags override the environment. Settings are frozen once loaded.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -131,3 +133,16 @@ def load_settings(**overrides: Any) -> Settings:
         field = str(first["loc"][0]) if first["loc"] else "settings"
         message = str(first["msg"]).removeprefix("Value error, ")
         raise ConfigError(env_name(field), message) from None
+
+
+def child_env(settings: Settings, base: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """The environment that configures a child process exactly like ``settings``.
+
+    ``base`` (usually ``os.environ``) is kept except for its ``RL_EXPORT_`` variables;
+    ``extra`` is applied last.
+    """
+    env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
+    for name, value in settings.model_dump(mode="json").items():
+        env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
+    env.update(extra)
+    return env

@@ -19,18 +19,13 @@ from rl_export.events import EVENT_ADAPTER, FAMILY_OF_TYPE
 from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from rl_export.process import ManagedProcess, free_port
 from rl_export.produce import topic_for
-from rl_export.settings import Settings
+from rl_export.settings import Settings, child_env
 from rl_export.topics import ensure_service_topics
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment that configures a child process exactly like ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
-    for name, value in settings.model_dump(mode="json").items():
-        text = value if isinstance(value, str) else orjson.dumps(value).decode()
-        env[f"RL_EXPORT_{name.upper()}"] = text
-    env.update(extra)
-    return env
+    return child_env(settings, os.environ, **extra)
 
 
 class WorkerProcess(ManagedProcess):

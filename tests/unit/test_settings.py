@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,17 @@ def test_bad_corpora_name_the_variable(monkeypatch: pytest.MonkeyPatch, value: s
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert info.value.setting == "RL_EXPORT_CORPORA"
+
+
+def test_child_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rl_export.settings import child_env
+
+    original = Settings(partitions=3, corpora=({"name": "x", "source": "human"},))  # type: ignore[arg-type]
+    env = child_env(original, {"PATH": "/bin", "RL_EXPORT_PARTITIONS": "99"}, EXTRA="1")
+    assert env["PATH"] == "/bin"
+    assert env["EXTRA"] == "1"
+    for key in [k for k in os.environ if k.startswith("RL_EXPORT_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert load_settings() == original
