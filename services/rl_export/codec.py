@@ -16,9 +16,44 @@ _OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_NON_STR_KEYS
 _LS, _PS = "\u2028".encode(), "\u2029".encode()
 
 
+class RawJson:
+    """A JSON value kept as the bytes it was written as: copied out verbatim, parsed on demand.
+
+    Conversations are most of the bytes of a trajectory. The join serialises a trace's
+    messages once, when the trace arrives, and from then on the table, the snapshots and
+    every corpus's records carry those bytes without parsing them again. Equal bytes are
+    equal values.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        # Not a dataclass: orjson would serialise a dataclass as an object of its fields.
+        self.data = data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawJson) and other.data == self.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def __repr__(self) -> str:
+        return f"RawJson({self.data[:60]!r}{'...' if len(self.data) > 60 else ''})"
+
+    def value(self) -> Any:
+        """The parsed value."""
+        return orjson.loads(self.data)
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    if isinstance(value, RawJson):
+        return orjson.Fragment(value.data)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
 def dumps(value: Any) -> bytes:
-    """Serialise one value as compact JSON bytes."""
-    data = orjson.dumps(value, option=_OPTIONS)
+    """Serialise one value as compact JSON bytes (:class:`RawJson` values copied verbatim)."""
+    data = orjson.dumps(value, default=_fragment, option=_OPTIONS)
     if _LS in data or _PS in data:
         data = data.replace(_LS, b"\\u2028").replace(_PS, b"\\u2029")
     return data

@@ -184,10 +184,15 @@ class Shard:
     max_updated_at: str | None
 
 
-def encode_shard(records: Iterable[dict[str, Any]], compression: Compression) -> Shard:
-    """JSON Lines (gzip with mtime=0, so a retry is byte-identical), hashed as stored."""
+def encode_shard(
+    records: Iterable[dict[str, Any]], compression: Compression, lines: list[bytes] | None = None
+) -> Shard:
+    """JSON Lines (gzip with mtime=0, so a retry is byte-identical), hashed as stored.
+
+    ``lines``, when given, are the records already encoded as JSON Lines lines.
+    """
     rows = list(records)
-    data = dumps_lines(rows)
+    data = dumps_lines(rows) if lines is None else b"".join(lines)
     if compression == "gzip":
         data = gzip.compress(data, compresslevel=6, mtime=0)
     stamps = [r["updated_at"] for r in rows if r.get("updated_at")]

@@ -12,7 +12,7 @@ import enum
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Required
 
 import orjson
 from pydantic import (
@@ -27,6 +27,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from typing_extensions import TypedDict
 
 # RFC 3339 date-time: a full date, a time with seconds, optional fraction, and an offset.
 _RFC3339 = re.compile(
@@ -73,14 +74,21 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class Message(_Open):
-    """One chat message. Validated for shape; the record keeps the original object."""
+class Message(TypedDict, total=False):
+    """The shape of one chat message, checked; the event keeps the original object.
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | list[Any] | None = None
-    name: str | None = None
-    tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
+    A TypedDict checked with ``validate_python`` on the parsed list: pydantic-core checks the
+    known keys without building a model per message, and the event keeps the dicts as
+    parsed, so keys stay in their order and absent keys stay absent.
+    """
+
+    __pydantic_config__ = ConfigDict(extra="ignore")  # type: ignore[misc]
+
+    role: Required[Literal["system", "user", "assistant", "tool"]]
+    content: str | list[Any] | None
+    name: str | None
+    tool_calls: list[Any] | None
+    tool_call_id: str | None
 
 
 _MESSAGE_LIST: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
@@ -91,13 +99,11 @@ def _check_messages(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         _MESSAGE_LIST.validate_python(value)  # one call into pydantic-core for the list
     except ValidationError as exc:
         first = exc.errors()[0]
-        index, *rest = first["loc"]
-        where = ".".join(str(p) for p in rest)
-        raise ValueError(f"messages[{index}].{where}: {first['msg']}") from None
+        raise ValueError(f"{_path(('messages', *first['loc']))}: {first['msg']}") from None
     return value
 
 
-# Messages pass through exactly as received: validated, never rebuilt.
+# Messages pass through exactly as received: checked, never rebuilt.
 Messages = Annotated[list[dict[str, Any]], AfterValidator(_check_messages)]
 
 
@@ -299,6 +305,14 @@ def _strict_json_problem(raw: bytes, event: BaseEvent) -> EventRejection | None:
     return None
 
 
+def _path(loc: tuple[int | str, ...]) -> str:
+    """A field path as a reader writes it: ``messages[0].role``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
+    return path or "event"
+
+
 def _describe(exc: ValidationError) -> tuple[RejectReason, str]:
     errors = exc.errors(include_url=False)
     first = errors[0]
@@ -315,9 +329,8 @@ def _describe(exc: ValidationError) -> tuple[RejectReason, str]:
     parts = []
     for err in errors[:3]:
         # loc starts with the union tag ("label.submitted"); drop it from the path.
-        loc = [str(p) for p in err["loc"][1:]] or ["event"]
         message = str(err["msg"]).removeprefix("Value error, ")
-        parts.append(f"{'.'.join(loc)}: {message}")
+        parts.append(f"{_path(err['loc'][1:])}: {message}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
     return RejectReason.INVALID, "; ".join(parts) + more
 

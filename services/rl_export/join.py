@@ -1,6 +1,6 @@
 """The join: merge one event into a trace's state and say what to emit (DESIGN.md section 3).
 
-Pure functions only: no Kafka, no clock but the ``now`` passed in. The Faust worker
+Pure functions only: no Kafka, no clock but the ``now`` passed in. The worker
 (:mod:`rl_export.worker`) and ``replay`` call :func:`merge` for every decoded event and act
 on the :class:`MergeResult` (store the state, send the snapshot, dead-letter rejections).
 
@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import orjson
 
+from rl_export.codec import RawJson
 from rl_export.events import (
     BaseEvent,
     EvaluationFinished,
@@ -45,7 +46,7 @@ from rl_export.records import RULES_VERSION
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: messages inside the JSON; 2: messages on a line of their own
 
 # (occurred_at in microseconds since the epoch, event_id): total order of "latest".
 OrderKey = tuple[int, str]
@@ -90,7 +91,7 @@ class TraceView:
     key: OrderKey
     agent_version: str
     scenario: str
-    messages: list[dict[str, Any]]
+    messages: RawJson  # serialised once, when this trace.completed won; never parsed again
     attachments: list[dict[str, Any]]
 
 
@@ -149,13 +150,19 @@ Outcome = Literal["accepted", "duplicate", "pending", "rejected", "ignored"]
 
 @dataclass
 class MergeResult:
-    """What merging one event did, and what the caller must do about it."""
+    """What merging one event did, and what the caller must do about it.
+
+    ``emits`` says the trace's current snapshot must be sent; ``snapshot`` is that snapshot
+    unless the caller asked :func:`merge` not to build it (the worker builds one per trace
+    per batch instead of one per event).
+    """
 
     state: TraceState
     outcome: Outcome
     snapshot: dict[str, Any] | None = None
     rejected: list[tuple[RawEvent, EventRejection]] = field(default_factory=list)
     accepted: int = 0  # events newly accepted (pending ones that joined the trace included)
+    emits: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,15 +179,25 @@ def merge(
     *,
     now: float,
     config: JoinConfig,
+    build_snapshot: bool = True,
 ) -> MergeResult:
     """Merge ``event`` into ``state`` (None for a new trace); return the new state and effects.
 
     ``now`` is the worker's clock (seconds since the epoch), used only for retention.
+    With ``build_snapshot=False`` the result says whether a snapshot is due (``emits``)
+    without building it; :func:`current_snapshot` builds it later.
     """
+    result = _merge(state, event, raw, now=now)
+    if result.emits and build_snapshot:
+        result.snapshot = current_snapshot(result.state, config)
+    return result
+
+
+def _merge(state: TraceState | None, event: BaseEvent, raw: RawEvent, *, now: float) -> MergeResult:
     st = state if state is not None else TraceState(trace_id=event.trace_id)
 
     if event.event_id in st.seen or any(p.event_id == event.event_id for p in st.pending):
-        return MergeResult(st, "duplicate", snapshot=current_snapshot(st, config))
+        return MergeResult(st, "duplicate", emits=st.trace is not None or st.deleted)
 
     if st.trace is None and not st.deleted:
         if not isinstance(event, TraceCompleted):
@@ -188,7 +205,7 @@ def merge(
             if st.first_pending_at is None:
                 st.first_pending_at = now
             return MergeResult(st, "pending")
-        return _arrive(st, event, raw, now=now, config=config)
+        return _arrive(st, event, raw, now=now)
 
     if (event.org, event.project) != (st.org, st.project):
         return MergeResult(st, "rejected", rejected=[(raw, _org_mismatch(event, st))])
@@ -199,7 +216,7 @@ def merge(
 
     _apply(st, event, now)
     _settle_tombstone(st)
-    return MergeResult(st, "accepted", snapshot=current_snapshot(st, config), accepted=1)
+    return MergeResult(st, "accepted", accepted=1, emits=True)
 
 
 def _org_mismatch(event: BaseEvent, st: TraceState) -> EventRejection:
@@ -210,9 +227,7 @@ def _org_mismatch(event: BaseEvent, st: TraceState) -> EventRejection:
     )
 
 
-def _arrive(
-    st: TraceState, trace: TraceCompleted, raw: RawEvent, *, now: float, config: JoinConfig
-) -> MergeResult:
+def _arrive(st: TraceState, trace: TraceCompleted, raw: RawEvent, *, now: float) -> MergeResult:
     """The first ``trace.completed``: fix org/project, then settle the waiting events."""
     st.org, st.project = trace.org, trace.project
     _apply(st, trace, now)
@@ -237,7 +252,7 @@ def _arrive(
             _apply(st, decoded, now)
             result.accepted += 1
     _settle_tombstone(st)
-    result.snapshot = current_snapshot(st, config)
+    result.emits = True
     return result
 
 
@@ -262,7 +277,7 @@ def _apply(st: TraceState, event: BaseEvent, now: float) -> None:
                 key=key,
                 agent_version=event.agent_version,
                 scenario=event.scenario,
-                messages=event.messages,
+                messages=RawJson(orjson.dumps(event.messages)),
                 attachments=[a.model_dump(mode="json") for a in event.attachments],
             )
     elif isinstance(event, TraceDeleted):
@@ -389,8 +404,12 @@ def snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any]:
 
 
 def dump_state(st: TraceState) -> bytes:
-    """Serialise a state for the table (orjson; sets sorted so equal states are equal bytes)."""
-    return orjson.dumps(
+    """Serialise a state for the table (orjson; sets sorted so equal states are equal bytes).
+
+    The state is one line of JSON; a trace's messages follow on a second line, as the bytes
+    they were serialised to, so that loading a state never parses a conversation.
+    """
+    head = orjson.dumps(
         {
             "v": STATE_VERSION,
             "id": st.trace_id,
@@ -415,7 +434,6 @@ def dump_state(st: TraceState) -> bytes:
                 list(st.trace.key),
                 st.trace.agent_version,
                 st.trace.scenario,
-                st.trace.messages,
                 st.trace.attachments,
             ],
             "evaluation": None
@@ -436,6 +454,7 @@ def dump_state(st: TraceState) -> bytes:
             "deleted_revision": st.deleted_revision,
         }
     )
+    return head if st.trace is None else head + b"\n" + st.trace.messages.data
 
 
 def _key(value: list[Any]) -> OrderKey:
@@ -443,11 +462,18 @@ def _key(value: list[Any]) -> OrderKey:
 
 
 def load_state(data: bytes) -> TraceState:
-    """Inverse of :func:`dump_state`."""
-    d = orjson.loads(data)
-    if d.get("v") != STATE_VERSION:
-        raise ValueError(f"unknown trace state version {d.get('v')!r}")
+    """Inverse of :func:`dump_state` (reads version 1 states too)."""
+    head, _, messages = data.partition(b"\n")
+    d = orjson.loads(head)
+    version = d.get("v")
+    if version not in (1, STATE_VERSION):
+        raise ValueError(f"unknown trace state version {version!r}")
     trace = d["trace"]
+    view = None
+    if trace is not None:
+        if version == 1:  # [key, agent_version, scenario, messages, attachments]
+            messages, trace = orjson.dumps(trace[3]), trace[:3] + trace[4:]
+        view = TraceView(_key(trace[0]), trace[1], trace[2], RawJson(messages), trace[3])
     evaluation = d["evaluation"]
     return TraceState(
         trace_id=d["id"],
@@ -458,7 +484,7 @@ def load_state(data: bytes) -> TraceState:
             Pending(p[0], RawEvent(p[1].encode(), p[2], p[3], p[4], p[5])) for p in d["pending"]
         ],
         first_pending_at=d["first_pending_at"],
-        trace=None if trace is None else TraceView(_key(trace[0]), *trace[1:]),
+        trace=view,
         evaluation=None
         if evaluation is None
         else EvaluationView(_key(evaluation[0]), *evaluation[1:]),

@@ -6,16 +6,23 @@ by :mod:`rl_export.schemas` and checked against these models by the test suite.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from rl_export.codec import RawJson, dumps
 from rl_export.events import EvaluatorResult, Report, UtcDatetime
 
 RULES_VERSION = 1
 """Bumped whenever a join or reward rule changes meaning, so records say which rules made them."""
 
 RewardSource = Literal["human", "evaluator"]
+
+
+def _parsed(value: Any) -> Any:
+    """Records carry messages as :class:`RawJson`; validate the value they stand for."""
+    return value.value() if isinstance(value, RawJson) else value
 
 
 class _Record(BaseModel):
@@ -56,7 +63,7 @@ class TrajectoryRecord(_Record):
     skipped_by: list[str]
     evaluator_scores: dict[str, float] | None
     evaluation: EvaluationView | None
-    messages: list[dict[str, Any]]
+    messages: Annotated[list[dict[str, Any]], BeforeValidator(_parsed)]
     agent_version: str
     scenario: str
     attachments: list[dict[str, Any]]
@@ -118,3 +125,43 @@ def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
 
 # The record's fields, in DESIGN.md order.
 _RECORD_FIELDS = list(TrajectoryRecord.model_fields)
+
+
+# --- snapshots on the trajectories topic ----------------------------------------------------
+
+
+def encode_snapshot(snapshot: dict[str, Any]) -> bytes:
+    """A snapshot as the value of a ``trajectories`` message.
+
+    Two lines of JSON: the snapshot without its messages, then the messages. The sink reads
+    the first line and copies the second into records without parsing it. A tombstone has no
+    messages and is one line.
+    """
+    if "messages" not in snapshot:
+        return dumps(snapshot)
+    head = {k: v for k, v in snapshot.items() if k != "messages"}
+    return dumps(head) + b"\n" + dumps(snapshot["messages"])
+
+
+def decode_snapshot(value: bytes) -> dict[str, Any]:
+    """Inverse of :func:`encode_snapshot`; messages come back as :class:`RawJson`.
+
+    Raises ValueError when the value is not a snapshot.
+    """
+    head, newline, messages = value.partition(b"\n")
+    try:
+        snapshot = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(snapshot, dict):
+        raise ValueError("not a JSON object")
+    for key in ("trace_id", "org", "project"):
+        if not isinstance(snapshot.get(key), str):
+            raise ValueError(f"{key} is not a string")
+    if newline:
+        if not (messages.startswith(b"[") and messages.endswith(b"]")):
+            raise ValueError("the second line is not a list of messages")
+        snapshot["messages"] = RawJson(messages)
+    elif not snapshot.get("deleted"):
+        raise ValueError("a live snapshot without messages")
+    return snapshot

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     join_batch_size: int = Field(1000, ge=1, description="Events the join takes per batch.")
     join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
     expiry_scan_interval_s: float = Field(3600.0, gt=0)
+    producer_compression: Literal["", "gzip", "lz4", "zstd", "snappy"] = Field(
+        "", description="Compression of what the join produces (empty: none)."
+    )
 
     # Object storage and shards
     store_url: str = Field("var/store", description="file:///abs/path, a path, or s3://bucket/p")
@@ -108,7 +111,17 @@ class Settings(BaseSettings):
     @property
     def all_topics(self) -> tuple[str, ...]:
         """Every topic the service creates and checks at start."""
-        return (*self.input_topics, self.topic_trajectories, self.topic_dead_letter)
+        return (
+            *self.input_topics,
+            self.topic_trajectories,
+            self.topic_dead_letter,
+            self.topic_changelog,
+        )
+
+    @property
+    def topic_changelog(self) -> str:
+        """The join table's changelog (compacted; one per ``app_id``)."""
+        return f"{self.app_id}-trace-state-changelog"
 
 
 def env_name(field: str) -> str:

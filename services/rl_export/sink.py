@@ -31,12 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
-from rl_export.codec import dumps
+from rl_export.codec import dumps, dumps_line
 from rl_export.corpora import (
     DEFAULT_CORPORA,
     SCHEMA_VERSION,
@@ -52,6 +51,7 @@ from rl_export.corpora import (
 )
 from rl_export.errors import ObjectExistsError, StoreError
 from rl_export.metrics import SinkMetrics
+from rl_export.records import decode_snapshot
 from rl_export.store import ObjectStore
 from rl_export.topics import partition_for
 
@@ -84,7 +84,7 @@ class Pending:
     snapshot: dict[str, Any]
     record: dict[str, Any]
     event_ms: int | None
-    size: int
+    line: bytes  # the record as its JSON Lines line, encoded once
 
 
 class ChainWriter:
@@ -155,9 +155,9 @@ class ChainWriter:
             self.metrics.repeats.inc()
             return
         state.held[trace_id] = Holding(record["revision"], bool(record.get("deleted")))
-        size = len(dumps(record)) + 1
-        self.pending.append(Pending(offset, snapshot, record, event_ms, size))
-        self.pending_bytes += size
+        line = dumps_line(record)
+        self.pending.append(Pending(offset, snapshot, record, event_ms, line))
+        self.pending_bytes += len(line)
 
     async def commit(self, last_offset: int) -> None:
         """Step 3 (a) and (b): data object, then the create-only commit; retry after a loss."""
@@ -167,7 +167,9 @@ class ChainWriter:
                 continue
             state = self.state
             rows = [p.record for p in self.pending]
-            shard = encode_shard(rows, self.config.compression)
+            shard = encode_shard(
+                rows, self.config.compression, lines=[p.line for p in self.pending]
+            )
             started = time.monotonic()
             data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
             await self.store.put(data_key, shard.data)
@@ -269,14 +271,14 @@ class PartitionSink:
         """Step 2 for one record of the partition."""
         self.last_offset = max(self.last_offset, offset)
         try:
-            snapshot = orjson.loads(value)
-            org, project = snapshot["org"], snapshot["project"]
-            if not isinstance(org, str) or not isinstance(project, str):
-                raise TypeError("org and project must be strings")
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            snapshot = decode_snapshot(value)
+        except ValueError as exc:
             self.metrics.bad_snapshots.inc()
-            log.error("%s-%d@%d is not a snapshot; skipped", self.topic, self.partition, offset)
+            log.error(
+                "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition, offset, exc
+            )
             return
+        org, project = snapshot["org"], snapshot["project"]
         for spec in self.specs:
             await self._writer(org, project, spec).add(offset, snapshot, event_ms)
         if self.first_pending_at is None and self.pending_records:

@@ -38,8 +38,14 @@ class TopicSpec:
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     """Return the specs of every topic the service needs."""
     max_bytes = str(settings.max_event_bytes * _MESSAGE_BYTES_HEADROOM + 64 * 1024)
+    compacted = {"cleanup.policy": "compact"}
     return [
-        TopicSpec(name, settings.partitions, {"max.message.bytes": max_bytes})
+        TopicSpec(
+            name,
+            settings.partitions,
+            {"max.message.bytes": max_bytes}
+            | (compacted if name == settings.topic_changelog else {}),
+        )
         for name in settings.all_topics
     ]
 

@@ -15,10 +15,12 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from rl_export.codec import dumps, loads
 from rl_export.events import EVENT_ADAPTER, FAMILY_OF_TYPE
 from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from rl_export.process import ManagedProcess, free_port
 from rl_export.produce import topic_for
+from rl_export.records import decode_snapshot
 from rl_export.settings import Settings, child_env
 from rl_export.topics import ensure_service_topics
 
@@ -156,8 +158,13 @@ class TopicReader:
         return records
 
 
+def plain(value: Any) -> Any:
+    """A snapshot or record as JSON gives it back (messages parsed, not RawJson)."""
+    return loads(dumps(value))
+
+
 def snapshots(records: list[Any]) -> list[dict[str, Any]]:
-    return [orjson.loads(r.value) for r in records]
+    return [plain(decode_snapshot(r.value)) for r in records]
 
 
 def latest_by_trace(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -187,7 +194,7 @@ def expected_final(
     for trace_id, state in states.items():
         snap = current_snapshot(state, config)
         if snap is not None:
-            out[trace_id] = snap
+            out[trace_id] = plain(snap)
     return out
 
 

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rl_export.codec import RawJson, dumps
 from rl_export.events import (
     EVENT_ADAPTER,
     BaseEvent,
@@ -129,7 +130,7 @@ def check_record(record: dict[str, Any]) -> None:
         assert list(record) == RECORD_FIELDS == list(TrajectoryRecord.model_fields)
         TrajectoryRecord.model_validate(record)
         # The JSON a trainer reads parses back to the same record.
-        TrajectoryRecord.model_validate_json(orjson.dumps(record))
+        TrajectoryRecord.model_validate_json(dumps(record))
 
 
 def check_snapshot(snapshot: dict[str, Any] | None) -> None:
@@ -219,7 +220,7 @@ def test_later_trace_completed_replaces_messages_agent_version_and_scenario() ->
     rec = j.ready(None)
     assert rec["agent_version"] == "v2"
     assert rec["scenario"] == "s2"
-    assert rec["messages"] == new_messages
+    assert rec["messages"] == RawJson(orjson.dumps(new_messages))
     assert rec["attachments"] == [attachment]
     assert rec["completed_at"] == T2
     assert rec["revision"] == 2
@@ -233,7 +234,7 @@ def test_older_trace_completed_arriving_later_does_not_replace() -> None:
     assert res.snapshot["revision"] == 2  # it counts, but does not win
     rec = j.ready(None)
     assert (rec["agent_version"], rec["scenario"], rec["completed_at"]) == ("v2", "s2", T2)
-    assert rec["messages"] == trace()["messages"]
+    assert rec["messages"].value() == trace()["messages"]
     assert rec["updated_at"] == T2
 
 
@@ -896,13 +897,13 @@ def test_messages_pass_through_exactly() -> None:
     j = joined(trace(messages=messages), label("l-1"), evaluation(results=[result("j", 1.0)]))
     for source in SOURCES:
         rec = j.ready(source)
-        assert rec["messages"] == messages
+        assert rec["messages"].value() == messages
         # Byte-for-byte: no key added, dropped, null-filled or reordered.
-        assert orjson.dumps(rec["messages"]) == orjson.dumps(messages)
-        assert "content" not in rec["messages"][2]
+        assert dumps(rec["messages"]) == orjson.dumps(messages)
+        assert "content" not in rec["messages"].value()[2]
     reloaded = current_snapshot(load_state(dump_state(j.st)), CONFIG)
     assert reloaded is not None
-    assert orjson.dumps(reloaded["messages"]) == orjson.dumps(messages)
+    assert dumps(reloaded["messages"]) == orjson.dumps(messages)
 
 
 # --- state ---------------------------------------------------------------------------------
@@ -972,10 +973,11 @@ def test_state_keeps_no_raw_spans_or_metadata() -> None:
 
 
 def test_load_state_rejects_an_unknown_version() -> None:
-    data = orjson.loads(dump_state(joined(trace()).st))
+    head, _, messages = dump_state(joined(trace()).st).partition(b"\n")
+    data = orjson.loads(head)
     data["v"] = 99
     with pytest.raises(ValueError, match="version"):
-        load_state(orjson.dumps(data))
+        load_state(orjson.dumps(data) + b"\n" + messages)
 
 
 BIG = b"123456789012345678901234567890"
@@ -1000,7 +1002,7 @@ def test_a_19_digit_integer_within_range_is_kept() -> None:
     res = merge(None, decode(data), RawEvent(data), now=NOW, config=CONFIG)
     loaded = load_state(dump_state(res.state))
     assert loaded.trace is not None
-    assert loaded.trace.messages[0]["x"] == 9223372036854775807
+    assert loaded.trace.messages.value()[0]["x"] == 9223372036854775807
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
@@ -1211,7 +1213,7 @@ def expected_snapshot(own: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "revision": len(own),
         "agent_version": t["agent_version"],
-        "messages": t["messages"],
+        "messages": RawJson(orjson.dumps(t["messages"])),
         "completed_at": format_utc(parse_rfc3339(t["occurred_at"])),
         "updated_at": format_utc(max(parse_rfc3339(e["occurred_at"]) for e in own)),
         "skipped_by": sorted({e["labeler"] for e in own if e["event_type"] == "label.skipped"}),

@@ -33,7 +33,7 @@ from rl_export.errors import StoreError
 from rl_export.events import EventRejection, decode_event
 from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from rl_export.metrics import SinkMetrics
-from rl_export.records import CorpusSource, render, tombstone
+from rl_export.records import CorpusSource, encode_snapshot, render, tombstone
 from rl_export.shards import verify
 from rl_export.sink import PartitionSink, SinkConfig
 from rl_export.store import MemoryStore
@@ -141,7 +141,7 @@ def rendered(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
     """The record a corpus of ``source`` holds for a ready snapshot."""
     record = render(snapshot, source)
     assert record is not None
-    return record
+    return loads(dumps(record))  # as a reader parses it (messages are RawJson in the sink)
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -153,7 +153,7 @@ async def feed(
     sink: PartitionSink, items: Sequence[tuple[int, dict[str, Any]]], event_ms: int | None = None
 ) -> None:
     for offset, snapshot in items:
-        await sink.handle(offset, dumps(snapshot), event_ms)
+        await sink.handle(offset, encode_snapshot(snapshot), event_ms)
 
 
 async def chain(store: MemoryStore, ref: CorpusRef) -> list[tuple[Commit, list[dict[str, Any]]]]:

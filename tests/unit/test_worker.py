@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from rl_export.events import EventFamily, EventRejection, RejectReason, format_utc
 from rl_export.join import TraceState, load_state
 from rl_export.metrics import Metrics
+from rl_export.records import decode_snapshot
 from rl_export.settings import Settings
 from rl_export.topics import partition_for
 from rl_export.worker import (
@@ -59,7 +60,7 @@ class CollectingEmitter:
 
     def revisions(self, trace_id: str) -> list[int]:
         key = trace_id.encode()
-        return [orjson.loads(v)["revision"] for k, v, _ in self.snapshots if k == key]
+        return [decode_snapshot(v)["revision"] for k, v, _ in self.snapshots if k == key]
 
 
 class CountingTable(MemoryTable):
@@ -196,7 +197,7 @@ async def test_one_batch_of_one_trace_emits_its_last_snapshot_and_writes_once() 
 
     assert h.emitter.revisions("tr-1") == [3]
     key, value, event_ms = h.emitter.snapshots[0]
-    snapshot = orjson.loads(value)
+    snapshot = decode_snapshot(value)
     assert (key, event_ms) == (b"tr-1", TS_MS)
     assert snapshot == result.snapshots[b"tr-1"]
     assert snapshot["human"] == {"reward": 0.8, "passed": True}
@@ -384,7 +385,7 @@ async def test_a_deleted_trace_emits_one_tombstone_then_nothing() -> None:
     await h.run(event("trace.deleted", "d-1"))
     later = await h.run(evaluation(), label("l-2", labeler="bob"))
 
-    tombstones = [orjson.loads(v) for _, v, _ in h.emitter.snapshots if orjson.loads(v)["deleted"]]
+    tombstones = [s for _, v, _ in h.emitter.snapshots if (s := decode_snapshot(v))["deleted"]]
     assert tombstones == [
         {"trace_id": "tr-1", "org": "acme", "project": "bot", "revision": 3, "deleted": True}
     ]
