@@ -54,7 +54,8 @@ OrderKey = tuple[int, str]
 
 def micros(value: datetime) -> int:
     """Return microseconds since the epoch, exactly (no float rounding)."""
-    return (value - EPOCH) // timedelta(microseconds=1)
+    delta = value - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def from_micros(value: int) -> datetime:

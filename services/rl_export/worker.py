@@ -172,6 +172,18 @@ class JoinProcessor:
         self.config = JoinConfig(human_pass_threshold=settings.human_pass_threshold)
         # partition -> heap of (deadline, trace_id): states that may expire then.
         self._expiry: dict[int, list[tuple[float, bytes]]] = {}
+        self._partitions: dict[str, int] = {}
+
+    def _partition_of(self, trace_id: str) -> int:
+        """murmur2 in Python costs microseconds: remember recent traces' partitions."""
+        partition = self._partitions.get(trace_id)
+        if partition is None:
+            if len(self._partitions) >= 100_000:
+                self._partitions.clear()
+            partition = self._partitions[trace_id] = partition_for(
+                trace_id.encode(), self.settings.partitions
+            )
+        return partition
 
     def _check(self, message: InMessage, now: datetime) -> Any:
         decoded = decode_event(
@@ -184,7 +196,7 @@ class JoinProcessor:
         )
         if isinstance(decoded, EventRejection):
             return decoded
-        expected = partition_for(decoded.trace_id.encode(), self.settings.partitions)
+        expected = self._partition_of(decoded.trace_id)
         if message.partition >= 0 and message.partition != expected:
             return EventRejection(
                 RejectReason.WRONG_PARTITION,
