@@ -101,18 +101,20 @@ class RocksPartition:
     """RocksDB (rocksdict) in ``path``; the changelog position lives in a column family."""
 
     def __init__(self, path: Path) -> None:
-        from rocksdict import Options, Rdict
-
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._options = Options(raw_mode=True)
-        self._options.create_if_missing(True)
-        self._options.create_missing_column_families(True)
-        self.db = Rdict(str(path), self._options, column_families={"meta": Options(raw_mode=True)})
+        self._open()
+
+    def _open(self) -> None:
+        from rocksdict import Options, Rdict
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        self.db = Rdict(str(self.path), options, column_families={"meta": Options(raw_mode=True)})
         self.meta = self.db.get_column_family("meta")
         stored = self.meta.get(_POSITION_KEY)
         self.changelog_next = 0 if stored is None else int(stored)
-        self._keys = self._estimate()
 
     def _estimate(self) -> int:
         value = self.db.property_int_value("rocksdb.estimate-num-keys")
@@ -151,15 +153,9 @@ class RocksPartition:
         self.changelog_next = offset
 
     def clear(self) -> None:
-        from rocksdict import Options, Rdict
-
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
-        self.db = Rdict(
-            str(self.path), self._options, column_families={"meta": Options(raw_mode=True)}
-        )
-        self.meta = self.db.get_column_family("meta")
-        self.changelog_next = 0
+        self._open()
 
     def close(self) -> None:
         self.meta.close()  # the column family's handle holds the database (and its lock) too
