@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.compaction import compact, expire
@@ -498,8 +498,9 @@ class JoinWorker:
         async with self.lock:
             if self.to_restore:
                 await self._restore()
-            if epoch != self.epoch:
-                return  # fetched before a rebalance: read again from the committed offsets
+            if epoch != self.epoch:  # a rebalance came in while we fetched
+                await self._unread(consumer, fetched)
+                return
             messages = [
                 InMessage(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp, None)
                 for tp, records in fetched.items()
@@ -517,6 +518,24 @@ class JoinWorker:
                     log.warning("join commit refused, a rebalance is under way: %s", exc)
             if time.monotonic() - self._last_scan >= self.settings.expiry_scan_interval_s:
                 self._rebuild_expiry(self.assigned)
+
+    async def _unread(self, consumer: AIOKafkaConsumer, fetched: dict[Any, list[Any]]) -> None:
+        """Put back a batch fetched across a rebalance: read it again, from its start.
+
+        The records may come from before the rebalance or from the positions it reset;
+        either way the consumer's position is now past them, and dropping them unseen would
+        let the next commit skip them. Each partition we still own goes back to the first
+        record of the batch, or to its committed offset if that is earlier.
+        """
+        for tp, records in fetched.items():
+            if not records or tp not in consumer.assignment():
+                continue
+            start = records[0].offset
+            try:
+                committed = await consumer.committed(tp)
+            except KafkaError:
+                committed = None
+            consumer.seek(tp, start if committed is None else min(start, committed))
 
     async def _restore(self) -> None:
         partitions = sorted(self.to_restore)
