@@ -673,6 +673,7 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
                     await asyncio.wait_for(asyncio.shield(task), 30)
                 task.cancel()
         await runner.cleanup()
+        await sink.store.close()
 
 
 _LOG_LEVELS = {"crit": "CRITICAL", "error": "ERROR", "warn": "WARNING", "info": "INFO",
