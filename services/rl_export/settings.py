@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     join_batch_size: int = Field(1000, ge=1, description="Events the join takes per batch.")
     join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
     expiry_scan_interval_s: float = Field(3600.0, gt=0)
-    producer_compression: Literal["", "gzip", "lz4", "zstd", "snappy"] = Field(
+    producer_compression: Literal["", "gzip"] = Field(
         "", description="Compression of what the join produces (empty: none)."
     )
 
