@@ -62,7 +62,9 @@ class _Collector:
         self.where = where
         self.snapshots: list[tuple[bytes, bytes]] = []
 
-    async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None:
+    async def snapshot(
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int
+    ) -> None:
         self.snapshots.append((key, value))
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:

@@ -98,7 +98,9 @@ class StateTable(Protocol):
 class Emitter(Protocol):
     """Where snapshots and dead letters go; ``flush`` returns once they are delivered."""
 
-    async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None: ...
+    async def snapshot(
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int
+    ) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
     async def flush(self) -> None: ...
 
@@ -251,7 +253,10 @@ class JoinProcessor:
                 snapshot = current_snapshot(entry.state, self.config)
                 assert snapshot is not None  # emits only once the trace exists or is deleted
                 result.snapshots[key] = snapshot
-                await self.emitter.snapshot(key, encode_snapshot(snapshot), entry.event_ms)
+                # trajectories is co-partitioned with the inputs: the same partition.
+                await self.emitter.snapshot(
+                    key, encode_snapshot(snapshot), entry.event_ms, entry.last.partition
+                )
                 if entry.event_ms is not None:
                     self.metrics.latency.observe(max(0.0, clock - entry.event_ms / 1000))
         self.metrics.snapshots.inc(len(result.snapshots))
@@ -359,9 +364,10 @@ class KafkaEmitter:
                headers: Headers) -> None:  # fmt: skip
         self._out.setdefault((topic, partition), []).append((key, value, headers))
 
-    async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None:
+    async def snapshot(
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int
+    ) -> None:
         headers = [] if event_ms is None else [(HEADER_EVENT_MS, str(event_ms).encode())]
-        partition = partition_for(key, self.settings.partitions)
         self._queue(self.settings.topic_trajectories, partition, key, value, headers)
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
@@ -420,13 +426,12 @@ class JoinWorker:
 
     One loop does everything, so nothing else touches the table: fetch a batch, restore
     newly assigned partitions, process, flush, commit the batch's offsets. A rebalance waits
-    for the batch in hand (the lock); a batch fetched before a rebalance is dropped unseen
-    and fetched again from the committed offsets.
+    for the batch in hand (the lock); a batch fetched across a rebalance is put back and
+    read again (:meth:`_unread`).
     """
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
-        self.metrics = metrics
         self.table = ChangelogTable(
             settings.state_store, settings.data_dir / "worker" / settings.app_id
         )
@@ -442,7 +447,6 @@ class JoinWorker:
         self.to_restore: set[int] = set()
         self.assigned: set[int] = set()
         self.ready = asyncio.Event()
-        self.consumer: AIOKafkaConsumer | None = None
         self._last_scan = time.monotonic()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -468,7 +472,7 @@ class JoinWorker:
                     log.info("join assigned partitions %s", sorted(worker.assigned))
 
         await self.emitter.start()
-        consumer = self.consumer = AIOKafkaConsumer(
+        consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
             group_id=self.settings.app_id,
             enable_auto_commit=False,

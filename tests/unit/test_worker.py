@@ -49,7 +49,9 @@ class CollectingEmitter:
         self.dead_letters: list[tuple[InMessage, EventRejection]] = []
         self.flushes = 0
 
-    async def snapshot(self, key: bytes, value: bytes, event_ms: int | None) -> None:
+    async def snapshot(
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int
+    ) -> None:
         self.snapshots.append((key, value, event_ms))
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
