@@ -106,12 +106,19 @@ class RocksPartition:
         self._open()
 
     def _open(self) -> None:
-        from rocksdict import Options, Rdict
+        from rocksdict import Options, Rdict, WriteOptions
 
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
+        # No write-ahead log: the changelog topic is the durable copy (as in Kafka Streams).
+        # A crash loses the writes not yet flushed, data and position alike, because the
+        # column families flush together (atomic flush); restore replays the rest.
+        options.set_atomic_flush(True)
         self.db = Rdict(str(self.path), options, column_families={"meta": Options(raw_mode=True)})
+        unlogged = WriteOptions()
+        unlogged.disable_wal = True  # type: ignore[method-assign,assignment] # a property
+        self.db.set_write_options(unlogged)
         self.meta = self.db.get_column_family("meta")
         stored = self.meta.get(_POSITION_KEY)
         self.changelog_next = 0 if stored is None else int(stored)
