@@ -37,7 +37,7 @@ from aiokafka.errors import KafkaError
 
 from rl_export.broker import LocalKafka
 from rl_export.events import FAMILY_OF_TYPE
-from rl_export.process import free_port
+from rl_export.process import free_port, tail
 from rl_export.produce import topic_for
 from rl_export.settings import Settings, child_env
 from rl_export.synthetic import generate, trace_events
@@ -181,11 +181,21 @@ def quantile(
 
 
 def peak_rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """Peak RSS of a worker: its process and its join process (the sum of their peaks)."""
+    total = 0.0
+    for each in [pid, *_children(pid)]:
+        with open(f"/proc/{each}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1]) / 1024
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
 
 
 def ready(port: int) -> bool:
@@ -194,6 +204,16 @@ def ready(port: int) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def _check_running(procs: list[tuple[subprocess.Popen[bytes], int]], data_dir: Path) -> None:
+    for i, (proc, _) in enumerate(procs):
+        if proc.poll() is not None:
+            log_path = data_dir / f"w{i}" / "worker.log"
+            raise RuntimeError(
+                f"worker {i} exited early with code {proc.returncode}; the end of {log_path}:\n"
+                + tail(log_path, 30)
+            )
 
 
 async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str, Any]:
@@ -207,15 +227,11 @@ async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str
     try:
         while not all(ready(port) for _, port in procs):
             await asyncio.sleep(0.05)
-            for proc, _ in procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"a worker exited early; see {data_dir}")
+            _check_running(procs, data_dir)
         started = time.perf_counter()
         while True:
             await asyncio.sleep(0.25)
-            for proc, _ in procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"a worker exited early; see {data_dir}")
+            _check_running(procs, data_dir)
             join_lag = await lag(settings, settings.app_id, list(settings.input_topics))
             sink_lag = await lag(settings, settings.sink_group, [settings.topic_trajectories])
             if join_lag == 0 and sink_lag == 0:

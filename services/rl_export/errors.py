@@ -50,3 +50,7 @@ class LocalStackError(RlExportError):
 
 class ObjectNotFoundError(StoreError):
     """A read asked for a key that does not exist."""
+
+
+class WorkerError(RlExportError):
+    """A stage of the worker stopped on its own (the join process exited)."""

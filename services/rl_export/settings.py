@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     join_batch_size: int = Field(1000, ge=1, description="Events the join takes per batch.")
     join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
     expiry_scan_interval_s: float = Field(3600.0, gt=0)
+    join_processes: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Child processes a worker runs its join in (one core each; each is a "
+        "member of the join group); 0 runs the join in the worker's own process.",
+    )
     producer_compression: Literal["", "gzip"] = Field(
         "", description="Compression of what the join produces (empty: none)."
     )

@@ -1,4 +1,9 @@
-"""The worker: the join stage over the input topics, and the sink beside it, in one process.
+"""The worker: the join stage over the input topics, and the sink beside it.
+
+The join runs in ``join_processes`` child processes of the worker (:class:`ChildJoins`,
+2 by default): one Python process is one core, and the join is the heavy stage. The sink,
+compaction and the web port stay in the worker's own process; the web port answers for
+the children too. With ``join_processes=0`` everything runs in one process.
 
 How an event travels through the join (the steps match :meth:`JoinProcessor.process`):
 
@@ -33,23 +38,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import heapq
 import logging
+import os
 import signal
+import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Metric, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from rl_export.compaction import compact, expire
-from rl_export.errors import StoreError
+from rl_export.errors import StoreError, WorkerError
 from rl_export.events import EventFamily, EventRejection, RejectReason, decode_event, event_type_of
 from rl_export.join import (
     JoinConfig,
@@ -62,8 +72,9 @@ from rl_export.join import (
     merge,
 )
 from rl_export.metrics import Metrics, SinkMetrics
+from rl_export.process import LOOPBACK, free_port
 from rl_export.records import encode_snapshot
-from rl_export.settings import Settings
+from rl_export.settings import Settings, child_env
 from rl_export.sink import HEADER_EVENT_MS, Sink, SinkConfig
 from rl_export.statestore import ChangelogTable, restore
 from rl_export.store import open_store
@@ -72,9 +83,13 @@ from rl_export.topics import partition_for
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InMessage:
-    """What the join needs of one Kafka message; ``handle`` is the transport's own event."""
+    """What the join needs of one Kafka message; ``handle`` is the transport's own event.
+
+    Not frozen: a frozen dataclass costs five times as much to create, and this is one per
+    event.
+    """
 
     topic: str
     partition: int
@@ -147,11 +162,26 @@ class BatchResult:
     expired: list[tuple[bytes, str]] = field(default_factory=list)
 
 
+CONVERSATION = b"\xff"
+"""Prefix of the table key that holds a trace's conversation (``CONVERSATION + trace_id``).
+
+A state is written for every event of its trace, its conversation (most of its bytes) only
+when it changes: the table and its changelog hold them under two keys. No UTF-8
+``trace_id`` starts with the byte 0xFF, so the two kinds of key never meet.
+"""
+
+
+def conversation_key(key: bytes) -> bytes:
+    return CONVERSATION + key
+
+
 @dataclass
 class _Touched:
     state: TraceState
     last: InMessage
+    conversation: bytes | None  # as the table holds it
     emit: bool = False
+    repeated: bool = False  # a redelivered event: rewrite everything, the first write may be lost
     event_ms: int | None = None
 
 
@@ -224,11 +254,18 @@ class JoinProcessor:
                 continue
             key = decoded.trace_id.encode()
             entry = touched.get(key)
+            conversation = None
             if entry is not None:
                 state: TraceState | None = entry.state
             else:
                 stored = self.table.get(key, message)
-                state = None if stored is None else load_state(stored)
+                if stored is None:
+                    state = None
+                else:
+                    conversation = self.table.get(conversation_key(key), message)
+                    state = load_state(
+                        stored if conversation is None else stored + b"\n" + conversation
+                    )
             raw = RawEvent(
                 message.value, message.topic, message.partition, message.offset,
                 message.timestamp_ms,
@@ -236,18 +273,26 @@ class JoinProcessor:
             merged = merge(state, decoded, raw, now=clock, config=self.config, build_snapshot=False)
             outcomes[event_type_of(decoded), merged.outcome] += 1
             if entry is None:
-                entry = touched[key] = _Touched(merged.state, message)
+                entry = touched[key] = _Touched(merged.state, message, conversation)
             else:
                 entry.state, entry.last = merged.state, message
             for item, rejection in merged.rejected:
                 origin = InMessage(item.topic, item.partition, item.offset, key, item.value)
                 result.rejected.append((origin, rejection))
+            if merged.outcome == "duplicate":
+                entry.repeated = True
             if merged.emits:
                 entry.emit = True
                 entry.event_ms = message.timestamp_ms
 
         for key, entry in touched.items():  # step 4: one table write per trace
-            self.table.put(key, dump_state(entry.state), entry.last)
+            head, _, conversation = dump_state(entry.state).partition(b"\n")
+            self.table.put(key, head, entry.last)
+            if entry.repeated or conversation != (entry.conversation or b""):
+                if conversation:
+                    self.table.put(conversation_key(key), conversation, entry.last)
+                else:
+                    self.table.delete(conversation_key(key), entry.last)
             self._schedule(key, entry.state, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
                 snapshot = current_snapshot(entry.state, self.config)
@@ -295,6 +340,8 @@ class JoinProcessor:
             self._expiry.pop(partition, None)
         count = 0
         for key, value in items:
+            if key.startswith(CONVERSATION):
+                continue
             state = load_state(value)
             if self._deadline(state) is not None:
                 where = partition_for(key, self.settings.partitions)
@@ -324,6 +371,7 @@ class JoinProcessor:
                 )
                 if kind is not None:  # the state may have moved on since it was indexed
                     self.table.delete(key, at)
+                    self.table.delete(conversation_key(key), at)
                     self.metrics.expired.labels(kind).inc()
                     dropped.append((key, kind))
         return dropped
@@ -469,6 +517,8 @@ class JoinWorker:
                     partitions = {tp.partition for tp in assigned}
                     worker.to_restore |= partitions - worker.assigned
                     worker.assigned |= partitions
+                    if not worker.to_restore:  # none new, or none at all: more members
+                        worker.ready.set()  # than partitions is allowed, just idle
                     log.info("join assigned partitions %s", sorted(worker.assigned))
 
         await self.emitter.start()
@@ -624,22 +674,166 @@ async def compact_corpora(sink: Sink, settings: Settings) -> None:
             log.info("%s: generation %d, %d records", ref.root, made.generation, made.records)
 
 
-async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the join, the sink, compaction and the web pages until ``stop`` is set."""
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    join = JoinWorker(settings, metrics)
-    sink = build_sink(settings, registry)
+class JoinStage(Protocol):
+    """The join as the worker's pages see it: in this process or in a child process."""
 
+    async def run(self, stop: asyncio.Event) -> None: ...
+    async def is_ready(self) -> bool: ...
+    async def metrics_text(self) -> bytes: ...
+
+
+class InProcessJoin:
+    """The join in the worker's own process (``join_processes=0``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry()
+        self.worker = JoinWorker(settings, Metrics(self.registry))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.worker.run(stop)
+
+    async def is_ready(self) -> bool:
+        return self.worker.ready.is_set() and not self.worker.to_restore
+
+    async def metrics_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Child:
+    """One join process: its OS process and its private loopback port."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.port = free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+
+
+class ChildJoins:
+    """The join in ``join_processes`` child processes, so it can use more than one core.
+
+    Each child is ``python -m rl_export.join_process PARENT_PID PORT``, one more member of
+    the join's consumer group (the partitions are shared among all the children of all the
+    workers, like Kafka Streams' stream threads). A child takes its settings from the same
+    ``RL_EXPORT_`` environment, writes to the worker's log, serves ``/readyz`` and
+    ``/metrics`` on a loopback port that only this parent reads, and dies with the parent
+    (PR_SET_PDEATHSIG), so a worker killed with SIGKILL leaves no join behind. When a child
+    exits on its own, the worker stops with an error: a worker without its join must not
+    look healthy. The worker's ``/metrics`` shows the children's join metrics summed.
+    """
+
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.children = [_Child(i) for i in range(count)]
+        self.http: ClientSession | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.http = ClientSession(timeout=ClientTimeout(total=5))
+        exits: dict[asyncio.Task[int], _Child] = {}
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            for child in self.children:
+                child.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "rl_export.join_process", str(os.getpid()),
+                    str(child.port), env=child_env(self.settings, os.environ),
+                    stdin=asyncio.subprocess.DEVNULL,
+                )  # fmt: skip
+                exits[asyncio.create_task(child.proc.wait())] = child
+                log.info("join process %d started (pid %d)", child.index, child.proc.pid)
+            done, _ = await asyncio.wait([*exits, stopping], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task in exits:
+                    raise WorkerError(
+                        f"join process {exits[task].index} exited with code {task.result()}"
+                    )
+        finally:
+            stopping.cancel()
+            await self._stop(list(exits))
+            await self.http.close()
+
+    async def _stop(self, exits: list[asyncio.Task[int]]) -> None:
+        """SIGTERM: each child finishes its batch and commits, like a worker; then SIGKILL."""
+        running = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
+        for proc in running:
+            proc.terminate()
+        if exits:
+            _, late = await asyncio.wait(exits, timeout=30)
+            if late:
+                log.error("%d join process(es) did not stop within 30s; killing", len(late))
+        for proc in running:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+    async def _get(self, child: _Child, path: str) -> tuple[int, bytes] | None:
+        if self.http is None or child.proc is None or child.proc.returncode is not None:
+            return None
+        try:
+            async with self.http.get(f"http://{LOOPBACK}:{child.port}{path}") as response:
+                return response.status, await response.read()
+        except (ClientError, OSError, TimeoutError):
+            return None  # not listening yet, or going away
+
+    async def is_ready(self) -> bool:
+        answers = await asyncio.gather(*(self._get(c, "/readyz") for c in self.children))
+        return all(a is not None and a[0] == 200 for a in answers)
+
+    async def metrics_text(self) -> bytes:
+        answers = await asyncio.gather(*(self._get(c, "/metrics") for c in self.children))
+        return sum_metrics([a[1].decode() for a in answers if a is not None and a[0] == 200])
+
+
+def sum_metrics(texts: list[str]) -> bytes:
+    """Prometheus texts of processes with the same metrics, as one text of their sums.
+
+    Counters, histogram buckets, sums and counts, and gauges (table keys) all add up across
+    the join processes, which own disjoint partitions.
+    """
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.name not in families:
+                families[family.name] = Metric(family.name, family.documentation, family.type)
+                values[family.name] = {}
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                values[family.name][key] = values[family.name].get(key, 0.0) + sample.value
+    registry = CollectorRegistry()
+    registry.register(_Families(families, values))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(
+        self,
+        families: dict[str, Metric],
+        values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]],
+    ) -> None:
+        self.families = families
+        self.values = values
+
+    def collect(self) -> Iterable[Metric]:
+        for name, family in self.families.items():
+            for (sample, labels), value in self.values[name].items():
+                family.add_sample(sample, dict(labels), value)
+            yield family
+
+
+async def _serve_pages(
+    host: str,
+    port: int,
+    ready: Callable[[], Awaitable[bool]],
+    metrics_text: Callable[[], Awaitable[bytes]],
+) -> web.AppRunner:
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
-        ready = join.ready.is_set() and not join.to_restore and sink.assigned.is_set()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        is_ready = await ready()
+        return web.json_response({"ready": is_ready}, status=200 if is_ready else 503)
 
     async def metrics_page(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), content_type="text/plain")
+        return web.Response(body=await metrics_text(), content_type="text/plain")
 
     app = web.Application()
     app.add_routes(
@@ -651,7 +845,26 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
     )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, settings.web_host, settings.worker_web_port).start()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
+    """Run the join, the sink, compaction and the web pages until ``stop`` is set."""
+    registry = CollectorRegistry()
+    sink = build_sink(settings, registry)
+    join: JoinStage = (
+        ChildJoins(settings, settings.join_processes) if settings.join_processes else (
+            InProcessJoin(settings))
+    )  # fmt: skip
+
+    async def ready() -> bool:
+        return sink.assigned.is_set() and await join.is_ready()
+
+    async def metrics_text() -> bytes:
+        return generate_latest(registry) + await join.metrics_text()
+
+    runner = await _serve_pages(settings.web_host, settings.worker_web_port, ready, metrics_text)
 
     async def compaction_timer() -> None:
         while not stop.is_set():
@@ -666,28 +879,42 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
         asyncio.create_task(compaction_timer(), name="compaction"),
     ]
     try:
+        await _run_stages(tasks, stop)
+    finally:
+        await runner.cleanup()
+        await sink.store.close()
+
+
+async def serve_join(settings: Settings, port: int, stop: asyncio.Event) -> None:
+    """The join child's main: the join, and its pages on a loopback port for the parent."""
+    join = InProcessJoin(settings)
+    runner = await _serve_pages(LOOPBACK, port, join.is_ready, join.metrics_text)
+    try:
+        await _run_stages([asyncio.create_task(join.run(stop), name="join")], stop)
+    finally:
+        await runner.cleanup()
+
+
+async def _run_stages(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    """Wait for the stages; one that fails stops the others and raises its error."""
+    try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
-            task.result()  # a stage that failed stops the worker with its error
+            task.result()
     finally:
         stop.set()
         for task in tasks:
             if not task.done():
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(task), 30)
+                    await asyncio.wait_for(asyncio.shield(task), 40)
                 task.cancel()
-        await runner.cleanup()
-        await sink.store.close()
 
 
 _LOG_LEVELS = {"crit": "CRITICAL", "error": "ERROR", "warn": "WARNING", "info": "INFO",
                "debug": "DEBUG"}  # fmt: skip
 
 
-def run_worker(settings: Settings) -> int:
-    """Check the topics, then run the worker until SIGTERM/SIGINT; return the exit code."""
-    from rl_export.topics import ensure_service_topics
-
+def _configure_logging(settings: Settings) -> None:
     logging.basicConfig(
         level=_LOG_LEVELS[settings.log_level],
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
@@ -695,16 +922,69 @@ def run_worker(settings: Settings) -> int:
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+
+def run_worker(settings: Settings) -> int:
+    """Check the topics, then run the worker until SIGTERM/SIGINT; return the exit code."""
+    from rl_export.topics import ensure_service_topics
+
+    _configure_logging(settings)
+
     async def main() -> None:
         await ensure_service_topics(settings)  # refuses when a partition count differs
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        log.info("worker starting: join group %s, sink group %s, store %s",
-                 settings.app_id, settings.sink_group, settings.store_url)  # fmt: skip
+        _stop_on_signals(stop)
+        log.info("worker starting: join group %s in %d processes (0: in this one), sink group "
+                 "%s, store %s", settings.app_id, settings.join_processes, settings.sink_group,
+                 settings.store_url)  # fmt: skip
         await serve_worker(settings, stop)
         log.info("worker stopped")
 
+    asyncio.run(main())  # a WorkerError is reported by the command line, in one line
+    return 0
+
+
+def run_join_process(parent_pid: int, port: int) -> int:
+    """A join child of a worker (see :class:`ChildJoins`); return the exit code."""
+    _die_with(parent_pid)
+    settings = Settings()
+    _configure_logging(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+
+        async def watch_parent() -> None:  # where PR_SET_PDEATHSIG does not exist
+            while not stop.is_set():
+                if os.getppid() != parent_pid:
+                    log.error("the worker (pid %d) is gone; the join stops", parent_pid)
+                    stop.set()
+                await asyncio.sleep(1)
+
+        watcher = asyncio.create_task(watch_parent())
+        log.info("join process starting: group %s", settings.app_id)
+        try:
+            await serve_join(settings, port, stop)
+        finally:
+            watcher.cancel()
+        log.info("join process stopped")
+
     asyncio.run(main())
     return 0
+
+
+def _die_with(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies; exit if it already has."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        raise SystemExit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -26,6 +26,7 @@ from rl_export.worker import (
     InMessage,
     JoinProcessor,
     MemoryTable,
+    conversation_key,
     dead_letter_headers,
 )
 from tests.factories import RUBRIC, event
@@ -71,10 +72,15 @@ class CountingTable(MemoryTable):
     def __init__(self) -> None:
         super().__init__()
         self.puts: list[bytes] = []
+        self.deletes: list[bytes] = []
 
     def put(self, key: bytes, value: bytes, at: InMessage) -> None:
         self.puts.append(key)
         super().put(key, value, at)
+
+    def delete(self, key: bytes, at: InMessage) -> None:
+        self.deletes.append(key)
+        super().delete(key, at)
 
 
 def partition_of(trace_id: str) -> int:
@@ -152,7 +158,10 @@ class Harness:
         return self.registry.get_sample_value(name, labels)
 
     def state(self, trace_id: str) -> TraceState:
-        return load_state(self.table.data[trace_id.encode()])
+        key = trace_id.encode()
+        conversation = self.table.data.get(conversation_key(key))
+        head = self.table.data[key]
+        return load_state(head if conversation is None else head + b"\n" + conversation)
 
 
 def trace(event_id: str = "t-1", trace_id: str = "tr-1", **fields: Any) -> dict[str, Any]:
@@ -204,7 +213,7 @@ async def test_one_batch_of_one_trace_emits_its_last_snapshot_and_writes_once() 
     assert snapshot == result.snapshots[b"tr-1"]
     assert snapshot["human"] == {"reward": 0.8, "passed": True}
     assert snapshot["evaluator"] == {"reward": 0.8, "passed": True}
-    assert h.table.puts == [b"tr-1"]
+    assert h.table.puts == [b"tr-1", conversation_key(b"tr-1")]  # the state, the conversation
     assert h.state("tr-1").revision == 3
     assert result.rejected == []
     assert h.emitter.dead_letters == []
@@ -216,7 +225,8 @@ async def test_two_batches_emit_two_snapshots_with_growing_revisions() -> None:
     await h.run(evaluation(), label())
 
     assert h.emitter.revisions("tr-1") == [1, 3]
-    assert h.table.puts == [b"tr-1", b"tr-1"]
+    # The conversation is written when the trace arrives, not again for its label.
+    assert h.table.puts == [b"tr-1", conversation_key(b"tr-1"), b"tr-1"]
     assert h.state("tr-1").revision == 3
 
 
@@ -228,7 +238,7 @@ async def test_two_traces_in_one_batch_emit_one_snapshot_each() -> None:
     assert h.emitter.revisions("tr-2") == [2]
     assert len(h.emitter.snapshots) == 2
     assert set(result.snapshots) == {b"tr-1", b"tr-2"}
-    assert sorted(h.table.puts) == [b"tr-1", b"tr-2"]
+    assert sorted(h.table.puts) == [b"tr-1", b"tr-2", b"\xfftr-1", b"\xfftr-2"]
 
 
 async def test_events_before_their_trace_wait_and_emit_nothing() -> None:
@@ -373,12 +383,44 @@ async def test_a_redelivered_event_re_emits_the_same_revision_and_rewrites_the_s
     assert h.emitter.revisions("tr-1") == [2, 2]
     assert h.emitter.snapshots[-1][1] == first[1]  # the very same snapshot
     assert result.snapshots[b"tr-1"]["revision"] == 2
-    assert h.table.puts == [b"tr-1", b"tr-1"]  # rewritten, in case the first write was lost
+    # Both rewritten, in case the first writes were lost.
+    assert h.table.puts == [b"tr-1", conversation_key(b"tr-1")] * 2
     assert h.table.data[b"tr-1"] == stored
     assert h.metric("rl_export_join_events_total", event_type="label.submitted",
                     outcome="duplicate") == 1  # fmt: skip
     assert h.metric("rl_export_join_events_total", event_type="label.submitted",
                     outcome="accepted") == 1  # fmt: skip
+
+
+async def test_a_deletion_removes_the_conversation_and_a_redelivery_removes_it_again() -> None:
+    h = Harness()
+    await h.run(trace(), label())
+    assert conversation_key(b"tr-1") in h.table.data
+    deletion = h.message(event("trace.deleted", "d-1"))
+
+    await h.run(deletion)
+    assert conversation_key(b"tr-1") not in h.table.data
+    assert h.state("tr-1").deleted
+
+    h.table.deletes.clear()
+    await h.run(deletion)  # the first delete may not have reached the changelog
+    assert h.table.deletes == [conversation_key(b"tr-1")]
+
+
+async def test_a_conversation_stored_with_its_state_is_read_and_moved_to_its_own_key() -> None:
+    """A table written before conversations had their own key still loads."""
+    h = Harness()
+    await h.run(trace())
+    key = b"tr-1"
+    h.table.data[key] += b"\n" + h.table.data.pop(conversation_key(key))  # the older layout
+
+    await h.run(label())
+
+    assert h.state("tr-1").revision == 2
+    assert b"\n" not in h.table.data[key]
+    assert h.table.data[conversation_key(key)].startswith(b"[")
+    first, last = (decode_snapshot(v)["messages"] for _, v, _ in h.emitter.snapshots)
+    assert last == first
 
 
 async def test_a_deleted_trace_emits_one_tombstone_then_nothing() -> None:
@@ -411,7 +453,8 @@ async def test_metrics_count_snapshots_table_keys_latency_and_batch_sizes() -> N
     await h.run(trace(), no_timestamp, label("l-3", "tr-3"))  # tr-3 is an orphan
 
     assert h.metric("rl_export_join_snapshots_total") == 2
-    assert h.metric("rl_export_join_table_keys") == len(h.table) == 3
+    # Three states and two conversations (the orphan has none yet).
+    assert h.metric("rl_export_join_table_keys") == len(h.table) == 5
     assert h.metric("rl_export_join_latency_seconds_count") == 1  # only tr-1 had a timestamp
     assert h.metric("rl_export_join_latency_seconds_sum") == pytest.approx(1.5)
     assert h.metric("rl_export_join_batch_events_count") == 1
@@ -420,7 +463,7 @@ async def test_metrics_count_snapshots_table_keys_latency_and_batch_sizes() -> N
     await h.run(label(), label("l-2", "tr-2"))
 
     assert h.metric("rl_export_join_snapshots_total") == 4
-    assert h.metric("rl_export_join_table_keys") == len(h.table) == 3
+    assert h.metric("rl_export_join_table_keys") == len(h.table) == 5
     assert h.metric("rl_export_join_latency_seconds_count") == 3
     assert h.metric("rl_export_join_batch_events_count") == 2
     assert h.metric("rl_export_join_batch_events_sum") == 5
@@ -444,7 +487,7 @@ async def test_an_orphan_expires_when_its_partition_moves_past_the_retention() -
     assert ORPHAN.encode() not in h.table.data
     assert OTHER.encode() in h.table.data
     assert h.metric("rl_export_join_expired_total", kind="orphan") == 1
-    assert h.metric("rl_export_join_table_keys") == len(h.table) == 1
+    assert h.metric("rl_export_join_table_keys") == len(h.table) == 2  # OTHER's two keys
 
 
 async def test_an_orphan_does_not_expire_before_its_retention() -> None:
@@ -516,7 +559,8 @@ async def test_rebuild_expiry_lets_a_fresh_processor_expire_stored_states() -> N
     assert sorted(result.expired) == sorted(
         [(ORPHAN.encode(), "orphan"), (OTHER.encode(), "tombstone")]
     )
-    assert set(h.table.data) == {THIRD.encode(), ELSEWHERE.encode()}
+    assert set(h.table.data) == {THIRD.encode(), conversation_key(THIRD.encode()),
+                                 ELSEWHERE.encode()}  # fmt: skip
     assert h.metric("rl_export_join_expired_total", kind="orphan") == 1
     assert h.metric("rl_export_join_expired_total", kind="tombstone") == 1
 
