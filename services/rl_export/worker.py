@@ -786,12 +786,15 @@ def sum_metrics(texts: list[str]) -> bytes:
     """Prometheus texts of processes with the same metrics, as one text of their sums.
 
     Counters, histogram buckets, sums and counts, and gauges (table keys) all add up across
-    the join processes, which own disjoint partitions.
+    the join processes, which own disjoint partitions. The ``_created`` timestamps do not
+    add up, and are left out.
     """
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
+            if family.name.endswith("_created"):
+                continue
             if family.name not in families:
                 families[family.name] = Metric(family.name, family.documentation, family.type)
                 values[family.name] = {}
