@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rl_export.codec import dumps_lines, iter_lines, loads
 from rl_export.errors import ObjectNotFoundError, StoreError
-from rl_export.records import render
+from rl_export.records import SnapshotLines, render
 from rl_export.store import ObjectStore
 
 SCHEMA_VERSION = 1
@@ -72,6 +72,18 @@ class CorpusSpec(BaseModel):
         if record is None or record.get("deleted"):
             return record
         return record if self.matches(record) else None
+
+    def holds(self, snapshot: SnapshotLines) -> bool:
+        """True when :meth:`record_for` is a record (not a tombstone, not None).
+
+        The sink's way to the same answer without rendering the record as a dict.
+        """
+        source = self.source
+        if not snapshot.ready(source):
+            return False
+        return not self.filter or all(
+            snapshot.value(source, k) == v for k, v in self.filter.items()
+        )
 
 
 DEFAULT_CORPORA: tuple[CorpusSpec, ...] = (
@@ -184,21 +196,27 @@ class Shard:
     max_updated_at: str | None
 
 
-def encode_shard(
-    records: Iterable[dict[str, Any]], compression: Compression, lines: list[bytes] | None = None
-) -> Shard:
-    """JSON Lines (gzip with mtime=0, so a retry is byte-identical), hashed as stored.
-
-    ``lines``, when given, are the records already encoded as JSON Lines lines.
-    """
+def encode_shard(records: Iterable[dict[str, Any]], compression: Compression) -> Shard:
+    """JSON Lines (gzip with mtime=0, so a retry is byte-identical), hashed as stored."""
     rows = list(records)
-    data = dumps_lines(rows) if lines is None else b"".join(lines)
+    stamps = [r["updated_at"] for r in rows if r.get("updated_at")]
+    return _shard(dumps_lines(rows), len(rows), stamps, compression)
+
+
+def encode_lines(lines: list[bytes], stamps: list[str], compression: Compression) -> Shard:
+    """:func:`encode_shard` of records already encoded as JSON Lines lines.
+
+    ``stamps`` are the records' ``updated_at`` values (tombstones have none).
+    """
+    return _shard(b"".join(lines), len(lines), stamps, compression)
+
+
+def _shard(data: bytes, records: int, stamps: list[str], compression: Compression) -> Shard:
     if compression == "gzip":
         data = gzip.compress(data, compresslevel=6, mtime=0)
-    stamps = [r["updated_at"] for r in rows if r.get("updated_at")]
     return Shard(
         data=data,
-        records=len(rows),
+        records=records,
         sha256=hashlib.sha256(data).hexdigest(),
         compression=compression,
         min_updated_at=min(stamps) if stamps else None,

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
-from rl_export.codec import dumps, dumps_line
+from rl_export.codec import dumps
 from rl_export.corpora import (
     DEFAULT_CORPORA,
     SCHEMA_VERSION,
@@ -45,13 +45,13 @@ from rl_export.corpora import (
     CorpusRef,
     CorpusSpec,
     Holding,
-    encode_shard,
+    encode_lines,
     load_chain_state,
     utc_now,
 )
 from rl_export.errors import ObjectExistsError, StoreError
 from rl_export.metrics import SinkMetrics
-from rl_export.records import decode_snapshot
+from rl_export.records import SnapshotLines, decode_snapshot
 from rl_export.store import ObjectStore
 from rl_export.topics import partition_for
 
@@ -78,13 +78,34 @@ class SinkConfig:
     crash_at: str = ""  # fault injection for tests: "after_data", "after_commit"
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
+    """A line waiting for the next commit, with what re-checking it after a lost race needs.
+
+    Not the snapshot: the decision a corpus makes for a snapshot depends only on whether it
+    holds a record for it (``deleted`` says it holds none: the line is a tombstone), the
+    trace and the revision; the line for that decision never changes.
+    """
+
     offset: int
-    snapshot: dict[str, Any]
-    record: dict[str, Any]
-    event_ms: int | None
+    trace_id: str
+    revision: int
+    deleted: bool  # the line is a tombstone
     line: bytes  # the record as its JSON Lines line, encoded once
+    updated_at: str | None  # the record's, for the commit (a tombstone has none)
+    event_ms: int | None
+
+
+@dataclass(slots=True)
+class PendingTotals:
+    """Records and bytes pending in all the writers of a partition.
+
+    The writers keep it current as their pending lists change, so the sink can check its
+    bounds after every record without summing over every writer.
+    """
+
+    records: int = 0
+    bytes: int = 0
 
 
 class ChainWriter:
@@ -101,6 +122,7 @@ class ChainWriter:
         config: SinkConfig,
         metrics: SinkMetrics,
         writer: str,
+        totals: PendingTotals | None = None,
     ) -> None:
         self.store = store
         self.ref = ref
@@ -111,6 +133,7 @@ class ChainWriter:
         self.config = config
         self.metrics = metrics
         self.writer = writer
+        self.totals = PendingTotals() if totals is None else totals
         self.state: ChainState | None = None
         self.pending: list[Pending] = []
         self.pending_bytes = 0
@@ -127,37 +150,70 @@ class ChainWriter:
             )
         return self.state
 
-    async def add(self, offset: int, snapshot: dict[str, Any], event_ms: int | None) -> None:
-        """Step 2: decide what this corpus writes for a snapshot, and buffer it."""
-        state = await self.load()
+    async def loaded(self) -> ChainState:
+        """The chain's state, loaded from the store if it is not yet (or no longer) known."""
+        if self.state is not None:
+            return self.state
+        if self.pending:
+            # A lost race whose reload failed: what is pending must be checked against the
+            # reloaded chain as well, not committed after it unchecked.
+            return await self._after_losing()
+        return await self.load()
+
+    def add(self, offset: int, snapshot: SnapshotLines, event_ms: int | None) -> None:
+        """Step 2: decide what this corpus writes for a snapshot, and buffer it.
+
+        The chain must be :meth:`loaded`. (Not a coroutine that awaits it: this runs for every
+        corpus and record, and the chain is loaded once.)
+        """
+        state = self.state
+        if state is None:
+            raise RuntimeError(f"{self.ref.root} {self.stream}: the chain is not loaded")
         if offset < state.head:
             return  # already in a committed shard
-        record = self.spec.record_for(snapshot)
-        trace_id = snapshot["trace_id"]
+        source = self.spec.source
+        holds = self.spec.holds(snapshot)
+        if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds):
+            line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
+            updated_at = snapshot.updated_at if holds else None
+            self._append(
+                Pending(
+                    offset, snapshot.trace_id, snapshot.revision, not holds, line, updated_at,
+                    event_ms,
+                )
+            )  # fmt: skip
+
+    def _keep(self, state: ChainState, trace_id: str, revision: int, *, deleted: bool) -> bool:
+        """Whether a record (or, ``deleted``, no record) at a revision changes what the corpus
+        holds; if so, hold it.
+
+        A revision the corpus holds, or an older one, is a repeat. No record where the corpus
+        holds none, or only a tombstone, changes nothing; where it holds a record, no record
+        means a tombstone.
+        """
         held = state.held.get(trace_id)
-        if record is None or record.get("deleted"):
-            if held is None or held.deleted:
-                if held is not None and snapshot["revision"] <= held.revision:
-                    self.metrics.repeats.inc()
-                return  # nothing held: nothing to hide
-            if snapshot["revision"] <= held.revision:
-                self.metrics.repeats.inc()
-                return
-            record = {
-                "trace_id": trace_id,
-                "org": snapshot["org"],
-                "project": snapshot["project"],
-                "reward_source": self.spec.source,
-                "revision": snapshot["revision"],
-                "deleted": True,
-            }
-        elif held is not None and record["revision"] <= held.revision:
+        if held is not None and revision <= held.revision:
             self.metrics.repeats.inc()
-            return
-        state.held[trace_id] = Holding(record["revision"], bool(record.get("deleted")))
-        line = dumps_line(record)
-        self.pending.append(Pending(offset, snapshot, record, event_ms, line))
-        self.pending_bytes += len(line)
+            return False
+        if deleted and (held is None or held.deleted):
+            return False  # nothing held: nothing to hide
+        state.held[trace_id] = Holding(revision, deleted)
+        return True
+
+    def _append(self, pending: Pending) -> None:
+        self.pending.append(pending)
+        size = len(pending.line)
+        self.pending_bytes += size
+        self.totals.records += 1
+        self.totals.bytes += size
+
+    def _take_pending(self) -> list[Pending]:
+        """Empty the pending list, returning what it held."""
+        taken = self.pending
+        self.totals.records -= len(taken)
+        self.totals.bytes -= self.pending_bytes
+        self.pending, self.pending_bytes = [], 0
+        return taken
 
     async def commit(self, last_offset: int) -> None:
         """Step 3 (a) and (b): data object, then the create-only commit; retry after a loss."""
@@ -166,9 +222,10 @@ class ChainWriter:
                 await self._after_losing()
                 continue
             state = self.state
-            rows = [p.record for p in self.pending]
-            shard = encode_shard(
-                rows, self.config.compression, lines=[p.line for p in self.pending]
+            shard = encode_lines(
+                [p.line for p in self.pending],
+                [p.updated_at for p in self.pending if p.updated_at],
+                self.config.compression,
             )
             started = time.monotonic()
             data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
@@ -205,28 +262,32 @@ class ChainWriter:
             self.metrics.commits.labels(self.spec.name).inc()
             self.metrics.records.labels(self.spec.name).inc(shard.records)
             self.metrics.bytes.labels(self.spec.name).inc(len(shard.data))
-            for p in self.pending:
-                if p.event_ms is not None:
-                    self.metrics.freshness.observe(max(0.0, now - p.event_ms / 1000))
+            self.metrics.freshness.observe_many(
+                [max(0.0, now - p.event_ms / 1000) for p in self.pending if p.event_ms is not None]
+            )
             state.head = last_offset + 1
-            self.pending.clear()
-            self.pending_bytes = 0
+            self._take_pending()
 
-    async def _after_losing(self) -> None:
+    async def _after_losing(self) -> ChainState:
         """Another writer created our commit first: take its chain, keep what it left.
 
         The chain is reloaded before anything pending is let go: if the reload fails, the
-        pending records stay, ``state`` stays None, and the next flush starts here again.
+        pending records stay, ``state`` stays None, and the next flush (or record) starts
+        here again. What is kept goes through the same checks as in :meth:`add`, against the
+        reloaded holdings.
         """
         state = await self.load()  # raises before anything pending is let go
-        waiting = self.pending
-        self.pending, self.pending_bytes = [], 0
+        waiting = self._take_pending()
         log.warning(
             "%s %s: lost a commit race; chain head is now %d", self.ref.root, self.stream,
             state.head,
         )  # fmt: skip
         for p in waiting:
-            await self.add(p.offset, p.snapshot, p.event_ms)
+            if p.offset >= state.head and self._keep(
+                state, p.trace_id, p.revision, deleted=p.deleted
+            ):
+                self._append(p)
+        return state
 
 
 @dataclass
@@ -244,6 +305,11 @@ class PartitionSink:
     last_offset: int = -1
     first_pending_at: float | None = None
     committed: int = -1  # the Kafka offset last committed for this partition
+    totals: PendingTotals = field(default_factory=PendingTotals, init=False)
+    # The writers of each (org, project), one per spec in order: one lookup per record.
+    _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def idle_offset(self) -> int | None:
         """With nothing pending, the offset after the last record read, if not yet committed.
@@ -263,9 +329,17 @@ class PartitionSink:
             writer = ChainWriter(
                 self.store, ref, spec, topic=self.topic, partition=self.partition,
                 config=self.config, metrics=self.metrics, writer=self.writer,
+                totals=self.totals,
             )  # fmt: skip
             self.writers[key] = writer
         return writer
+
+    def _writers_of(self, org: str, project: str) -> tuple[ChainWriter, ...]:
+        writers = self._project_writers.get((org, project))
+        if writers is None:
+            writers = tuple(self._writer(org, project, spec) for spec in self.specs)
+            self._project_writers[(org, project)] = writers
+        return writers
 
     async def handle(self, offset: int, value: bytes, event_ms: int | None) -> None:
         """Step 2 for one record of the partition."""
@@ -278,30 +352,31 @@ class PartitionSink:
                 "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition, offset, exc
             )
             return
-        org, project = snapshot["org"], snapshot["project"]
-        for spec in self.specs:
-            await self._writer(org, project, spec).add(offset, snapshot, event_ms)
-        if self.first_pending_at is None and self.pending_records:
+        lines = SnapshotLines(snapshot)  # shared by the corpora: encoded at most once
+        for writer in self._writers_of(snapshot["org"], snapshot["project"]):
+            if writer.state is None:
+                await writer.loaded()
+            writer.add(offset, lines, event_ms)
+        if self.first_pending_at is None and self.totals.records:
             self.first_pending_at = time.monotonic()
 
     @property
     def pending_records(self) -> int:
-        return sum(len(w.pending) for w in self.writers.values())
+        return self.totals.records
 
     @property
     def pending_bytes(self) -> int:
-        return sum(w.pending_bytes for w in self.writers.values())
+        return self.totals.bytes
 
     def due(self, now: float) -> bool:
-        if not self.pending_records:
+        records = self.totals.records
+        if not records:
             return False
         aged = self.first_pending_at is not None and now - self.first_pending_at >= (
             self.config.max_age_s
         )
         return (
-            aged
-            or self.pending_records >= self.config.max_records
-            or self.pending_bytes >= self.config.max_bytes
+            aged or records >= self.config.max_records or self.totals.bytes >= self.config.max_bytes
         )
 
     async def flush(self) -> int | None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rl_export.codec import dumps, iter_lines, loads
+from rl_export.codec import RawJson, dumps, dumps_line, iter_lines, loads
 from rl_export.corpora import (
     DEFAULT_CORPORA,
     SCHEMA_VERSION,
@@ -25,6 +25,7 @@ from rl_export.corpora import (
     CorpusRef,
     CorpusSpec,
     chain_keys,
+    encode_lines,
     encode_shard,
     follow_chain,
     read_shard,
@@ -33,7 +34,14 @@ from rl_export.errors import StoreError
 from rl_export.events import EventRejection, decode_event
 from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from rl_export.metrics import SinkMetrics
-from rl_export.records import CorpusSource, encode_snapshot, render, tombstone
+from rl_export.records import (
+    CorpusSource,
+    SnapshotLines,
+    decode_snapshot,
+    encode_snapshot,
+    render,
+    tombstone,
+)
 from rl_export.shards import verify
 from rl_export.sink import PartitionSink, SinkConfig
 from rl_export.store import MemoryStore
@@ -80,11 +88,11 @@ class Trace:
         assert snapshot is not None
         return snapshot
 
-    def completed(self) -> dict[str, Any]:
-        return self._merge("trace.completed")
+    def completed(self, **fields: Any) -> dict[str, Any]:
+        return self._merge("trace.completed", **fields)
 
-    def evaluated(self, passed: bool = True) -> dict[str, Any]:
-        score = 0.9 if passed else 0.2
+    def evaluated(self, passed: bool = True, score: float | None = None) -> dict[str, Any]:
+        score = (0.9 if passed else 0.2) if score is None else score
         results = [{"evaluator": "judge", "score": score, "passed": passed, "reasoning": "r"}]
         return self._merge("evaluation.finished", results=results)
 
@@ -654,3 +662,221 @@ async def test_a_store_error_while_reloading_after_a_lost_race_keeps_everything_
     assert sample(registry, CONFLICTS) >= 1
     report = await verify(store)
     assert report.ok, report.problems
+
+
+async def test_records_read_after_a_failed_reload_are_checked_against_the_winner() -> None:
+    """A record read between a failed reload and the retry must not let the sink commit,
+    unchecked, what it read before the winner's commit covered it."""
+    store = FlakyListStore()
+    sink, registry = make_sink(store, specs=[DEFAULT_CORPORA[2]])
+    snaps = [Trace(f"tr-{n}", minute=n).completed() for n in range(5)]
+    await feed(sink, list(enumerate(snaps[:4])))
+    await put_winner(store, 1, [rendered(s, None) for s in snaps[:2]])
+
+    store.fail_lists = 1  # the reload after losing fails once
+    with pytest.raises(StoreError):
+        await sink.flush()
+    await feed(sink, [(4, snaps[4])])  # reloads the chain, and re-checks what is pending
+    assert sink.pending_records == 3
+    assert await sink.flush() == 5
+    links = await chain(store, TRACES)
+    assert spans(links) == [(0, 1), (2, 4)]
+    assert links[1][1] == [rendered(s, None) for s in snaps[2:]]
+    assert sample(registry, CONFLICTS) == 1
+    report = await verify(store)
+    assert report.ok, report.problems
+
+
+async def test_pending_totals_follow_every_writer() -> None:
+    store = MemoryStore()
+    sink, _ = make_sink(store)
+    t0, t1 = Trace("tr-0", minute=0), Trace("tr-1", minute=1)
+    await feed(sink, [(0, t0.completed()), (1, t0.evaluated()), (2, t1.completed())])
+
+    def summed() -> tuple[int, int]:
+        writers = sink.writers.values()
+        return sum(len(w.pending) for w in writers), sum(w.pending_bytes for w in writers)
+
+    def lines() -> int:
+        return sum(len(p.line) for w in sink.writers.values() for p in w.pending)
+
+    assert (sink.pending_records, sink.pending_bytes) == summed() == (4, lines())
+    await put_winner(store, 0, [rendered(t0.completed(), None)])  # a lost race in traces
+    await sink.flush()
+    assert (sink.pending_records, sink.pending_bytes) == summed() == (0, 0)
+
+
+# --- records encoded once per snapshot ------------------------------------------------------
+
+
+def straightforward(snapshot: dict[str, Any], spec: CorpusSpec) -> bytes | None:
+    """The line a corpus holds for a snapshot, rendered as a dict and encoded: None when the
+    corpus holds no record for it (not ready, filtered out, deleted)."""
+    record = spec.record_for(snapshot)
+    return None if record is None or record.get("deleted") else dumps_line(record)
+
+
+def fast(snapshot: dict[str, Any], spec: CorpusSpec) -> bytes | None:
+    lines = SnapshotLines(snapshot)
+    return lines.line(spec.source) if spec.holds(lines) else None
+
+
+FILTERED = [
+    CorpusSpec(name="passing", source="evaluator", filter={"passed": True}),
+    CorpusSpec(name="failing-human", source="human", filter={"passed": False}),
+    CorpusSpec(name="by-source", source="human", filter={"reward_source": "human"}),
+    CorpusSpec(name="scenario", source=None, filter={"scenario": "happy_path", "rules_version": 1}),
+    CorpusSpec(name="no-field", source=None, filter={"deleted": None}),  # not a record field
+    CorpusSpec(name="never", source=None, filter={"human": None}),
+    CorpusSpec(name="reward", source="evaluator", filter={"reward": 0.9}),
+]
+
+
+def story() -> list[dict[str, Any]]:
+    """Snapshots of one trace through every state a corpus tells apart."""
+    odd = [
+        {"role": "user", "content": "line\u2028separator, paragraph\u2029separator"},
+        {"role": "assistant", "content": "dash \u2014 quotes \u201chi\u201d, nul \u0000 \\"},
+    ]
+    t, u = Trace('tr-\u2028"q"', minute=1), Trace("tr-2", minute=2)
+    return [
+        t.completed(messages=odd),  # traces only
+        t.evaluated(),
+        t.labelled(),  # ready for every source
+        t.evaluated(passed=False, score=0.0),
+        t.evaluated(passed=True, score=1.0),
+        t.retracted(),  # no longer ready for human
+        t.deleted(),
+        u.completed(),
+        u.evaluated(passed=False, score=0.1 + 0.2),
+    ]
+
+
+def as_read(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot as the sink reads it from the topic (messages as RawJson)."""
+    return decode_snapshot(encode_snapshot(snapshot))
+
+
+def test_lines_are_the_rendered_records_byte_for_byte() -> None:
+    snapshots = [as_read(s) for s in story()]
+    outcomes = set()
+    for snapshot in snapshots:
+        for spec in [*DEFAULT_CORPORA, *FILTERED]:
+            expected = straightforward(snapshot, spec)
+            assert fast(snapshot, spec) == expected, (spec.name, snapshot["revision"])
+            outcomes.add((spec.name, expected is None))
+            if expected is None:
+                continue
+            assert expected.endswith(b"}\n")
+            assert loads(expected)["reward_source"] == spec.source
+        for source in (None, "human", "evaluator"):
+            assert SnapshotLines(snapshot).tombstone_line(source) == dumps_line(
+                tombstone(snapshot, source)
+            )
+    # Every spec saw records and non-records, so both answers of holds() were compared.
+    assert {name for name, none in outcomes if none} >= {"human", "evaluator", "passing"}
+    assert {name for name, none in outcomes if not none} >= {s.name for s in DEFAULT_CORPORA}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        b'[{"content":"plain"}]',
+        '[{"content":"dash \u2014 and a raw \u2028 line separator"}]'.encode(),
+        '[{"content":"a raw \u2029 paragraph separator"}]'.encode(),
+        '[{"content":"\u00e2\u20ac no separator, other 0xE2 bytes"}]'.encode(),
+    ],
+)
+def test_raw_messages_are_escaped_as_dumps_escapes_them(messages: bytes) -> None:
+    """Messages come from the topic as they were written: whatever bytes they hold, their
+    line is the one dumps writes (U+2028 and U+2029 escaped)."""
+    snapshot = as_read(Trace("tr-1").completed())
+    snapshot["messages"] = RawJson(messages)
+    line = SnapshotLines(snapshot).line(None)
+    assert line == dumps_line(render(snapshot, None))
+    assert "\u2028".encode() not in line
+    assert "\u2029".encode() not in line
+
+
+def test_odd_values_fall_back_to_plain_encoding_with_the_same_bytes() -> None:
+    t = Trace("tr-1")
+    t.completed()
+    base = as_read(t.labelled())
+    cases = {
+        "a NUL byte of its own": {"scenario": RawJson(b'"\0"')},  # never from the topic
+        "messages not RawJson": {"messages": [{"role": "user", "content": "a, b"}]},
+        "a reward with commas": {"human": {"reward": [1, 2], "passed": True}},
+        "negative zero": {"evaluator": {"reward": -0.0, "passed": False}},
+        "an int reward": {"evaluator": {"reward": 1, "passed": True}},
+        "tiny and huge": {"human": {"reward": 1e-7, "passed": None}, "evaluator": None},
+    }
+    for name, change in cases.items():
+        snapshot = {**base, **change}
+        for source in (None, "human", "evaluator"):
+            lines = SnapshotLines(snapshot)
+            if lines.ready(source):
+                assert lines.line(source) == dumps_line(render(snapshot, source)), name
+
+
+def test_a_line_for_a_source_a_snapshot_is_not_ready_for_is_refused() -> None:
+    t = Trace("tr-1")
+    snapshot = as_read(t.completed())
+    with pytest.raises(ValueError, match="not ready"):
+        SnapshotLines(snapshot).line("human")
+    gone = as_read(t.deleted())
+    with pytest.raises(ValueError, match="not ready"):
+        SnapshotLines(gone).line(None)
+
+
+async def test_the_sink_writes_the_rendered_records_to_every_corpus() -> None:
+    store = MemoryStore()
+    specs = [*DEFAULT_CORPORA, *FILTERED]
+    sink, _ = make_sink(store, specs=specs)
+    snapshots = story()
+    await feed(sink, list(enumerate(snapshots)))
+    await sink.flush()
+    for spec in specs:
+        ref = CorpusRef(ORG, PROJECT, spec.name)
+        stored = b"".join(store.objects[ref.key(c.shard)] for c, _ in await chain(store, ref))
+        expected, held = [], {}
+        for snapshot in map(as_read, snapshots):
+            line = straightforward(snapshot, spec)
+            if line is not None:
+                expected.append(line)
+                held[snapshot["trace_id"]] = True
+            elif held.get(snapshot["trace_id"]):
+                expected.append(dumps_line(tombstone(snapshot, spec.source)))
+                held[snapshot["trace_id"]] = False
+        assert stored == b"".join(expected), spec.name
+    await verified(store)
+
+
+def test_encode_lines_matches_encode_shard() -> None:
+    rows = [rendered(Trace(f"tr-{n}", minute=n).completed(), None) for n in range(3)]
+    rows.insert(1, tombstone({**rows[0], "revision": 2}, None))
+    for compression in ("none", "gzip"):
+        assert encode_lines(
+            [dumps_line(r) for r in rows],
+            [r["updated_at"] for r in rows if "updated_at" in r],
+            compression,
+        ) == encode_shard(rows, compression)
+
+
+# --- freshness ------------------------------------------------------------------------------
+
+
+async def test_freshness_is_observed_for_every_committed_record() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store)
+    now_ms = int(time.time() * 1000)
+    t = Trace("tr-1")
+    await feed(sink, [(0, t.completed())], now_ms - 7_000)  # traces
+    await feed(sink, [(1, t.evaluated())], now_ms - 40_000)  # evaluator, traces
+    await feed(sink, [(2, t.skipped())])  # no event time: not observed
+    await sink.flush()
+    name = "rl_export_sink_freshness_seconds"
+    assert sample(registry, f"{name}_count") == 3
+    assert sample(registry, f"{name}_bucket", le="5.0") == 0
+    assert sample(registry, f"{name}_bucket", le="10.0") == 1
+    assert sample(registry, f"{name}_bucket", le="60.0") == 3
+    assert 7 + 40 + 40 <= sample(registry, f"{name}_sum") < 7 + 40 + 40 + 3 * 60
