@@ -56,7 +56,7 @@ class Metrics:
             ["kind"],
             registry=registry,
         )
-        self.latency = Histogram(
+        self.latency = BatchHistogram(
             "rl_export_join_latency_seconds",
             "From an event's Kafka timestamp to its snapshot being handed to the producer.",
             buckets=_LATENCY_BUCKETS,
