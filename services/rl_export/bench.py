@@ -301,10 +301,16 @@ async def steady(settings: Settings, data_dir: Path, rate: float, seconds: float
 
 
 def fresh(settings: Settings, tag: str, store: Path) -> Settings:
-    """Same topics, new consumer groups and store: a new worker catching up from zero."""
+    """Same input topics; new groups, output topics and store: a worker catching up from zero.
+
+    The output topics are new too, or the second run's sink would also read every snapshot
+    the first run wrote.
+    """
     return settings.model_copy(
         update={"app_id": f"bench-{tag}-join", "sink_group": f"bench-{tag}-sink",
-                "store_url": str(store)}
+                "store_url": str(store),
+                "topic_trajectories": f"bench-{tag}.{settings.topic_trajectories}",
+                "topic_dead_letter": f"bench-{tag}.{settings.topic_dead_letter}"}
     )  # fmt: skip
 
 
