@@ -97,6 +97,11 @@ class MemoryPartition:
         self.data.clear()
 
 
+class StoreLockedError(Exception):
+    """Another process has the partition's RocksDB open (a sibling join process that has
+    not yet let go of a partition the group moved to us)."""
+
+
 class RocksPartition:
     """RocksDB (rocksdict) in ``path``; the changelog position lives in a column family."""
 
@@ -115,7 +120,14 @@ class RocksPartition:
         # A crash loses the writes not yet flushed, data and position alike, because the
         # column families flush together (atomic flush); restore replays the rest.
         options.set_atomic_flush(True)
-        self.db = Rdict(str(self.path), options, column_families={"meta": Options(raw_mode=True)})
+        try:
+            self.db = Rdict(
+                str(self.path), options, column_families={"meta": Options(raw_mode=True)}
+            )
+        except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's message
+            if str(self.path / "LOCK") in str(exc):  # its lock file is taken
+                raise StoreLockedError(f"{self.path} is open in another process") from exc
+            raise
         unlogged = WriteOptions()
         unlogged.disable_wal = True  # type: ignore[method-assign,assignment] # a property
         self.db.set_write_options(unlogged)

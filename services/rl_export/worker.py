@@ -53,6 +53,7 @@ from typing import Any, Protocol
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -76,7 +77,7 @@ from rl_export.process import LOOPBACK, free_port
 from rl_export.records import encode_snapshot
 from rl_export.settings import Settings, child_env
 from rl_export.sink import HEADER_EVENT_MS, Sink, SinkConfig
-from rl_export.statestore import ChangelogTable, restore
+from rl_export.statestore import ChangelogTable, PartitionStore, StoreLockedError, restore
 from rl_export.store import open_store
 from rl_export.topics import partition_for
 
@@ -531,6 +532,11 @@ class JoinWorker:
             auto_offset_reset="earliest",
             max_poll_records=self.settings.join_batch_size,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            # Range, not aiokafka's default round robin: it gives each member the same
+            # partition numbers of every input topic, so one trace's events meet in one
+            # member. Round robin does that only by luck (when the members divide the
+            # partitions), and with three members of eight partitions it does not.
+            partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=int(self.settings.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.settings.session_timeout_s * 1000 / 4),
         )
@@ -595,11 +601,28 @@ class JoinWorker:
 
     async def _restore(self) -> None:
         partitions = sorted(self.to_restore)
-        stores = {p: self.table.open(p) for p in partitions}
+        stores = {p: await self._open(p) for p in partitions}
         await restore(self.settings.kafka_bootstrap, self.settings.topic_changelog, stores)
         self.to_restore.clear()
         self._rebuild_expiry(partitions)
         self.ready.set()
+
+    async def _open(self, partition: int) -> PartitionStore:
+        """Open a partition's store, waiting while its previous owner still has it open.
+
+        The join processes of a worker share its data dir. When the group moves a partition
+        from one to another, the first may still be finishing its batch (or, if it missed
+        the rebalance, learn of it only at its next heartbeat) before it closes the store.
+        """
+        deadline = time.monotonic() + max(30.0, 3 * self.settings.session_timeout_s)
+        while True:
+            try:
+                return self.table.open(partition)
+            except StoreLockedError:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("partition %d's store is still open elsewhere; waiting", partition)
+                await asyncio.sleep(0.5)
 
     def _rebuild_expiry(self, partitions: Iterable[int]) -> None:
         found = 0

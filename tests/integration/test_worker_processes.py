@@ -100,3 +100,19 @@ async def test_the_join_in_the_worker_process_gives_the_same_snapshots(
     assert {k: comparable(v) for k, v in final.items()} == {
         k: comparable(v) for k, v in expected.items()
     }
+
+
+async def test_three_join_processes_keep_each_trace_in_one_member(settings: Settings) -> None:
+    """Three members of four partitions: range assignment keeps the inputs co-partitioned.
+
+    aiokafka's default (round robin) would give one member traces-1 and another
+    evaluations-1, and their events would never meet.
+    """
+    events = generate(60, seed=43, duplicate_rate=0.1)
+    expected = expected_final(events)
+    with WorkerProcess(settings, "w1", env={"RL_EXPORT_JOIN_PROCESSES": "3"}).start():
+        await publish(settings, events)
+        final = await wait_for_final(settings, expected)
+    assert {k: comparable(v) for k, v in final.items()} == {
+        k: comparable(v) for k, v in expected.items()
+    }

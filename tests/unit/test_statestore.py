@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.statestore import ChangelogTable, MemoryPartition, PartitionStore, RocksPartition
+from rl_export.statestore import (
+    ChangelogTable,
+    MemoryPartition,
+    PartitionStore,
+    RocksPartition,
+    StoreLockedError,
+)
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,17 @@ def test_rocks_clear_survives_reopen(tmp_path: Path) -> None:
         assert second.changelog_next == 0
     finally:
         second.close()
+
+
+def test_a_store_open_elsewhere_is_reported_as_locked_and_opens_once_closed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "partition-1"
+    first = RocksPartition(path)
+    with pytest.raises(StoreLockedError, match="open in another process"):
+        RocksPartition(path)
+    first.close()
+    RocksPartition(path).close()
 
 
 # --- ChangelogTable ---------------------------------------------------------------------
