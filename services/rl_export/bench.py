@@ -4,10 +4,13 @@
    conversations of a few KB, evaluations with reports, labels with skips and retractions,
    shuffled, with duplicates).
 2. Baseline: a bare aiokafka consumer that parses every event with orjson and writes JSONL.
-3. One ``rl-export worker`` (join and sink, RocksDB table) catches up on the same backlog,
-   until both its consumer groups have committed the end of every topic.
-4. Freshness under a steady load: event to visible in a corpus, p50/p99.
-5. Two workers on the same backlog (fresh groups and store): the scaling.
+3. One ``rl-export worker`` (join processes and sink, RocksDB table) catches up on the same
+   backlog, until both its consumer groups have committed the end of every topic.
+4. Two workers on the same backlog: the scaling.
+   Steps 2 to 4 run ``--runs`` times (3), interleaved, each catch-up with fresh groups,
+   output topics and store; the medians are reported, and every run. The machine is
+   shared with the broker, and single runs differ by up to 20 %.
+5. Freshness under a steady load: event to visible in a corpus, p50/p99.
 
 Results are printed and written as JSON to ``var/bench/<time>.json`` to compare runs.
 """
@@ -21,6 +24,7 @@ import logging
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,12 +75,12 @@ async def produce(settings: Settings, events: list[dict[str, Any]]) -> float:
     return time.perf_counter() - started
 
 
-async def bare_consumer(settings: Settings, total: int, out: Path) -> float:
+async def bare_consumer(settings: Settings, total: int, out: Path, run: int = 0) -> float:
     """The baseline: consume, parse with orjson, write JSONL; no join, no state."""
     consumer = AIOKafkaConsumer(
         *settings.input_topics,
         bootstrap_servers=settings.kafka_bootstrap,
-        group_id=f"bench-bare-{os.getpid()}",
+        group_id=f"bench-bare-{os.getpid()}-{run}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         max_poll_records=5000,
@@ -315,7 +319,7 @@ def fresh(settings: Settings, tag: str, store: Path) -> Settings:
 
 
 async def run(
-    traces: int, seed: int, out_dir: Path, keep: bool, steady_rate: float
+    traces: int, seed: int, out_dir: Path, *, keep: bool, steady_rate: float, runs: int = 3
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="rl-export-bench-"))
     broker = LocalKafka(work / "kafka", free_port(), heap="1g")
@@ -331,17 +335,24 @@ async def run(
         log(f"producing {len(events):,} events ({size / len(events) / 1024:.1f} KiB avg)")
         produce_s = await produce(base, events)
 
-        log("baseline: bare aiokafka consumer, orjson parse, JSONL write")
-        bare_s = await bare_consumer(base, len(events), work / "bare.jsonl")
-        bare_rate = len(events) / bare_s
-
-        log("one worker (join + sink) catching up")
-        one = await catch_up(fresh(base, "one", work / "store-one"), 1, work / "one")
-        one_rate = len(events) / one["seconds"]
-
-        log("two workers catching up on the same backlog")
-        two = await catch_up(fresh(base, "two", work / "store-two"), 2, work / "two")
-        two_rate = len(events) / two["seconds"]
+        bare_rates, ones, twos = [], [], []
+        for run in range(runs):  # interleaved, so that drift in the machine hits all three
+            log(f"run {run + 1} of {runs}: bare aiokafka consumer, orjson parse, JSONL write")
+            bare_s = await bare_consumer(base, len(events), work / "bare.jsonl", run)
+            bare_rates.append(len(events) / bare_s)
+            log(f"run {run + 1} of {runs}: one worker (join + sink) catching up")
+            tag = f"one-{run}"
+            ones.append(await catch_up(fresh(base, tag, work / f"store-{tag}"), 1, work / tag))
+            log(f"run {run + 1} of {runs}: two workers catching up on the same backlog")
+            tag = f"two-{run}"
+            twos.append(await catch_up(fresh(base, tag, work / f"store-{tag}"), 2, work / tag))
+        one_rates = [len(events) / r["seconds"] for r in ones]
+        two_rates = [len(events) / r["seconds"] for r in twos]
+        bare_rate, one_rate, two_rate = (
+            statistics.median(bare_rates), statistics.median(one_rates),
+            statistics.median(two_rates),
+        )  # fmt: skip
+        one = ones[one_rates.index(sorted(one_rates)[len(one_rates) // 2])]  # the median run
 
         log(f"freshness under a steady load of {steady_rate:g} events/s (shard age bound 1 s)")
         quiet = fresh(base, "steady", work / "store-steady").model_copy(
@@ -363,15 +374,20 @@ async def run(
         "traces": traces,
         "avg_event_bytes": size / len(events),
         "produce_events_per_s": len(events) / produce_s,
+        "runs": runs,
+        "join_processes": base.join_processes,
         "bare_consumer_events_per_s": bare_rate,
+        "bare_consumer_runs": bare_rates,
         "worker_events_per_s": one_rate,
+        "worker_runs": one_rates,
         "worker_vs_bare": one_rate / bare_rate,
         "worker_seconds": one["seconds"],
         "worker_start_seconds": one["start_seconds"],
-        "worker_peak_rss_mib": one["peak_rss_mib"][0],
+        "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
         "two_workers_events_per_s": two_rate,
+        "two_workers_runs": two_rates,
         "two_vs_one": two_rate / one_rate,
-        "two_workers_peak_rss_mib": two["peak_rss_mib"],
+        "two_workers_peak_rss_mib": [max(r["peak_rss_mib"][i] for r in twos) for i in (0, 1)],
         "steady": fresh_stats,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -382,13 +398,19 @@ async def run(
 
 
 def print_table(r: dict[str, Any], path: Path) -> None:
+    def runs(key: str) -> str:
+        return " / ".join(f"{v:,.0f}" for v in r[key])
+
     rows = [
         ("events in backlog", f"{r['events']:,} ({r['avg_event_bytes'] / 1024:.1f} KiB avg)"),
-        ("bare consumer (baseline)", f"{r['bare_consumer_events_per_s']:,.0f} events/s"),
-        ("one worker, join + sink", f"{r['worker_events_per_s']:,.0f} events/s"),
+        (f"bare consumer (baseline), median of {r['runs']}",
+         f"{r['bare_consumer_events_per_s']:,.0f} events/s  ({runs('bare_consumer_runs')})"),
+        (f"one worker, join + sink, median of {r['runs']}",
+         f"{r['worker_events_per_s']:,.0f} events/s  ({runs('worker_runs')})"),
         ("  ratio to baseline", f"{r['worker_vs_bare']:.3f}"),
-        ("  peak RSS", f"{r['worker_peak_rss_mib']:.0f} MiB"),
-        ("two workers", f"{r['two_workers_events_per_s']:,.0f} events/s"),
+        ("  peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
+        (f"two workers, median of {r['runs']}",
+         f"{r['two_workers_events_per_s']:,.0f} events/s  ({runs('two_workers_runs')})"),
         ("  ratio to one worker", f"{r['two_vs_one']:.2f}"),
         ("freshness p50 / p99", f"{r['steady']['freshness_p50_s']:.2f} s / "
                                 f"{r['steady']['freshness_p99_s']:.2f} s "
@@ -410,8 +432,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     parser.add_argument("--keep", action="store_true", help="keep the broker and stores")
     parser.add_argument("--steady-rate", type=float, default=500.0, help="events/s")
+    parser.add_argument("--runs", type=int, default=3, help="catch-up runs of each kind")
     args = parser.parse_args(argv)
-    asyncio.run(run(args.traces, args.seed, args.out, args.keep, args.steady_rate))
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    asyncio.run(
+        run(args.traces, args.seed, args.out, keep=args.keep, steady_rate=args.steady_rate,
+            runs=args.runs)
+    )  # fmt: skip
     return 0
 
 
