@@ -383,6 +383,21 @@ def decode_event(
     return event
 
 
+def redecode(raw: bytes) -> BaseEvent | EventRejection:
+    """Decode again the bytes of an event :func:`decode_event` accepted before.
+
+    For events that waited for their trace: only the schema is checked again (it is the one
+    check whose rules could have changed since); size, strict JSON, topic, key and clock
+    were checked on arrival, on these same bytes.
+    """
+    try:
+        event: BaseEvent = EVENT_ADAPTER.validate_json(raw)
+    except ValidationError as exc:
+        reason, detail = _describe(exc)
+        return EventRejection(reason, detail)
+    return event
+
+
 def event_type_of(event: BaseEvent) -> str:
     """Return the ``event_type`` of a decoded event."""
     value: str = getattr(event, "event_type")  # noqa: B009 - declared on every subclass

@@ -39,8 +39,8 @@ from rl_export.events import (
     RejectReason,
     TraceCompleted,
     TraceDeleted,
-    decode_event,
     format_utc,
+    redecode,
 )
 from rl_export.records import RULES_VERSION
 
@@ -238,13 +238,7 @@ def _arrive(st: TraceState, trace: TraceCompleted, raw: RawEvent, *, now: float)
     result = MergeResult(st, "accepted", accepted=1)
     waiting, st.pending, st.first_pending_at = st.pending, [], None
     for item in waiting:
-        decoded = decode_event(
-            item.raw.value,
-            # It passed the size and future checks when it arrived; only re-read it.
-            max_bytes=len(item.raw.value),
-            now=datetime.fromtimestamp(now, UTC),
-            future_tolerance_s=float("inf"),
-        )
+        decoded = redecode(item.raw.value)
         if isinstance(decoded, EventRejection):  # only if the rules changed in between
             result.rejected.append((item.raw, decoded))
         elif (decoded.org, decoded.project) != (st.org, st.project):
