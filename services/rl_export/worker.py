@@ -59,6 +59,7 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from rl_export.codec import RawJson
 from rl_export.compaction import compact, expire
 from rl_export.errors import StoreError, WorkerError
 from rl_export.events import EventFamily, EventRejection, RejectReason, decode_event, event_type_of
@@ -260,13 +261,14 @@ class JoinProcessor:
                 state: TraceState | None = entry.state
             else:
                 stored = self.table.get(key, message)
-                if stored is None:
-                    state = None
-                else:
+                state = None if stored is None else load_state(stored)
+                if state is not None and state.trace is not None and not state.trace.messages.data:
+                    # The conversation has a key of its own (a state written before it
+                    # had one carries it inline, and is complete already).
                     conversation = self.table.get(conversation_key(key), message)
-                    state = load_state(
-                        stored if conversation is None else stored + b"\n" + conversation
-                    )
+                    if conversation is None:
+                        raise ValueError(f"the join table has no conversation for {key!r}")
+                    state.trace.messages = RawJson(conversation)
             raw = RawEvent(
                 message.value, message.topic, message.partition, message.offset,
                 message.timestamp_ms,
