@@ -261,15 +261,7 @@ class JoinProcessor:
             if entry is not None:
                 state: TraceState | None = entry.state
             else:
-                stored = self.table.get(key, message)
-                state = None if stored is None else load_state(stored)
-                if state is not None and state.trace is not None and not state.trace.messages.data:
-                    # The conversation has a key of its own (a state written before it
-                    # had one carries it inline, and is complete already).
-                    conversation = self.table.get(conversation_key(key), message)
-                    if conversation is None:
-                        raise ValueError(f"the join table has no conversation for {key!r}")
-                    state.trace.messages = RawJson(conversation)
+                state, conversation = self._read(key, message)
             raw = RawEvent(
                 message.value, message.topic, message.partition, message.offset,
                 message.timestamp_ms,
@@ -291,13 +283,7 @@ class JoinProcessor:
 
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
-            head, _, conversation = dump_state(entry.state).partition(b"\n")
-            self.table.put(key, head, entry.last)
-            if entry.repeated or conversation != (entry.conversation or b""):
-                if conversation:
-                    self.table.put(conversation_key(key), conversation, entry.last)
-                else:
-                    self.table.delete(conversation_key(key), entry.last)
+            self._write(key, entry)
             self._schedule(key, entry.state, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
                 snapshot = current_snapshot(entry.state, self.config)
@@ -320,6 +306,28 @@ class JoinProcessor:
         await self.emitter.flush()  # delivered before the batch is acked
         self.metrics.table_keys.set(len(self.table))
         return result
+
+    def _read(self, key: bytes, at: InMessage) -> tuple[TraceState | None, bytes | None]:
+        """A trace's state from the table, and its conversation as the table holds it."""
+        stored = self.table.get(key, at)
+        state = None if stored is None else load_state(stored)
+        if state is None or state.trace is None or state.trace.messages.data:
+            return state, None  # no trace yet, or an older state with its conversation inline
+        conversation = self.table.get(conversation_key(key), at)
+        if conversation is None:
+            raise ValueError(f"the join table has no conversation for {key!r}")
+        state.trace.messages = RawJson(conversation)
+        return state, conversation
+
+    def _write(self, key: bytes, entry: _Touched) -> None:
+        """Write the state; the conversation only when it changed, or after a redelivery."""
+        head, _, conversation = dump_state(entry.state).partition(b"\n")
+        self.table.put(key, head, entry.last)
+        if entry.repeated or conversation != (entry.conversation or b""):
+            if conversation:
+                self.table.put(conversation_key(key), conversation, entry.last)
+            else:
+                self.table.delete(conversation_key(key), entry.last)
 
     def _deadline(self, state: TraceState) -> float | None:
         if state.deleted and state.deleted_at is not None:
