@@ -41,7 +41,7 @@ from aiokafka.errors import KafkaError
 
 from rl_export.broker import LocalKafka
 from rl_export.events import FAMILY_OF_TYPE
-from rl_export.process import free_port, tail
+from rl_export.process import child_pids, free_port, tail
 from rl_export.produce import topic_for
 from rl_export.settings import Settings, child_env
 from rl_export.synthetic import generate, trace_events
@@ -187,19 +187,12 @@ def quantile(
 def peak_rss_mib(pid: int) -> float:
     """Peak RSS of a worker: its process and its join process (the sum of their peaks)."""
     total = 0.0
-    for each in [pid, *_children(pid)]:
+    for each in [pid, *child_pids(pid)]:
         with open(f"/proc/{each}/status") as fh:
             for line in fh:
                 if line.startswith("VmHWM:"):
                     total += int(line.split()[1]) / 1024
     return total
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 def ready(port: int) -> bool:

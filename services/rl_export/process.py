@@ -37,6 +37,14 @@ def port_open(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def child_pids(pid: int) -> list[int]:
+    """The pids of a process's children (Linux: ``/proc/<pid>/task/*/children``)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
 def tail(path: Path, lines: int = 15) -> str:
     """Return the last lines of a log file (empty when it does not exist)."""
     try:

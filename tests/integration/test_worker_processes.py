@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rl_export.process import child_pids
 from rl_export.settings import Settings
 from rl_export.synthetic import generate
 from tests.integration.test_join_worker import wait_for_final
@@ -16,13 +17,11 @@ from tests.integration.workers import WorkerProcess, comparable, expected_final,
 
 def join_children(pid: int) -> list[int]:
     """The pids of a worker's join processes."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"rl_export.join_process" in cmdline:
-                found.append(int(child))
-    return found
+    return [
+        child
+        for child in child_pids(pid)
+        if b"rl_export.join_process" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
 
 
 def gone(pid: int) -> bool:
