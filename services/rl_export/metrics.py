@@ -73,7 +73,8 @@ class Metrics:
 class BatchHistogram:
     """A histogram without labels that takes a whole batch of observations at once.
 
-    The sink observes the freshness of every record of a commit together, and
+    The sink observes the freshness of every record of a commit together, the join the
+    latency of every snapshot of a batch, and
     ``Histogram.observe`` costs microseconds per value (a walk over the buckets and two
     locked updates), which added up to a sizeable part of the sink's time. This custom
     collector (the way prometheus_client supports for metrics it does not model) counts a
