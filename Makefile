@@ -44,7 +44,7 @@ format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix services tests
 
 schemas: install ## regenerate schemas/ from the pydantic models
-	$(BIN)/python -m rl_export.schemas schemas
+	$(BIN)/python -m rl_export.common.schemas schemas
 
 unit: install ## the fast unit tests only
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
@@ -61,4 +61,4 @@ clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are 
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 bench: install ## benchmark: one worker vs a bare consumer on 100k events, freshness, scaling
-	$(BIN)/python -m rl_export.bench
+	$(BIN)/python -m rl_export.local.bench

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from rl_export.errors import ObjectExistsError, ObjectNotFoundError
-from rl_export.store import ObjectStore
+from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError
+from rl_export.corpora.store import ObjectStore
 
 
 async def check_store_contract(store: ObjectStore) -> None:

@@ -1,18 +1,39 @@
 """rl-export: turn scored agent runs into continuously refreshed JSONL training corpora.
 
-How an event travels (each step names the module that does it):
+How an event travels (each step names the package that does it; imports only point down,
+from ``cli`` to ``worker``/``web``/``local``, to ``export``, to ``corpora``, to ``stream``,
+to ``common``):
 
-1. ``produce`` (or AgentHub) publishes ``trace.completed``, ``evaluation.finished`` and
-   ``label.*`` events, keyed by ``trace_id``, to the three input topics (:mod:`topics`).
-2. The worker decodes each event from its JSON bytes into a pydantic model (:mod:`events`);
-   an event that cannot be accepted goes to the dead-letter topic with a reason.
-3. The join (:mod:`join`, run by :mod:`worker`) merges the event into the trace's state in
-   a table with a changelog (:mod:`statestore`) and, once the trace exists, emits a
-   snapshot to the ``trajectories`` topic (:mod:`records`).
-4. The sink appends snapshots to per-corpus JSONL shards in object storage (:mod:`store`)
-   and commits them in manifest chains; trainers read them back.
+1. ``stream.produce`` (or AgentHub) publishes ``trace.completed``, ``evaluation.finished``
+   and ``label.*`` events, keyed by ``trace_id``, to the three input topics.
+2. ``stream`` decodes each event into a pydantic model (``common.events``), merges it into
+   the trace's state (``stream.join``, pure) in a table with a changelog
+   (``stream.statestore``) and emits a snapshot to the ``trajectories`` topic; an event it
+   cannot accept goes to the dead-letter topic with a reason.
+3. ``corpora`` appends snapshots to per-corpus JSON Lines shards in object storage and
+   commits them in manifest chains, exactly once (``corpora.sink``); trainers read them
+   back with the reader below.
+4. ``worker`` runs the join and the sink as one deployable process.
 
-Configuration lives in one frozen settings class (:mod:`settings`).
+Trainers need only::
+
+    from rl_export import CorpusReader, CorpusRef, open_store
+
+    reader = CorpusReader(open_store("s3://bucket/rl-export"), CorpusRef("acme", "bot", "human"))
 """
 
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.reader import CorpusReader, Cursor, dump_cursor, load_cursor
+from rl_export.corpora.store import ObjectStore, open_store
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "CorpusReader",
+    "CorpusRef",
+    "Cursor",
+    "ObjectStore",
+    "dump_cursor",
+    "load_cursor",
+    "open_store",
+]

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rl_export import __version__
-from rl_export.errors import ConfigError, RlExportError
-from rl_export.settings import Settings, env_name, load_settings
+from rl_export.common.errors import ConfigError, RlExportError
+from rl_export.common.settings import Settings, env_name, load_settings
 
 if TYPE_CHECKING:
-    from rl_export.corpora import CorpusRef
-    from rl_export.store import ObjectStore
+    from rl_export.corpora.layout import CorpusRef
+    from rl_export.corpora.store import ObjectStore
 
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
@@ -56,7 +56,7 @@ def _wait_for_signal() -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from rl_export.broker import LocalKafka
+    from rl_export.local.broker import LocalKafka
 
     settings = _settings(args, broker_port="port", data_dir="data_dir")
     data_dir = settings.data_dir / "kafka" if args.data_dir is None else settings.data_dir
@@ -76,8 +76,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from rl_export.produce import produce_lines, read_lines
-    from rl_export.progress import Progress
+    from rl_export.common.progress import Progress
+    from rl_export.stream.produce import produce_lines, read_lines
 
     settings = _settings(args, kafka_bootstrap="bootstrap")
     missing = [p for p in args.files if not p.is_file()]
@@ -95,7 +95,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from rl_export.worker import run_worker
+    from rl_export.worker.main import run_worker
 
     settings = _settings(
         args, kafka_bootstrap="bootstrap", store_url="store", worker_web_port="web_port"
@@ -104,8 +104,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _open(url: str | None, settings: Settings) -> ObjectStore:
-    from rl_export.store import open_store
-    from rl_export.storeurl import parse_store_url
+    from rl_export.common.storeurl import parse_store_url
+    from rl_export.corpora.store import open_store
 
     try:
         location = parse_store_url(url or settings.store_url)
@@ -115,9 +115,9 @@ def _open(url: str | None, settings: Settings) -> ObjectStore:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from rl_export.produce import read_lines
-    from rl_export.progress import Progress
-    from rl_export.replay import replay, summary
+    from rl_export.common.progress import Progress
+    from rl_export.corpora.replay import replay, summary
+    from rl_export.stream.produce import read_lines
 
     settings = _settings(args, store_url="store")
     missing = [p for p in args.files if not p.is_file()]
@@ -143,7 +143,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _ref(args: argparse.Namespace) -> CorpusRef:
-    from rl_export.corpora import CorpusRef, check_name
+    from rl_export.common.specs import check_name
+    from rl_export.corpora.layout import CorpusRef
 
     for flag in ("org", "project", "corpus"):
         if not getattr(args, flag):
@@ -159,7 +160,7 @@ def _ref(args: argparse.Namespace) -> CorpusRef:
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
-    from rl_export import shards
+    from rl_export.corpora import shards
 
     settings = _settings(args, store_url="store")
 
@@ -177,8 +178,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 print(report.summary())
                 return 0 if report.ok else 1
             elif args.action == "compact":
-                from rl_export.compaction import compact_all
-                from rl_export.sink import writer_id
+                from rl_export.corpora.compaction import compact_all
+                from rl_export.corpora.sink import writer_id
 
                 for compaction in await compact_all(store, args.prefix, writer=writer_id()):
                     print(f"generation {compaction.generation}: {compaction.records} records")
@@ -199,7 +200,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from rl_export.dev import run_dev
+    from rl_export.local.dev import run_dev
 
     settings = _settings(args, broker_port="port", data_dir="data_dir")
     return run_dev(settings, traffic_rate=args.rate)

@@ -1,6 +1,6 @@
 """Real components for the integration tests, started once per test session.
 
-* ``kafka``: the local single-node Apache Kafka (KRaft) of ``rl_export.broker``;
+* ``kafka``: the local single-node Apache Kafka (KRaft) of ``rl_export.local.broker``;
 * ``s3``: SeaweedFS serving the S3 API, with ``AWS_ENDPOINT_URL`` pointed at it;
 * ``settings``: per test, unique topic names and consumer groups on that broker.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.broker import LocalKafka
-from rl_export.process import free_port
-from rl_export.seaweed import LOCAL_CREDENTIALS, LocalS3
-from rl_export.settings import Settings
+from rl_export.common.net import free_port
+from rl_export.common.settings import Settings
+from rl_export.local.broker import LocalKafka
+from rl_export.local.seaweed import LOCAL_CREDENTIALS, LocalS3
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl_export.codec import dumps_lines
-from rl_export.process import free_port
-from rl_export.settings import Settings
-from rl_export.topics import TopicSpec, ensure_topics
+from rl_export.common.codec import dumps_lines
+from rl_export.common.net import free_port
+from rl_export.common.settings import Settings
+from rl_export.stream.topics import TopicSpec, ensure_topics
 from tests.factories import event
 from tests.integration.workers import settings_env
 
@@ -83,7 +83,7 @@ def test_a_worker_with_an_unreachable_broker_is_one_line(settings: Settings) -> 
 
 
 def test_replay_then_verify_then_cat(tmp_path: Path) -> None:
-    from rl_export.synthetic import generate
+    from rl_export.local.synthetic import generate
 
     events = tmp_path / "events.jsonl"
     events.write_bytes(dumps_lines(generate(30, seed=4)) + b"not json\n")

@@ -15,14 +15,15 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from rl_export.codec import dumps, loads
-from rl_export.events import EVENT_ADAPTER, FAMILY_OF_TYPE
-from rl_export.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
-from rl_export.process import ManagedProcess, free_port
-from rl_export.produce import topic_for
-from rl_export.records import decode_snapshot
-from rl_export.settings import Settings, child_env
-from rl_export.topics import ensure_service_topics
+from rl_export.common.codec import dumps, loads
+from rl_export.common.events import EVENT_ADAPTER, FAMILY_OF_TYPE
+from rl_export.common.net import free_port
+from rl_export.common.records import decode_snapshot
+from rl_export.common.settings import Settings, child_env
+from rl_export.local.process import ManagedProcess
+from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
+from rl_export.stream.produce import topic_for
+from rl_export.stream.topics import ensure_service_topics
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:

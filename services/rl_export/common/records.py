@@ -1,0 +1,294 @@
+"""Output records (DESIGN.md section 4): the ``trajectory`` format and its tombstone.
+
+These models are the contract trainers read; ``schemas/`` holds their JSON Schemas, generated
+by :mod:`rl_export.common.schemas` and checked against these models by the test suite.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from rl_export.common.codec import RawJson, dumps, dumps_line
+from rl_export.common.events import EvaluatorResult, Report, UtcDatetime
+
+RULES_VERSION = 1
+"""Bumped whenever a join or reward rule changes meaning, so records say which rules made them."""
+
+RewardSource = Literal["human", "evaluator"]
+
+
+def _parsed(value: Any) -> Any:
+    """Records carry messages as :class:`RawJson`; validate the value they stand for."""
+    return value.value() if isinstance(value, RawJson) else value
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RubricMean(_Record):
+    """Per-dimension mean over the current labels (each 1.0..5.0)."""
+
+    correctness: float = Field(ge=1, le=5)
+    helpfulness: float = Field(ge=1, le=5)
+    efficiency: float = Field(ge=1, le=5)
+    safety: float = Field(ge=1, le=5)
+
+
+class EvaluationView(_Record):
+    """The current evaluation, with the judges' reasoning and the report."""
+
+    evaluation_id: str
+    occurred_at: UtcDatetime
+    results: list[EvaluatorResult]
+    report: Report
+
+
+class TrajectoryRecord(_Record):
+    """One snapshot of a trace, rendered for one reward source (or none, for ``traces``)."""
+
+    trace_id: str
+    org: str
+    project: str
+    reward_source: RewardSource | None
+    revision: int = Field(ge=1)
+    reward: float | None = Field(ge=0, le=1)
+    passed: bool | None
+    rubric: RubricMean | None
+    labels_count: int = Field(ge=0)
+    labelers: list[str]
+    skipped_by: list[str]
+    evaluator_scores: dict[str, float] | None
+    evaluation: EvaluationView | None
+    messages: Annotated[list[dict[str, Any]], BeforeValidator(_parsed)]
+    agent_version: str
+    scenario: str
+    attachments: list[dict[str, Any]]
+    completed_at: UtcDatetime
+    updated_at: UtcDatetime
+    pass_threshold: float = Field(ge=0, le=1)
+    rules_version: int = Field(ge=1)
+
+
+class Tombstone(_Record):
+    """A deleted (or no longer ready) trajectory: it hides every earlier revision."""
+
+    trace_id: str
+    org: str
+    project: str
+    reward_source: RewardSource | None
+    revision: int = Field(ge=1)
+    deleted: Literal[True] = True
+
+
+CorpusSource = RewardSource | None
+"""A corpus's reward source: ``human``, ``evaluator``, or None for the ``traces`` corpus."""
+
+
+def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | None:
+    """Render a join snapshot as the ``trajectory`` record of one corpus.
+
+    Returns the tombstone of a deleted trace, the record when the trajectory is ready for
+    ``source`` (always, for the ``traces`` corpus), or None when it is not ready. The sink
+    writes a tombstone when a trajectory it holds stops being ready.
+    """
+    if snapshot["deleted"]:
+        return tombstone(snapshot, source)
+    scored = _scored(snapshot, source)
+    if scored is None:
+        return None
+    return {k: scored[k] if k in scored else snapshot[k] for k in _RECORD_FIELDS}
+
+
+# The scored fields of the ``traces`` corpus, which has no reward source.
+_UNSCORED: dict[str, Any] = {"reward_source": None, "reward": None, "passed": None}
+
+
+def _scored(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | None:
+    """The fields in which the corpora's records of a live snapshot differ, or None when the
+    snapshot is not ready for ``source``."""
+    if source is None:
+        return dict(_UNSCORED)
+    reward = snapshot[source]
+    if reward is None:
+        return None
+    return {"reward_source": source, "reward": reward["reward"], "passed": reward["passed"]}
+
+
+def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
+    """The tombstone of a trace in one corpus: it hides every earlier revision."""
+    return {
+        "trace_id": snapshot["trace_id"],
+        "org": snapshot["org"],
+        "project": snapshot["project"],
+        "reward_source": source,
+        "revision": snapshot["revision"],
+        "deleted": True,
+    }
+
+
+# The record's fields, in DESIGN.md order.
+_RECORD_FIELDS = list(TrajectoryRecord.model_fields)
+_RECORD_KEYS = frozenset(_RECORD_FIELDS)
+
+# What SnapshotLines leaves as holes in a snapshot's shared encoding, in record order: the
+# fields in which corpora differ (``_scored``), and the messages (RawJson, most of the bytes).
+_SCORED_FIELDS = tuple(k for k in _RECORD_FIELDS if k in ("reward_source", "reward", "passed"))
+_HOLE_FIELDS = tuple(k for k in _RECORD_FIELDS if k in _SCORED_FIELDS or k == "messages")
+_HOLES = dict.fromkeys(_HOLE_FIELDS, orjson.Fragment(b"\0"))  # written as is, by orjson
+# Where each hole's value goes in the parts of a line: piece, value, piece, ..., newline.
+_SCORED_SLOTS = tuple(2 * n + 1 for n, k in enumerate(_HOLE_FIELDS) if k in _SCORED_FIELDS)
+_MESSAGES_SLOT = 2 * _HOLE_FIELDS.index("messages") + 1
+
+
+class SnapshotLines:
+    """One snapshot's records (or tombstones) for every corpus, as JSON Lines lines.
+
+    The records of a live snapshot differ between corpora only in ``reward_source``,
+    ``reward`` and ``passed``, and the messages, most of the bytes, are the same. So the
+    record is encoded once per snapshot with a NUL byte in place of each of those values and
+    of the messages (a "hole": JSON escapes NUL in strings and has no other place for it),
+    and cut at the holes; each corpus's line joins the pieces with its own values. A value's
+    bytes depend only on the value, not on what is around it, so :meth:`line` is byte for
+    byte ``dumps_line(render(snapshot, source))`` (the unit tests compare the two); a
+    snapshot whose encoding has a NUL byte of its own goes the plain way.
+    """
+
+    __slots__ = ("_parts", "revision", "snapshot", "trace_id")
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+        self.trace_id: str = snapshot["trace_id"]
+        self.revision: int = snapshot["revision"]
+        # The parts of a line, scored values left empty (made when a corpus first needs a
+        # line); an empty list when this snapshot's lines are encoded the plain way.
+        self._parts: list[bytes] | None = None
+
+    @property
+    def updated_at(self) -> str:
+        """The ``updated_at`` of a :meth:`ready` snapshot's records."""
+        stamp: str = self.snapshot["updated_at"]
+        return stamp
+
+    def ready(self, source: CorpusSource) -> bool:
+        """True when ``render(snapshot, source)`` is a record: not deleted, ready for source."""
+        snapshot = self.snapshot
+        return not snapshot["deleted"] and (source is None or snapshot[source] is not None)
+
+    def value(self, source: CorpusSource, key: str) -> Any:
+        """``render(snapshot, source).get(key)`` of a :meth:`ready` snapshot (for filters)."""
+        if key in _SCORED_FIELDS:
+            scored = _scored(self.snapshot, source)
+            return None if scored is None else scored[key]
+        return self.snapshot[key] if key in _RECORD_KEYS else None
+
+    def line(self, source: CorpusSource) -> bytes:
+        """``dumps_line(render(snapshot, source))`` of a :meth:`ready` snapshot."""
+        snapshot = self.snapshot
+        scored = None if snapshot["deleted"] else _scored(snapshot, source)
+        if scored is None:
+            raise ValueError(f"the snapshot is not ready for {source!r}")
+        if self._parts is None:
+            self._parts = self._cut()
+        if not self._parts:
+            return dumps_line(render(snapshot, source))
+        parts = self._parts.copy()
+        if source is None:
+            values = _UNSCORED_VALUES
+        else:
+            values = _encode_each([scored[k] for k in _SCORED_FIELDS])
+        for slot, value in zip(_SCORED_SLOTS, values, strict=True):
+            parts[slot] = value
+        return b"".join(parts)
+
+    def _cut(self) -> list[bytes]:
+        """The record's encoding with holes, cut at them, the messages and the newline put
+        in: the parts of every line. [] if the encoding has a NUL byte of its own."""
+        holes, snapshot = _HOLES, self.snapshot
+        data = dumps({k: holes[k] if k in holes else snapshot[k] for k in _RECORD_FIELDS})
+        pieces = data.split(b"\0")
+        if len(pieces) != len(holes) + 1:
+            return []
+        parts = [b""] * (2 * len(pieces))
+        parts[::2] = pieces
+        parts[_MESSAGES_SLOT] = _verbatim(snapshot["messages"])
+        parts[-1] = b"\n"
+        return parts
+
+    def tombstone_line(self, source: CorpusSource) -> bytes:
+        """``dumps_line(tombstone(snapshot, source))``: rare, so encoded the plain way."""
+        return dumps_line(tombstone(self.snapshot, source))
+
+
+def _encode_each(values: list[Any]) -> list[bytes]:
+    """``[dumps(v) for v in values]``, in one call when no value's JSON has a comma.
+
+    The scored values are a source name, a number, a bool or null; the JSON of the list is
+    then theirs joined by commas. Any other comma means more pieces than values.
+    """
+    pieces = dumps(values)[1:-1].split(b",")
+    return pieces if len(pieces) == len(values) else [dumps(v) for v in values]
+
+
+# The scored values of the ``traces`` corpus (no reward source): the same for every snapshot.
+_UNSCORED_VALUES = [dumps(_UNSCORED[k]) for k in _SCORED_FIELDS]
+
+
+def _verbatim(messages: Any) -> bytes:
+    """``dumps(messages)``, without reading all of their bytes again when they are RawJson.
+
+    ``dumps`` copies a :class:`RawJson` verbatim except that it escapes U+2028 and U+2029,
+    and looking for those in the messages (a 3-byte search, twice) costs more than encoding
+    the rest of the record. Both start with the byte ``0xE2``: bytes without it (one
+    ``memchr``) have nothing to escape and are used as they are; the others go through
+    ``dumps``.
+    """
+    if isinstance(messages, RawJson) and b"\xe2" not in messages.data:
+        return messages.data
+    return dumps(messages)
+
+
+# --- snapshots on the trajectories topic ----------------------------------------------------
+
+HEADER_EVENT_MS = "rl-export-event-ms"
+"""Header of a snapshot: the Kafka timestamp (ms) of the event that caused it."""
+
+
+def encode_snapshot(snapshot: dict[str, Any]) -> bytes:
+    """A snapshot as the value of a ``trajectories`` message.
+
+    Two lines of JSON: the snapshot without its messages, then the messages. The sink reads
+    the first line and copies the second into records without parsing it. A tombstone has no
+    messages and is one line.
+    """
+    if "messages" not in snapshot:
+        return dumps(snapshot)
+    head = {k: v for k, v in snapshot.items() if k != "messages"}
+    return dumps(head) + b"\n" + dumps(snapshot["messages"])
+
+
+def decode_snapshot(value: bytes) -> dict[str, Any]:
+    """Inverse of :func:`encode_snapshot`; messages come back as :class:`RawJson`.
+
+    Raises ValueError when the value is not a snapshot.
+    """
+    head, newline, messages = value.partition(b"\n")
+    try:
+        snapshot = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(snapshot, dict):
+        raise ValueError("not a JSON object")
+    for key in ("trace_id", "org", "project"):
+        if not isinstance(snapshot.get(key), str):
+            raise ValueError(f"{key} is not a string")
+    if newline:
+        if not (messages.startswith(b"[") and messages.endswith(b"]")):
+            raise ValueError("the second line is not a list of messages")
+        snapshot["messages"] = RawJson(messages)
+    elif not snapshot.get("deleted"):
+        raise ValueError("a live snapshot without messages")
+    return snapshot

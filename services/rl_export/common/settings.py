@@ -1,0 +1,168 @@
+"""The one settings class: every environment variable rl-export reads is named here.
+
+Each field ``name`` is read from ``RL_EXPORT_<NAME>`` (for example ``RL_EXPORT_KAFKA_BOOTSTRAP``);
+command-line flags override the environment. Settings are frozen once loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from rl_export.common.errors import ConfigError
+from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.common.storeurl import parse_store_url
+
+ENV_PREFIX = "RL_EXPORT_"
+MIB = 1024 * 1024
+DAY_S = 24 * 3600
+
+_BOOTSTRAP = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+class Settings(BaseSettings):
+    """Every setting of the service, with its default."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    # Kafka
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Comma-separated host:port list of Kafka brokers."
+    )
+    topic_traces: str = "traces.completed"
+    topic_evaluations: str = "evaluations.finished"
+    topic_labels: str = "labels.submitted"
+    topic_trajectories: str = "trajectories"
+    topic_dead_letter: str = "rl-export.dead-letter"
+    partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
+    replication_factor: int = Field(1, ge=1, le=32)
+    app_id: str = Field("rl-export", min_length=1, description="Consumer group of the join.")
+    sink_group: str = Field("rl-export-sink", min_length=1)
+    session_timeout_s: float = Field(
+        10.0, ge=1, description="How soon the group notices a dead worker and rebalances."
+    )
+
+    # Events and the join
+    max_event_bytes: int = Field(MIB, ge=1024, description="Larger events are dead-lettered.")
+    future_tolerance_s: float = Field(DAY_S, ge=0)
+    human_pass_threshold: float = Field(0.7, ge=0.0, le=1.0)
+    orphan_retention_s: float = Field(7 * DAY_S, gt=0)
+    tombstone_retention_s: float = Field(7 * DAY_S, gt=0)
+    state_store: str = Field("rocksdb://", pattern=r"^(rocksdb|memory)://$")
+    join_batch_size: int = Field(1000, ge=1, description="Events the join takes per batch.")
+    join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
+    expiry_scan_interval_s: float = Field(3600.0, gt=0)
+    join_processes: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Child processes a worker runs its join in (one core each; each is a "
+        "member of the join group); 0 runs the join in the worker's own process.",
+    )
+    producer_compression: Literal["", "gzip"] = Field(
+        "", description="Compression of what the join produces (empty: none)."
+    )
+
+    # Object storage and shards
+    store_url: str = Field("var/store", description="file:///abs/path, a path, or s3://bucket/p")
+    shard_max_records: int = Field(10_000, ge=1)
+    shard_max_bytes: int = Field(64 * MIB, ge=1024)
+    shard_max_age_s: float = Field(10.0, gt=0)
+    shard_compression: Literal["none", "gzip"] = "none"
+    compaction_interval_s: float = Field(
+        300.0, gt=0, description="How often a worker compacts the corpora it writes."
+    )
+    shard_retention_s: float = Field(
+        7 * DAY_S, ge=0, description="How long shards covered by a compaction stay readable."
+    )
+    corpora: tuple[CorpusSpec, ...] = Field(
+        DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
+    )
+    crash_at: Literal["", "after_data", "after_commit"] = Field(
+        "", description="Fault injection for tests: SIGKILL the sink at this point."
+    )
+
+    # Local stack and servers
+    data_dir: Path = Field(Path("var"), description="Where the embedded stack keeps its data.")
+    broker_port: int = Field(9092, ge=1, le=65535)
+    worker_web_port: int = Field(6066, ge=1, le=65535)
+    web_port: int = Field(8080, ge=1, le=65535)
+    web_host: str = Field("127.0.0.1", description="Address the HTTP servers bind to.")
+    log_level: str = Field("warn", pattern=r"^(crit|error|warn|info|debug)$")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers or not all(_BOOTSTRAP.match(s) for s in servers):
+            raise ValueError(f"expected host:port[,host:port...], got {value!r}")
+        return ",".join(servers)
+
+    @field_validator("store_url")
+    @classmethod
+    def _check_store_url(cls, value: str) -> str:
+        parse_store_url(value)  # raises ValueError with the reason
+        return value
+
+    @property
+    def input_topics(self) -> tuple[str, str, str]:
+        """The three input topics, in the order traces, evaluations, labels."""
+        return (self.topic_traces, self.topic_evaluations, self.topic_labels)
+
+    @property
+    def all_topics(self) -> tuple[str, ...]:
+        """Every topic the service creates and checks at start."""
+        return (
+            *self.input_topics,
+            self.topic_trajectories,
+            self.topic_dead_letter,
+            self.topic_changelog,
+        )
+
+    @property
+    def topic_changelog(self) -> str:
+        """The join table's changelog (compacted; one per ``app_id``)."""
+        return f"{self.app_id}-trace-state-changelog"
+
+
+def env_name(field: str) -> str:
+    """Return the environment variable that sets ``field``."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Load settings from the environment, apply overrides, and report errors as ConfigError.
+
+    The error names the environment variable of the first invalid setting, so the command
+    line can print one line instead of a validation traceback.
+    """
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**clean)
+    except SettingsError as exc:  # a complex value (e.g. corpora) that is not valid JSON
+        field = str(exc).split('"')[1] if '"' in str(exc) else "settings"
+        raise ConfigError(env_name(field), "not valid JSON") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(env_name(field), message) from None
+
+
+def child_env(settings: Settings, base: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """The environment that configures a child process exactly like ``settings``.
+
+    ``base`` (usually ``os.environ``) is kept except for its ``RL_EXPORT_`` variables;
+    ``extra`` is applied last.
+    """
+    env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
+    for name, value in settings.model_dump(mode="json").items():
+        env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
+    env.update(extra)
+    return env

@@ -1,0 +1,306 @@
+"""Compaction: the latest revision per trace, with the chain positions it covers (DESIGN.md 5).
+
+How a generation is made (:func:`compact`):
+
+1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions)
+   and its records.
+2. For every chain of the corpus, follow the commits from the base position and read their
+   shards (checksums verified). A later revision of a trace replaces an earlier one; on equal
+   revisions the one read later wins; a tombstone hides the trace.
+3. Nothing new since the base: stop, no new generation.
+4. Write the surviving records, sorted by ``trace_id``, as part objects under
+   ``_compacted/<g+1>/``, named by content hash so two compactors never overwrite each
+   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes).
+5. Create ``_compacted/<g+1>/_compaction.json`` create-only. Whoever creates it first wins;
+   a loser leaves the winner alone, and its parts are harmless leftovers.
+
+:func:`expire` removes what no reader starting from one of the newest compactions needs:
+data objects, then commits, covered by an old enough compaction, then the folders of
+generations older than the kept ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+from typing import Any
+
+from rl_export.common.codec import dumps, loads
+from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError
+from rl_export.corpora.layout import (
+    OFFSET_WIDTH,
+    SCHEMA_VERSION,
+    Compaction,
+    Compression,
+    CorpusRef,
+    chain_keys,
+    encode_shard,
+    follow_chain,
+    latest_compaction,
+    list_corpora,
+    read_commit,
+    read_compaction,
+    read_shard,
+    utc_now,
+)
+from rl_export.corpora.store import ObjectStore
+
+# --- the pure core --------------------------------------------------------------------------
+
+
+class Latest:
+    """The latest revision per trace, tombstones included until :meth:`records`."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, Any]] = {}
+
+    def apply(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            current = self._rows.get(row["trace_id"])
+            # ">=": on equal revisions the row read later wins.
+            if current is None or row["revision"] >= current["revision"]:
+                self._rows[row["trace_id"]] = row
+
+    def records(self) -> list[dict[str, Any]]:
+        """The live records, sorted by ``trace_id`` (tombstones dropped)."""
+        return [self._rows[t] for t in sorted(self._rows) if not self._rows[t].get("deleted")]
+
+
+def split(records: list[dict[str, Any]], max_part_records: int) -> list[list[dict[str, Any]]]:
+    if max_part_records < 1:
+        raise ValueError(f"max_part_records must be at least 1, got {max_part_records}")
+    return [records[i : i + max_part_records] for i in range(0, len(records), max_part_records)]
+
+
+# --- layout helpers -------------------------------------------------------------------------
+
+
+def generation_prefix(ref: CorpusRef, generation: int) -> str:
+    return f"{ref.compacted_prefix()}{generation:0{OFFSET_WIDTH}d}/"
+
+
+def part_key(ref: CorpusRef, generation: int, n: int, sha256: str, compression: Compression) -> str:
+    suffix = ".jsonl.gz" if compression == "gzip" else ".jsonl"
+    return f"{generation_prefix(ref, generation)}part-{n:05d}-{sha256[:16]}{suffix}"
+
+
+async def _generation_folders(store: ObjectStore, ref: CorpusRef) -> dict[int, list[str]]:
+    """Every ``_compacted/<generation>/`` folder and its keys."""
+    prefix = ref.compacted_prefix()
+    folders: dict[int, list[str]] = {}
+    for key in await store.list(prefix):
+        head = key[len(prefix) :].split("/", 1)[0]
+        if head.isdigit():
+            folders.setdefault(int(head), []).append(key)
+    return folders
+
+
+async def _compactions(
+    store: ObjectStore, ref: CorpusRef, folders: dict[int, list[str]]
+) -> list[Compaction]:
+    """Every readable compaction of a corpus, oldest first."""
+    out = []
+    for generation, keys in sorted(folders.items()):
+        key = ref.compaction_key(generation)
+        if key not in keys:
+            continue
+        try:
+            out.append(Compaction.model_validate(loads(await store.get(key))))
+        except (ObjectNotFoundError, ValueError):
+            continue
+    return out
+
+
+async def _streams(store: ObjectStore, ref: CorpusRef) -> list[str]:
+    prefix = f"{ref.root}/_manifest/"
+    return sorted({key[len(prefix) :].split("/", 1)[0] for key in await store.list(prefix)})
+
+
+def _timestamp(created_at: str) -> float:
+    return datetime.fromisoformat(created_at).timestamp()
+
+
+# --- compaction -----------------------------------------------------------------------------
+
+
+async def compact(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    writer: str,
+    compression: Compression = "none",
+    max_part_records: int = 100_000,
+) -> Compaction | None:
+    """Write the next generation of a corpus; None when nothing is new or another won."""
+    # 1. The base: the latest readable compaction.
+    folders = await _generation_folders(store, ref)
+    base = await latest_compaction(store, ref)
+    latest = Latest()
+    positions: dict[str, int] = dict(base.positions) if base else {}
+    if base is not None:
+        latest.apply(list(await read_compaction(store, ref, base)))
+
+    # 2. Every chain after the base.
+    read_any = False
+    for stream in await _streams(store, ref):
+        for commit in await follow_chain(store, ref, stream, positions.get(stream, 0)):
+            latest.apply(await read_shard(store, ref, commit))
+            positions[stream] = commit.last_offset + 1
+            read_any = True
+
+    # 3. Nothing new.
+    if not read_any:
+        return None
+
+    # A generation whose _compaction.json is unreadable still holds its name: skip past it,
+    # or every later attempt would lose the create-only write to it.
+    generation = max((g for g, keys in folders.items() if ref.compaction_key(g) in keys), default=0)
+    generation = max(generation, base.generation if base else 0) + 1
+
+    # 4. Parts first ...
+    records = latest.records()
+    parts: list[dict[str, Any]] = []
+    for n, rows in enumerate(split(records, max_part_records)):
+        shard = encode_shard(rows, compression)
+        key = part_key(ref, generation, n, shard.sha256, compression)
+        await store.put(key, shard.data)
+        parts.append(
+            {
+                "shard": ref.relative(key),
+                "records": shard.records,
+                "bytes": len(shard.data),
+                "sha256": shard.sha256,
+                "compression": compression,
+            }
+        )
+
+    # 5. ... then the create-only manifest of the generation.
+    compaction = Compaction(
+        generation=generation,
+        positions=dict(sorted(positions.items())),
+        parts=parts,
+        records=len(records),
+        schema_version=SCHEMA_VERSION,
+        created_at=utc_now(),
+        writer=writer,
+    )
+    try:
+        await store.put_if_absent(
+            ref.compaction_key(generation), dumps(compaction.model_dump(mode="json"))
+        )
+    except ObjectExistsError:
+        return None
+    return compaction
+
+
+async def compact_all(
+    store: ObjectStore,
+    prefix: str = "",
+    *,
+    writer: str,
+    compression: Compression = "none",
+    max_part_records: int = 100_000,
+) -> list[Compaction]:
+    """Compact every corpus under ``prefix``; the generations written."""
+    written = []
+    for ref in await list_corpora(store, prefix):
+        compaction = await compact(
+            store,
+            ref,
+            writer=writer,
+            compression=compression,
+            max_part_records=max_part_records,
+        )
+        if compaction is not None:
+            written.append(compaction)
+    return written
+
+
+# --- expiry ---------------------------------------------------------------------------------
+
+
+async def expire(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    keep_generations: int = 2,
+    retention_s: float,
+    now: float,
+) -> list[str]:
+    """Delete what no reader starting from the newest ``keep_generations`` compactions needs.
+
+    A commit (and its data) goes when a compaction older than the kept ones, created more
+    than ``retention_s`` ago, covers it; never when it reaches the oldest kept generation's
+    position. Data objects go before their commits, so a crash leaves a commit to retry from,
+    never data that nothing names. A generation older than the kept ones goes (parts first,
+    ``_compaction.json`` last) once the generation after it is older than ``retention_s``.
+    Returns the keys deleted, in order.
+    """
+    if keep_generations < 1:
+        raise ValueError(f"keep_generations must be at least 1, got {keep_generations}")
+    folders = await _generation_folders(store, ref)
+    compactions = await _compactions(store, ref, folders)
+    if len(compactions) <= keep_generations:
+        return []
+    kept = compactions[-keep_generations:]
+    old = compactions[:-keep_generations]
+    cutoff = now - retention_s
+    deleted: list[str] = []
+
+    # Per stream: the highest position an old enough compaction covers, capped at what the
+    # oldest kept generations still need.
+    bounds: dict[str, int] = {}
+    for compaction in old:
+        if _timestamp(compaction.created_at) > cutoff:
+            continue
+        for stream, position in compaction.positions.items():
+            bounds[stream] = max(bounds.get(stream, 0), position)
+    for stream, bound in list(bounds.items()):
+        bounds[stream] = min([bound, *(k.positions.get(stream, 0) for k in kept)])
+
+    for stream, bound in sorted(bounds.items()):
+        covered = []
+        for from_offset, key in await chain_keys(store, ref, stream):
+            if from_offset >= bound:
+                break
+            try:
+                commit = await read_commit(store, key)
+            except ObjectNotFoundError:
+                continue
+            if commit.last_offset < bound:
+                covered.append((from_offset, key, ref.key(commit.shard)))
+        if not covered:
+            continue
+        # Data first: the commit's shard, and any object a losing writer left at its offset
+        # (that offset's commit is taken for good, so nothing can ever name those).
+        starts = {f"{from_offset:0{OFFSET_WIDTH}d}-" for from_offset, _, _ in covered}
+        leftovers = {
+            key
+            for key in await store.list(f"{ref.root}/data/{stream}/")
+            if key.rsplit("/", 1)[-1][: OFFSET_WIDTH + 1] in starts
+        }
+        for key in sorted(leftovers | {shard for _, _, shard in covered}):
+            await store.delete(key)
+            deleted.append(key)
+        for _, key, _ in covered:
+            await store.delete(key)
+            deleted.append(key)
+
+    # Generations older than the kept ones, once their successor has aged past retention
+    # (a reader who started from one had until then to finish reading it).
+    # A folder without a readable _compaction.json below the kept ones is a losing or
+    # crashed compactor's leftover, which no reader picks (a newer generation exists).
+    ages = {
+        c.generation: max(_timestamp(c.created_at), _timestamp(n.created_at))
+        for c, n in itertools.pairwise(compactions)
+    }
+    for generation, keys in sorted(folders.items()):
+        if generation >= kept[0].generation:
+            break
+        if ages.get(generation, cutoff) > cutoff:
+            continue
+        manifest = ref.compaction_key(generation)
+        for key in [k for k in keys if k != manifest] + [k for k in keys if k == manifest]:
+            await store.delete(key)
+            deleted.append(key)
+    return deleted

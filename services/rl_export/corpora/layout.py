@@ -1,0 +1,330 @@
+"""Corpora in object storage: names, layout, commits and chains (DESIGN.md section 5).
+
+A *corpus* is a named continuous export ``(reward source, format, filter)`` of one
+org/project. Under the store root::
+
+    <org>/<project>/<corpus>/data/<topic>-<partition>/<from_offset:020d>-<sha256[:16]>.jsonl[.gz]
+    <org>/<project>/<corpus>/_manifest/<topic>-<partition>/<from_offset:020d>.json
+    <org>/<project>/<corpus>/_compacted/<generation:020d>/part-<n:05d>-<sha256[:16]>.jsonl[.gz]
+    <org>/<project>/<corpus>/_compacted/<generation:020d>/_compaction.json
+
+Per corpus and ``<topic>-<partition>`` the commits form a *chain*: a commit covers
+``from_offset`` .. ``last_offset`` (inclusive) of the topic, the first commit starts at 0, and
+each next one starts at the previous ``last_offset + 1``. A commit is created only after its
+data object, with create-only semantics, so whoever creates ``<from_offset>.json`` first wins.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rl_export.common.codec import dumps_lines, iter_lines, loads
+from rl_export.common.errors import ObjectNotFoundError, StoreError
+from rl_export.corpora.store import ObjectStore
+
+SCHEMA_VERSION = 1
+OFFSET_WIDTH = 20
+Compression = Literal["none", "gzip"]
+
+
+# --- layout ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorpusRef:
+    """Which corpus: ``<org>/<project>/<corpus>``."""
+
+    org: str
+    project: str
+    corpus: str
+
+    @property
+    def root(self) -> str:
+        return f"{self.org}/{self.project}/{self.corpus}"
+
+    def stream(self, topic: str, partition: int) -> str:
+        return f"{topic}-{partition}"
+
+    def manifest_prefix(self, stream: str) -> str:
+        return f"{self.root}/_manifest/{stream}/"
+
+    def manifest_key(self, stream: str, from_offset: int) -> str:
+        return f"{self.manifest_prefix(stream)}{from_offset:0{OFFSET_WIDTH}d}.json"
+
+    def data_key(self, stream: str, from_offset: int, sha256: str, compression: Compression) -> str:
+        suffix = ".jsonl.gz" if compression == "gzip" else ".jsonl"
+        return f"{self.root}/data/{stream}/{from_offset:0{OFFSET_WIDTH}d}-{sha256[:16]}{suffix}"
+
+    def compacted_prefix(self) -> str:
+        return f"{self.root}/_compacted/"
+
+    def compaction_key(self, generation: int) -> str:
+        return f"{self.compacted_prefix()}{generation:0{OFFSET_WIDTH}d}/_compaction.json"
+
+    def key(self, relative: str) -> str:
+        """The store key of a path relative to the corpus folder (a commit's ``shard``)."""
+        return f"{self.root}/{relative}"
+
+    def relative(self, key: str) -> str:
+        return key.removeprefix(self.root + "/")
+
+
+def parse_stream(stream: str) -> tuple[str, int]:
+    """Split ``<topic>-<partition>``."""
+    topic, _, partition = stream.rpartition("-")
+    return topic, int(partition)
+
+
+async def list_corpora(store: ObjectStore, prefix: str = "") -> list[CorpusRef]:
+    """Every corpus with at least one commit or compaction under ``prefix``."""
+    found = set()
+    for key in await store.list(prefix):
+        parts = key.split("/")
+        if len(parts) >= 5 and parts[3] in ("_manifest", "_compacted"):
+            found.add(CorpusRef(parts[0], parts[1], parts[2]))
+    return sorted(found, key=lambda r: r.root)
+
+
+# --- commits --------------------------------------------------------------------------------
+
+
+class Commit(BaseModel):
+    """One link of a chain: a shard covering ``from_offset`` .. ``last_offset``."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    topic: str
+    partition: int = Field(ge=0)
+    from_offset: int = Field(ge=0)
+    last_offset: int = Field(ge=0)
+    shard: str
+    records: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    compression: Compression
+    schema_version: int
+    min_updated_at: str | None
+    max_updated_at: str | None
+    writer: str
+    created_at: str
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Commit:
+        if self.last_offset < self.from_offset:
+            raise ValueError(f"last_offset {self.last_offset} < from_offset {self.from_offset}")
+        return self
+
+    @property
+    def stream(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A shard's bytes, ready to store, with what its commit says about them."""
+
+    data: bytes
+    records: int
+    sha256: str
+    compression: Compression
+    min_updated_at: str | None
+    max_updated_at: str | None
+
+
+def encode_shard(records: Iterable[dict[str, Any]], compression: Compression) -> Shard:
+    """JSON Lines (gzip with mtime=0, so a retry is byte-identical), hashed as stored."""
+    rows = list(records)
+    stamps = [r["updated_at"] for r in rows if r.get("updated_at")]
+    return _shard(dumps_lines(rows), len(rows), stamps, compression)
+
+
+def encode_lines(lines: list[bytes], stamps: list[str], compression: Compression) -> Shard:
+    """:func:`encode_shard` of records already encoded as JSON Lines lines.
+
+    ``stamps`` are the records' ``updated_at`` values (tombstones have none).
+    """
+    return _shard(b"".join(lines), len(lines), stamps, compression)
+
+
+def _shard(data: bytes, records: int, stamps: list[str], compression: Compression) -> Shard:
+    if compression == "gzip":
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+    return Shard(
+        data=data,
+        records=records,
+        sha256=hashlib.sha256(data).hexdigest(),
+        compression=compression,
+        min_updated_at=min(stamps) if stamps else None,
+        max_updated_at=max(stamps) if stamps else None,
+    )
+
+
+def decode_shard(data: bytes, compression: Compression) -> list[dict[str, Any]]:
+    raw = gzip.decompress(data) if compression == "gzip" else data
+    return list(iter_lines(raw))
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class ChainError(StoreError):
+    """A commit or its shard is missing, unreadable or does not match."""
+
+
+async def read_commit(store: ObjectStore, key: str) -> Commit:
+    try:
+        return Commit.model_validate(loads(await store.get(key)))
+    except ObjectNotFoundError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ChainError(f"{key}: unreadable commit ({exc})") from None
+
+
+async def read_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list[dict[str, Any]]:
+    """Fetch a commit's shard, check its checksum and count, and parse it."""
+    key = ref.key(commit.shard)
+    data = await store.get(key)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != commit.sha256:
+        raise ChainError(f"{key}: sha256 {digest[:16]}… does not match its commit")
+    try:
+        rows = decode_shard(data, commit.compression)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ChainError(f"{key}: unreadable shard ({exc})") from None
+    if len(rows) != commit.records:
+        raise ChainError(f"{key}: {len(rows)} records, its commit says {commit.records}")
+    return rows
+
+
+async def chain_keys(store: ObjectStore, ref: CorpusRef, stream: str) -> list[tuple[int, str]]:
+    """The commit keys of one chain, as (from_offset, key), in offset order."""
+    out = []
+    prefix = ref.manifest_prefix(stream)
+    for key in await store.list(prefix):
+        name = key[len(prefix) :]
+        if name.endswith(".json") and name[:-5].isdigit():
+            out.append((int(name[:-5]), key))
+    return sorted(out)
+
+
+async def follow_chain(store: ObjectStore, ref: CorpusRef, stream: str, start: int) -> list[Commit]:
+    """The commits of a chain from ``start`` on, following from_offset -> last_offset + 1.
+
+    Stops at the first gap (a later commit that does not continue the chain is not read).
+    """
+    by_offset = dict(await chain_keys(store, ref, stream))
+    commits = []
+    position = start
+    while position in by_offset:
+        commit = await read_commit(store, by_offset[position])
+        commits.append(commit)
+        position = commit.last_offset + 1
+    return commits
+
+
+# --- compactions ----------------------------------------------------------------------------
+
+
+class Compaction(BaseModel):
+    """A generation of a corpus: the latest revision per trace up to ``positions``."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    generation: int = Field(ge=1)
+    positions: dict[str, int]  # "<topic>-<partition>" -> next from_offset after it
+    parts: list[dict[str, Any]]  # [{shard, records, bytes, sha256, compression}]
+    records: int = Field(ge=0)
+    schema_version: int
+    created_at: str
+    writer: str
+
+
+async def latest_compaction(store: ObjectStore, ref: CorpusRef) -> Compaction | None:
+    """The newest generation with a readable ``_compaction.json``, or None."""
+    generations = set()
+    prefix = ref.compacted_prefix()
+    for key in await store.list(prefix):
+        head = key[len(prefix) :].split("/", 1)[0]
+        if head.isdigit() and key.endswith("/_compaction.json"):
+            generations.add(int(head))
+    for generation in sorted(generations, reverse=True):
+        try:
+            data = await store.get(ref.compaction_key(generation))
+            return Compaction.model_validate(loads(data))
+        except (ObjectNotFoundError, ValueError):
+            continue
+    return None
+
+
+async def read_compaction(
+    store: ObjectStore, ref: CorpusRef, compaction: Compaction
+) -> Iterator[dict[str, Any]]:
+    """The records of a compaction, checksums verified."""
+    rows: list[dict[str, Any]] = []
+    for part in compaction.parts:
+        key = ref.key(part["shard"])
+        data = await store.get(key)
+        if hashlib.sha256(data).hexdigest() != part["sha256"]:
+            raise ChainError(f"{key}: sha256 does not match its compaction")
+        try:
+            part_rows = decode_shard(data, part["compression"])
+        except (ValueError, OSError, EOFError) as exc:
+            raise ChainError(f"{key}: unreadable compaction part ({exc})") from None
+        if len(part_rows) != part["records"]:
+            raise ChainError(
+                f"{key}: {len(part_rows)} records, its compaction says {part['records']}"
+            )
+        rows.extend(part_rows)
+    return iter(rows)
+
+
+@dataclass
+class Holding:
+    """What a chain (plus its base compaction) holds for one trace."""
+
+    revision: int
+    deleted: bool
+
+
+@dataclass
+class ChainState:
+    """The head of one chain and what it holds per trace (rebuilt from the store)."""
+
+    head: int = 0
+    held: dict[str, Holding] = field(default_factory=dict)
+
+    def apply(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            current = self.held.get(row["trace_id"])
+            if current is None or row["revision"] >= current.revision:
+                self.held[row["trace_id"]] = Holding(row["revision"], bool(row.get("deleted")))
+
+
+async def load_chain_state(
+    store: ObjectStore,
+    ref: CorpusRef,
+    stream: str,
+    belongs: Callable[[str], bool] | None = None,
+) -> ChainState:
+    """Rebuild a chain's head and holdings: the latest compaction, then every commit after.
+
+    ``belongs(trace_id) -> bool`` keeps only the compaction's traces of this stream.
+    """
+    state = ChainState()
+    compaction = await latest_compaction(store, ref)
+    if compaction is not None:
+        state.head = compaction.positions.get(stream, 0)
+        rows = await read_compaction(store, ref, compaction)
+        state.apply(r for r in rows if belongs is None or belongs(r["trace_id"]))
+    for commit in await follow_chain(store, ref, stream, state.head):
+        state.apply(await read_shard(store, ref, commit))
+        state.head = commit.last_offset + 1
+    return state

@@ -1,0 +1,365 @@
+"""The reader trainers use: stream a corpus, resume from a cursor, follow new commits.
+
+How a read travels (DESIGN.md section 5; the steps match :meth:`CorpusReader._read`):
+
+1. Without a cursor, start from the latest compaction: yield its records (checksums and
+   count verified); its ``positions`` then become the cursor.
+2. List the corpus's chains (``<root>/_manifest/<topic>-<partition>/``), in topic then
+   numeric partition order.
+3. Per chain, follow the commits from the cursor's position (``from_offset`` ->
+   ``last_offset + 1``), verify each shard (sha256 and record count) before yielding any of
+   its records, and yield them in chain order.
+4. The cursor moves with every record handed out, so a saved cursor resumes with neither a
+   repeat nor a gap. A chain that does not continue at the cursor's position while later
+   commits exist (a gap, a cursor from another corpus, history already expired) raises
+   :class:`~rl_export.corpora.layout.ChainError` instead of silently skipping records.
+
+The cursor is ``{"<topic>-<partition>": next from_offset}``. Between two shards that is all
+it holds. While a shard is only partly handed out it also holds ``"<stream>/skip": n`` (the
+first ``n`` records of the commit at that position were yielded), and while the starting
+compaction is only partly handed out it is ``{"_compacted/generation": g,
+"_compacted/skip": n}``. Stream names cannot contain ``/`` nor start with ``_``
+(:func:`rl_export.corpora.layout.check_name`), so these keys never collide with a stream.
+
+No adapters for torch or datasets live here: a trainer wraps :meth:`CorpusReader.records`
+in the few lines its framework wants, and this module stays free of heavy imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from rl_export.common.codec import dumps, loads
+from rl_export.common.errors import ObjectNotFoundError
+from rl_export.corpora.layout import (
+    ChainError,
+    Commit,
+    Compaction,
+    CorpusRef,
+    chain_keys,
+    latest_compaction,
+    parse_stream,
+    read_commit,
+    read_compaction,
+    read_shard,
+)
+from rl_export.corpora.store import ObjectStore
+
+Cursor = dict[str, int]
+
+SKIP_SUFFIX = "/skip"
+CURSOR_GENERATION = "_compacted/generation"
+CURSOR_GENERATION_SKIP = "_compacted/skip"
+
+
+# --- cursors --------------------------------------------------------------------------------
+
+
+def check_cursor(value: Any) -> Cursor:
+    """Return ``value`` as a cursor (a copy); raise ValueError if it is not one."""
+    if not isinstance(value, dict):
+        raise ValueError(f"a cursor is a JSON object of stream -> offset, got {value!r}")
+    out: Cursor = {}
+    for key, offset in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"cursor key {key!r} is not a stream name")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"cursor[{key!r}] = {offset!r} is not an offset (integer >= 0)")
+        out[key] = offset
+    if (CURSOR_GENERATION_SKIP in out) != (CURSOR_GENERATION in out):
+        raise ValueError(f"{CURSOR_GENERATION!r} and {CURSOR_GENERATION_SKIP!r} go together")
+    for key in out:
+        if key.endswith(SKIP_SUFFIX) and key != CURSOR_GENERATION_SKIP:
+            stream = key.removesuffix(SKIP_SUFFIX)
+            if stream not in out:
+                raise ValueError(f"cursor[{key!r}] has no position for {stream!r}")
+    return out
+
+
+def dump_cursor(cursor: Cursor) -> str:
+    """Serialise a cursor as compact JSON with sorted keys."""
+    return dumps(dict(sorted(check_cursor(cursor).items()))).decode()
+
+
+def load_cursor(data: str | bytes) -> Cursor:
+    """Parse a cursor saved by :func:`dump_cursor`; raise ValueError if it is not one."""
+    return check_cursor(loads(data))
+
+
+# --- chains ---------------------------------------------------------------------------------
+
+
+def stream_order(stream: str) -> tuple[str, int, str]:
+    """Sort key of a stream: topic, then numeric partition."""
+    try:
+        topic, partition = parse_stream(stream)
+    except ValueError:
+        return stream, -1, stream
+    return topic, partition, stream
+
+
+async def list_streams(store: ObjectStore, ref: CorpusRef) -> list[str]:
+    """The chains of a corpus (``<topic>-<partition>``), by topic then numeric partition."""
+    prefix = f"{ref.root}/_manifest/"
+    streams = {
+        rest.split("/", 1)[0]
+        for rest in (key[len(prefix) :] for key in await store.list(prefix))
+        if "/" in rest
+    }
+    return sorted(streams, key=stream_order)
+
+
+async def end_cursor(store: ObjectStore, ref: CorpusRef) -> Cursor:
+    """A cursor at the head of every chain: reading from it yields only later commits."""
+    cursor: Cursor = {}
+    for stream in await list_streams(store, ref):
+        keys = await chain_keys(store, ref, stream)
+        if keys:
+            cursor[stream] = (await read_commit(store, keys[-1][1])).last_offset + 1
+    return cursor
+
+
+async def _checked_commit(store: ObjectStore, key: str, stream: str, position: int) -> Commit:
+    """Read the commit at ``key`` and check it continues ``stream`` at ``position``."""
+    try:
+        commit = await read_commit(store, key)
+    except ObjectNotFoundError:
+        raise ChainError(f"{key}: commit listed but gone (expired while reading?)") from None
+    if commit.stream != stream or commit.from_offset != position:
+        raise ChainError(
+            f"{key}: commit says {commit.stream} from {commit.from_offset}, "
+            f"its name says {stream} from {position}"
+        )
+    # Without this a commit ending before it starts would send the walk back forever.
+    if commit.last_offset < commit.from_offset:
+        raise ChainError(f"{key}: last_offset {commit.last_offset} < from_offset {position}")
+    return commit
+
+
+async def _checked_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list[Any]:
+    try:
+        rows = await read_shard(store, ref, commit)
+    except ObjectNotFoundError:
+        raise ChainError(f"{ref.key(commit.shard)}: shard named by a commit is missing") from None
+    _check_rows(ref.key(commit.shard), rows)
+    return rows
+
+
+async def _compaction_rows(store: ObjectStore, ref: CorpusRef, compaction: Compaction) -> list[Any]:
+    where = ref.compaction_key(compaction.generation)
+    try:
+        rows = list(await read_compaction(store, ref, compaction))
+    except ObjectNotFoundError as exc:
+        raise ChainError(f"{where}: a part is missing ({exc})") from None
+    except (ValueError, OSError, EOFError, KeyError, TypeError) as exc:
+        raise ChainError(f"{where}: unreadable part ({type(exc).__name__}: {exc})") from None
+    if len(rows) != compaction.records:
+        raise ChainError(f"{where}: {len(rows)} records, it says {compaction.records}")
+    _check_rows(where, rows)
+    return rows
+
+
+def _check_rows(where: str, rows: list[Any]) -> None:
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise ChainError(f"{where}: line {number} is not a JSON object")
+
+
+# --- latest revision per trace --------------------------------------------------------------
+
+
+class _Latest:
+    """The latest revision per trace; on equal revisions a tombstone wins (deletion is final)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    def apply(self, row: dict[str, Any]) -> None:
+        trace_id, revision = row.get("trace_id"), row.get("revision")
+        if not isinstance(trace_id, str) or isinstance(revision, bool):
+            raise ChainError(f"record without a trace_id or revision: {str(row)[:200]}")
+        if not isinstance(revision, int):
+            raise ChainError(f"record of {trace_id} has revision {revision!r}")
+        current = self.rows.get(trace_id)
+        if current is not None:
+            if revision < current["revision"]:
+                return
+            if revision == current["revision"] and not row.get("deleted"):
+                return
+            del self.rows[trace_id]  # re-insert: keep the order in which revisions were read
+        self.rows[trace_id] = row
+
+    def live(self) -> list[dict[str, Any]]:
+        return [row for row in self.rows.values() if not row.get("deleted")]
+
+
+# --- the reader -----------------------------------------------------------------------------
+
+
+class CorpusReader:
+    """Stream one corpus's records; not safe for two iterations of one reader at once."""
+
+    def __init__(self, store: ObjectStore, ref: CorpusRef, *, poll_interval_s: float = 1.0) -> None:
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
+        self.store = store
+        self.ref = ref
+        self.poll_interval_s = poll_interval_s
+        self._cursor: Cursor = {}
+        self._compaction: Compaction | None = None
+
+    @property
+    def cursor(self) -> Cursor:
+        """Where the records handed out so far end (a copy: save it, pass it back later)."""
+        return dict(self._cursor)
+
+    async def records(
+        self, cursor: Cursor | None = None, *, latest_only: bool = False
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Yield what the corpus holds after ``cursor`` (None: from the latest compaction).
+
+        ``{}`` reads every chain from offset 0, without a compaction. With ``latest_only``
+        everything available is read first, then only the latest revision per trace is
+        yielded (tombstones hide earlier revisions and are not yielded); the cursor then
+        moves to the end of what was read when the last record is handed out.
+        """
+        await self._begin(cursor)
+        if not latest_only:
+            async with contextlib.aclosing(self._read()) as rows:
+                async for row in rows:
+                    yield row
+            return
+        start = self.cursor
+        latest = _Latest()
+        async with contextlib.aclosing(self._read()) as rows:
+            async for row in rows:
+                latest.apply(row)
+        end, self._cursor = self._cursor, start
+        live = latest.live()
+        for n, row in enumerate(live, start=1):
+            if n == len(live):
+                self._cursor = end
+            yield row
+        self._cursor = end
+
+    async def follow(
+        self, cursor: Cursor | None = None, *, stop: asyncio.Event | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Like :meth:`records`, then poll for new commits until ``stop`` is set.
+
+        Every commit created before ``stop`` is set is yielded before this returns: ``stop``
+        is checked before a pass, and the pass that sees it set is the last.
+        """
+        await self._begin(cursor)
+        while True:
+            stopping = stop is not None and stop.is_set()
+            async with contextlib.aclosing(self._read()) as rows:
+                async for row in rows:
+                    yield row
+            if stopping:
+                return
+            if stop is None:
+                await asyncio.sleep(self.poll_interval_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    async def _begin(self, cursor: Cursor | None) -> None:
+        self._compaction = None
+        if cursor is not None:
+            self._cursor = check_cursor(cursor)
+            return
+        # 1. No cursor: the latest compaction first.
+        self._compaction = await latest_compaction(self.store, self.ref)
+        self._cursor = {}
+        if self._compaction is not None:
+            self._cursor = {
+                CURSOR_GENERATION: self._compaction.generation,
+                CURSOR_GENERATION_SKIP: 0,
+            }
+
+    async def _read(self) -> AsyncGenerator[dict[str, Any], None]:
+        """Yield everything after the cursor, moving it before each record is handed out."""
+        if CURSOR_GENERATION in self._cursor:
+            async with contextlib.aclosing(self._read_compaction()) as rows:
+                async for row in rows:
+                    yield row
+        # 2. Every chain, in a fixed order.
+        for stream in await list_streams(self.store, self.ref):
+            async with contextlib.aclosing(self._read_chain(stream)) as rows:
+                async for row in rows:
+                    yield row
+
+    async def _read_compaction(self) -> AsyncGenerator[dict[str, Any], None]:
+        generation = self._cursor[CURSOR_GENERATION]
+        skip = self._cursor.get(CURSOR_GENERATION_SKIP, 0)
+        compaction = self._compaction
+        if compaction is None or compaction.generation != generation:
+            compaction = await self._load_generation(generation)
+        rows = await _compaction_rows(self.store, self.ref, compaction)
+        if skip > len(rows):
+            raise ChainError(
+                f"{self.ref.compaction_key(generation)}: the cursor skips {skip} records, "
+                f"it has {len(rows)}"
+            )
+        positions = check_cursor(compaction.positions)
+        if skip == len(rows):
+            self._cursor = positions
+        for n in range(skip, len(rows)):
+            if n + 1 == len(rows):
+                self._cursor = dict(positions)
+            else:
+                self._cursor[CURSOR_GENERATION_SKIP] = n + 1
+            yield rows[n]
+        self._compaction = None
+
+    async def _load_generation(self, generation: int) -> Compaction:
+        key = self.ref.compaction_key(generation)
+        try:
+            return Compaction.model_validate(loads(await self.store.get(key)))
+        except ObjectNotFoundError:
+            raise ChainError(f"{key}: the cursor's compaction no longer exists") from None
+        except ValueError as exc:
+            raise ChainError(f"{key}: unreadable compaction ({exc})") from None
+
+    async def _read_chain(self, stream: str) -> AsyncGenerator[dict[str, Any], None]:
+        # 3. Follow the chain from the cursor; verify each shard before yielding from it.
+        skip_key = stream + SKIP_SUFFIX
+        position = self._cursor.get(stream, 0)
+        skip = self._cursor.get(skip_key, 0)
+        by_offset = dict(await chain_keys(self.store, self.ref, stream))
+        while position in by_offset:
+            commit = await _checked_commit(self.store, by_offset[position], stream, position)
+            rows = await _checked_shard(self.store, self.ref, commit)
+            if skip > len(rows):
+                raise ChainError(
+                    f"{by_offset[position]}: the cursor skips {skip} records, it has {len(rows)}"
+                )
+            following = commit.last_offset + 1
+            if skip == len(rows):
+                self._advance(stream, following)
+            for n in range(skip, len(rows)):
+                # 4. Move the cursor before handing the record out: whoever holds the
+                # record holds a cursor that includes it.
+                if n + 1 == len(rows):
+                    self._advance(stream, following)
+                else:
+                    self._cursor[stream] = position
+                    self._cursor[skip_key] = n + 1
+                yield rows[n]
+            position, skip = following, 0
+        later = sorted(offset for offset in by_offset if offset > position)
+        if later:
+            raise ChainError(
+                f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
+                f"commits from {later[0]} on (a gap, or history the chain no longer holds)"
+            )
+
+    def _advance(self, stream: str, position: int) -> None:
+        self._cursor.pop(stream + SKIP_SUFFIX, None)
+        self._cursor[stream] = position

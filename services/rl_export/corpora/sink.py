@@ -1,0 +1,551 @@
+"""The sink: append join snapshots to corpora as exactly-once JSON Lines shards.
+
+How a snapshot travels (per ``trajectories`` partition, the steps match the code):
+
+1. The consumer (group ``sink_group``, manual offset commits) hands each record to the
+   :class:`PartitionSink` of its partition.
+2. For every corpus spec, the snapshot becomes that corpus's record (or tombstone, or
+   nothing) and goes to the :class:`ChainWriter` of ``(org, project, corpus, partition)``.
+   A writer loads its chain head and holdings from the store when its first record arrives;
+   records at offsets its chain already covers are skipped, and revisions the corpus already
+   holds are dropped as repeats.
+3. When the partition's pending records reach the record, byte or age bound, every writer
+   with pending records commits, in this fixed order: (a) the data object, named by its
+   content hash; (b) the commit, create-only, covering ``head`` .. the last offset read;
+   (c) once all writers of the partition committed, the Kafka offset after that record.
+4. A writer that loses the create-only race reloads its chain and keeps only what the
+   winner did not cover. After any crash the group offset is at or before every chain head,
+   so records are read again and step 2 skips what is already committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import OffsetAndMetadata
+
+from rl_export.common.codec import dumps
+from rl_export.common.errors import ObjectExistsError, StoreError
+from rl_export.common.metrics import SinkMetrics
+from rl_export.common.partitioning import partition_for
+from rl_export.common.records import HEADER_EVENT_MS, SnapshotLines, decode_snapshot
+from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.corpora.layout import (
+    SCHEMA_VERSION,
+    ChainState,
+    Commit,
+    Compression,
+    CorpusRef,
+    Holding,
+    encode_lines,
+    load_chain_state,
+    utc_now,
+)
+from rl_export.corpora.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def writer_id() -> str:
+    """Who writes: host, pid and a random suffix (a restarted process is a new writer)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """The sink's bounds and options."""
+
+    max_records: int = 10_000
+    max_bytes: int = 64 * 1024 * 1024
+    max_age_s: float = 10.0
+    compression: Compression = "none"
+    partitions: int = 8
+    crash_at: str = ""  # fault injection for tests: "after_data", "after_commit"
+
+
+@dataclass(slots=True)
+class Pending:
+    """A line waiting for the next commit, with what re-checking it after a lost race needs.
+
+    Not the snapshot: the decision a corpus makes for a snapshot depends only on whether it
+    holds a record for it (``deleted`` says it holds none: the line is a tombstone), the
+    trace and the revision; the line for that decision never changes.
+    """
+
+    offset: int
+    trace_id: str
+    revision: int
+    deleted: bool  # the line is a tombstone
+    line: bytes  # the record as its JSON Lines line, encoded once
+    updated_at: str | None  # the record's, for the commit (a tombstone has none)
+    event_ms: int | None
+
+
+@dataclass(slots=True)
+class PendingTotals:
+    """Records and bytes pending in all the writers of a partition.
+
+    The writers keep it current as their pending lists change, so the sink can check its
+    bounds after every record without summing over every writer.
+    """
+
+    records: int = 0
+    bytes: int = 0
+
+
+class ChainWriter:
+    """Appends one corpus's records for one topic partition to its chain."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        ref: CorpusRef,
+        spec: CorpusSpec,
+        *,
+        topic: str,
+        partition: int,
+        config: SinkConfig,
+        metrics: SinkMetrics,
+        writer: str,
+        totals: PendingTotals | None = None,
+    ) -> None:
+        self.store = store
+        self.ref = ref
+        self.spec = spec
+        self.topic = topic
+        self.partition = partition
+        self.stream = ref.stream(topic, partition)
+        self.config = config
+        self.metrics = metrics
+        self.writer = writer
+        self.totals = PendingTotals() if totals is None else totals
+        self.state: ChainState | None = None
+        self.pending: list[Pending] = []
+        self.pending_bytes = 0
+
+    async def load(self) -> ChainState:
+        if self.state is None:
+            self.state = await load_chain_state(
+                self.store,
+                self.ref,
+                self.stream,
+                belongs=lambda t: (
+                    partition_for(t.encode(), self.config.partitions) == self.partition
+                ),
+            )
+        return self.state
+
+    async def loaded(self) -> ChainState:
+        """The chain's state, loaded from the store if it is not yet (or no longer) known."""
+        if self.state is not None:
+            return self.state
+        if self.pending:
+            # A lost race whose reload failed: what is pending must be checked against the
+            # reloaded chain as well, not committed after it unchecked.
+            return await self._after_losing()
+        return await self.load()
+
+    def add(self, offset: int, snapshot: SnapshotLines, event_ms: int | None) -> None:
+        """Step 2: decide what this corpus writes for a snapshot, and buffer it.
+
+        The chain must be :meth:`loaded`. (Not a coroutine that awaits it: this runs for every
+        corpus and record, and the chain is loaded once.)
+        """
+        state = self.state
+        if state is None:
+            raise RuntimeError(f"{self.ref.root} {self.stream}: the chain is not loaded")
+        if offset < state.head:
+            return  # already in a committed shard
+        source = self.spec.source
+        holds = self.spec.holds(snapshot)
+        if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds):
+            line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
+            updated_at = snapshot.updated_at if holds else None
+            self._append(
+                Pending(
+                    offset, snapshot.trace_id, snapshot.revision, not holds, line, updated_at,
+                    event_ms,
+                )
+            )  # fmt: skip
+
+    def _keep(self, state: ChainState, trace_id: str, revision: int, *, deleted: bool) -> bool:
+        """Whether a record (or, ``deleted``, no record) at a revision changes what the corpus
+        holds; if so, hold it.
+
+        A revision the corpus holds, or an older one, is a repeat. No record where the corpus
+        holds none, or only a tombstone, changes nothing; where it holds a record, no record
+        means a tombstone.
+        """
+        held = state.held.get(trace_id)
+        if held is not None and revision <= held.revision:
+            self.metrics.repeats.inc()
+            return False
+        if deleted and (held is None or held.deleted):
+            return False  # nothing held: nothing to hide
+        state.held[trace_id] = Holding(revision, deleted)
+        return True
+
+    def _append(self, pending: Pending) -> None:
+        self.pending.append(pending)
+        size = len(pending.line)
+        self.pending_bytes += size
+        self.totals.records += 1
+        self.totals.bytes += size
+
+    def _take_pending(self) -> list[Pending]:
+        """Empty the pending list, returning what it held."""
+        taken = self.pending
+        self.totals.records -= len(taken)
+        self.totals.bytes -= self.pending_bytes
+        self.pending, self.pending_bytes = [], 0
+        return taken
+
+    async def commit(self, last_offset: int) -> None:
+        """Step 3 (a) and (b): data object, then the create-only commit; retry after a loss."""
+        while self.pending:
+            if self.state is None:  # a lost race invalidated it (perhaps a failed reload)
+                await self._after_losing()
+                continue
+            state = self.state
+            shard = encode_lines(
+                [p.line for p in self.pending],
+                [p.updated_at for p in self.pending if p.updated_at],
+                self.config.compression,
+            )
+            started = time.monotonic()
+            data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
+            await self.store.put(data_key, shard.data)
+            if self.config.crash_at == "after_data":
+                os.kill(os.getpid(), signal.SIGKILL)
+            commit = Commit(
+                topic=self.topic,
+                partition=self.partition,
+                from_offset=state.head,
+                last_offset=last_offset,
+                shard=self.ref.relative(data_key),
+                records=shard.records,
+                bytes=len(shard.data),
+                sha256=shard.sha256,
+                compression=shard.compression,
+                schema_version=SCHEMA_VERSION,
+                min_updated_at=shard.min_updated_at,
+                max_updated_at=shard.max_updated_at,
+                writer=self.writer,
+                created_at=utc_now(),
+            )
+            try:
+                await self.store.put_if_absent(
+                    self.ref.manifest_key(self.stream, state.head),
+                    dumps(commit.model_dump(mode="json")),
+                )
+            except ObjectExistsError:
+                self.metrics.conflicts.inc()
+                self.state = None  # reloaded, and pending re-checked, at the top of the loop
+                continue
+            now = time.time()
+            self.metrics.commit_latency.observe(time.monotonic() - started)
+            self.metrics.commits.labels(self.spec.name).inc()
+            self.metrics.records.labels(self.spec.name).inc(shard.records)
+            self.metrics.bytes.labels(self.spec.name).inc(len(shard.data))
+            self.metrics.freshness.observe_many(
+                [max(0.0, now - p.event_ms / 1000) for p in self.pending if p.event_ms is not None]
+            )
+            state.head = last_offset + 1
+            self._take_pending()
+
+    async def _after_losing(self) -> ChainState:
+        """Another writer created our commit first: take its chain, keep what it left.
+
+        The chain is reloaded before anything pending is let go: if the reload fails, the
+        pending records stay, ``state`` stays None, and the next flush (or record) starts
+        here again. What is kept goes through the same checks as in :meth:`add`, against the
+        reloaded holdings.
+        """
+        state = await self.load()  # raises before anything pending is let go
+        waiting = self._take_pending()
+        log.warning(
+            "%s %s: lost a commit race; chain head is now %d", self.ref.root, self.stream,
+            state.head,
+        )  # fmt: skip
+        for p in waiting:
+            if p.offset >= state.head and self._keep(
+                state, p.trace_id, p.revision, deleted=p.deleted
+            ):
+                self._append(p)
+        return state
+
+
+@dataclass
+class PartitionSink:
+    """Everything the sink does for one ``trajectories`` partition."""
+
+    store: ObjectStore
+    topic: str
+    partition: int
+    specs: Sequence[CorpusSpec]
+    config: SinkConfig
+    metrics: SinkMetrics
+    writer: str
+    writers: dict[tuple[str, str, str], ChainWriter] = field(default_factory=dict)
+    last_offset: int = -1
+    first_pending_at: float | None = None
+    committed: int = -1  # the Kafka offset last committed for this partition
+    totals: PendingTotals = field(default_factory=PendingTotals, init=False)
+    # The writers of each (org, project), one per spec in order: one lookup per record.
+    _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def idle_offset(self) -> int | None:
+        """With nothing pending, the offset after the last record read, if not yet committed.
+
+        Records that wrote nothing (repeats, not ready, skipped) must still move the group
+        offset, or a partition whose tail is all repeats would lag forever.
+        """
+        if self.pending_records or self.last_offset + 1 <= self.committed:
+            return None
+        return self.last_offset + 1
+
+    def _writer(self, org: str, project: str, spec: CorpusSpec) -> ChainWriter:
+        key = (org, project, spec.name)
+        writer = self.writers.get(key)
+        if writer is None:
+            ref = CorpusRef(org, project, spec.name)
+            writer = ChainWriter(
+                self.store, ref, spec, topic=self.topic, partition=self.partition,
+                config=self.config, metrics=self.metrics, writer=self.writer,
+                totals=self.totals,
+            )  # fmt: skip
+            self.writers[key] = writer
+        return writer
+
+    def _writers_of(self, org: str, project: str) -> tuple[ChainWriter, ...]:
+        writers = self._project_writers.get((org, project))
+        if writers is None:
+            writers = tuple(self._writer(org, project, spec) for spec in self.specs)
+            self._project_writers[(org, project)] = writers
+        return writers
+
+    async def handle(self, offset: int, value: bytes, event_ms: int | None) -> None:
+        """Step 2 for one record of the partition."""
+        self.last_offset = max(self.last_offset, offset)
+        try:
+            snapshot = decode_snapshot(value)
+        except ValueError as exc:
+            self.metrics.bad_snapshots.inc()
+            log.error(
+                "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition, offset, exc
+            )
+            return
+        lines = SnapshotLines(snapshot)  # shared by the corpora: encoded at most once
+        for writer in self._writers_of(snapshot["org"], snapshot["project"]):
+            if writer.state is None:
+                await writer.loaded()
+            writer.add(offset, lines, event_ms)
+        if self.first_pending_at is None and self.totals.records:
+            self.first_pending_at = time.monotonic()
+
+    @property
+    def pending_records(self) -> int:
+        return self.totals.records
+
+    @property
+    def pending_bytes(self) -> int:
+        return self.totals.bytes
+
+    def due(self, now: float) -> bool:
+        records = self.totals.records
+        if not records:
+            return False
+        aged = self.first_pending_at is not None and now - self.first_pending_at >= (
+            self.config.max_age_s
+        )
+        return (
+            aged or records >= self.config.max_records or self.totals.bytes >= self.config.max_bytes
+        )
+
+    async def flush(self) -> int | None:
+        """Steps 3 (a) and (b) for every writer; return the Kafka offset now safe to commit.
+
+        The writers' chains are independent, so they commit concurrently (a store round trip
+        or an fsync each, not one after another). Every commit finishes before the first
+        error is raised: a writer is never committing twice at once.
+        """
+        results = await asyncio.gather(
+            *(w.commit(self.last_offset) for w in self.writers.values() if w.pending),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        self.first_pending_at = None
+        if self.config.crash_at == "after_commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.last_offset + 1 if self.last_offset >= 0 else None
+
+
+class Sink:
+    """Consumes ``trajectories`` with a plain aiokafka consumer group and runs the steps."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        store: ObjectStore,
+        metrics: SinkMetrics,
+        config: SinkConfig,
+        specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
+        session_timeout_s: float = 10.0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.group = group
+        self.store = store
+        self.metrics = metrics
+        self.config = config
+        self.specs = specs
+        self.session_timeout_s = session_timeout_s
+        self.writer = writer_id()
+        self.parts: dict[int, PartitionSink] = {}
+        self.assigned = asyncio.Event()
+
+    def corpora_written(self) -> list[CorpusRef]:
+        """The corpora this sink has written to (for periodic compaction)."""
+        refs = {w.ref for part in self.parts.values() for w in part.writers.values()}
+        return sorted(refs, key=lambda r: r.root)
+
+    def _part(self, partition: int) -> PartitionSink:
+        part = self.parts.get(partition)
+        if part is None:
+            part = self.parts[partition] = PartitionSink(
+                self.store, self.topic, partition, self.specs, self.config, self.metrics,
+                self.writer,
+            )  # fmt: skip
+        return part
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume, buffer and commit until ``stop`` is set."""
+        sink = self
+
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                # Pending records of a lost partition are read again by its next owner,
+                # from the group offset, which never passed them.
+                for tp in revoked:
+                    sink.parts.pop(tp.partition, None)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                sink.assigned.set()
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=int(self.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(self.session_timeout_s * 250),
+            max_poll_records=5000,
+        )
+        consumer.subscribe([self.topic], listener=Listener())
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=200)
+                for tp, records in batch.items():
+                    try:
+                        await self._handle(consumer, tp, records)
+                    except StoreError as exc:
+                        await self._rewind(consumer, tp, exc)
+                await self._flush_due(consumer)
+        finally:
+            await consumer.stop()
+
+    async def _handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any) -> None:
+        """Step 2 for one partition's records, while the partition is still ours."""
+        for r in records:
+            # A rebalance can run while we await the store: a partition taken away mid-batch
+            # must not get a fresh PartitionSink from the rest of a stale batch.
+            if tp not in consumer.assignment():
+                self.parts.pop(tp.partition, None)
+                return
+            await self._part(tp.partition).handle(r.offset, r.value, _event_ms(r.headers))
+
+    async def _rewind(self, consumer: AIOKafkaConsumer, tp: TopicPartition, exc: Exception) -> None:
+        """The store failed while reading a chain: forget the partition's state, read it again.
+
+        Nothing of it was committed past the group offset, so seeking back to that offset
+        (or the beginning) and rebuilding the writers from the store loses nothing.
+        """
+        self.metrics.store_errors.inc()
+        log.error("%s-%d: store failed, reading the partition again: %s", *tp, exc)
+        self.parts.pop(tp.partition, None)
+        if tp in consumer.assignment():
+            committed = await consumer.committed(tp)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        await asyncio.sleep(1.0)
+
+    async def _flush_due(self, consumer: AIOKafkaConsumer) -> None:
+        """Flush every partition that is due, concurrently; then commit their offsets."""
+        now = time.monotonic()
+        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
+        due: list[PartitionSink] = []
+        offsets: dict[int, tuple[PartitionSink, int]] = {}
+        for partition, part in list(self.parts.items()):
+            if partition not in assigned:  # revoked while we were busy: its next owner reads it
+                self.parts.pop(partition, None)
+            elif part.due(now):
+                due.append(part)
+            elif (offset := part.idle_offset()) is not None:
+                offsets[partition] = (part, offset)
+        results = await asyncio.gather(*(part.flush() for part in due), return_exceptions=True)
+        for part, result in zip(due, results, strict=True):
+            if isinstance(result, StoreError):
+                self.metrics.store_errors.inc()
+                log.error("flush of %s-%d failed, will retry: %s", self.topic, part.partition,
+                          result)  # fmt: skip
+                part.first_pending_at = now  # back off by one age bound
+            elif isinstance(result, BaseException):
+                raise result
+            elif result is not None:
+                offsets[part.partition] = (part, result)
+        ready = {p: (part, o) for p, (part, o) in offsets.items() if self.parts.get(p) is part}
+        if not ready:
+            return
+        try:  # step 3 (c)
+            await consumer.commit(
+                {
+                    TopicPartition(self.topic, p): OffsetAndMetadata(o, "")
+                    for p, (_, o) in ready.items()
+                }
+            )
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("offset commit for partitions %s skipped: %s", sorted(ready), exc)
+            return
+        for part, offset in ready.values():
+            part.committed = offset
+
+
+def _event_ms(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
+    for key, value in headers or ():
+        if key == HEADER_EVENT_MS:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

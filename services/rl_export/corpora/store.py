@@ -1,0 +1,324 @@
+"""Object storage behind one small interface: a local directory, S3, or memory (for tests).
+
+Keys are relative, ``/``-separated paths (``<org>/<project>/<corpus>/...``). The interface is
+what the sink, compaction and the reader need, no more:
+
+* ``put`` writes or replaces an object (data objects are named by content hash, so a retry
+  writes the same bytes under the same name);
+* ``put_if_absent`` is the create-only write that commits a shard: whoever creates a key first
+  wins, and a later writer gets :class:`ObjectExistsError` instead of overwriting it;
+* ``get``, ``list``, ``delete`` and ``check`` (a readiness probe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, StoreError
+from rl_export.common.storeurl import StoreLocation, parse_store_url
+
+T = TypeVar("T")
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative object key; raise ValueError otherwise."""
+    if not key or key.startswith("/") or key.endswith("/"):
+        raise ValueError(f"object key must be a relative path to a file, got {key!r}")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise ValueError(f"object key has an empty, '.' or '..' segment: {key!r}")
+    return key
+
+
+class ObjectStore(Protocol):
+    """What every store offers. All methods are coroutines; ``close`` releases connections."""
+
+    url: str
+
+    async def put(self, key: str, data: bytes) -> None: ...
+    async def put_if_absent(self, key: str, data: bytes) -> None: ...
+    async def get(self, key: str) -> bytes: ...
+    async def list(self, prefix: str = "") -> list[str]: ...
+    async def delete(self, key: str) -> None: ...
+    async def check(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """An in-memory store for unit tests; same semantics as the real ones."""
+
+    def __init__(self) -> None:
+        self.url = "memory://"
+        self.objects: dict[str, bytes] = {}
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.objects[check_key(key)] = bytes(data)
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        if check_key(key) in self.objects:
+            raise ObjectExistsError(f"{key} already exists")
+        self.objects[key] = bytes(data)
+
+    async def get(self, key: str) -> bytes:
+        try:
+            return self.objects[check_key(key)]
+        except KeyError:
+            raise ObjectNotFoundError(f"{key} not found") from None
+
+    async def list(self, prefix: str = "") -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+    async def delete(self, key: str) -> None:
+        self.objects.pop(check_key(key), None)
+
+    async def check(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore:
+    """A directory on the local file system.
+
+    ``put_if_absent`` writes a temporary file, fsyncs it, then hard-links it to the final
+    name: ``link`` fails with EEXIST when another writer won, and never exposes a partly
+    written file, so a crash cannot leave an empty commit. The folder is fsynced after.
+    """
+
+    _TMP = ".tmp"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = f"file://{root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _write_tmp(self, final: Path, data: bytes) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f"{self._TMP}-{final.name}-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return tmp
+
+    def _put(self, key: str, data: bytes) -> None:
+        final = self._path(key)
+        tmp = self._write_tmp(final, data)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+    def _put_if_absent(self, key: str, data: bytes) -> None:
+        final = self._path(key)
+        tmp = self._write_tmp(final, data)
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            raise ObjectExistsError(f"{key} already exists") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(final.parent)
+
+    def _get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+
+    def _list(self, prefix: str) -> list[str]:
+        # Walk only the deepest folder the prefix names, then filter by the rest.
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root / head if head else self.root
+        if not base.is_dir():
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(self._TMP):
+                    continue
+                key = Path(dirpath, name).relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def _delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def _check(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.root, os.W_OK):
+            raise StoreError(f"store directory {self.root} is not writable")
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a file operation off the event loop; OS errors become StoreError."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"{self.url}: {exc}") from exc
+
+    async def put(self, key: str, data: bytes) -> None:
+        await self._io(self._put, key, data)
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        await self._io(self._put_if_absent, key, data)
+
+    async def get(self, key: str) -> bytes:
+        return await self._io(self._get, key)
+
+    async def list(self, prefix: str = "") -> list[str]:
+        return await self._io(self._list, prefix)
+
+    async def delete(self, key: str) -> None:
+        await self._io(self._delete, key)
+
+    async def check(self) -> None:
+        await self._io(self._check)
+
+    async def close(self) -> None:
+        return None
+
+
+def _error_code(exc: Exception) -> tuple[str, int]:
+    response: dict[str, Any] = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+class S3Store:
+    """A bucket and key prefix on S3 or any S3-compatible store (``AWS_ENDPOINT_URL``).
+
+    Create-only writes use ``If-None-Match: *``: the store answers 412 when the key exists.
+    A 409 means a concurrent conditional write to the same key is in flight; we retry, and
+    the retry then sees 412 (the other writer won) or succeeds (it failed).
+    """
+
+    _CONFLICT_RETRIES = 5
+
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None) -> None:
+        import aioboto3  # imported here so local-only use does not pay for botocore
+
+        self.bucket = bucket
+        self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self._session = aioboto3.Session()
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+
+    async def _c(self) -> Any:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    from botocore.config import Config
+
+                    config = Config(
+                        retries={"max_attempts": 5, "mode": "standard"},
+                        connect_timeout=5,
+                        read_timeout=30,
+                    )
+                    self._client = await self._stack.enter_async_context(
+                        self._session.client("s3", endpoint_url=self.endpoint_url, config=config)
+                    )
+        return self._client
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _wrap(self, exc: Exception, what: str) -> StoreError:
+        code, status = _error_code(exc)
+        where = f"{self.url} (endpoint {self.endpoint_url or 'AWS default'})"
+        if code or status:
+            return StoreError(f"{what} failed on {where}: {code or status} {exc}")
+        return StoreError(f"{what} failed on {where}: {type(exc).__name__}: {exc}")
+
+    async def put(self, key: str, data: bytes) -> None:
+        full, client = self._key(key), await self._c()
+        try:
+            await client.put_object(Bucket=self.bucket, Key=full, Body=data)
+        except Exception as exc:
+            raise self._wrap(exc, f"put {key}") from exc
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        full, client = self._key(key), await self._c()
+        for attempt in range(self._CONFLICT_RETRIES):
+            try:
+                await client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                return
+            except Exception as exc:
+                code, status = _error_code(exc)
+                if status == 412 or code == "PreconditionFailed":
+                    raise ObjectExistsError(f"{key} already exists") from None
+                if status == 409 and attempt + 1 < self._CONFLICT_RETRIES:
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    continue
+                raise self._wrap(exc, f"create-only put {key}") from exc
+
+    async def get(self, key: str) -> bytes:
+        full, client = self._key(key), await self._c()
+        try:
+            response = await client.get_object(Bucket=self.bucket, Key=full)
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+                return data
+        except Exception as exc:
+            code, status = _error_code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+            raise self._wrap(exc, f"get {key}") from exc
+
+    async def list(self, prefix: str = "") -> list[str]:
+        client = await self._c()
+        keys: list[str] = []
+        try:
+            paginator = client.get_paginator("list_objects_v2")
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
+        except Exception as exc:
+            raise self._wrap(exc, f"list {prefix!r}") from exc
+        return sorted(keys)
+
+    async def delete(self, key: str) -> None:
+        full, client = self._key(key), await self._c()
+        try:
+            await client.delete_object(Bucket=self.bucket, Key=full)
+        except Exception as exc:
+            raise self._wrap(exc, f"delete {key}") from exc
+
+    async def check(self) -> None:
+        client = await self._c()
+        try:
+            await client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise self._wrap(exc, "head bucket") from exc
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+        self._client = None
+
+
+def open_store(url: str | StoreLocation) -> ObjectStore:
+    """Open the store a URL names (``file:///abs``, a path, or ``s3://bucket/prefix``)."""
+    location = parse_store_url(url) if isinstance(url, str) else url
+    if location.kind == "s3":
+        return S3Store(location.bucket, location.prefix)
+    assert location.path is not None
+    return LocalStore(location.path)

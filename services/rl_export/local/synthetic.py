@@ -1,0 +1,148 @@
+"""Synthetic AgentHub traffic: realistic traces, evaluations and labels for dev and tests.
+
+``generate(n_traces, seed=...)`` returns event dicts in the shape of DESIGN.md section 2:
+multi-turn conversations of a few KB with tool calls, evaluations with reports, labels from
+several labelers (with skips and retractions), in shuffled order with some duplicates. The
+same seed always gives the same events.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rl_export.common.events import format_utc
+
+SCENARIOS = [
+    "happy_path_wellness_and_social_goals",
+    "refund_request_with_missing_order",
+    "multi_city_trip_planning",
+    "password_reset_locked_account",
+    "summarise_quarterly_report",
+]
+EVALUATORS = ["faithfulness", "helpfulness_judge", "policy_check", "tool_use"]
+LABELERS = ["ana", "bo", "chen", "dee"]
+_WORDS = [
+    "plan", "goal", "step", "budget", "weekly", "check", "progress", "habit", "sleep", "walk",
+    "friend", "call", "schedule", "review", "order", "refund", "account", "reset", "summary",
+    "revenue", "growth", "margin", "city", "flight", "hotel", "route",
+]  # fmt: skip
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
+
+
+def _conversation(rng: random.Random, turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": _text(rng, rng.randint(8, 40))})
+        if rng.random() < 0.4:
+            call_id = f"call_{turn}_{rng.randrange(10**6)}"
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": "search", "arguments": '{"q": "plan"}'},
+                        }
+                    ],
+                }
+            )
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": _text(rng, 30)})
+        messages.append(
+            {"role": "assistant", "content": [{"type": "text", "text": _text(rng, 60)}]}
+        )
+    return messages
+
+
+def _base(
+    rng: random.Random, kind: str, trace: dict[str, str], at: datetime, n: int
+) -> dict[str, Any]:
+    return {
+        "event_id": f"{trace['trace_id']}-{kind}-{n}-{rng.randrange(16**8):08x}",
+        "event_type": kind,
+        "occurred_at": format_utc(at),
+        "org": trace["org"],
+        "project": trace["project"],
+        "trace_id": trace["trace_id"],
+    }
+
+
+def trace_events(rng: random.Random, index: int, completed_at: datetime) -> list[dict[str, Any]]:
+    """Return every event of one synthetic trace, in the order they happened.
+
+    The trace completes at ``completed_at``; evaluations and labels follow within hours.
+    """
+    trace = {"trace_id": f"tr-{index:08d}", "org": "acme", "project": "support-bot"}
+    at = completed_at
+    events = []
+    completed = _base(rng, "trace.completed", trace, at, 0)
+    completed |= {
+        "agent_version": rng.choice(["v3", "v4"]),
+        "scenario": rng.choice(SCENARIOS),
+        "messages": _conversation(rng, rng.randint(2, 4)),
+        "metadata": {"latency_ms": rng.randint(200, 9000)},
+        "attachments": [],
+    }
+    events.append(completed)
+    for run in range(rng.choice([0, 1, 1, 2])):
+        at += timedelta(seconds=rng.randint(1, 600))
+        evaluation = _base(rng, "evaluation.finished", trace, at, run)
+        results = []
+        for name in rng.sample(EVALUATORS, rng.randint(1, 3)):
+            score = round(rng.random(), 3)
+            results.append(
+                {"evaluator": name, "score": score, "passed": score >= 0.5,
+                 "reasoning": _text(rng, 20)}
+            )  # fmt: skip
+        evaluation |= {
+            "evaluation_id": f"ev-{index}-{run}",
+            "results": results,
+            "report": {
+                "outcomes": [{"type": "goal_met", "turn": 1, "decision": rng.random() < 0.7}],
+                "classifications": [],
+            },
+        }
+        events.append(evaluation)
+    for n, labeler in enumerate(rng.sample(LABELERS, rng.choice([0, 0, 1, 2]))):
+        at += timedelta(seconds=rng.randint(1, 3600))
+        roll = rng.random()
+        if roll < 0.15:
+            events.append(_base(rng, "label.skipped", trace, at, n) | {"labeler": labeler})
+            continue
+        label = _base(rng, "label.submitted", trace, at, n)
+        label |= {
+            "labeler": labeler,
+            "rubric": {d: rng.randint(1, 5) for d in ("correctness", "helpfulness",
+                                                      "efficiency", "safety")},
+        }  # fmt: skip
+        events.append(label)
+        if roll > 0.9:
+            at += timedelta(seconds=5)
+            events.append(_base(rng, "label.retracted", trace, at, n) | {"labeler": labeler})
+    return events
+
+
+def generate(
+    n_traces: int,
+    *,
+    seed: int = 7,
+    duplicate_rate: float = 0.02,
+    shuffle: bool = True,
+    start: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Return the events of ``n_traces`` traces, shuffled, with some exact duplicates."""
+    rng = random.Random(seed)
+    start = start or datetime(2026, 1, 1, tzinfo=UTC)
+    events = [
+        e for i in range(n_traces) for e in trace_events(rng, i, start + timedelta(seconds=i))
+    ]
+    events += [rng.choice(events) for _ in range(int(len(events) * duplicate_rate))]
+    if shuffle:
+        rng.shuffle(events)
+    return events

@@ -1,0 +1,344 @@
+"""The join's batch processor: decode, check, merge, write and emit a batch; no Kafka in here.
+
+Runs steps 2-4 and 6 of the join's flow (:mod:`rl_export.stream.loop` has the whole flow)
+over a list of messages, with the table and the emitter behind small protocols, so unit
+tests and ``replay`` run it without a broker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from rl_export.common.codec import RawJson
+from rl_export.common.events import (
+    EventFamily,
+    EventRejection,
+    RejectReason,
+    decode_event,
+    event_type_of,
+)
+from rl_export.common.metrics import Metrics
+from rl_export.common.partitioning import partition_for
+from rl_export.common.records import encode_snapshot
+from rl_export.common.settings import Settings
+from rl_export.stream.join import (
+    JoinConfig,
+    RawEvent,
+    TraceState,
+    current_snapshot,
+    dump_state,
+    expired,
+    load_state,
+    merge,
+)
+
+
+@dataclass(slots=True)
+class InMessage:
+    """What the join needs of one Kafka message; ``handle`` is the transport's own event.
+
+    Not frozen: a frozen dataclass costs five times as much to create, and this is one per
+    event.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int | None = None
+    handle: Any = None
+
+
+class StateTable(Protocol):
+    """The join's state, keyed by ``trace_id`` bytes; ``at`` says which message is current."""
+
+    def get(self, key: bytes, at: InMessage) -> bytes | None: ...
+    def put(self, key: bytes, value: bytes, at: InMessage) -> None: ...
+    def delete(self, key: bytes, at: InMessage) -> None: ...
+    def items(self) -> Iterable[tuple[bytes, bytes]]: ...
+    def __len__(self) -> int: ...
+
+
+class Emitter(Protocol):
+    """Where snapshots and dead letters go; ``flush`` returns once they are delivered."""
+
+    async def snapshot(
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int
+    ) -> None: ...
+    async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
+    async def flush(self) -> None: ...
+
+
+class MemoryTable:
+    """A dict-backed :class:`StateTable` for unit tests and ``replay``."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes, at: InMessage) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: bytes, value: bytes, at: InMessage) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes, at: InMessage) -> None:
+        self.data.pop(key, None)
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]:
+        return list(self.data.items())
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def dead_letter_headers(message: InMessage, rejection: EventRejection) -> list[tuple[str, bytes]]:
+    """Headers that say where a dead letter came from and why (the value is the original)."""
+    return [
+        ("rl-export-reason", rejection.reason.value.encode()),
+        ("rl-export-detail", rejection.detail.encode()[:4096]),
+        ("rl-export-source-topic", message.topic.encode()),
+        ("rl-export-source-partition", str(message.partition).encode()),
+        ("rl-export-source-offset", str(message.offset).encode()),
+    ]
+
+
+@dataclass
+class BatchResult:
+    """What one batch did (for tests and logs)."""
+
+    snapshots: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    rejected: list[tuple[InMessage, EventRejection]] = field(default_factory=list)
+    expired: list[tuple[bytes, str]] = field(default_factory=list)
+
+
+CONVERSATION = b"\xff"
+"""Prefix of the table key that holds a trace's conversation (``CONVERSATION + trace_id``).
+
+A state is written for every event of its trace, its conversation (most of its bytes) only
+when it changes: the table and its changelog hold them under two keys. No UTF-8
+``trace_id`` starts with the byte 0xFF, so the two kinds of key never meet.
+"""
+
+
+def conversation_key(key: bytes) -> bytes:
+    return CONVERSATION + key
+
+
+@dataclass
+class _Touched:
+    state: TraceState
+    last: InMessage
+    conversation: bytes | None  # as the table holds it
+    emit: bool = False
+    repeated: bool = False  # a redelivered event: rewrite everything, the first write may be lost
+    event_ms: int | None = None
+
+
+class JoinProcessor:
+    """Runs steps 2-4 and 6 of the flow above over a batch; no Kafka in here."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        table: StateTable,
+        emitter: Emitter,
+        metrics: Metrics,
+        families: dict[str, EventFamily],
+    ) -> None:
+        self.settings = settings
+        self.table = table
+        self.emitter = emitter
+        self.metrics = metrics
+        self.families = families
+        self.config = JoinConfig(human_pass_threshold=settings.human_pass_threshold)
+        # partition -> heap of (deadline, trace_id): states that may expire then.
+        self._expiry: dict[int, list[tuple[float, bytes]]] = {}
+        self._partitions: dict[str, int] = {}
+
+    def _partition_of(self, trace_id: str) -> int:
+        """murmur2 in Python costs microseconds: remember recent traces' partitions."""
+        partition = self._partitions.get(trace_id)
+        if partition is None:
+            if len(self._partitions) >= 100_000:
+                self._partitions.clear()
+            partition = self._partitions[trace_id] = partition_for(
+                trace_id.encode(), self.settings.partitions
+            )
+        return partition
+
+    def _check(self, message: InMessage, now: datetime) -> Any:
+        decoded = decode_event(
+            message.value,
+            max_bytes=self.settings.max_event_bytes,
+            now=now,
+            future_tolerance_s=self.settings.future_tolerance_s,
+            key=message.key,
+            family=self.families.get(message.topic),
+        )
+        if isinstance(decoded, EventRejection):
+            return decoded
+        expected = self._partition_of(decoded.trace_id)
+        if message.partition >= 0 and message.partition != expected:
+            return EventRejection(
+                RejectReason.WRONG_PARTITION,
+                f"trace {decoded.trace_id!r} belongs on partition {expected} (Kafka's default "
+                f"partitioner), not {message.partition}",
+            )
+        return decoded
+
+    async def process(self, messages: list[InMessage], now: float | None = None) -> BatchResult:
+        """Decode, merge and emit a batch; write each touched state once."""
+        clock = time.time() if now is None else now
+        wall = datetime.fromtimestamp(clock, UTC)
+        result = BatchResult()
+        touched: dict[bytes, _Touched] = {}
+        outcomes: Counter[tuple[str, str]] = Counter()
+        self.metrics.batch_size.observe(len(messages))
+
+        for message in messages:  # step 2 and 3
+            decoded = self._check(message, wall)
+            if isinstance(decoded, EventRejection):
+                result.rejected.append((message, decoded))
+                outcomes["unknown", "rejected"] += 1
+                continue
+            key = decoded.trace_id.encode()
+            entry = touched.get(key)
+            conversation = None
+            if entry is not None:
+                state: TraceState | None = entry.state
+            else:
+                state, conversation = self._read(key, message)
+            raw = RawEvent(
+                message.value, message.topic, message.partition, message.offset,
+                message.timestamp_ms,
+            )  # fmt: skip
+            merged = merge(state, decoded, raw, now=clock, config=self.config, build_snapshot=False)
+            outcomes[event_type_of(decoded), merged.outcome] += 1
+            if entry is None:
+                entry = touched[key] = _Touched(merged.state, message, conversation)
+            else:
+                entry.state, entry.last = merged.state, message
+            for item, rejection in merged.rejected:
+                origin = InMessage(item.topic, item.partition, item.offset, key, item.value)
+                result.rejected.append((origin, rejection))
+            if merged.outcome == "duplicate":
+                entry.repeated = True
+            if merged.emits:
+                entry.emit = True
+                entry.event_ms = message.timestamp_ms
+
+        latencies: list[float] = []
+        for key, entry in touched.items():  # step 4: one table write per trace
+            self._write(key, entry)
+            self._schedule(key, entry.state, entry.last.partition)
+            if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
+                snapshot = current_snapshot(entry.state, self.config)
+                assert snapshot is not None  # emits only once the trace exists or is deleted
+                result.snapshots[key] = snapshot
+                # trajectories is co-partitioned with the inputs: the same partition.
+                await self.emitter.snapshot(
+                    key, encode_snapshot(snapshot), entry.event_ms, entry.last.partition
+                )
+                if entry.event_ms is not None:
+                    latencies.append(max(0.0, clock - entry.event_ms / 1000))
+        self.metrics.latency.observe_many(latencies)
+        self.metrics.snapshots.inc(len(result.snapshots))
+        for message, rejection in result.rejected:
+            await self.emitter.dead_letter(message, rejection)
+            self.metrics.rejected.labels(rejection.reason.value).inc()
+        for (event_type, outcome), count in outcomes.items():
+            self.metrics.events.labels(event_type, outcome).inc(count)
+        result.expired = self._expire(messages, clock)  # step 6
+        await self.emitter.flush()  # delivered before the batch is acked
+        self.metrics.table_keys.set(len(self.table))
+        return result
+
+    def _read(self, key: bytes, at: InMessage) -> tuple[TraceState | None, bytes | None]:
+        """A trace's state from the table, and its conversation as the table holds it."""
+        stored = self.table.get(key, at)
+        state = None if stored is None else load_state(stored)
+        if state is None or state.trace is None or state.trace.messages.data:
+            return state, None  # no trace yet, or an older state with its conversation inline
+        conversation = self.table.get(conversation_key(key), at)
+        if conversation is None:
+            raise ValueError(f"the join table has no conversation for {key!r}")
+        state.trace.messages = RawJson(conversation)
+        return state, conversation
+
+    def _write(self, key: bytes, entry: _Touched) -> None:
+        """Write the state; the conversation only when it changed, or after a redelivery."""
+        head, _, conversation = dump_state(entry.state).partition(b"\n")
+        self.table.put(key, head, entry.last)
+        if entry.repeated or conversation != (entry.conversation or b""):
+            if conversation:
+                self.table.put(conversation_key(key), conversation, entry.last)
+            else:
+                self.table.delete(conversation_key(key), entry.last)
+
+    def _deadline(self, state: TraceState) -> float | None:
+        if state.deleted and state.deleted_at is not None:
+            return state.deleted_at + self.settings.tombstone_retention_s
+        if state.is_orphan and state.first_pending_at is not None:
+            return state.first_pending_at + self.settings.orphan_retention_s
+        return None
+
+    def _schedule(self, key: bytes, state: TraceState, partition: int) -> None:
+        deadline = self._deadline(state)
+        if deadline is not None:
+            heapq.heappush(self._expiry.setdefault(partition, []), (deadline, key))
+
+    def rebuild_expiry(
+        self, items: Iterable[tuple[bytes, bytes]], partition: int | None = None
+    ) -> int:
+        """Rebuild the index of states that may expire from a scan; return how many.
+
+        With ``partition``, ``items`` are that partition's and only its index is replaced.
+        """
+        if partition is None:
+            self._expiry.clear()
+        else:
+            self._expiry.pop(partition, None)
+        count = 0
+        for key, value in items:
+            if key.startswith(CONVERSATION):
+                continue
+            state = load_state(value)
+            if self._deadline(state) is not None:
+                where = partition_for(key, self.settings.partitions)
+                self._schedule(key, state, where if partition is None else partition)
+                count += 1
+        return count
+
+    def forget_partition(self, partition: int) -> None:
+        """Drop the expiry index of a partition this worker no longer owns."""
+        self._expiry.pop(partition, None)
+
+    def _expire(self, messages: list[InMessage], now: float) -> list[tuple[bytes, str]]:
+        dropped: list[tuple[bytes, str]] = []
+        at_partition = {m.partition: m for m in messages}
+        for partition, at in at_partition.items():
+            heap = self._expiry.get(partition)
+            while heap and heap[0][0] <= now:
+                _, key = heapq.heappop(heap)
+                stored = self.table.get(key, at)
+                if stored is None:
+                    continue
+                kind = expired(
+                    load_state(stored),
+                    now,
+                    self.settings.orphan_retention_s,
+                    self.settings.tombstone_retention_s,
+                )
+                if kind is not None:  # the state may have moved on since it was indexed
+                    self.table.delete(key, at)
+                    self.table.delete(conversation_key(key), at)
+                    self.metrics.expired.labels(kind).inc()
+                    dropped.append((key, kind))
+        return dropped

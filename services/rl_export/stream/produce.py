@@ -1,0 +1,111 @@
+"""Publish event JSON Lines files to the input topics (``rl-export produce``).
+
+Each line is sent unchanged as the Kafka value, keyed by its ``trace_id``, to the topic of its
+``event_type``. A line that cannot be routed (not JSON, no known ``event_type``, no
+``trace_id``) is reported and skipped; the worker validates everything else and dead-letters
+what it cannot accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from rl_export.common.events import FAMILY_OF_TYPE, EventFamily
+from rl_export.common.progress import Progress
+from rl_export.common.settings import Settings
+from rl_export.stream.topics import ensure_service_topics
+
+
+@dataclass
+class ProduceReport:
+    """What a produce run did."""
+
+    published: int = 0
+    skipped: list[str] = field(default_factory=list)  # "file:line: reason"
+
+
+def topic_for(settings: Settings, family: EventFamily) -> str:
+    """Return the configured topic of an event family."""
+    return {
+        EventFamily.TRACES: settings.topic_traces,
+        EventFamily.EVALUATIONS: settings.topic_evaluations,
+        EventFamily.LABELS: settings.topic_labels,
+    }[family]
+
+
+def route(line: bytes) -> tuple[EventFamily, bytes] | str:
+    """Return (family, key) for an event line, or the reason it cannot be routed."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return f"not valid JSON ({exc})"
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    family = FAMILY_OF_TYPE.get(value.get("event_type"))  # type: ignore[arg-type]
+    if family is None:
+        return f"unknown event_type {value.get('event_type')!r}"
+    trace_id = value.get("trace_id")
+    if not isinstance(trace_id, str) or not trace_id:
+        return "no trace_id"
+    return family, trace_id.encode()
+
+
+def read_lines(paths: Iterable[Path]) -> Iterator[tuple[str, bytes]]:
+    """Yield ("file:line", bytes) for every non-blank line of the files."""
+    for path in paths:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                line = raw.rstrip(b"\r\n")
+                if line.strip():
+                    yield f"{path}:{number}", line
+
+
+def make_producer(settings: Settings) -> AIOKafkaProducer:
+    """Return a producer that waits for the broker's acknowledgement and never duplicates."""
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=20,
+        max_batch_size=256 * 1024,
+        max_request_size=settings.max_event_bytes * 2 + 64 * 1024,
+    )
+
+
+async def produce_lines(
+    settings: Settings, lines: Iterable[tuple[str, bytes]], progress: Progress | None = None
+) -> ProduceReport:
+    """Create topics if needed, then publish every routable line; wait for all acks."""
+    await ensure_service_topics(settings)
+    report = ProduceReport()
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        pending = []
+        for where, line in lines:
+            routed = route(line)
+            if isinstance(routed, str):
+                report.skipped.append(f"{where}: {routed}")
+                continue
+            family, key = routed
+            pending.append(await producer.send(topic_for(settings, family), line, key=key))
+            if len(pending) >= 5000:
+                for fut in pending:
+                    await fut
+                report.published += len(pending)
+                if progress:
+                    progress.advance(len(pending))
+                pending.clear()
+        for fut in pending:
+            await fut
+        report.published += len(pending)
+        if progress:
+            progress.advance(len(pending))
+    finally:
+        await producer.stop()
+    return report

@@ -1,0 +1,304 @@
+"""The join's table: one key-value store per partition, backed by a compacted changelog topic.
+
+The table maps ``trace_id`` bytes to a serialised :class:`~rl_export.stream.join.TraceState`. Each
+input partition the worker owns has its own store (RocksDB through rocksdict in production,
+a dict in tests and with ``RL_EXPORT_STATE_STORE=memory://``), and every write is also sent
+to the same partition of the changelog topic, so that any worker can rebuild a partition.
+
+How the pieces keep each other right:
+
+* The join writes the store first and queues the changelog record; the batch's producer
+  flush waits for the changelog acknowledgements before the input offsets are committed.
+  A crash before that commit redelivers the batch, and the join rewrites every state it
+  touches (a redelivered event rewrites its state too), so the changelog catches up.
+* Each store remembers ``changelog_next``: the changelog offset after the last record it
+  reflects (set only from acknowledged writes, so it never runs ahead of the store).
+* On assignment a partition is restored by reading its changelog from ``changelog_next``
+  to the end. A store that is ahead of the changelog (the topic was recreated) or that has
+  data but no position is wiped and rebuilt from the beginning.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+log = logging.getLogger(__name__)
+
+_POSITION_KEY = b"changelog_next"
+
+
+class At(Protocol):
+    """The message a table access belongs to (the join's ``InMessage``): it names the partition."""
+
+    @property
+    def partition(self) -> int: ...
+
+
+class PartitionStore(Protocol):
+    """The state of one partition, with its changelog position."""
+
+    changelog_next: int
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def put(self, key: bytes, value: bytes) -> None: ...
+    def delete(self, key: bytes) -> None: ...
+    def write(self, changes: dict[bytes, bytes | None]) -> None: ...
+    def items(self) -> Iterator[tuple[bytes, bytes]]: ...
+    def count(self) -> int: ...
+    def set_changelog_next(self, offset: int) -> None: ...
+    def clear(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class MemoryPartition:
+    """A dict: nothing survives the process, so every assignment restores from offset 0."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.changelog_next = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.data.pop(key, None)
+
+    def write(self, changes: dict[bytes, bytes | None]) -> None:
+        for key, value in changes.items():
+            if value is None:
+                self.data.pop(key, None)
+            else:
+                self.data[key] = value
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from list(self.data.items())
+
+    def count(self) -> int:
+        return len(self.data)
+
+    def set_changelog_next(self, offset: int) -> None:
+        self.changelog_next = offset
+
+    def clear(self) -> None:
+        self.data.clear()
+        self.changelog_next = 0
+
+    def close(self) -> None:
+        self.data.clear()
+
+
+class StoreLockedError(Exception):
+    """Another process has the partition's RocksDB open (a sibling join process that has
+    not yet let go of a partition the group moved to us)."""
+
+
+class RocksPartition:
+    """RocksDB (rocksdict) in ``path``; the changelog position lives in a column family."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._open()
+
+    def _open(self) -> None:
+        from rocksdict import Options, Rdict, WriteOptions
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        # No write-ahead log: the changelog topic is the durable copy (as in Kafka Streams).
+        # A crash loses the writes not yet flushed, data and position alike, because the
+        # column families flush together (atomic flush); restore replays the rest.
+        options.set_atomic_flush(True)
+        try:
+            self.db = Rdict(
+                str(self.path), options, column_families={"meta": Options(raw_mode=True)}
+            )
+        except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's message
+            if str(self.path / "LOCK") in str(exc):  # its lock file is taken
+                raise StoreLockedError(f"{self.path} is open in another process") from exc
+            raise
+        unlogged = WriteOptions()
+        unlogged.disable_wal = True  # type: ignore[method-assign,assignment] # a property
+        self.db.set_write_options(unlogged)
+        self.meta = self.db.get_column_family("meta")
+        stored = self.meta.get(_POSITION_KEY)
+        self.changelog_next = 0 if stored is None else int(stored)
+
+    def _estimate(self) -> int:
+        value = self.db.property_int_value("rocksdb.estimate-num-keys")
+        return int(value or 0)
+
+    def get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self.db.get(key)
+        return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.db.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        self.db.delete(key)
+
+    def write(self, changes: dict[bytes, bytes | None]) -> None:
+        """Apply a batch's writes in one atomic RocksDB write."""
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self.db.write(batch)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.db.items()
+
+    def count(self) -> int:
+        return self._estimate()  # RocksDB's estimate: exact counts need a full scan
+
+    def set_changelog_next(self, offset: int) -> None:
+        self.meta.put(_POSITION_KEY, str(offset).encode())
+        self.changelog_next = offset
+
+    def clear(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._open()
+
+    def close(self) -> None:
+        self.meta.close()  # the column family's handle holds the database (and its lock) too
+        self.db.close()
+
+
+class ChangelogTable:
+    """The join's table (a :class:`~rl_export.stream.processor.StateTable`) over owned partitions.
+
+    A batch's writes are held (and read back) here until :meth:`take_changes`, called once
+    per batch, writes them to each partition's store in one atomic write and hands them to
+    the producer for the changelog (the last value per key wins).
+    """
+
+    def __init__(self, state_store: str, data_dir: Path) -> None:
+        self.state_store = state_store
+        self.data_dir = data_dir
+        self.stores: dict[int, PartitionStore] = {}
+        self._changes: dict[int, dict[bytes, bytes | None]] = {}
+
+    def open(self, partition: int) -> PartitionStore:
+        store = self.stores.get(partition)
+        if store is None:
+            if self.state_store == "memory://":
+                store = MemoryPartition()
+            else:
+                store = RocksPartition(self.data_dir / f"partition-{partition}")
+            self.stores[partition] = store
+        return store
+
+    def close(self, partition: int) -> None:
+        store = self.stores.pop(partition, None)
+        self._changes.pop(partition, None)
+        if store is not None:
+            store.close()
+
+    def close_all(self) -> None:
+        for partition in list(self.stores):
+            self.close(partition)
+
+    def get(self, key: bytes, at: At) -> bytes | None:
+        changes = self._changes.get(at.partition)
+        if changes is not None and key in changes:
+            return changes[key]
+        return self.stores[at.partition].get(key)
+
+    def put(self, key: bytes, value: bytes, at: At) -> None:
+        self._changes.setdefault(at.partition, {})[key] = value
+
+    def delete(self, key: bytes, at: At) -> None:
+        self._changes.setdefault(at.partition, {})[key] = None
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]:
+        for store in list(self.stores.values()):
+            yield from store.items()
+
+    def __len__(self) -> int:
+        return sum(store.count() for store in self.stores.values())
+
+    def take_changes(self) -> dict[int, dict[bytes, bytes | None]]:
+        """Write the held changes to the stores; return them, per partition, for the changelog."""
+        changes, self._changes = self._changes, {}
+        for partition, writes in changes.items():
+            self.stores[partition].write(writes)
+        return changes
+
+
+async def restore(
+    bootstrap: str, topic: str, stores: dict[int, PartitionStore], batch: int = 5000
+) -> int:
+    """Bring each store up to the end of its changelog partition; return records applied."""
+    if not stores:
+        return 0
+    started = time.monotonic()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    await consumer.start()
+    applied = 0
+    try:
+        tps = {TopicPartition(topic, p): store for p, store in stores.items()}
+        consumer.assign(list(tps))
+        ends = await consumer.end_offsets(list(tps))
+        begins = await consumer.beginning_offsets(list(tps))
+        todo: dict[TopicPartition, int] = {}
+        for tp, store in tps.items():
+            end, begin = ends[tp], begins[tp]
+            has_data = store.count() > 0 or next(iter(store.items()), None) is not None
+            if store.changelog_next > end or (store.changelog_next == 0 and has_data):
+                log.warning(
+                    "%s: local state does not match the changelog (at %d, changelog ends at "
+                    "%d); rebuilding it", tp, store.changelog_next, end,
+                )  # fmt: skip
+                store.clear()
+            start = max(store.changelog_next, begin)
+            if start < end:
+                consumer.seek(tp, start)
+                todo[tp] = end
+            else:
+                store.set_changelog_next(end)
+        while todo:
+            fetched = await consumer.getmany(*todo, timeout_ms=1000, max_records=batch)
+            for tp, records in fetched.items():
+                store = tps[tp]
+                for record in records:
+                    if record.offset >= todo.get(tp, 0):
+                        break
+                    if record.key is None:
+                        continue
+                    if record.value is None:
+                        store.delete(record.key)
+                    else:
+                        store.put(record.key, record.value)
+                    applied += 1
+                position = await consumer.position(tp)
+                store.set_changelog_next(min(position, todo[tp]))
+                if position >= todo[tp]:
+                    del todo[tp]
+    finally:
+        await consumer.stop()
+    log.info(
+        "restored partitions %s from %s: %d records in %.1fs",
+        sorted(stores), topic, applied, time.monotonic() - started,
+    )  # fmt: skip
+    return applied

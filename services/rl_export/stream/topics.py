@@ -1,0 +1,154 @@
+"""Create the service's topics and check that they are co-partitioned.
+
+The join relies on one trace's events meeting in one partition: the input topics, the
+``trajectories`` topic and the table's changelog must all have the same partition count and
+use Kafka's default (murmur2) partitioner. A worker refuses to start otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError, RlExportError
+from rl_export.common.settings import Settings, env_name
+
+CONNECT_TIMEOUT_S = 10.0
+# Topic-level limit above the event size limit, so the broker never refuses an event the
+# worker would accept (and the dead-letter copy of an oversized one still fits).
+_MESSAGE_BYTES_HEADROOM = 2
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic we create, with its partition count and topic-level configuration."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str]
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """Return the specs of every topic the service needs."""
+    max_bytes = str(settings.max_event_bytes * _MESSAGE_BYTES_HEADROOM + 64 * 1024)
+    compacted = {"cleanup.policy": "compact"}
+    return [
+        TopicSpec(
+            name,
+            settings.partitions,
+            {"max.message.bytes": max_bytes}
+            | (compacted if name == settings.topic_changelog else {}),
+        )
+        for name in settings.all_topics
+    ]
+
+
+@contextlib.contextmanager
+def _quiet_aiokafka() -> Iterator[None]:
+    """Silence aiokafka's own connection-error logs: we report the failure ourselves."""
+    log = logging.getLogger("aiokafka")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
+    )
+    try:
+        with _quiet_aiokafka():
+            await asyncio.wait_for(admin.start(), timeout_s)
+    except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        why = f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
+        raise BrokerUnavailableError(
+            f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
+        ) from None
+    return admin
+
+
+async def partition_counts(
+    bootstrap: str, topics: Sequence[str], timeout_s: float = CONNECT_TIMEOUT_S
+) -> dict[str, int]:
+    """Return the partition count of each named topic that exists."""
+    admin = await _admin(bootstrap, timeout_s)
+    try:
+        return await _counts(admin, topics)
+    finally:
+        await admin.close()
+
+
+async def _counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:
+    existing = set(await admin.list_topics())
+    wanted = [t for t in topics if t in existing]
+    if not wanted:
+        return {}
+    described = await admin.describe_topics(wanted)
+    return {d["topic"]: len(d["partitions"]) for d in described if not d.get("error_code")}
+
+
+def check_partition_counts(counts: dict[str, int], expected: int) -> None:
+    """Raise PartitionMismatchError when any topic has a partition count other than expected."""
+    wrong = {t: n for t, n in sorted(counts.items()) if n != expected}
+    if wrong:
+        listing = ", ".join(f"{t} has {n}" for t, n in wrong.items())
+        raise PartitionMismatchError(
+            env_name("partitions"),
+            f"expected {expected} partitions on every topic, but {listing}; "
+            "set it to match the existing topics or recreate them",
+        )
+
+
+async def ensure_topics(
+    bootstrap: str,
+    specs: Sequence[TopicSpec],
+    *,
+    replication_factor: int = 1,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> dict[str, int]:
+    """Create missing topics, then check every topic's partition count; return the counts."""
+    admin = await _admin(bootstrap, timeout_s)
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            response = await admin.create_topics(
+                [
+                    NewTopic(s.name, s.partitions, replication_factor, topic_configs=s.configs)
+                    for s in missing
+                ]
+            )
+            for name, code, *rest in response.topic_errors:
+                # Another worker may have created it between our list and create: fine.
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    detail = rest[0] if rest and rest[0] else f"error code {code}"
+                    raise RlExportError(f"could not create topic {name}: {detail}")
+        for _ in range(50):  # creation is asynchronous: wait until metadata shows them all
+            counts = await _counts(admin, [s.name for s in specs])
+            if len(counts) == len(specs):
+                break
+            await asyncio.sleep(0.1)
+        expected = {s.partitions for s in specs}
+        check_partition_counts(counts, expected.pop() if len(expected) == 1 else -1)
+        return counts
+    finally:
+        await admin.close()
+
+
+async def ensure_service_topics(settings: Settings) -> dict[str, int]:
+    """Create and check every topic the service uses, as configured."""
+    return await ensure_topics(
+        settings.kafka_bootstrap,
+        topic_specs(settings),
+        replication_factor=settings.replication_factor,
+    )

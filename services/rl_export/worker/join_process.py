@@ -1,0 +1,74 @@
+"""One join process of a worker: ``python -m rl_export.worker.join_process PARENT_PID PORT``.
+
+Started only by the worker (:class:`rl_export.worker.joins.ChildJoins`), never by hand: the
+join loop, and its ``/readyz`` and ``/metrics`` on a loopback port that only the parent reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+from rl_export.common.net import LOOPBACK
+from rl_export.common.settings import Settings
+from rl_export.worker.joins import InProcessJoin
+from rl_export.worker.pages import serve_pages
+from rl_export.worker.runtime import (
+    configure_logging,
+    die_with,
+    run_stages,
+    stop_on_signals,
+    tune_gc,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def serve_join(settings: Settings, port: int, stop: asyncio.Event) -> None:
+    """The join child's main: the join, and its pages on a loopback port for the parent."""
+    join = InProcessJoin(settings)
+    runner = await serve_pages(LOOPBACK, port, join.is_ready, join.metrics_text)
+    try:
+        await run_stages([asyncio.create_task(join.run(stop), name="join")], stop)
+    finally:
+        await runner.cleanup()
+
+
+def run_join_process(parent_pid: int, port: int) -> int:
+    """A join child of a worker (see :class:`ChildJoins`); return the exit code."""
+    die_with(parent_pid)
+    settings = Settings()
+    configure_logging(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        tune_gc()
+
+        async def watch_parent() -> None:  # where PR_SET_PDEATHSIG does not exist
+            while not stop.is_set():
+                if os.getppid() != parent_pid:
+                    log.error("the worker (pid %d) is gone; the join stops", parent_pid)
+                    stop.set()
+                await asyncio.sleep(1)
+
+        watcher = asyncio.create_task(watch_parent())
+        log.info("join process starting: group %s", settings.app_id)
+        try:
+            await serve_join(settings, port, stop)
+        finally:
+            watcher.cancel()
+        log.info("join process stopped")
+
+    asyncio.run(main())
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or not all(a.isdigit() for a in sys.argv[1:]):
+        sys.exit(
+            "usage: python -m rl_export.worker.join_process PARENT_PID PORT (the worker runs this)"
+        )
+    sys.exit(run_join_process(int(sys.argv[1]), int(sys.argv[2])))

@@ -1,0 +1,176 @@
+"""The worker's join stage: in its own process, or supervised in child processes.
+
+:class:`ChildJoins` runs the join loop (:mod:`rl_export.stream.loop`) in ``join_processes``
+children, each one member of the join's consumer group, dying with the worker; the worker's
+``/metrics`` shows their metrics summed (:func:`sum_metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from typing import Protocol
+
+from aiohttp import ClientError, ClientSession, ClientTimeout
+from prometheus_client import CollectorRegistry, Metric, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from rl_export.common.errors import WorkerError
+from rl_export.common.metrics import Metrics
+from rl_export.common.net import LOOPBACK, free_port
+from rl_export.common.settings import Settings, child_env
+from rl_export.stream.loop import JoinWorker
+
+log = logging.getLogger(__name__)
+
+
+class JoinStage(Protocol):
+    """The join as the worker's pages see it: in this process or in a child process."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+    async def is_ready(self) -> bool: ...
+    async def metrics_text(self) -> bytes: ...
+
+
+class InProcessJoin:
+    """The join in the worker's own process (``join_processes=0``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry()
+        self.worker = JoinWorker(settings, Metrics(self.registry))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.worker.run(stop)
+
+    async def is_ready(self) -> bool:
+        return self.worker.ready.is_set() and not self.worker.to_restore
+
+    async def metrics_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Child:
+    """One join process: its OS process and its private loopback port."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.port = free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+
+
+class ChildJoins:
+    """The join in ``join_processes`` child processes, so it can use more than one core.
+
+    Each child is ``python -m rl_export.join_process PARENT_PID PORT``, one more member of
+    the join's consumer group (the partitions are shared among all the children of all the
+    workers, like Kafka Streams' stream threads). A child takes its settings from the same
+    ``RL_EXPORT_`` environment, writes to the worker's log, serves ``/readyz`` and
+    ``/metrics`` on a loopback port that only this parent reads, and dies with the parent
+    (PR_SET_PDEATHSIG), so a worker killed with SIGKILL leaves no join behind. When a child
+    exits on its own, the worker stops with an error: a worker without its join must not
+    look healthy. The worker's ``/metrics`` shows the children's join metrics summed.
+    """
+
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.children = [_Child(i) for i in range(count)]
+        self.http: ClientSession | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.http = ClientSession(timeout=ClientTimeout(total=5))
+        exits: dict[asyncio.Task[int], _Child] = {}
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            for child in self.children:
+                child.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "rl_export.worker.join_process", str(os.getpid()),
+                    str(child.port), env=child_env(self.settings, os.environ),
+                    stdin=asyncio.subprocess.DEVNULL,
+                )  # fmt: skip
+                exits[asyncio.create_task(child.proc.wait())] = child
+                log.info("join process %d started (pid %d)", child.index, child.proc.pid)
+            done, _ = await asyncio.wait([*exits, stopping], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task in exits:
+                    raise WorkerError(
+                        f"join process {exits[task].index} exited with code {task.result()}"
+                    )
+        finally:
+            stopping.cancel()
+            await self._stop(list(exits))
+            await self.http.close()
+
+    async def _stop(self, exits: list[asyncio.Task[int]]) -> None:
+        """SIGTERM: each child finishes its batch and commits, like a worker; then SIGKILL."""
+        running = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
+        for proc in running:
+            proc.terminate()
+        if exits:
+            _, late = await asyncio.wait(exits, timeout=30)
+            if late:
+                log.error("%d join process(es) did not stop within 30s; killing", len(late))
+        for proc in running:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+    async def _get(self, child: _Child, path: str) -> tuple[int, bytes] | None:
+        if self.http is None or child.proc is None or child.proc.returncode is not None:
+            return None
+        try:
+            async with self.http.get(f"http://{LOOPBACK}:{child.port}{path}") as response:
+                return response.status, await response.read()
+        except (ClientError, OSError, TimeoutError):
+            return None  # not listening yet, or going away
+
+    async def is_ready(self) -> bool:
+        answers = await asyncio.gather(*(self._get(c, "/readyz") for c in self.children))
+        return all(a is not None and a[0] == 200 for a in answers)
+
+    async def metrics_text(self) -> bytes:
+        answers = await asyncio.gather(*(self._get(c, "/metrics") for c in self.children))
+        return sum_metrics([a[1].decode() for a in answers if a is not None and a[0] == 200])
+
+
+def sum_metrics(texts: list[str]) -> bytes:
+    """Prometheus texts of processes with the same metrics, as one text of their sums.
+
+    Counters, histogram buckets, sums and counts, and gauges (table keys) all add up across
+    the join processes, which own disjoint partitions. The ``_created`` timestamps do not
+    add up, and are left out.
+    """
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.name.endswith("_created"):
+                continue
+            if family.name not in families:
+                families[family.name] = Metric(family.name, family.documentation, family.type)
+                values[family.name] = {}
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                values[family.name][key] = values[family.name].get(key, 0.0) + sample.value
+    registry = CollectorRegistry()
+    registry.register(_Families(families, values))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(
+        self,
+        families: dict[str, Metric],
+        values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]],
+    ) -> None:
+        self.families = families
+        self.values = values
+
+    def collect(self) -> Iterable[Metric]:
+        for name, family in self.families.items():
+            for (sample, labels), value in self.values[name].items():
+                family.add_sample(sample, dict(labels), value)
+            yield family

@@ -1,0 +1,120 @@
+"""The worker process: the join processes, the sink, compaction and the health pages.
+
+``rl-export worker`` runs :func:`run_worker`: it checks the topics, then runs the join (in
+``join_processes`` child processes, :mod:`rl_export.worker.joins`), the sink
+(:mod:`rl_export.corpora.sink`) and a compaction timer side by side, and serves
+``/healthz``, ``/readyz`` and ``/metrics`` (:mod:`rl_export.worker.pages`) until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rl_export.common.errors import StoreError
+from rl_export.common.metrics import SinkMetrics
+from rl_export.common.settings import Settings
+from rl_export.corpora.compaction import compact, expire
+from rl_export.corpora.sink import Sink, SinkConfig
+from rl_export.corpora.store import open_store
+from rl_export.stream.topics import ensure_service_topics
+from rl_export.worker.joins import ChildJoins, InProcessJoin, JoinStage
+from rl_export.worker.pages import serve_pages
+from rl_export.worker.runtime import configure_logging, run_stages, stop_on_signals, tune_gc
+
+log = logging.getLogger(__name__)
+
+
+def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
+    return Sink(
+        bootstrap=settings.kafka_bootstrap,
+        topic=settings.topic_trajectories,
+        group=settings.sink_group,
+        store=open_store(settings.store_url),
+        metrics=SinkMetrics(registry),
+        config=SinkConfig(
+            max_records=settings.shard_max_records,
+            max_bytes=settings.shard_max_bytes,
+            max_age_s=settings.shard_max_age_s,
+            compression=settings.shard_compression,
+            partitions=settings.partitions,
+            crash_at=settings.crash_at,
+        ),
+        specs=settings.corpora,
+        session_timeout_s=settings.session_timeout_s,
+    )
+
+
+async def compact_corpora(sink: Sink, settings: Settings) -> None:
+    """Compact what this worker writes; other workers may race, create-only decides."""
+    for ref in sink.corpora_written():
+        try:
+            made = await compact(
+                sink.store, ref, writer=sink.writer, compression=settings.shard_compression
+            )
+            await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
+        except StoreError as exc:
+            log.error("compaction of %s failed, will retry: %s", ref.root, exc)
+            continue
+        if made is not None:
+            sink.metrics.compactions.inc()
+            log.info("%s: generation %d, %d records", ref.root, made.generation, made.records)
+
+
+async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
+    """Run the join, the sink, compaction and the web pages until ``stop`` is set."""
+    registry = CollectorRegistry()
+    sink = build_sink(settings, registry)
+    join: JoinStage = (
+        ChildJoins(settings, settings.join_processes) if settings.join_processes else (
+            InProcessJoin(settings))
+    )  # fmt: skip
+
+    async def ready() -> bool:
+        return sink.assigned.is_set() and await join.is_ready()
+
+    async def metrics_text() -> bytes:
+        return generate_latest(registry) + await join.metrics_text()
+
+    runner = await serve_pages(settings.web_host, settings.worker_web_port, ready, metrics_text)
+
+    async def compaction_timer() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.compaction_interval_s)
+            if not stop.is_set():
+                await compact_corpora(sink, settings)
+
+    tasks = [
+        asyncio.create_task(join.run(stop), name="join"),
+        asyncio.create_task(sink.run(stop), name="sink"),
+        asyncio.create_task(compaction_timer(), name="compaction"),
+    ]
+    try:
+        await run_stages(tasks, stop)
+    finally:
+        await runner.cleanup()
+        await sink.store.close()
+
+
+def run_worker(settings: Settings) -> int:
+    """Check the topics, then run the worker until SIGTERM/SIGINT; return the exit code."""
+    configure_logging(settings)
+
+    async def main() -> None:
+        await ensure_service_topics(settings)  # refuses when a partition count differs
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        tune_gc()
+        log.info("worker starting: join group %s in %d processes (0: in this one), sink group "
+                 "%s, store %s", settings.app_id, settings.join_processes, settings.sink_group,
+                 settings.store_url)  # fmt: skip
+        await serve_worker(settings, stop)
+        log.info("worker stopped")
+
+    asyncio.run(main())  # a WorkerError is reported by the command line, in one line
+    return 0

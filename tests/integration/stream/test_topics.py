@@ -1,0 +1,91 @@
+"""Produce to and consume from the real local Kafka broker; topic creation and checks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from rl_export.common.codec import dumps_lines
+from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError
+from rl_export.common.net import free_port
+from rl_export.common.settings import Settings
+from rl_export.local.synthetic import generate
+from rl_export.stream.produce import produce_lines, read_lines
+from rl_export.stream.topics import (
+    TopicSpec,
+    ensure_service_topics,
+    ensure_topics,
+    partition_counts,
+)
+
+
+async def consume_all(settings: Settings, topics: list[str], expected: int) -> list[object]:
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=f"{settings.app_id}-reader",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list[object] = []
+    try:
+        for _ in range(60):
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp_records in batch.values():
+                records.extend(tp_records)
+            if len(records) >= expected:
+                break
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def test_topics_are_created_with_the_configured_partitions(settings: Settings) -> None:
+    counts = await ensure_service_topics(settings)
+    assert counts == dict.fromkeys(settings.all_topics, 4)
+    # Idempotent: a second worker starting finds them and agrees.
+    assert await ensure_service_topics(settings) == counts
+
+
+async def test_differing_partition_counts_are_refused(settings: Settings) -> None:
+    await ensure_topics(settings.kafka_bootstrap, [TopicSpec(settings.topic_labels, 2, {})])
+    with pytest.raises(PartitionMismatchError) as info:
+        await ensure_service_topics(settings)
+    message = str(info.value)
+    assert message.startswith("RL_EXPORT_PARTITIONS:")
+    assert f"{settings.topic_labels} has 2" in message
+
+
+async def test_produced_events_round_trip_and_meet_in_one_partition(
+    settings: Settings, tmp_path: Path
+) -> None:
+    events = generate(30, seed=11, duplicate_rate=0)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(dumps_lines(events) + b"not json\n")
+    report = await produce_lines(settings, read_lines([path]))
+    assert report.published == len(events)
+    assert len(report.skipped) == 1
+    assert report.skipped[0].startswith(f"{path}:{len(events) + 1}: not valid JSON")
+
+    records = await consume_all(settings, list(settings.input_topics), len(events))
+    assert len(records) == len(events)
+    partitions: dict[str, set[int]] = defaultdict(set)
+    seen = []
+    for record in records:
+        value = orjson.loads(record.value)  # type: ignore[attr-defined]
+        assert record.key == value["trace_id"].encode()  # type: ignore[attr-defined]
+        partitions[value["trace_id"]].add(record.partition)  # type: ignore[attr-defined]
+        seen.append(value)
+    # Same key, same partition count, default partitioner: a trace's events share a partition.
+    assert all(len(p) == 1 for p in partitions.values())
+    assert sorted(seen, key=lambda e: e["event_id"]) == sorted(events, key=lambda e: e["event_id"])
+
+
+async def test_an_unreachable_broker_is_reported_by_setting() -> None:
+    with pytest.raises(BrokerUnavailableError, match=r"RL_EXPORT_KAFKA_BOOTSTRAP=127\.0\.0\.1:"):
+        await partition_counts(f"127.0.0.1:{free_port()}", ["x"], timeout_s=3)

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from rl_export.common.errors import ConfigError
+from rl_export.common.settings import Settings, load_settings
+from rl_export.common.storeurl import parse_store_url
+
+
+def test_defaults_follow_the_design() -> None:
+    s = Settings()
+    assert s.input_topics == ("traces.completed", "evaluations.finished", "labels.submitted")
+    assert s.partitions == 8
+    assert s.human_pass_threshold == 0.7
+    assert s.max_event_bytes == 1024 * 1024
+    assert s.shard_max_age_s == 10.0
+    assert s.orphan_retention_s == 7 * 24 * 3600
+
+
+def test_environment_uses_the_rl_export_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RL_EXPORT_PARTITIONS", "3")
+    monkeypatch.setenv("RL_EXPORT_SHARD_MAX_RECORDS", "50")
+    monkeypatch.setenv("RL_EXPORT_KAFKA_BOOTSTRAP", "a:1, b:2")
+    s = load_settings()
+    assert (s.partitions, s.shard_max_records, s.kafka_bootstrap) == (3, 50, "a:1,b:2")
+
+
+def test_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RL_EXPORT_KAFKA_BOOTSTRAP", "env:1")
+    assert load_settings(kafka_bootstrap="flag:2").kafka_bootstrap == "flag:2"
+    assert load_settings(kafka_bootstrap=None).kafka_bootstrap == "env:1"
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(ValidationError):
+        Settings().partitions = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "named", "says"),
+    [
+        ("RL_EXPORT_STORE_URL", "http://example.com/x", "RL_EXPORT_STORE_URL", "scheme"),
+        ("RL_EXPORT_STORE_URL", "s3://", "RL_EXPORT_STORE_URL", "bucket"),
+        ("RL_EXPORT_STORE_URL", "file://relative/path", "RL_EXPORT_STORE_URL", "file:///"),
+        ("RL_EXPORT_KAFKA_BOOTSTRAP", "localhost", "RL_EXPORT_KAFKA_BOOTSTRAP", "host:port"),
+        ("RL_EXPORT_PARTITIONS", "zero", "RL_EXPORT_PARTITIONS", "integer"),
+        ("RL_EXPORT_HUMAN_PASS_THRESHOLD", "1.5", "RL_EXPORT_HUMAN_PASS_THRESHOLD", "1"),
+    ],
+)
+def test_bad_settings_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, named: str, says: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.setting == named
+    assert says in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "where"),
+    [
+        ("file:///data/store", "file", "/data/store"),
+        ("s3://bucket-1/a/b/", "s3", "bucket-1:a/b"),
+        ("s3://bucket-1", "s3", "bucket-1:"),
+    ],
+)
+def test_store_urls(url: str, kind: str, where: str) -> None:
+    loc = parse_store_url(url)
+    assert loc.kind == kind
+    got = str(loc.path) if kind == "file" else f"{loc.bucket}:{loc.prefix}"
+    assert got == where
+
+
+def test_plain_paths_are_local_and_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    loc = parse_store_url("var/store")
+    assert loc.kind == "file"
+    assert loc.path == tmp_path / "var" / "store"
+
+
+def test_corpora_come_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "RL_EXPORT_CORPORA",
+        '[{"name": "passed-human", "source": "human", "filter": {"passed": true}}]',
+    )
+    (spec,) = load_settings().corpora
+    assert (spec.name, spec.source, spec.filter) == ("passed-human", "human", {"passed": True})
+
+
+@pytest.mark.parametrize("value", ["not json", '[{"name": "../x", "source": null}]'])
+def test_bad_corpora_name_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("RL_EXPORT_CORPORA", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.setting == "RL_EXPORT_CORPORA"
+
+
+def test_child_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rl_export.common.settings import child_env
+
+    original = Settings(partitions=3, corpora=({"name": "x", "source": "human"},))  # type: ignore[arg-type]
+    env = child_env(original, {"PATH": "/bin", "RL_EXPORT_PARTITIONS": "99"}, EXTRA="1")
+    assert env["PATH"] == "/bin"
+    assert env["EXTRA"] == "1"
+    for key in [k for k in os.environ if k.startswith("RL_EXPORT_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert load_settings() == original

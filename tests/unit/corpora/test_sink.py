@@ -1,0 +1,881 @@
+"""The sink's exactly-once chains (DESIGN.md section 5), without a broker.
+
+A :class:`PartitionSink` is fed join snapshots (built by merging real events) at Kafka
+offsets and flushed into a :class:`MemoryStore`; the chains it leaves are read back with the
+corpus helpers and checked with ``shards.verify``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rl_export.common.codec import RawJson, dumps, dumps_line, iter_lines, loads
+from rl_export.common.errors import StoreError
+from rl_export.common.events import EventRejection, decode_event
+from rl_export.common.metrics import SinkMetrics
+from rl_export.common.records import (
+    CorpusSource,
+    SnapshotLines,
+    decode_snapshot,
+    encode_snapshot,
+    render,
+    tombstone,
+)
+from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.corpora.layout import (
+    SCHEMA_VERSION,
+    Commit,
+    CorpusRef,
+    chain_keys,
+    encode_lines,
+    encode_shard,
+    follow_chain,
+    read_shard,
+)
+from rl_export.corpora.shards import verify
+from rl_export.corpora.sink import PartitionSink, SinkConfig
+from rl_export.corpora.store import MemoryStore
+from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
+from tests.factories import event, raw
+
+TOPIC = "trajectories"
+PARTITION = 3
+STREAM = f"{TOPIC}-{PARTITION}"
+ORG, PROJECT = "acme", "bot"
+HUMAN = CorpusRef(ORG, PROJECT, "human")
+EVALUATOR = CorpusRef(ORG, PROJECT, "evaluator")
+TRACES = CorpusRef(ORG, PROJECT, "traces")
+WRITER = "writer-1"
+JOIN = JoinConfig()
+NOW_DT = datetime(2026, 6, 1, tzinfo=UTC)
+
+REPEATS = "rl_export_sink_repeats_dropped_total"
+CONFLICTS = "rl_export_sink_conflicts_total"
+
+
+# --- builders -------------------------------------------------------------------------------
+
+
+class Trace:
+    """One trace's join state: every method merges one event and returns the new snapshot."""
+
+    def __init__(self, trace_id: str, minute: int = 0) -> None:
+        self.trace_id = trace_id
+        self.minute = minute
+        self.state: TraceState | None = None
+        self.count = 0
+
+    def _merge(self, event_type: str, **fields: Any) -> dict[str, Any]:
+        self.count += 1
+        at = f"2026-01-01T00:{self.minute:02d}:{self.count:02d}Z"
+        value = raw(
+            event(event_type, f"{self.trace_id}-{self.count}", at, trace_id=self.trace_id, **fields)
+        )
+        decoded = decode_event(value, max_bytes=1 << 20, now=NOW_DT, future_tolerance_s=86400.0)
+        assert not isinstance(decoded, EventRejection), decoded
+        result = merge(self.state, decoded, RawEvent(value), now=NOW_DT.timestamp(), config=JOIN)
+        self.state = result.state
+        snapshot = current_snapshot(result.state, JOIN)
+        assert snapshot is not None
+        return snapshot
+
+    def completed(self, **fields: Any) -> dict[str, Any]:
+        return self._merge("trace.completed", **fields)
+
+    def evaluated(self, passed: bool = True, score: float | None = None) -> dict[str, Any]:
+        score = (0.9 if passed else 0.2) if score is None else score
+        results = [{"evaluator": "judge", "score": score, "passed": passed, "reasoning": "r"}]
+        return self._merge("evaluation.finished", results=results)
+
+    def labelled(self, labeler: str = "ana") -> dict[str, Any]:
+        return self._merge("label.submitted", labeler=labeler)
+
+    def retracted(self, labeler: str = "ana") -> dict[str, Any]:
+        return self._merge("label.retracted", labeler=labeler)
+
+    def skipped(self, labeler: str = "bob") -> dict[str, Any]:
+        return self._merge("label.skipped", labeler=labeler)
+
+    def deleted(self) -> dict[str, Any]:
+        return self._merge("trace.deleted")
+
+
+class RecordingStore(MemoryStore):
+    """A MemoryStore that remembers every write, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.calls.append(("put", key))
+        await super().put(key, data)
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        self.calls.append(("put_if_absent", key))
+        await super().put_if_absent(key, data)
+
+
+def make_sink(
+    store: MemoryStore,
+    *,
+    specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
+    writer: str = WRITER,
+    **config: Any,
+) -> tuple[PartitionSink, CollectorRegistry]:
+    registry = CollectorRegistry()
+    sink = PartitionSink(
+        store=store,
+        topic=TOPIC,
+        partition=PARTITION,
+        specs=specs,
+        config=SinkConfig(**config),
+        metrics=SinkMetrics(registry),
+        writer=writer,
+    )
+    return sink, registry
+
+
+def rendered(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
+    """The record a corpus of ``source`` holds for a ready snapshot."""
+    record = render(snapshot, source)
+    assert record is not None
+    return loads(dumps(record))  # as a reader parses it (messages are RawJson in the sink)
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def feed(
+    sink: PartitionSink, items: Sequence[tuple[int, dict[str, Any]]], event_ms: int | None = None
+) -> None:
+    for offset, snapshot in items:
+        await sink.handle(offset, encode_snapshot(snapshot), event_ms)
+
+
+async def chain(store: MemoryStore, ref: CorpusRef) -> list[tuple[Commit, list[dict[str, Any]]]]:
+    """Every commit of the corpus's chain with its (checksum-verified) records."""
+    commits = await follow_chain(store, ref, STREAM, 0)
+    keys = await chain_keys(store, ref, STREAM)
+    assert [c.from_offset for c in commits] == [offset for offset, _ in keys], "off-chain commit"
+    return [(c, await read_shard(store, ref, c)) for c in commits]
+
+
+def ids(rows: list[dict[str, Any]]) -> list[tuple[str, int, bool]]:
+    return [(r["trace_id"], r["revision"], bool(r.get("deleted"))) for r in rows]
+
+
+def spans(links: list[tuple[Commit, list[dict[str, Any]]]]) -> list[tuple[int, int]]:
+    return [(c.from_offset, c.last_offset) for c, _ in links]
+
+
+async def verified(store: MemoryStore) -> None:
+    report = await verify(store)
+    assert report.ok, report.problems
+
+
+def pending_since(sink: PartitionSink) -> float:
+    assert sink.first_pending_at is not None
+    return sink.first_pending_at
+
+
+def keys_under(store: MemoryStore, ref: CorpusRef) -> list[str]:
+    return [k for k in store.objects if k.startswith(ref.root + "/")]
+
+
+# --- commits --------------------------------------------------------------------------------
+
+
+async def test_a_flush_writes_the_data_object_then_a_create_only_commit() -> None:
+    store = RecordingStore()
+    sink, registry = make_sink(store)
+    a, b = Trace("tr-a", minute=1), Trace("tr-b", minute=2)
+    snap_a, snap_b = a.completed(), b.completed()
+    event_ms = int(time.time() * 1000)
+    await feed(sink, [(0, snap_a), (1, snap_b)], event_ms)
+    await feed(sink, [(2, snap_b)])  # a repeat: read, but writes nothing
+    assert await sink.flush() == 3
+
+    manifest = TRACES.manifest_key(STREAM, 0)
+    commit = Commit.model_validate(loads(store.objects[manifest]))
+    data_key = TRACES.key(commit.shard)
+    assert store.calls == [("put", data_key), ("put_if_absent", manifest)]
+    stored = store.objects[data_key]
+    assert commit.topic == TOPIC
+    assert commit.partition == PARTITION
+    assert commit.from_offset == 0
+    assert commit.last_offset == 2  # the last offset read, not the last one written
+    assert commit.shard == f"data/{STREAM}/{0:020d}-{commit.sha256[:16]}.jsonl"
+    assert data_key == TRACES.data_key(STREAM, 0, commit.sha256, "none")
+    assert commit.records == 2
+    assert commit.bytes == len(stored)
+    assert commit.sha256 == hashlib.sha256(stored).hexdigest()
+    assert commit.compression == "none"
+    assert commit.min_updated_at == snap_a["updated_at"] < snap_b["updated_at"]
+    assert commit.max_updated_at == snap_b["updated_at"]
+    assert commit.schema_version == SCHEMA_VERSION
+    assert commit.writer == WRITER
+    assert datetime.fromisoformat(commit.created_at).tzinfo is not None
+    assert list(iter_lines(stored)) == [rendered(snap_a, None), rendered(snap_b, None)]
+    assert keys_under(store, HUMAN) == keys_under(store, EVALUATOR) == []
+    assert sample(registry, "rl_export_sink_commits_total", corpus="traces") == 1
+    assert sample(registry, "rl_export_sink_records_total", corpus="traces") == 2
+    assert sample(registry, "rl_export_sink_bytes_total", corpus="traces") == len(stored)
+    assert sample(registry, "rl_export_sink_freshness_seconds_count") == 2
+    assert sample(registry, REPEATS) == 1
+
+    snap_a2 = a.evaluated()
+    await feed(sink, [(3, snap_a2), (4, b.skipped())])
+    assert await sink.flush() == 5
+    traces = await chain(store, TRACES)
+    assert spans(traces) == [(0, 2), (3, 4)]  # next from_offset = previous last_offset + 1
+    assert ids(traces[1][1]) == [("tr-a", 2, False), ("tr-b", 2, False)]
+    evaluator = await chain(store, EVALUATOR)
+    assert spans(evaluator) == [(0, 4)]  # a new chain starts at 0
+    assert evaluator[0][1] == [rendered(snap_a2, "evaluator")]
+    # Every commit was created create-only, right after the data object it names.
+    for n, (op, key) in enumerate(store.calls):
+        if op == "put_if_absent":
+            root = key.split("/_manifest/")[0]
+            shard = loads(store.objects[key])["shard"]
+            assert store.calls[n - 1] == ("put", f"{root}/{shard}")
+    assert [op for op, _ in store.calls].count("put_if_absent") == 3
+    await verified(store)
+
+
+# --- what each corpus holds -----------------------------------------------------------------
+
+
+async def test_records_go_to_the_corpora_they_are_ready_for() -> None:
+    store = MemoryStore()
+    sink, _ = make_sink(store)
+    t = Trace("tr-1")
+    s1, s2 = t.completed(), t.evaluated()
+    await feed(sink, [(0, s1), (1, s2)])
+    await sink.flush()
+    assert keys_under(store, HUMAN) == []
+    evaluator = await chain(store, EVALUATOR)
+    assert [rows for _, rows in evaluator] == [[rendered(s2, "evaluator")]]
+    assert evaluator[0][1][0]["reward_source"] == "evaluator"
+    assert evaluator[0][1][0]["reward"] == 0.9
+    traces = await chain(store, TRACES)
+    assert [rows for _, rows in traces] == [[rendered(s1, None), rendered(s2, None)]]
+
+    s3 = t.labelled()
+    await feed(sink, [(2, s3)])
+    await sink.flush()
+    human = await chain(store, HUMAN)
+    assert spans(human) == [(0, 2)]
+    (record,) = human[0][1]
+    assert record == rendered(s3, "human")
+    assert (record["reward_source"], record["revision"], record["labels_count"]) == ("human", 3, 1)
+    assert record["reward"] == (4 + 3 + 5 + 4) / 20
+    assert ids((await chain(store, EVALUATOR))[1][1]) == [("tr-1", 3, False)]
+    assert ids((await chain(store, TRACES))[1][1]) == [("tr-1", 3, False)]
+    await verified(store)
+
+
+async def test_a_trace_that_stops_being_ready_gets_a_tombstone_once() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store)
+    t = Trace("tr-1")
+    await feed(sink, [(0, t.completed()), (1, t.labelled())])
+    await sink.flush()
+    assert ids((await chain(store, HUMAN))[0][1]) == [("tr-1", 2, False)]
+
+    gone = t.retracted()  # its only label: no longer ready for human
+    await feed(sink, [(2, gone)])
+    await sink.flush()
+    human = await chain(store, HUMAN)
+    assert spans(human) == [(0, 1), (2, 2)]
+    assert human[1][1] == [tombstone(gone, "human")]
+    assert human[1][1][0]["deleted"] is True
+    traces = await chain(store, TRACES)
+    assert traces[-1][1] == [rendered(gone, None)]  # traces keeps every snapshot
+    assert keys_under(store, EVALUATOR) == []
+
+    # Still not ready: the tombstone already hides it, nothing more is written.
+    await feed(sink, [(3, t.skipped())])
+    assert [w.spec.name for w in sink.writers.values() if w.pending] == ["traces"]
+    await sink.flush()
+    assert len(await chain(store, HUMAN)) == 2
+
+    back = t.labelled("carl")  # ready again: the record comes back
+    await feed(sink, [(4, back)])
+    await sink.flush()
+    human = await chain(store, HUMAN)
+    assert spans(human) == [(0, 1), (2, 2), (3, 4)]
+    assert human[2][1] == [rendered(back, "human")]
+    assert sample(registry, REPEATS) == 0
+    await verified(store)
+
+
+async def test_a_deleted_trace_gets_tombstones_only_where_it_was_held() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store)
+    one, two = Trace("tr-1", minute=1), Trace("tr-2", minute=2)
+    await feed(sink, [(0, one.completed()), (1, one.evaluated()), (2, two.completed())])
+    await sink.flush()
+
+    gone_one, gone_two = one.deleted(), two.deleted()
+    assert gone_one["deleted"] is True
+    assert gone_one["revision"] == 3
+    await feed(sink, [(3, gone_one), (4, gone_two)])
+    await sink.flush()
+    assert keys_under(store, HUMAN) == []  # never held either trace
+    evaluator = await chain(store, EVALUATOR)
+    assert spans(evaluator) == [(0, 2), (3, 4)]
+    assert evaluator[1][1] == [tombstone(gone_one, "evaluator")]
+    traces = await chain(store, TRACES)
+    assert traces[1][1] == [tombstone(gone_one, None), tombstone(gone_two, None)]
+
+    # The same tombstone again is a repeat in each corpus that holds it.
+    await feed(sink, [(5, gone_one)])
+    assert sink.pending_records == 0
+    assert sample(registry, REPEATS) == 2
+    await verified(store)
+
+
+async def test_a_filtered_corpus_writes_a_tombstone_when_a_held_trace_stops_matching() -> None:
+    store = MemoryStore()
+    passing = CorpusSpec(name="passing", source="evaluator", filter={"passed": True})
+    ref = CorpusRef(ORG, PROJECT, "passing")
+    sink, _ = make_sink(store, specs=[passing])
+    one, two = Trace("tr-1", minute=1), Trace("tr-2", minute=2)
+    await feed(sink, [(0, one.completed()), (1, two.completed())])
+    good = one.evaluated()
+    await feed(sink, [(2, good), (3, two.evaluated(passed=False))])
+    await sink.flush()
+    assert [rows for _, rows in await chain(store, ref)] == [[rendered(good, "evaluator")]]
+
+    failed = one.evaluated(passed=False)  # still ready for evaluator, but filtered out now
+    assert render(failed, "evaluator") is not None
+    await feed(sink, [(4, failed), (5, two.evaluated(passed=False))])
+    await sink.flush()
+    links = await chain(store, ref)
+    assert spans(links) == [(0, 3), (4, 5)]
+    assert links[1][1] == [tombstone(failed, "evaluator")]  # nothing for tr-2: never held
+    await verified(store)
+
+
+# --- repeats and restarts -------------------------------------------------------------------
+
+
+async def test_a_repeated_snapshot_is_dropped_also_after_a_restart() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store)
+    t = Trace("tr-1")
+    s1, s2 = t.completed(), t.evaluated()
+    await feed(sink, [(0, s1), (1, s2)])
+    await sink.flush()
+    before = dict(store.objects)
+
+    await feed(sink, [(2, s2)])  # same revision, later offset
+    assert sink.pending_records == 0
+    assert sample(registry, REPEATS) == 2  # evaluator and traces; human never held it
+    await sink.flush()
+    assert store.objects == before
+
+    restarted, registry2 = make_sink(store, writer="writer-2")
+    await feed(restarted, [(3, s2), (4, s1)])  # the same, then an older revision
+    assert restarted.pending_records == 0
+    assert sample(registry2, REPEATS) == 4
+    await restarted.flush()
+    assert store.objects == before
+    assert ids([r for _, rows in await chain(store, TRACES) for r in rows]) == [
+        ("tr-1", 1, False),
+        ("tr-1", 2, False),
+    ]
+    await verified(store)
+
+
+async def test_a_restarted_sink_skips_offsets_its_chains_cover() -> None:
+    store = MemoryStore()
+    sink, _ = make_sink(store)
+    traces = [Trace(f"tr-{n}", minute=n) for n in range(6)]
+    snaps = [t.completed() for t in traces]
+    await feed(sink, list(enumerate(snaps[:3])))
+    await sink.flush()
+    await feed(sink, [(3, snaps[3]), (4, snaps[4])])  # read, never committed: a crash
+
+    restarted, registry = make_sink(store, writer="writer-2")
+    await feed(restarted, list(enumerate(snaps)))  # read again from an older group offset
+    writer = restarted.writers[(ORG, PROJECT, "traces")]
+    assert [p.offset for p in writer.pending] == [3, 4, 5]
+    assert sample(registry, REPEATS) == 0  # covered offsets are skipped, not repeats
+    assert await restarted.flush() == 6
+    links = await chain(store, TRACES)
+    assert spans(links) == [(0, 2), (3, 5)]
+    assert links[1][1] == [rendered(s, None) for s in snaps[3:]]
+    assert (links[0][0].writer, links[1][0].writer) == (WRITER, "writer-2")
+    await verified(store)
+
+
+# --- the create-only race -------------------------------------------------------------------
+
+
+async def put_winner(
+    store: MemoryStore, last_offset: int, rows: list[dict[str, Any]]
+) -> tuple[str, str]:
+    """Create the traces commit at offset 0 as another writer would; return its keys."""
+    shard = encode_shard(rows, "none")
+    data_key = TRACES.data_key(STREAM, 0, shard.sha256, "none")
+    await store.put(data_key, shard.data)
+    commit = Commit(
+        topic=TOPIC,
+        partition=PARTITION,
+        from_offset=0,
+        last_offset=last_offset,
+        shard=TRACES.relative(data_key),
+        records=shard.records,
+        bytes=len(shard.data),
+        sha256=shard.sha256,
+        compression="none",
+        schema_version=SCHEMA_VERSION,
+        min_updated_at=shard.min_updated_at,
+        max_updated_at=shard.max_updated_at,
+        writer="zombie",
+        created_at="2026-01-01T00:00:00Z",
+    )
+    manifest = TRACES.manifest_key(STREAM, 0)
+    await store.put_if_absent(manifest, dumps(commit.model_dump(mode="json")))
+    return data_key, manifest
+
+
+async def test_a_writer_that_loses_the_race_commits_only_after_the_winner() -> None:
+    store = RecordingStore()
+    sink, registry = make_sink(store)
+    t0, t1, t2, t3 = (Trace(f"tr-{n}", minute=n) for n in range(4))
+    s0, s1, s2 = t0.completed(), t1.completed(), t2.completed()
+    s1b = t1.evaluated()
+    s3 = t3.completed()
+    await feed(sink, [(0, s0), (1, s1), (2, s2), (3, s1b), (4, s1b), (5, s3)])
+    assert sample(registry, REPEATS) == 2  # offset 4 repeats offset 3 (evaluator, traces)
+
+    # Another writer commits offsets 0..2 first, with its own data object.
+    data_key, manifest = await put_winner(store, 2, [rendered(s, None) for s in (s0, s1, s2)])
+    winner = {k: store.objects[k] for k in (data_key, manifest)}
+    store.calls.clear()
+
+    assert await sink.flush() == 6
+    assert {k: store.objects[k] for k in winner} == winner  # not overwritten
+    assert ("put", data_key) not in store.calls
+    assert sample(registry, CONFLICTS) == 1
+    links = await chain(store, TRACES)
+    assert spans(links) == [(0, 2), (3, 5)]  # from_offset = winner.last_offset + 1
+    assert links[0][0].writer == "zombie"
+    assert links[1][0].writer == WRITER
+    assert links[1][1] == [rendered(s1b, None), rendered(s3, None)]
+    assert sample(registry, "rl_export_sink_commits_total", corpus="traces") == 1
+    assert sample(registry, "rl_export_sink_records_total", corpus="traces") == 2
+    # The evaluator chain had no rival and committed everything it read.
+    evaluator = await chain(store, EVALUATOR)
+    assert spans(evaluator) == [(0, 5)]
+    assert evaluator[0][1] == [rendered(s1b, "evaluator")]
+    all_ids = [i for _, rows in links for i in ids(rows)]
+    assert len(all_ids) == len(set(all_ids))
+    report = await verify(store)
+    assert report.ok, report.problems
+    assert report.orphans == 1  # the loser's first data object, named by no commit
+
+
+async def test_a_winner_that_covers_everything_leaves_nothing_to_commit() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store, specs=[DEFAULT_CORPORA[2]])
+    snaps = [Trace(f"tr-{n}", minute=n).completed() for n in range(3)]
+    await feed(sink, list(enumerate(snaps)))
+    await put_winner(store, 9, [rendered(s, None) for s in snaps])
+
+    await sink.flush()
+    assert sample(registry, CONFLICTS) == 1
+    assert spans(await chain(store, TRACES)) == [(0, 9)]
+    writer = sink.writers[(ORG, PROJECT, "traces")]
+    assert writer.pending == []
+    assert writer.state is not None
+    assert writer.state.head == 10
+
+    later = Trace("tr-9", minute=9).completed()
+    await feed(sink, [(9, snaps[0]), (10, later)])
+    await sink.flush()
+    links = await chain(store, TRACES)
+    assert spans(links) == [(0, 9), (10, 10)]
+    assert links[1][1] == [rendered(later, None)]
+    await verified(store)
+
+
+# --- gzip -----------------------------------------------------------------------------------
+
+
+async def test_gzip_shards_decode_verify_and_are_byte_identical_on_retry() -> None:
+    snaps = [Trace(f"tr-{n}", minute=n).completed() for n in range(3)]
+    stores = [MemoryStore(), MemoryStore()]
+    for n, store in enumerate(stores):
+        sink, _ = make_sink(store, writer=f"writer-{n}", compression="gzip")
+        await feed(sink, list(enumerate(snaps)))
+        await sink.flush()
+        await verified(store)
+
+    (link,) = await chain(stores[0], TRACES)
+    commit, rows = link
+    assert commit.compression == "gzip"
+    assert commit.shard.endswith(".jsonl.gz")
+    stored = stores[0].objects[TRACES.key(commit.shard)]
+    assert stored[:2] == b"\x1f\x8b"
+    assert stored[4:8] == b"\0\0\0\0"  # mtime=0
+    assert commit.sha256 == hashlib.sha256(stored).hexdigest()
+    expected = [rendered(s, None) for s in snaps]
+    assert list(iter_lines(gzip.decompress(stored))) == expected == rows
+    assert encode_shard(expected, "gzip").data == encode_shard(expected, "gzip").data == stored
+    # A second writer with the same input writes the same data objects, byte for byte.
+    data = [{k: v for k, v in s.objects.items() if "/data/" in k} for s in stores]
+    assert data[0] == data[1]
+    assert len(data[0]) == 1
+
+
+# --- bounds ---------------------------------------------------------------------------------
+
+
+async def test_due_by_record_count() -> None:
+    sink, _ = make_sink(MemoryStore(), max_records=3, max_age_s=3600.0)
+    snaps = [Trace(f"tr-{n}", minute=n).completed() for n in range(3)]
+    assert not sink.due(time.monotonic() + 1e6)  # nothing pending: never due
+    await feed(sink, list(enumerate(snaps[:2])))
+    assert sink.pending_records == 2
+    assert not sink.due(time.monotonic())
+    await feed(sink, [(2, snaps[2])])
+    assert sink.due(time.monotonic())
+    await sink.flush()
+    assert sink.pending_records == 0
+    assert not sink.due(time.monotonic() + 1e6)
+
+
+async def test_due_by_bytes() -> None:
+    snaps = [Trace(f"tr-{n}", minute=n).completed() for n in range(2)]
+    sizes = [len(dumps(rendered(s, None))) + 1 for s in snaps]
+    sink, _ = make_sink(MemoryStore(), max_bytes=sum(sizes), max_age_s=3600.0)
+    await feed(sink, [(0, snaps[0])])
+    assert sink.pending_bytes == sizes[0]
+    assert not sink.due(time.monotonic())
+    await feed(sink, [(1, snaps[1])])
+    assert sink.pending_bytes == sum(sizes)
+    assert sink.due(time.monotonic())
+
+
+async def test_due_by_age() -> None:
+    sink, _ = make_sink(MemoryStore(), max_age_s=10.0)
+    t = Trace("tr-1")
+    s1 = t.completed()
+    await feed(sink, [(0, s1)])
+    await sink.flush()
+    await feed(sink, [(1, s1)])  # a repeat does not start the clock
+    assert sink.first_pending_at is None
+
+    before = time.monotonic()
+    await feed(sink, [(2, t.skipped())])
+    after = time.monotonic()
+    started = pending_since(sink)
+    assert before <= started <= after
+    await feed(sink, [(3, Trace("tr-2").completed())])
+    assert pending_since(sink) == started  # the oldest pending record sets the age
+    assert not sink.due(started + 9.99)
+    assert sink.due(started + 10.0)
+    await sink.flush()
+    assert sink.first_pending_at is None
+    assert not sink.due(started + 100.0)
+
+
+# --- idle offsets ---------------------------------------------------------------------------
+
+
+async def test_idle_offset_moves_past_records_that_wrote_nothing() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store)
+    t = Trace("tr-1")
+    s1 = t.completed()
+    await feed(sink, [(0, s1)])
+    assert sink.idle_offset() is None  # a record is pending
+    offset = await sink.flush()
+    assert offset == 1
+    sink.committed = offset
+    assert sink.idle_offset() is None  # already committed
+
+    await feed(sink, [(1, s1), (2, s1)])  # repeats: nothing pending
+    await sink.handle(3, b"not a snapshot", None)
+    assert sample(registry, REPEATS) == 2
+    assert sample(registry, "rl_export_sink_bad_snapshots_total") == 1
+    assert sink.pending_records == 0
+    assert sink.idle_offset() == 4
+    sink.committed = 4
+    assert sink.idle_offset() is None
+
+    await feed(sink, [(4, t.skipped())])
+    assert sink.pending_records == 1
+    assert sink.idle_offset() is None  # pending: only a flush may move the offset
+    assert await sink.flush() == 5
+    sink.committed = 5
+    assert sink.idle_offset() is None
+    await verified(store)
+
+
+class FlakyListStore(RecordingStore):
+    """Fails ``list`` a given number of times (a store outage while reloading a chain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_lists = 0
+
+    async def list(self, prefix: str = "") -> list[str]:
+        if self.fail_lists:
+            self.fail_lists -= 1
+            raise StoreError("simulated outage")
+        return await super().list(prefix)
+
+
+async def test_a_store_error_while_reloading_after_a_lost_race_keeps_everything_pending() -> None:
+    store = FlakyListStore()
+    sink, registry = make_sink(store)
+    t0, t1, t2, t3 = (Trace(f"tr-{n}", minute=n) for n in range(4))
+    snaps = [t0.completed(), t1.completed(), t2.completed(), t3.completed()]
+    await feed(sink, list(enumerate(snaps)))
+    await put_winner(store, 1, [rendered(s, None) for s in snaps[:2]])
+
+    store.fail_lists = 1  # the reload after losing fails once
+    with pytest.raises(StoreError):
+        await sink.flush()
+    traces_writer = next(w for w in sink.writers.values() if w.ref == TRACES)
+    assert [p.offset for p in traces_writer.pending] == [0, 1, 2, 3]  # nothing let go
+    assert sink.idle_offset() is None  # so the group offset cannot move past them
+
+    assert await sink.flush() == 4  # the retry commits what the winner did not cover
+    assert spans(await chain(store, TRACES)) == [(0, 1), (2, 3)]
+    assert sample(registry, CONFLICTS) >= 1
+    report = await verify(store)
+    assert report.ok, report.problems
+
+
+async def test_records_read_after_a_failed_reload_are_checked_against_the_winner() -> None:
+    """A record read between a failed reload and the retry must not let the sink commit,
+    unchecked, what it read before the winner's commit covered it."""
+    store = FlakyListStore()
+    sink, registry = make_sink(store, specs=[DEFAULT_CORPORA[2]])
+    snaps = [Trace(f"tr-{n}", minute=n).completed() for n in range(5)]
+    await feed(sink, list(enumerate(snaps[:4])))
+    await put_winner(store, 1, [rendered(s, None) for s in snaps[:2]])
+
+    store.fail_lists = 1  # the reload after losing fails once
+    with pytest.raises(StoreError):
+        await sink.flush()
+    await feed(sink, [(4, snaps[4])])  # reloads the chain, and re-checks what is pending
+    assert sink.pending_records == 3
+    assert await sink.flush() == 5
+    links = await chain(store, TRACES)
+    assert spans(links) == [(0, 1), (2, 4)]
+    assert links[1][1] == [rendered(s, None) for s in snaps[2:]]
+    assert sample(registry, CONFLICTS) == 1
+    report = await verify(store)
+    assert report.ok, report.problems
+
+
+async def test_pending_totals_follow_every_writer() -> None:
+    store = MemoryStore()
+    sink, _ = make_sink(store)
+    t0, t1 = Trace("tr-0", minute=0), Trace("tr-1", minute=1)
+    await feed(sink, [(0, t0.completed()), (1, t0.evaluated()), (2, t1.completed())])
+
+    def summed() -> tuple[int, int]:
+        writers = sink.writers.values()
+        return sum(len(w.pending) for w in writers), sum(w.pending_bytes for w in writers)
+
+    def lines() -> int:
+        return sum(len(p.line) for w in sink.writers.values() for p in w.pending)
+
+    assert (sink.pending_records, sink.pending_bytes) == summed() == (4, lines())
+    await put_winner(store, 0, [rendered(t0.completed(), None)])  # a lost race in traces
+    await sink.flush()
+    assert (sink.pending_records, sink.pending_bytes) == summed() == (0, 0)
+
+
+# --- records encoded once per snapshot ------------------------------------------------------
+
+
+def straightforward(snapshot: dict[str, Any], spec: CorpusSpec) -> bytes | None:
+    """The line a corpus holds for a snapshot, rendered as a dict and encoded: None when the
+    corpus holds no record for it (not ready, filtered out, deleted)."""
+    record = spec.record_for(snapshot)
+    return None if record is None or record.get("deleted") else dumps_line(record)
+
+
+def fast(snapshot: dict[str, Any], spec: CorpusSpec) -> bytes | None:
+    lines = SnapshotLines(snapshot)
+    return lines.line(spec.source) if spec.holds(lines) else None
+
+
+FILTERED = [
+    CorpusSpec(name="passing", source="evaluator", filter={"passed": True}),
+    CorpusSpec(name="failing-human", source="human", filter={"passed": False}),
+    CorpusSpec(name="by-source", source="human", filter={"reward_source": "human"}),
+    CorpusSpec(name="scenario", source=None, filter={"scenario": "happy_path", "rules_version": 1}),
+    CorpusSpec(name="no-field", source=None, filter={"deleted": None}),  # not a record field
+    CorpusSpec(name="never", source=None, filter={"human": None}),
+    CorpusSpec(name="reward", source="evaluator", filter={"reward": 0.9}),
+]
+
+
+def story() -> list[dict[str, Any]]:
+    """Snapshots of one trace through every state a corpus tells apart."""
+    odd = [
+        {"role": "user", "content": "line\u2028separator, paragraph\u2029separator"},
+        {"role": "assistant", "content": "dash \u2014 quotes \u201chi\u201d, nul \u0000 \\"},
+    ]
+    t, u = Trace('tr-\u2028"q"', minute=1), Trace("tr-2", minute=2)
+    return [
+        t.completed(messages=odd),  # traces only
+        t.evaluated(),
+        t.labelled(),  # ready for every source
+        t.evaluated(passed=False, score=0.0),
+        t.evaluated(passed=True, score=1.0),
+        t.retracted(),  # no longer ready for human
+        t.deleted(),
+        u.completed(),
+        u.evaluated(passed=False, score=0.1 + 0.2),
+    ]
+
+
+def as_read(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot as the sink reads it from the topic (messages as RawJson)."""
+    return decode_snapshot(encode_snapshot(snapshot))
+
+
+def test_lines_are_the_rendered_records_byte_for_byte() -> None:
+    snapshots = [as_read(s) for s in story()]
+    outcomes = set()
+    for snapshot in snapshots:
+        for spec in [*DEFAULT_CORPORA, *FILTERED]:
+            expected = straightforward(snapshot, spec)
+            assert fast(snapshot, spec) == expected, (spec.name, snapshot["revision"])
+            outcomes.add((spec.name, expected is None))
+            if expected is None:
+                continue
+            assert expected.endswith(b"}\n")
+            assert loads(expected)["reward_source"] == spec.source
+        for source in (None, "human", "evaluator"):
+            assert SnapshotLines(snapshot).tombstone_line(source) == dumps_line(
+                tombstone(snapshot, source)
+            )
+    # Every spec saw records and non-records, so both answers of holds() were compared.
+    assert {name for name, none in outcomes if none} >= {"human", "evaluator", "passing"}
+    assert {name for name, none in outcomes if not none} >= {s.name for s in DEFAULT_CORPORA}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        b'[{"content":"plain"}]',
+        '[{"content":"dash \u2014 and a raw \u2028 line separator"}]'.encode(),
+        '[{"content":"a raw \u2029 paragraph separator"}]'.encode(),
+        '[{"content":"\u00e2\u20ac no separator, other 0xE2 bytes"}]'.encode(),
+    ],
+)
+def test_raw_messages_are_escaped_as_dumps_escapes_them(messages: bytes) -> None:
+    """Messages come from the topic as they were written: whatever bytes they hold, their
+    line is the one dumps writes (U+2028 and U+2029 escaped)."""
+    snapshot = as_read(Trace("tr-1").completed())
+    snapshot["messages"] = RawJson(messages)
+    line = SnapshotLines(snapshot).line(None)
+    assert line == dumps_line(render(snapshot, None))
+    assert "\u2028".encode() not in line
+    assert "\u2029".encode() not in line
+
+
+def test_odd_values_fall_back_to_plain_encoding_with_the_same_bytes() -> None:
+    t = Trace("tr-1")
+    t.completed()
+    base = as_read(t.labelled())
+    cases = {
+        "a NUL byte of its own": {"scenario": RawJson(b'"\0"')},  # never from the topic
+        "messages not RawJson": {"messages": [{"role": "user", "content": "a, b"}]},
+        "a reward with commas": {"human": {"reward": [1, 2], "passed": True}},
+        "negative zero": {"evaluator": {"reward": -0.0, "passed": False}},
+        "an int reward": {"evaluator": {"reward": 1, "passed": True}},
+        "tiny and huge": {"human": {"reward": 1e-7, "passed": None}, "evaluator": None},
+    }
+    for name, change in cases.items():
+        snapshot = {**base, **change}
+        for source in (None, "human", "evaluator"):
+            lines = SnapshotLines(snapshot)
+            if lines.ready(source):
+                assert lines.line(source) == dumps_line(render(snapshot, source)), name
+
+
+def test_a_line_for_a_source_a_snapshot_is_not_ready_for_is_refused() -> None:
+    t = Trace("tr-1")
+    snapshot = as_read(t.completed())
+    with pytest.raises(ValueError, match="not ready"):
+        SnapshotLines(snapshot).line("human")
+    gone = as_read(t.deleted())
+    with pytest.raises(ValueError, match="not ready"):
+        SnapshotLines(gone).line(None)
+
+
+async def test_the_sink_writes_the_rendered_records_to_every_corpus() -> None:
+    store = MemoryStore()
+    specs = [*DEFAULT_CORPORA, *FILTERED]
+    sink, _ = make_sink(store, specs=specs)
+    snapshots = story()
+    await feed(sink, list(enumerate(snapshots)))
+    await sink.flush()
+    for spec in specs:
+        ref = CorpusRef(ORG, PROJECT, spec.name)
+        stored = b"".join(store.objects[ref.key(c.shard)] for c, _ in await chain(store, ref))
+        expected, held = [], {}
+        for snapshot in map(as_read, snapshots):
+            line = straightforward(snapshot, spec)
+            if line is not None:
+                expected.append(line)
+                held[snapshot["trace_id"]] = True
+            elif held.get(snapshot["trace_id"]):
+                expected.append(dumps_line(tombstone(snapshot, spec.source)))
+                held[snapshot["trace_id"]] = False
+        assert stored == b"".join(expected), spec.name
+    await verified(store)
+
+
+def test_encode_lines_matches_encode_shard() -> None:
+    rows = [rendered(Trace(f"tr-{n}", minute=n).completed(), None) for n in range(3)]
+    rows.insert(1, tombstone({**rows[0], "revision": 2}, None))
+    for compression in ("none", "gzip"):
+        assert encode_lines(
+            [dumps_line(r) for r in rows],
+            [r["updated_at"] for r in rows if "updated_at" in r],
+            compression,
+        ) == encode_shard(rows, compression)
+
+
+# --- freshness ------------------------------------------------------------------------------
+
+
+async def test_freshness_is_observed_for_every_committed_record() -> None:
+    store = MemoryStore()
+    sink, registry = make_sink(store)
+    now_ms = int(time.time() * 1000)
+    t = Trace("tr-1")
+    await feed(sink, [(0, t.completed())], now_ms - 7_000)  # traces
+    await feed(sink, [(1, t.evaluated())], now_ms - 40_000)  # evaluator, traces
+    await feed(sink, [(2, t.skipped())])  # no event time: not observed
+    await sink.flush()
+    name = "rl_export_sink_freshness_seconds"
+    assert sample(registry, f"{name}_count") == 3
+    assert sample(registry, f"{name}_bucket", le="5.0") == 0
+    assert sample(registry, f"{name}_bucket", le="10.0") == 1
+    assert sample(registry, f"{name}_bucket", le="60.0") == 3
+    assert 7 + 40 + 40 <= sample(registry, f"{name}_sum") < 7 + 40 + 40 + 3 * 60

@@ -1,0 +1,40 @@
+"""The arithmetic ``make bench`` reports with: histogram readings and their quantiles."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from rl_export.local.bench import histogram, quantile
+
+
+def reading(values: list[float], registry: CollectorRegistry | None = None) -> str:
+    registry = registry or CollectorRegistry()
+    h = Histogram("x_seconds", "x", buckets=(0.1, 0.5, 1.0), registry=registry)
+    for v in values:
+        h.observe(v)
+    return generate_latest(registry).decode()
+
+
+def test_histogram_reads_cumulative_buckets_with_inf() -> None:
+    assert histogram(reading([0.05, 0.3, 0.3, 2.0]), "x_seconds") == [
+        (0.1, 1.0), (0.5, 3.0), (1.0, 3.0), (math.inf, 4.0),
+    ]  # fmt: skip
+
+
+def test_quantile_interpolates_inside_the_bucket_of_the_rank() -> None:
+    after = [(0.1, 0.0), (0.5, 4.0), (1.0, 4.0), (math.inf, 4.0)]
+    assert quantile([], after, 0.5) == 0.1 + (0.5 - 0.1) * 0.5  # rank 2 of 4 in (0.1, 0.5]
+    assert quantile([], after, 1.0) == 0.5
+
+
+def test_quantile_counts_only_what_happened_between_two_readings() -> None:
+    before = [(0.1, 10.0), (0.5, 10.0), (1.0, 10.0), (math.inf, 10.0)]  # ten fast ones, earlier
+    after = [(0.1, 10.0), (0.5, 10.0), (1.0, 12.0), (math.inf, 12.0)]  # then two slow ones
+    assert 0.5 < quantile(before, after, 0.5) <= 1.0
+
+
+def test_quantile_of_nothing_is_nan_and_beyond_the_last_bound_is_that_bound() -> None:
+    assert math.isnan(quantile([], [(0.1, 0.0), (math.inf, 0.0)], 0.5))
+    assert quantile([], [(0.1, 0.0), (1.0, 0.0), (math.inf, 3.0)], 0.99) == 1.0

@@ -1,0 +1,215 @@
+"""The join's per-partition stores and the changelog table, without a broker.
+
+:class:`MemoryPartition` and :class:`RocksPartition` pass one contract; a RocksDB store keeps
+its data and changelog position across reopening; :class:`ChangelogTable` holds a batch's
+writes (and reads them back) until ``take_changes`` applies them to the right partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rl_export.stream.statestore import (
+    ChangelogTable,
+    MemoryPartition,
+    PartitionStore,
+    RocksPartition,
+    StoreLockedError,
+)
+
+
+@dataclass(frozen=True)
+class At:
+    partition: int
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PartitionStore]:
+    made: PartitionStore = (
+        MemoryPartition() if request.param == "memory" else RocksPartition(tmp_path / "p0")
+    )
+    yield made
+    made.close()
+
+
+# --- the store contract -----------------------------------------------------------------
+
+
+def test_a_new_store_is_empty_at_position_zero(store: PartitionStore) -> None:
+    assert store.get(b"a") is None
+    assert list(store.items()) == []
+    assert store.count() == 0
+    assert store.changelog_next == 0
+
+
+def test_put_get_and_delete(store: PartitionStore) -> None:
+    store.put(b"a", b"1")
+    store.put(b"b", b"2")
+    store.put(b"a", b"3")
+    assert store.get(b"a") == b"3"
+    assert store.get(b"b") == b"2"
+    store.delete(b"a")
+    store.delete(b"missing")  # deleting an absent key is not an error
+    assert store.get(b"a") is None
+    assert sorted(store.items()) == [(b"b", b"2")]
+
+
+def test_write_applies_puts_and_deletes(store: PartitionStore) -> None:
+    store.put(b"old", b"x")
+    store.put(b"kept", b"y")
+    store.write({b"new": b"1", b"old": None, b"kept": b"z", b"never": None})
+    assert sorted(store.items()) == [(b"kept", b"z"), (b"new", b"1")]
+    assert store.get(b"old") is None
+
+
+def test_count_follows_distinct_keys(store: PartitionStore) -> None:
+    # RocksPartition.count is RocksDB's estimate: exact for distinct puts and real deletes.
+    for i in range(5):
+        store.put(b"k%d" % i, b"v")
+    assert store.count() == 5
+    store.delete(b"k0")
+    assert store.count() == 4
+
+
+def test_set_changelog_next(store: PartitionStore) -> None:
+    store.set_changelog_next(42)
+    assert store.changelog_next == 42
+
+
+def test_clear_wipes_data_and_position(store: PartitionStore) -> None:
+    store.put(b"a", b"1")
+    store.set_changelog_next(9)
+    store.clear()
+    assert list(store.items()) == []
+    assert store.get(b"a") is None
+    assert store.changelog_next == 0
+    store.put(b"b", b"2")  # still usable afterwards
+    assert store.get(b"b") == b"2"
+
+
+# --- RocksDB persistence ----------------------------------------------------------------
+
+
+def test_rocks_keeps_data_and_position_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "partition-3"
+    first = RocksPartition(path)
+    first.write({b"a": b"1", b"b": b"2"})
+    first.delete(b"b")
+    first.set_changelog_next(17)
+    first.close()
+
+    second = RocksPartition(path)
+    try:
+        assert list(second.items()) == [(b"a", b"1")]
+        assert second.changelog_next == 17
+    finally:
+        second.close()
+
+
+def test_rocks_clear_survives_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "partition-0"
+    first = RocksPartition(path)
+    first.put(b"a", b"1")
+    first.set_changelog_next(5)
+    first.clear()
+    first.close()
+
+    second = RocksPartition(path)
+    try:
+        assert list(second.items()) == []
+        assert second.changelog_next == 0
+    finally:
+        second.close()
+
+
+def test_a_store_open_elsewhere_is_reported_as_locked_and_opens_once_closed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "partition-1"
+    first = RocksPartition(path)
+    with pytest.raises(StoreLockedError, match="open in another process"):
+        RocksPartition(path)
+    first.close()
+    RocksPartition(path).close()
+
+
+# --- ChangelogTable ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Iterator[ChangelogTable]:
+    made = ChangelogTable("memory://", tmp_path)
+    made.open(0)
+    made.open(1)
+    yield made
+    made.close_all()
+
+
+def test_held_writes_are_read_back_but_not_stored(table: ChangelogTable) -> None:
+    table.stores[0].put(b"gone", b"old")
+    table.put(b"a", b"1", At(0))
+    table.delete(b"gone", At(0))
+    assert table.get(b"a", At(0)) == b"1"
+    assert table.get(b"gone", At(0)) is None  # the held delete hides the stored value
+    assert table.stores[0].get(b"a") is None
+    assert table.stores[0].get(b"gone") == b"old"
+
+
+def test_take_changes_applies_the_last_write_per_key(table: ChangelogTable) -> None:
+    table.stores[1].put(b"gone", b"old")
+    table.put(b"a", b"1", At(0))
+    table.put(b"a", b"2", At(0))
+    table.put(b"b", b"x", At(1))
+    table.delete(b"gone", At(1))
+
+    assert table.take_changes() == {0: {b"a": b"2"}, 1: {b"b": b"x", b"gone": None}}
+    assert list(table.stores[0].items()) == [(b"a", b"2")]
+    assert list(table.stores[1].items()) == [(b"b", b"x")]
+    assert table.take_changes() == {}
+    assert len(table) == 2
+
+
+def test_writes_are_routed_by_the_message_partition(table: ChangelogTable) -> None:
+    table.put(b"k", b"zero", At(0))
+    table.put(b"k", b"one", At(1))
+    assert table.get(b"k", At(0)) == b"zero"
+    assert table.get(b"k", At(1)) == b"one"
+    table.take_changes()
+    assert table.stores[0].get(b"k") == b"zero"
+    assert table.stores[1].get(b"k") == b"one"
+    assert sorted(table.items()) == [(b"k", b"one"), (b"k", b"zero")]
+
+
+def test_the_worker_message_type_names_the_partition(table: ChangelogTable) -> None:
+    from rl_export.stream.processor import InMessage
+
+    message = InMessage(topic="t", partition=1, offset=0, key=b"k", value=b"{}")
+    table.put(b"k", b"v", message)
+    assert table.take_changes() == {1: {b"k": b"v"}}
+
+
+def test_close_drops_the_store_and_its_held_changes(table: ChangelogTable) -> None:
+    table.put(b"a", b"1", At(0))
+    table.put(b"b", b"2", At(1))
+    table.close(0)
+    assert 0 not in table.stores
+    assert table.take_changes() == {1: {b"b": b"2"}}
+    table.close(0)  # closing an unowned partition is a no-op
+
+
+def test_rocksdb_tables_keep_a_store_per_partition(tmp_path: Path) -> None:
+    table = ChangelogTable("rocksdb://", tmp_path)
+    try:
+        store = table.open(2)
+        assert isinstance(store, RocksPartition)
+        assert store.path == tmp_path / "partition-2"
+        assert table.open(2) is store
+        table.put(b"a", b"1", At(2))
+        table.take_changes()
+        assert store.get(b"a") == b"1"
+    finally:
+        table.close_all()
