@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from rl_export.common.errors import ConfigError
+from rl_export.common.partitioning import Partitioner
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.common.storeurl import parse_store_url
 
@@ -41,6 +42,11 @@ class Settings(BaseSettings):
     topic_trajectories: str = "trajectories"
     topic_dead_letter: str = "rl-export.dead-letter"
     partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
+    partitioner: Partitioner = Field(
+        "murmur2",
+        description="How producers hash trace_id to a partition: murmur2 (Java-compatible "
+        "clients), crc32 (librdkafka: confluent-kafka, node-rdkafka) or fnv1a (Sarama).",
+    )
     replication_factor: int = Field(1, ge=1, le=32)
     app_id: str = Field("rl-export", min_length=1, description="Consumer group of the join.")
     sink_group: str = Field("rl-export-sink", min_length=1)

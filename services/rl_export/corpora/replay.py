@@ -95,6 +95,7 @@ async def replay(
         max_age_s=float("inf"),  # a replay commits by size, and at the end
         compression=settings.shard_compression,
         partitions=settings.partitions,
+        partitioner=settings.partitioner,
     )
     writer = writer_id()
     parts = {
@@ -111,7 +112,7 @@ async def replay(
     async def run_batch(batch: list[InMessage]) -> None:
         await processor.process(batch, now=time.time())
         for key, value in collector.snapshots:
-            partition = partition_for(key, settings.partitions)
+            partition = partition_for(key, settings.partitions, settings.partitioner)
             part = parts[partition]
             await part.handle(next_offset[partition], value, None)
             next_offset[partition] += 1
@@ -131,7 +132,7 @@ async def replay(
             continue
         family, key = routed
         in_topic = topic_for(settings, family)
-        partition = partition_for(key, settings.partitions)
+        partition = partition_for(key, settings.partitions, settings.partitioner)
         offset = input_offsets[(in_topic, partition)]
         input_offsets[(in_topic, partition)] += 1
         where[(in_topic, partition, offset)] = location

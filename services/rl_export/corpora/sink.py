@@ -38,7 +38,7 @@ from aiokafka.structs import OffsetAndMetadata
 from rl_export.common.codec import dumps
 from rl_export.common.errors import ObjectExistsError, StoreError
 from rl_export.common.metrics import SinkMetrics
-from rl_export.common.partitioning import partition_for
+from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.common.records import HEADER_EVENT_MS, SnapshotLines, decode_snapshot
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.layout import (
@@ -71,6 +71,7 @@ class SinkConfig:
     max_age_s: float = 10.0
     compression: Compression = "none"
     partitions: int = 8
+    partitioner: Partitioner = "murmur2"  # how trace_id maps to a trajectories partition
     crash_at: str = ""  # fault injection for tests: "after_data", "after_commit"
 
 
@@ -141,7 +142,8 @@ class ChainWriter:
                 self.ref,
                 self.stream,
                 belongs=lambda t: (
-                    partition_for(t.encode(), self.config.partitions) == self.partition
+                    partition_for(t.encode(), self.config.partitions, self.config.partitioner)
+                    == self.partition
                 ),
             )
         return self.state

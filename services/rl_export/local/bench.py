@@ -41,6 +41,7 @@ from aiokafka.errors import KafkaError
 
 from rl_export.common.events import FAMILY_OF_TYPE
 from rl_export.common.net import free_port
+from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings, child_env
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import child_pids, tail
@@ -58,7 +59,10 @@ def log(message: str) -> None:
 async def produce(settings: Settings, events: list[dict[str, Any]]) -> float:
     await ensure_service_topics(settings)
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, linger_ms=20, max_batch_size=512 * 1024
+        bootstrap_servers=settings.kafka_bootstrap,
+        linger_ms=20,
+        max_batch_size=512 * 1024,
+        partitioner=kafka_partitioner(settings.partitioner),
     )
     await producer.start()
     started = time.perf_counter()
@@ -263,7 +267,11 @@ async def steady(settings: Settings, data_dir: Path, rate: float, seconds: float
         before = histogram(metrics(port), "rl_export_sink_freshness_seconds")
         join_before = histogram(metrics(port), "rl_export_join_latency_seconds")
         rng = random.Random(99)
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            linger_ms=5,
+            partitioner=kafka_partitioner(settings.partitioner),
+        )
         await producer.start()
         sent, index, started = 0, 10_000_000, time.perf_counter()
         try:

@@ -24,7 +24,7 @@ from rl_export.common.events import (
     event_type_of,
 )
 from rl_export.common.metrics import Metrics
-from rl_export.common.partitioning import partition_for
+from rl_export.common.partitioning import partition_function
 from rl_export.common.records import encode_snapshot
 from rl_export.common.settings import Settings
 from rl_export.stream.join import (
@@ -161,6 +161,7 @@ class JoinProcessor:
         # partition -> heap of (deadline, trace_id): states that may expire then.
         self._expiry: dict[int, list[tuple[float, bytes]]] = {}
         self._partitions: dict[str, int] = {}
+        self._hash = partition_function(settings.partitioner)
 
     def _partition_of(self, trace_id: str) -> int:
         """murmur2 in Python costs microseconds: remember recent traces' partitions."""
@@ -168,7 +169,7 @@ class JoinProcessor:
         if partition is None:
             if len(self._partitions) >= 100_000:
                 self._partitions.clear()
-            partition = self._partitions[trace_id] = partition_for(
+            partition = self._partitions[trace_id] = self._hash(
                 trace_id.encode(), self.settings.partitions
             )
         return partition
@@ -311,7 +312,7 @@ class JoinProcessor:
                 continue
             state = load_state(value)
             if self._deadline(state) is not None:
-                where = partition_for(key, self.settings.partitions)
+                where = self._hash(key, self.settings.partitions)
                 self._schedule(key, state, where if partition is None else partition)
                 count += 1
         return count

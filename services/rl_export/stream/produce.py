@@ -16,6 +16,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from rl_export.common.events import FAMILY_OF_TYPE, EventFamily
+from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.progress import Progress
 from rl_export.common.settings import Settings
 from rl_export.stream.topics import ensure_service_topics
@@ -69,6 +70,7 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
     """Return a producer that waits for the broker's acknowledgement and never duplicates."""
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
+        partitioner=kafka_partitioner(settings.partitioner),
         acks="all",
         enable_idempotence=True,
         linger_ms=20,

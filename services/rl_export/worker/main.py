@@ -42,6 +42,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
             max_age_s=settings.shard_max_age_s,
             compression=settings.shard_compression,
             partitions=settings.partitions,
+            partitioner=settings.partitioner,
             crash_at=settings.crash_at,
         ),
         specs=settings.corpora,
