@@ -20,6 +20,10 @@ from rl_export.common.events import EVENT_ADAPTER, FAMILY_OF_TYPE
 from rl_export.common.net import free_port
 from rl_export.common.records import decode_snapshot
 from rl_export.common.settings import Settings, child_env
+from rl_export.common.specs import DEFAULT_CORPORA
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.reader import CorpusReader
+from rl_export.corpora.store import ObjectStore
 from rl_export.local.process import ManagedProcess
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from rl_export.stream.produce import topic_for
@@ -202,3 +206,25 @@ def expected_final(
 def comparable(snap: dict[str, Any]) -> dict[str, Any]:
     """A tombstone's revision depends on arrival order (later events emit nothing)."""
     return {k: v for k, v in snap.items() if not (snap["deleted"] and k == "revision")}
+
+
+def expected_corpora(events: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """corpus -> trace_id -> record, as a reader's latest-revision view must show them."""
+    finals = expected_final(events)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for spec in DEFAULT_CORPORA:
+        rows = {}
+        for trace_id, snap in finals.items():
+            record = spec.record_for(snap)
+            if record is not None and not record.get("deleted"):
+                rows[trace_id] = record
+        out[spec.name] = rows
+    return out
+
+
+async def corpus_view(store: ObjectStore, org: str, project: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for spec in DEFAULT_CORPORA:
+        reader = CorpusReader(store, CorpusRef(org, project, spec.name))
+        out[spec.name] = {r["trace_id"]: r async for r in reader.records(latest_only=True)}
+    return out

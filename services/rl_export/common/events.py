@@ -267,7 +267,6 @@ class RejectReason(enum.StrEnum):
     OVERSIZED = "oversized"
     FUTURE = "future"
     KEY_MISMATCH = "key_mismatch"
-    WRONG_PARTITION = "wrong_partition"
     ORG_MISMATCH = "org_mismatch"
 
 

@@ -50,6 +50,14 @@ class Metrics:
             "and a conversation per trace that has arrived.",
             registry=registry,
         )
+        self.forwarded = Counter(
+            "rl_export_join_forwarded_total",
+            "Valid events that arrived on another partition than their trace's and were "
+            "forwarded to it, by the partitioner that would have routed them where they "
+            "arrived (murmur2, crc32, fnv1a; none: random partitions).",
+            ["matches"],
+            registry=registry,
+        )
         self.expired = Counter(
             "rl_export_join_expired_total",
             "States dropped from the table after their retention, by kind (orphan, tombstone).",

@@ -256,39 +256,91 @@ def _verbatim(messages: Any) -> bytes:
 HEADER_EVENT_MS = "rl-export-event-ms"
 """Header of a snapshot: the Kafka timestamp (ms) of the event that caused it."""
 
+HEADER_MESSAGES_AT = "rl-export-messages-at"
+"""Header of a live snapshot: the byte offset in its value where the messages' JSON starts."""
 
-def encode_snapshot(snapshot: dict[str, Any]) -> bytes:
-    """A snapshot as the value of a ``trajectories`` message.
+_MESSAGES_KEY = b',"messages":'
 
-    Two lines of JSON: the snapshot without its messages, then the messages. The sink reads
-    the first line and copies the second into records without parsing it. A tombstone has no
-    messages and is one line.
+
+def encode_snapshot(snapshot: dict[str, Any]) -> tuple[bytes, int | None]:
+    """A snapshot as the value of a ``trajectories`` message, and where its messages start.
+
+    The value is one JSON object (any consumer can read the topic), with the messages last.
+    The offset of the messages' value rides in the ``rl-export-messages-at`` header, so the
+    sink parses only the small head and copies the messages, most of the bytes, into records
+    without parsing them. A tombstone has no messages: its offset is None.
     """
     if "messages" not in snapshot:
-        return dumps(snapshot)
-    head = {k: v for k, v in snapshot.items() if k != "messages"}
-    return dumps(head) + b"\n" + dumps(snapshot["messages"])
+        return dumps(snapshot), None
+    head = dumps({k: v for k, v in snapshot.items() if k != "messages"})
+    prefix = head[:-1] + _MESSAGES_KEY
+    return prefix + _verbatim(snapshot["messages"]) + b"}", len(prefix)
 
 
-def decode_snapshot(value: bytes) -> dict[str, Any]:
+def decode_snapshot(value: bytes, messages_at: int | None = None) -> dict[str, Any]:
     """Inverse of :func:`encode_snapshot`; messages come back as :class:`RawJson`.
 
+    With ``messages_at`` (the header) only the head is parsed; a value whose bytes do not
+    agree with the header, or one without it, is parsed whole. Values written as two JSON
+    lines (the snapshot, then its messages: the encoding before version 0.2) still decode.
     Raises ValueError when the value is not a snapshot.
     """
-    head, newline, messages = value.partition(b"\n")
+    snapshot = None
+    if messages_at is not None:
+        snapshot = _decode_head(value, messages_at)
+    if snapshot is None:
+        try:
+            snapshot = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            if b"\n" not in value:
+                raise ValueError(f"not JSON: {exc}") from None
+            snapshot = _decode_two_lines(value)
+        else:
+            if isinstance(snapshot, dict) and isinstance(snapshot.get("messages"), list):
+                snapshot["messages"] = RawJson(dumps(snapshot["messages"]))
+    _check_snapshot(snapshot)
+    return snapshot
+
+
+def _decode_head(value: bytes, messages_at: int) -> dict[str, Any] | None:
+    """The snapshot from its head and its messages' bytes; None if the header does not fit."""
+    cut = messages_at - len(_MESSAGES_KEY)
+    if (
+        cut <= 0
+        or value[cut:messages_at] != _MESSAGES_KEY
+        or value[messages_at : messages_at + 1] != b"["
+        or not value.endswith(b"]}")
+    ):
+        return None
+    try:
+        snapshot = orjson.loads(value[:cut] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(snapshot, dict):
+        return None
+    snapshot["messages"] = RawJson(value[messages_at:-1])
+    return snapshot
+
+
+def _decode_two_lines(value: bytes) -> dict[str, Any]:
+    head, _, messages = value.partition(b"\n")
     try:
         snapshot = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(snapshot, dict):
         raise ValueError("not a JSON object")
+    if not (messages.startswith(b"[") and messages.endswith(b"]")):
+        raise ValueError("the second line is not a list of messages")
+    snapshot["messages"] = RawJson(messages)
+    return snapshot
+
+
+def _check_snapshot(snapshot: Any) -> None:
+    if not isinstance(snapshot, dict):
+        raise ValueError("not a JSON object")
     for key in ("trace_id", "org", "project"):
         if not isinstance(snapshot.get(key), str):
             raise ValueError(f"{key} is not a string")
-    if newline:
-        if not (messages.startswith(b"[") and messages.endswith(b"]")):
-            raise ValueError("the second line is not a list of messages")
-        snapshot["messages"] = RawJson(messages)
-    elif not snapshot.get("deleted"):
+    if not snapshot.get("deleted") and not isinstance(snapshot.get("messages"), RawJson):
         raise ValueError("a live snapshot without messages")
-    return snapshot

@@ -61,12 +61,21 @@ class _Collector:
     def __init__(self, report: ReplayReport, where: dict[tuple[str, int, int], str]) -> None:
         self.report = report
         self.where = where
-        self.snapshots: list[tuple[bytes, bytes]] = []
+        self.snapshots: list[tuple[bytes, bytes, int | None]] = []
+        self.forwards: list[InMessage] = []
 
     async def snapshot(
-        self, key: bytes, value: bytes, event_ms: int | None, partition: int
-    ) -> None:
-        self.snapshots.append((key, value))
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int,
+        messages_at: int | None,
+    ) -> None:  # fmt: skip
+        self.snapshots.append((key, value, messages_at))
+
+    async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
+        """Replay routes every line with the configured partitioner, so the join never asks
+        this; if it does, the event is joined again on its partition, as the stream would."""
+        self.forwards.append(
+            InMessage(message.topic, partition, message.offset, key, message.value)
+        )
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         where = self.where.get((message.topic, message.partition, message.offset), "?")
@@ -111,10 +120,10 @@ async def replay(
 
     async def run_batch(batch: list[InMessage]) -> None:
         await processor.process(batch, now=time.time())
-        for key, value in collector.snapshots:
+        for key, value, messages_at in collector.snapshots:
             partition = partition_for(key, settings.partitions, settings.partitioner)
             part = parts[partition]
-            await part.handle(next_offset[partition], value, None)
+            await part.handle(next_offset[partition], value, None, messages_at)
             next_offset[partition] += 1
             report.snapshots += 1
             if part.due(time.monotonic()):
@@ -122,6 +131,9 @@ async def replay(
         collector.snapshots.clear()
         if progress:
             progress.advance(len(batch))
+        forwards, collector.forwards = collector.forwards, []
+        if forwards:
+            await run_batch(forwards)
 
     batch: list[InMessage] = []
     for location, line in lines:

@@ -39,7 +39,12 @@ from rl_export.common.codec import dumps
 from rl_export.common.errors import ObjectExistsError, StoreError
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.partitioning import Partitioner, partition_for
-from rl_export.common.records import HEADER_EVENT_MS, SnapshotLines, decode_snapshot
+from rl_export.common.records import (
+    HEADER_EVENT_MS,
+    HEADER_MESSAGES_AT,
+    SnapshotLines,
+    decode_snapshot,
+)
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
@@ -339,11 +344,13 @@ class PartitionSink:
             self._project_writers[(org, project)] = writers
         return writers
 
-    async def handle(self, offset: int, value: bytes, event_ms: int | None) -> None:
-        """Step 2 for one record of the partition."""
+    async def handle(
+        self, offset: int, value: bytes, event_ms: int | None, messages_at: int | None = None
+    ) -> None:
+        """Step 2 for one record of the partition (``messages_at``: the snapshot's header)."""
         self.last_offset = max(self.last_offset, offset)
         try:
-            snapshot = decode_snapshot(value)
+            snapshot = decode_snapshot(value, messages_at)
         except ValueError as exc:
             self.metrics.bad_snapshots.inc()
             log.error(
@@ -483,7 +490,7 @@ class Sink:
             if tp not in consumer.assignment():
                 self.parts.pop(tp.partition, None)
                 return
-            await self._part(tp.partition).handle(r.offset, r.value, _event_ms(r.headers))
+            await self._part(tp.partition).handle(r.offset, r.value, *_snapshot_headers(r.headers))
 
     async def _rewind(self, consumer: AIOKafkaConsumer, tp: TopicPartition, exc: Exception) -> None:
         """The store failed while reading a chain: forget the partition's state, read it again.
@@ -543,11 +550,21 @@ class Sink:
             part.committed = offset
 
 
-def _event_ms(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
+def _snapshot_headers(
+    headers: Sequence[tuple[str, bytes]] | None,
+) -> tuple[int | None, int | None]:
+    """A snapshot's event time (ms) and the offset of its messages, from its headers."""
+    event_ms = messages_at = None
     for key, value in headers or ():
         if key == HEADER_EVENT_MS:
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+            event_ms = _int(value)
+        elif key == HEADER_MESSAGES_AT:
+            messages_at = _int(value)
+    return event_ms, messages_at
+
+
+def _int(value: bytes) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None

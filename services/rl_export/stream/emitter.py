@@ -8,10 +8,15 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from rl_export.common.events import EventRejection
-from rl_export.common.records import HEADER_EVENT_MS
+from rl_export.common.records import HEADER_EVENT_MS, HEADER_MESSAGES_AT
 from rl_export.common.settings import Settings
 from rl_export.stream.processor import InMessage, dead_letter_headers
 from rl_export.stream.statestore import ChangelogTable
+
+Headers = list[tuple[str, bytes]]
+
+HEADER_FORWARDED_FROM = "rl-export-forwarded-from"
+"""Header of a forwarded input event: ``<topic>/<partition>/<offset>`` where it arrived."""
 
 # --- Kafka ---------------------------------------------------------------------------------
 
@@ -49,10 +54,26 @@ class KafkaEmitter:
         self._out.setdefault((topic, partition), []).append((key, value, headers))
 
     async def snapshot(
-        self, key: bytes, value: bytes, event_ms: int | None, partition: int
-    ) -> None:
-        headers = [] if event_ms is None else [(HEADER_EVENT_MS, str(event_ms).encode())]
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int,
+        messages_at: int | None,
+    ) -> None:  # fmt: skip
+        headers: Headers = []
+        if event_ms is not None:
+            headers.append((HEADER_EVENT_MS, str(event_ms).encode()))
+        if messages_at is not None:
+            headers.append((HEADER_MESSAGES_AT, str(messages_at).encode()))
         self._queue(self.settings.topic_trajectories, partition, key, value, headers)
+
+    async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
+        """Send an input event on to its trace's partition, its value and headers unchanged.
+
+        Keyed by the trace_id (a producer that sent no key gets one), with a header saying
+        where it arrived. Sent in the batch's flush, so it is acknowledged before the
+        offsets that covered its first copy are committed.
+        """
+        origin = f"{message.topic}/{message.partition}/{message.offset}".encode()
+        headers = [*message.headers, (HEADER_FORWARDED_FROM, origin)]
+        self._queue(message.topic, partition, key, message.value, headers)
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         self._queue(
@@ -100,6 +121,3 @@ class KafkaEmitter:
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
-
-
-Headers = list[tuple[str, bytes]]

@@ -144,7 +144,16 @@ class JoinWorker:
                 await self._unread(consumer, fetched)
                 return
             messages = [
-                InMessage(tp.topic, tp.partition, r.offset, r.key, r.value, r.timestamp, None)
+                InMessage(
+                    tp.topic,
+                    tp.partition,
+                    r.offset,
+                    r.key,
+                    r.value,
+                    r.timestamp,
+                    None,
+                    r.headers,
+                )
                 for tp, records in fetched.items()
                 for r in records
             ]

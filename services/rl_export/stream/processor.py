@@ -8,9 +8,10 @@ tests and ``replay`` run it without a broker.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -19,7 +20,6 @@ from rl_export.common.codec import RawJson
 from rl_export.common.events import (
     EventFamily,
     EventRejection,
-    RejectReason,
     decode_event,
     event_type_of,
 )
@@ -37,6 +37,9 @@ from rl_export.stream.join import (
     load_state,
     merge,
 )
+from rl_export.stream.routing import MisrouteLog
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class InMessage:
     value: bytes
     timestamp_ms: int | None = None
     handle: Any = None
+    headers: Sequence[tuple[str, bytes]] = ()
 
 
 class StateTable(Protocol):
@@ -67,11 +71,18 @@ class StateTable(Protocol):
 
 
 class Emitter(Protocol):
-    """Where snapshots and dead letters go; ``flush`` returns once they are delivered."""
+    """Where snapshots, forwards and dead letters go; ``flush`` returns once they are delivered.
+
+    ``forward`` sends an input event on to its trace's partition of the same topic, where
+    the join takes it as it takes any event; ``messages_at`` is the snapshot's
+    ``rl-export-messages-at`` header (:func:`rl_export.common.records.encode_snapshot`).
+    """
 
     async def snapshot(
-        self, key: bytes, value: bytes, event_ms: int | None, partition: int
-    ) -> None: ...
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int,
+        messages_at: int | None,
+    ) -> None: ...  # fmt: skip
+    async def forward(self, message: InMessage, key: bytes, partition: int) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
     async def flush(self) -> None: ...
 
@@ -162,6 +173,7 @@ class JoinProcessor:
         self._expiry: dict[int, list[tuple[float, bytes]]] = {}
         self._partitions: dict[str, int] = {}
         self._hash = partition_function(settings.partitioner)
+        self._misroutes = MisrouteLog(settings.partitioner, settings.partitions)
 
     def _partition_of(self, trace_id: str) -> int:
         """murmur2 in Python costs microseconds: remember recent traces' partitions."""
@@ -175,7 +187,8 @@ class JoinProcessor:
         return partition
 
     def _check(self, message: InMessage, now: datetime) -> Any:
-        decoded = decode_event(
+        """The decoded event, or why it goes to the dead-letter topic."""
+        return decode_event(
             message.value,
             max_bytes=self.settings.max_event_bytes,
             now=now,
@@ -183,16 +196,6 @@ class JoinProcessor:
             key=message.key,
             family=self.families.get(message.topic),
         )
-        if isinstance(decoded, EventRejection):
-            return decoded
-        expected = self._partition_of(decoded.trace_id)
-        if message.partition >= 0 and message.partition != expected:
-            return EventRejection(
-                RejectReason.WRONG_PARTITION,
-                f"trace {decoded.trace_id!r} belongs on partition {expected} (Kafka's default "
-                f"partitioner), not {message.partition}",
-            )
-        return decoded
 
     async def process(self, messages: list[InMessage], now: float | None = None) -> BatchResult:
         """Decode, merge and emit a batch; write each touched state once."""
@@ -210,6 +213,16 @@ class JoinProcessor:
                 outcomes["unknown", "rejected"] += 1
                 continue
             key = decoded.trace_id.encode()
+            home = self._partition_of(decoded.trace_id)
+            if message.partition >= 0 and message.partition != home:
+                # Another partitioner, or a producer that ignores keys: the trace's state and
+                # its other events are on ``home``. Forward it there; it is joined there, and
+                # acknowledged before this batch's offsets are committed.
+                await self.emitter.forward(message, key, home)
+                matches = self._misroutes.note(key, message.partition, clock)
+                self.metrics.forwarded.labels(matches).inc()
+                outcomes[event_type_of(decoded), "forwarded"] += 1
+                continue
             entry = touched.get(key)
             conversation = None
             if entry is not None:
@@ -244,8 +257,9 @@ class JoinProcessor:
                 assert snapshot is not None  # emits only once the trace exists or is deleted
                 result.snapshots[key] = snapshot
                 # trajectories is co-partitioned with the inputs: the same partition.
+                value, messages_at = encode_snapshot(snapshot)
                 await self.emitter.snapshot(
-                    key, encode_snapshot(snapshot), entry.event_ms, entry.last.partition
+                    key, value, entry.event_ms, entry.last.partition, messages_at
                 )
                 if entry.event_ms is not None:
                     latencies.append(max(0.0, clock - entry.event_ms / 1000))
@@ -257,6 +271,9 @@ class JoinProcessor:
         for (event_type, outcome), count in outcomes.items():
             self.metrics.events.labels(event_type, outcome).inc(count)
         result.expired = self._expire(messages, clock)  # step 6
+        warning = self._misroutes.report(clock)
+        if warning is not None:
+            log.warning("%s", warning)
         await self.emitter.flush()  # delivered before the batch is acked
         self.metrics.table_keys.set(len(self.table))
         return result

@@ -22,7 +22,12 @@ from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.local.seaweed import LocalS3
 from rl_export.local.synthetic import generate
 from tests.integration.stream.test_join_loop import scenario, shuffled_with_duplicates
-from tests.integration.workers import WorkerProcess, expected_final, publish
+from tests.integration.workers import (
+    WorkerProcess,
+    corpus_view,
+    expected_corpora,
+    publish,
+)
 
 ORG, PROJECT = "acme", "support-bot"
 
@@ -37,28 +42,6 @@ def s3_settings(settings: Settings, s3: LocalS3) -> Settings:
 def workload(n: int, seed: int) -> list[dict[str, Any]]:
     events = scenario() + generate(n, seed=seed)
     return shuffled_with_duplicates(events, seed=seed)
-
-
-def expected_corpora(events: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """corpus -> trace_id -> record, as a reader's latest-revision view must show them."""
-    finals = expected_final(events)
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for spec in DEFAULT_CORPORA:
-        rows = {}
-        for trace_id, snap in finals.items():
-            record = spec.record_for(snap)
-            if record is not None and not record.get("deleted"):
-                rows[trace_id] = record
-        out[spec.name] = rows
-    return out
-
-
-async def corpus_view(store: ObjectStore, org: str, project: str) -> dict[str, dict[str, Any]]:
-    out = {}
-    for spec in DEFAULT_CORPORA:
-        reader = CorpusReader(store, CorpusRef(org, project, spec.name))
-        out[spec.name] = {r["trace_id"]: r async for r in reader.records(latest_only=True)}
-    return out
 
 
 async def wait_for_corpora(

@@ -160,7 +160,8 @@ async def feed(
     sink: PartitionSink, items: Sequence[tuple[int, dict[str, Any]]], event_ms: int | None = None
 ) -> None:
     for offset, snapshot in items:
-        await sink.handle(offset, encode_snapshot(snapshot), event_ms)
+        value, messages_at = encode_snapshot(snapshot)
+        await sink.handle(offset, value, event_ms, messages_at)
 
 
 async def chain(store: MemoryStore, ref: CorpusRef) -> list[tuple[Commit, list[dict[str, Any]]]]:
@@ -753,7 +754,7 @@ def story() -> list[dict[str, Any]]:
 
 def as_read(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The snapshot as the sink reads it from the topic (messages as RawJson)."""
-    return decode_snapshot(encode_snapshot(snapshot))
+    return decode_snapshot(*encode_snapshot(snapshot))
 
 
 def test_lines_are_the_rendered_records_byte_for_byte() -> None:

@@ -47,13 +47,20 @@ class CollectingEmitter:
 
     def __init__(self) -> None:
         self.snapshots: list[tuple[bytes, bytes, int | None]] = []
+        self.forwards: list[tuple[InMessage, bytes, int]] = []
         self.dead_letters: list[tuple[InMessage, EventRejection]] = []
         self.flushes = 0
 
     async def snapshot(
-        self, key: bytes, value: bytes, event_ms: int | None, partition: int
-    ) -> None:
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int,
+        messages_at: int | None,
+    ) -> None:  # fmt: skip
+        # The header must say where the messages start, or the sink would parse them.
+        assert messages_at is None or value[messages_at : messages_at + 1] == b"["
         self.snapshots.append((key, value, event_ms))
+
+    async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
+        self.forwards.append((message, key, partition))
 
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         self.dead_letters.append((message, rejection))
@@ -296,10 +303,6 @@ def key_mismatch(h: Harness) -> InMessage:
     return h.message(label("l-bad"), key=b"tr-2")
 
 
-def wrong_partition(h: Harness) -> InMessage:
-    return h.message(label("l-bad"), partition=(partition_of("tr-1") + 1) % PARTITIONS)
-
-
 @pytest.mark.parametrize(
     ("build", "reason"),
     [
@@ -312,7 +315,6 @@ def wrong_partition(h: Harness) -> InMessage:
         (future, RejectReason.FUTURE),
         (label_on_traces_topic, RejectReason.WRONG_TOPIC),
         (key_mismatch, RejectReason.KEY_MISMATCH),
-        (wrong_partition, RejectReason.WRONG_PARTITION),
     ],
     ids=lambda v: getattr(v, "__name__", None),
 )
@@ -332,6 +334,56 @@ async def test_a_bad_event_is_dead_lettered_and_the_stream_goes_on(
     # The good events after it were joined, and the bad one does not count in the revision.
     assert h.emitter.revisions("tr-1") == [2]
     assert h.state("tr-1").revision == 2
+
+
+async def test_an_event_on_another_partition_is_forwarded_to_its_traces_not_joined_here() -> None:
+    h = Harness()
+    home = partition_of("tr-1")
+    elsewhere = (home + 1) % PARTITIONS
+    stray = h.message(label("l-stray"), partition=elsewhere)
+    stray.key = None  # a client that ignores keys
+    result = await h.run(trace(), stray)
+
+    assert h.emitter.dead_letters == []
+    assert result.rejected == []
+    [(message, key, partition)] = h.emitter.forwards
+    assert (message, key, partition) == (stray, b"tr-1", home)  # keyed even when sent without
+    assert h.state("tr-1").revision == 1  # joined only where it lands, on its own partition
+    assert h.metric("rl_export_join_events_total", event_type="label.submitted",
+                    outcome="forwarded") == 1  # fmt: skip
+    counted = {
+        m: h.metric("rl_export_join_forwarded_total", matches=m)
+        for m in ("murmur2", "crc32", "fnv1a", "none")
+    }
+    assert sum(v or 0 for v in counted.values()) == 1
+    assert h.emitter.flushes == 1  # the forward goes out with the batch, before its commit
+
+    # Forwarded, it arrives on its trace's partition and is joined like any event.
+    await h.run(h.message(label("l-stray"), partition=home))
+    assert h.state("tr-1").revision == 2
+    assert h.emitter.revisions("tr-1") == [1, 2]
+
+
+async def test_a_producer_with_another_partitioner_is_named_in_the_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness()
+    ids = [f"tr-{n}" for n in range(200)]
+    misrouted = [
+        h.message(trace(f"t-{t}", t), partition=partition_for(t.encode(), PARTITIONS, "crc32"))
+        for t in ids
+        if partition_for(t.encode(), PARTITIONS, "crc32") != partition_of(t)
+    ]
+    assert len(misrouted) > 100
+    caplog.set_level("WARNING")
+    await h.processor.process(misrouted, now=NOW)
+    assert not [r for r in caplog.records if "forwarded" in r.message]  # not yet: once a minute
+    await h.processor.process(misrouted[:1], now=NOW + 61)
+    [warning] = [r.message for r in caplog.records if "forwarded" in r.message]
+    assert f"{len(misrouted) + 1} events in the last 61s" in warning
+    assert "RL_EXPORT_PARTITIONER=crc32 would route these events directly" in warning
+    assert len(h.emitter.forwards) == len(misrouted) + 1
+    assert h.metric("rl_export_join_forwarded_total", matches="crc32") == len(misrouted) + 1
 
 
 async def test_an_early_event_of_another_org_is_dead_lettered_when_the_trace_arrives() -> None:
