@@ -260,6 +260,7 @@ HEADER_MESSAGES_AT = "rl-export-messages-at"
 """Header of a live snapshot: the byte offset in its value where the messages' JSON starts."""
 
 _MESSAGES_KEY = b',"messages":'
+_MESSAGES_LIST = _MESSAGES_KEY + b"["
 
 
 def encode_snapshot(snapshot: dict[str, Any]) -> tuple[bytes, int | None]:
@@ -305,18 +306,13 @@ def decode_snapshot(value: bytes, messages_at: int | None = None) -> dict[str, A
 def _decode_head(value: bytes, messages_at: int) -> dict[str, Any] | None:
     """The snapshot from its head and its messages' bytes; None if the header does not fit."""
     cut = messages_at - len(_MESSAGES_KEY)
-    if (
-        cut <= 0
-        or value[cut:messages_at] != _MESSAGES_KEY
-        or value[messages_at : messages_at + 1] != b"["
-        or not value.endswith(b"]}")
-    ):
+    if cut <= 0 or not value.startswith(_MESSAGES_LIST, cut) or not value.endswith(b"]}"):
         return None
     try:
         snapshot = orjson.loads(value[:cut] + b"}")
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(snapshot, dict):
+    if type(snapshot) is not dict:
         return None
     snapshot["messages"] = RawJson(value[messages_at:-1])
     return snapshot
@@ -337,10 +333,10 @@ def _decode_two_lines(value: bytes) -> dict[str, Any]:
 
 
 def _check_snapshot(snapshot: Any) -> None:
-    if not isinstance(snapshot, dict):
+    if type(snapshot) is not dict:
         raise ValueError("not a JSON object")
     for key in ("trace_id", "org", "project"):
-        if not isinstance(snapshot.get(key), str):
+        if type(snapshot.get(key)) is not str:
             raise ValueError(f"{key} is not a string")
-    if not snapshot.get("deleted") and not isinstance(snapshot.get("messages"), RawJson):
+    if not snapshot.get("deleted") and type(snapshot.get("messages")) is not RawJson:
         raise ValueError("a live snapshot without messages")

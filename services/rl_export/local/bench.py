@@ -1,16 +1,24 @@
 """``make bench``: one worker against a bare consumer on the same backlog, side by side.
 
-1. Start the local Kafka broker and produce a backlog of realistic events (multi-turn
-   conversations of a few KB, evaluations with reports, labels with skips and retractions,
-   shuffled, with duplicates).
-2. Baseline: a bare aiokafka consumer that parses every event with orjson and writes JSONL.
+1. Start the local Kafka broker and produce a backlog per traffic shape (``--shapes``, see
+   :data:`rl_export.local.synthetic.SHAPES`): ``standard`` (one org/project, 1.3 KiB
+   events: multi-turn conversations with tool calls, evaluations with reports, a few labels)
+   and ``small`` (three org/projects, 0.7 KiB events, label-heavy); shuffled, 2 % repeats.
+   What a worker costs grows with events, what a bare consumer costs with bytes: one shape
+   alone would hide that.
+2. Baseline: a bare aiokafka consumer that parses every event with orjson and writes JSONL,
+   timed from its first record to its last (joining its group is reported apart).
 3. One ``rl-export worker`` (join processes and sink, RocksDB table) catches up on the same
-   backlog, until both its consumer groups have committed the end of every topic.
-4. Two workers on the same backlog: the scaling.
-   Steps 2 to 4 run ``--runs`` times (3), interleaved, each catch-up with fresh groups,
+   backlog, timed from the moment it is ready (joined both groups, table restored) to the
+   moment the last trajectory is visible in the store: the ``created_at`` of the last commit,
+   once both its groups have committed the end of every topic.
+4. With ``--baseline-python``, the same worker run with another checkout's Python (for
+   example ``../before/.venv/bin/python``): before and after, measured by the same harness.
+5. Two workers on the same backlog: the scaling.
+   Steps 2 to 5 run ``--runs`` times (3), interleaved, each catch-up with fresh groups,
    output topics and store; the medians are reported, and every run. The machine is
    shared with the broker, and single runs differ by up to 20 %.
-5. Freshness under a steady load: event to visible in a corpus, p50/p99.
+6. Freshness under a steady load: event to visible in a corpus, p50/p99.
 
 Results are printed and written as JSON to ``var/bench/<time>.json`` to compare runs.
 """
@@ -42,14 +50,18 @@ from aiokafka.errors import KafkaError
 from rl_export.common.events import FAMILY_OF_TYPE
 from rl_export.common.net import free_port
 from rl_export.common.partitioning import kafka_partitioner
-from rl_export.common.settings import Settings, child_env
+from rl_export.common.settings import Settings, env_name
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import child_pids, tail
-from rl_export.local.synthetic import generate, trace_events
+from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_events
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
 
 logging.getLogger("aiokafka").setLevel(logging.ERROR)  # retries while leaders settle
+
+# Traces per shape: about 104,000 and 110,000 events.
+DEFAULT_TRACES = {"standard": 36_000, "small": 24_000}
+MIB = 1024 * 1024
 
 
 def log(message: str) -> None:
@@ -80,30 +92,41 @@ async def produce(settings: Settings, events: list[dict[str, Any]]) -> float:
     return time.perf_counter() - started
 
 
-async def bare_consumer(settings: Settings, total: int, out: Path, run: int = 0) -> float:
-    """The baseline: consume, parse with orjson, write JSONL; no join, no state."""
+async def bare_consumer(
+    settings: Settings, total: int, out: Path, run: int = 0
+) -> dict[str, float]:
+    """The baseline: consume, parse with orjson, write JSONL; no join, no state.
+
+    Timed from its first record to its last; ``join_seconds`` is the time before the first
+    record (joining the group, the first fetch), reported apart.
+    """
     consumer = AIOKafkaConsumer(
         *settings.input_topics,
         bootstrap_servers=settings.kafka_bootstrap,
-        group_id=f"bench-bare-{os.getpid()}-{run}",
+        group_id=f"bench-bare-{os.getpid()}-{run}-{settings.topic_traces}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         max_poll_records=5000,
     )
+    started = time.perf_counter()
     await consumer.start()
     seen = 0
-    started = time.perf_counter()
+    first: float | None = None
     try:
         with open(out, "wb") as fh:
             while seen < total:
                 batch = await consumer.getmany(timeout_ms=500)
+                if batch and first is None:
+                    first = time.perf_counter()
                 for records in batch.values():
                     for r in records:
                         fh.write(orjson.dumps(orjson.loads(r.value)) + b"\n")
                     seen += len(records)
     finally:
         await consumer.stop()
-    return time.perf_counter() - started
+    done = time.perf_counter()
+    assert first is not None
+    return {"seconds": done - first, "join_seconds": first - started}
 
 
 async def lag(settings: Settings, group: str, topics: list[str]) -> int:
@@ -129,25 +152,68 @@ async def lag(settings: Settings, group: str, topics: list[str]) -> int:
         await admin.close()
 
 
-def worker_env(settings: Settings, port: int, data_dir: Path, **extra: str) -> dict[str, str]:
-    return child_env(
-        settings,
-        os.environ,
-        RL_EXPORT_WORKER_WEB_PORT=str(port),
-        RL_EXPORT_DATA_DIR=str(data_dir),
-        **extra,
-    )
+async def first_output_at(settings: Settings) -> float | None:
+    """When the worker's first snapshot was produced (its Kafka timestamp, in seconds).
+
+    A worker's join may take its first batches before the whole worker is ready (its other
+    join process and its sink still joining their groups); the clock starts at the earlier
+    of the two.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(settings.topic_trajectories, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.seek_to_beginning(*tps)
+        waiting = {tp for tp in tps if ends[tp] > 0}
+        first: list[int] = []
+        while waiting:
+            fetched = await consumer.getmany(*waiting, timeout_ms=2000, max_records=1)
+            if not fetched:
+                break
+            for tp, records in fetched.items():
+                if records:
+                    first.append(records[0].timestamp)
+                    waiting.discard(tp)
+        return min(first) / 1000 if first else None
+    finally:
+        await consumer.stop()
+
+
+def last_commit_at(store: Path) -> float:
+    """When the last commit in a local store was created (seconds since the epoch)."""
+    latest = 0.0
+    for path in store.rglob("_manifest/*/*.json"):
+        created = orjson.loads(path.read_bytes())["created_at"]
+        latest = max(latest, datetime.fromisoformat(created).timestamp())
+    return latest
+
+
+def worker_env(settings: Settings, port: int, data_dir: Path) -> dict[str, str]:
+    """The environment of a bench worker: only what differs from the defaults.
+
+    A worker of another checkout (``--baseline-python``) may not know every setting this one
+    has; the defaults it does not know are the defaults it has.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
+    dumped = settings.model_dump(mode="json", exclude_defaults=True)
+    for name, value in dumped.items():
+        env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
+    env[env_name("worker_web_port")] = str(port)
+    env[env_name("data_dir")] = str(data_dir)
+    return env
 
 
 def start_worker(
-    settings: Settings, data_dir: Path, **extra: str
+    settings: Settings, data_dir: Path, python: str = sys.executable
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(data_dir / "worker.log", "wb") as log_file:  # the child keeps its own handle
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rl_export.cli", "worker"],
-            env=worker_env(settings, port, data_dir, **extra),
+            [python, "-m", "rl_export.cli", "worker"],
+            env=worker_env(settings, port, data_dir),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
@@ -190,7 +256,7 @@ def quantile(
 
 
 def peak_rss_mib(pid: int) -> float:
-    """Peak RSS of a worker: its process and its join process (the sum of their peaks)."""
+    """Peak RSS of a worker: its process and its join processes (the sum of their peaks)."""
     total = 0.0
     for each in [pid, *child_pids(pid)]:
         with open(f"/proc/{each}/status") as fh:
@@ -218,19 +284,23 @@ def _check_running(procs: list[tuple[subprocess.Popen[bytes], int]], data_dir: P
             )
 
 
-async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str, Any]:
-    """Run ``workers`` workers until both groups have committed everything; time it.
+async def catch_up(
+    settings: Settings, workers: int, data_dir: Path, python: str = sys.executable
+) -> dict[str, Any]:
+    """Run ``workers`` workers until the last trajectory is visible in the store; time it.
 
-    The clock that gives the rate starts when every worker is ready (joined both groups,
-    state restored), so process start-up (imports, group joins) is reported apart.
+    The clock starts when every worker is ready (joined both groups, state restored), so
+    process start-up (imports, group joins) is reported apart, or at the first snapshot if
+    that came earlier; it stops at the creation of the last commit, found once both groups
+    have committed the end of every topic.
     """
     launched = time.perf_counter()
-    procs = [start_worker(settings, data_dir / f"w{i}") for i in range(workers)]
+    procs = [start_worker(settings, data_dir / f"w{i}", python) for i in range(workers)]
     try:
         while not all(ready(port) for _, port in procs):
             await asyncio.sleep(0.05)
             _check_running(procs, data_dir)
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         while True:
             await asyncio.sleep(0.25)
             _check_running(procs, data_dir)
@@ -238,7 +308,12 @@ async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str
             sink_lag = await lag(settings, settings.sink_group, [settings.topic_trajectories])
             if join_lag == 0 and sink_lag == 0:
                 break
-        elapsed = time.perf_counter() - started
+        polled = time.perf_counter() - started
+        first = await first_output_at(settings)
+        if first is not None and first < started_wall:
+            polled += started_wall - first
+            started_wall = first
+        visible = last_commit_at(Path(settings.store_url)) - started_wall
         rss = [peak_rss_mib(p.pid) for p, _ in procs]
         text = "".join(metrics(port) for _, port in procs)
     finally:
@@ -248,7 +323,8 @@ async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str
             proc.wait(60)
     return {
         "workers": workers,
-        "seconds": elapsed,
+        # The last commit can only be earlier than the poll that saw both lags at zero.
+        "seconds": visible if 0 < visible <= polled else polled,
         "start_seconds": started - launched,
         "peak_rss_mib": rss,
         "metrics": text,
@@ -320,9 +396,96 @@ def fresh(settings: Settings, tag: str, store: Path) -> Settings:
     )  # fmt: skip
 
 
+def own_topics(settings: Settings, prefix: str) -> Settings:
+    """The same settings on input and output topics of their own (``<prefix>.<topic>``)."""
+    names = ("topic_traces", "topic_evaluations", "topic_labels", "topic_trajectories",
+             "topic_dead_letter")  # fmt: skip
+    return settings.model_copy(
+        update={name: f"{prefix}.{getattr(settings, name)}" for name in names}
+    )
+
+
+def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
+    return runs[rates.index(sorted(rates)[len(rates) // 2])]
+
+
+async def measure_shape(
+    base: Settings, shape: Shape, traces: int, seed: int, work: Path, *, runs: int,
+    baseline_python: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Steps 1-5 for one traffic shape; the numbers of its runs and their medians."""
+    settings = own_topics(base, shape.name)
+    events = generate(traces, seed=seed, duplicate_rate=0.02, shape=shape)
+    size = sum(len(orjson.dumps(e)) for e in events)
+    log(f"{shape.name}: producing {len(events):,} events ({size / len(events) / 1024:.2f} KiB "
+        f"avg, {len(shape.projects)} org/projects)")  # fmt: skip
+    produce_s = await produce(settings, events)
+
+    bare: list[dict[str, float]] = []
+    ones: list[dict[str, Any]] = []
+    befores: list[dict[str, Any]] = []
+    twos: list[dict[str, Any]] = []
+    for run in range(runs):  # interleaved, so that drift in the machine hits every kind
+        step = f"{shape.name} run {run + 1} of {runs}"
+        log(f"{step}: bare aiokafka consumer, orjson parse, JSONL write")
+        bare.append(await bare_consumer(settings, len(events), work / "bare.jsonl", run))
+        log(f"{step}: one worker (join + sink) catching up")
+        tag = f"{shape.name}-one-{run}"
+        ones.append(await catch_up(fresh(settings, tag, work / f"store-{tag}"), 1, work / tag))
+        if baseline_python:
+            log(f"{step}: one baseline worker ({baseline_python}) catching up")
+            tag = f"{shape.name}-before-{run}"
+            befores.append(
+                await catch_up(
+                    fresh(settings, tag, work / f"store-{tag}"), 1, work / tag, baseline_python
+                )
+            )
+        log(f"{step}: two workers catching up on the same backlog")
+        tag = f"{shape.name}-two-{run}"
+        twos.append(await catch_up(fresh(settings, tag, work / f"store-{tag}"), 2, work / tag))
+
+    def rates(items: list[dict[str, Any]]) -> list[float]:
+        return [len(events) / r["seconds"] for r in items]
+
+    bare_rates, one_rates, two_rates = rates(bare), rates(ones), rates(twos)
+    result: dict[str, Any] = {
+        "shape": shape.name,
+        "events": len(events),
+        "traces": traces,
+        "org_projects": len(shape.projects),
+        "avg_event_bytes": size / len(events),
+        "backlog_mib": size / MIB,
+        "produce_events_per_s": len(events) / produce_s,
+        "runs": runs,
+        "bare_consumer_events_per_s": statistics.median(bare_rates),
+        "bare_consumer_runs": bare_rates,
+        "bare_consumer_join_seconds": statistics.median(b["join_seconds"] for b in bare),
+        "worker_events_per_s": statistics.median(one_rates),
+        "worker_runs": one_rates,
+        "worker_start_seconds": _median_run(ones, one_rates)["start_seconds"],
+        "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
+        "two_workers_events_per_s": statistics.median(two_rates),
+        "two_workers_runs": two_rates,
+        "two_workers_peak_rss_mib": [max(r["peak_rss_mib"][i] for r in twos) for i in (0, 1)],
+    }
+    result["worker_vs_bare"] = result["worker_events_per_s"] / result["bare_consumer_events_per_s"]
+    result["two_vs_one"] = result["two_workers_events_per_s"] / result["worker_events_per_s"]
+    if befores:
+        before_rates = rates(befores)
+        result["baseline_python"] = baseline_python
+        result["baseline_worker_events_per_s"] = statistics.median(before_rates)
+        result["baseline_worker_runs"] = before_rates
+        result["baseline_worker_peak_rss_mib"] = max(r["peak_rss_mib"][0] for r in befores)
+        result["worker_vs_baseline_worker"] = (
+            result["worker_events_per_s"] / result["baseline_worker_events_per_s"]
+        )
+    return result
+
+
 async def run(
-    traces: int, seed: int, out_dir: Path, *, keep: bool, steady_rate: float, runs: int = 3
-) -> dict[str, Any]:
+    shapes: list[str], traces: dict[str, int], seed: int, out_dir: Path, *, keep: bool,
+    steady_rate: float, runs: int = 3, baseline_python: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="rl-export-bench-"))
     broker = LocalKafka(work / "kafka", free_port(), heap="1g")
     log(f"starting Kafka in {work}")
@@ -332,38 +495,22 @@ async def run(
             kafka_bootstrap=broker.bootstrap, partitions=8, state_store="rocksdb://",
             data_dir=work / "var", store_url=str(work / "store"), shard_max_age_s=1.0,
         )  # fmt: skip
-        events = generate(traces, seed=seed, duplicate_rate=0.02)
-        size = sum(len(orjson.dumps(e)) for e in events)
-        log(f"producing {len(events):,} events ({size / len(events) / 1024:.1f} KiB avg)")
-        produce_s = await produce(base, events)
-
-        bare_rates, ones, twos = [], [], []
-        for run in range(runs):  # interleaved, so that drift in the machine hits all three
-            log(f"run {run + 1} of {runs}: bare aiokafka consumer, orjson parse, JSONL write")
-            bare_s = await bare_consumer(base, len(events), work / "bare.jsonl", run)
-            bare_rates.append(len(events) / bare_s)
-            log(f"run {run + 1} of {runs}: one worker (join + sink) catching up")
-            tag = f"one-{run}"
-            ones.append(await catch_up(fresh(base, tag, work / f"store-{tag}"), 1, work / tag))
-            log(f"run {run + 1} of {runs}: two workers catching up on the same backlog")
-            tag = f"two-{run}"
-            twos.append(await catch_up(fresh(base, tag, work / f"store-{tag}"), 2, work / tag))
-        one_rates = [len(events) / r["seconds"] for r in ones]
-        two_rates = [len(events) / r["seconds"] for r in twos]
-        bare_rate, one_rate, two_rate = (
-            statistics.median(bare_rates), statistics.median(one_rates),
-            statistics.median(two_rates),
-        )  # fmt: skip
-        one = ones[one_rates.index(sorted(one_rates)[len(one_rates) // 2])]  # the median run
-
+        measured = []
+        for name in shapes:
+            shape = SHAPES[name]
+            measured.append(
+                await measure_shape(
+                    base,
+                    shape,
+                    traces[name],
+                    seed,
+                    work,
+                    runs=runs,
+                    baseline_python=baseline_python,
+                )
+            )
         log(f"freshness under a steady load of {steady_rate:g} events/s (shard age bound 1 s)")
-        quiet = fresh(base, "steady", work / "store-steady").model_copy(
-            update={  # topics of its own: no backlog to catch up on first
-                name: f"steady.{getattr(base, name)}"
-                for name in ("topic_traces", "topic_evaluations", "topic_labels",
-                             "topic_trajectories", "topic_dead_letter")
-            }
-        )  # fmt: skip
+        quiet = own_topics(fresh(base, "steady", work / "store-steady"), "steady")
         fresh_stats = await steady(quiet, work / "steady", rate=steady_rate, seconds=30)
     finally:
         broker.stop()
@@ -372,24 +519,8 @@ async def run(
     result = {
         "at": datetime.now(UTC).isoformat(),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "events": len(events),
-        "traces": traces,
-        "avg_event_bytes": size / len(events),
-        "produce_events_per_s": len(events) / produce_s,
-        "runs": runs,
         "join_processes": base.join_processes,
-        "bare_consumer_events_per_s": bare_rate,
-        "bare_consumer_runs": bare_rates,
-        "worker_events_per_s": one_rate,
-        "worker_runs": one_rates,
-        "worker_vs_bare": one_rate / bare_rate,
-        "worker_seconds": one["seconds"],
-        "worker_start_seconds": one["start_seconds"],
-        "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
-        "two_workers_events_per_s": two_rate,
-        "two_workers_runs": two_rates,
-        "two_vs_one": two_rate / one_rate,
-        "two_workers_peak_rss_mib": [max(r["peak_rss_mib"][i] for r in twos) for i in (0, 1)],
+        "shapes": measured,
         "steady": fresh_stats,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -399,48 +530,97 @@ async def run(
     return result
 
 
-def print_table(r: dict[str, Any], path: Path) -> None:
+def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The printed lines of one shape's results."""
+
     def runs(key: str) -> str:
         return " / ".join(f"{v:,.0f}" for v in r[key])
 
+    def mbs(rate: float) -> str:
+        return f"{rate * r['avg_event_bytes'] / MIB:.1f} MB/s"
+
+    n = r["runs"]
     rows = [
-        ("events in backlog", f"{r['events']:,} ({r['avg_event_bytes'] / 1024:.1f} KiB avg)"),
-        (f"bare consumer (baseline), median of {r['runs']}",
-         f"{r['bare_consumer_events_per_s']:,.0f} events/s  ({runs('bare_consumer_runs')})"),
-        (f"one worker, join + sink, median of {r['runs']}",
-         f"{r['worker_events_per_s']:,.0f} events/s  ({runs('worker_runs')})"),
-        ("  ratio to baseline", f"{r['worker_vs_bare']:.3f}"),
-        ("  peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
-        (f"two workers, median of {r['runs']}",
+        (f"{r['shape']} backlog",
+         f"{r['events']:,} events, {r['avg_event_bytes'] / 1024:.2f} KiB avg, "
+         f"{r['org_projects']} org/projects, {r['backlog_mib']:.0f} MiB"),
+        (f"  bare consumer (baseline), median of {n}",
+         f"{r['bare_consumer_events_per_s']:,.0f} events/s, "
+         f"{mbs(r['bare_consumer_events_per_s'])}  ({runs('bare_consumer_runs')}); "
+         f"group join {r['bare_consumer_join_seconds']:.1f} s apart"),
+        (f"  one worker, join + sink, median of {n}",
+         f"{r['worker_events_per_s']:,.0f} events/s, {mbs(r['worker_events_per_s'])}  "
+         f"({runs('worker_runs')}); ready after {r['worker_start_seconds']:.1f} s"),
+        ("    ratio to the bare consumer", f"{r['worker_vs_bare']:.3f}"),
+        ("    peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
+    ]  # fmt: skip
+    if "baseline_worker_events_per_s" in r:
+        rows += [
+            (f"  baseline worker, median of {n}",
+             f"{r['baseline_worker_events_per_s']:,.0f} events/s  "
+             f"({runs('baseline_worker_runs')}), peak RSS "
+             f"{r['baseline_worker_peak_rss_mib']:.0f} MiB"),
+            ("    this worker / baseline worker", f"{r['worker_vs_baseline_worker']:.2f}"),
+        ]  # fmt: skip
+    rows += [
+        (f"  two workers, median of {n}",
          f"{r['two_workers_events_per_s']:,.0f} events/s  ({runs('two_workers_runs')})"),
-        ("  ratio to one worker", f"{r['two_vs_one']:.2f}"),
-        ("freshness p50 / p99", f"{r['steady']['freshness_p50_s']:.2f} s / "
-                                f"{r['steady']['freshness_p99_s']:.2f} s "
-                                f"at {r['steady']['rate']:.0f} events/s"),
-        ("join latency p50 / p99", f"{r['steady']['join_latency_p50_s']:.3f} s / "
-                                   f"{r['steady']['join_latency_p99_s']:.3f} s"),
+        ("    ratio to one worker", f"{r['two_vs_one']:.2f}"),
+    ]  # fmt: skip
+    return rows
+
+
+def print_table(result: dict[str, Any], path: Path) -> None:
+    rows = [row for r in result["shapes"] for row in shape_rows(r)]
+    s = result["steady"]
+    rows += [
+        ("freshness p50 / p99", f"{s['freshness_p50_s']:.2f} s / {s['freshness_p99_s']:.2f} s "
+                                f"at {s['rate']:.0f} events/s (standard shape)"),
+        ("join latency p50 / p99", f"{s['join_latency_p50_s']:.3f} s / "
+                                   f"{s['join_latency_p99_s']:.3f} s"),
     ]  # fmt: skip
     width = max(len(a) for a, _ in rows)
     print()
     for a, b in rows:
         print(f"  {a:<{width}}  {b}")
+    print(
+        "\n  events/s: backlog events over the time from the first record (bare consumer) or"
+        "\n  from ready (worker) to the last record written (bare) or the last trajectory"
+        "\n  visible in the store (worker); MB/s: the same over the backlog's bytes."
+    )
     print(f"\n  results: {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rl-export-bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--traces", type=int, default=36_000, help="about 2.9 events each")
+    parser.add_argument(
+        "--shapes", default="standard,small", help=f"traffic shapes, of {', '.join(SHAPES)}"
+    )
+    parser.add_argument("--traces", type=int, help="traces per shape (default: ~105k events)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     parser.add_argument("--keep", action="store_true", help="keep the broker and stores")
     parser.add_argument("--steady-rate", type=float, default=500.0, help="events/s")
     parser.add_argument("--runs", type=int, default=3, help="catch-up runs of each kind")
+    parser.add_argument(
+        "--baseline-python",
+        help="also run the worker of another checkout with this Python, side by side",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown or not shapes:
+        parser.error(f"--shapes: unknown shape {unknown[0] if unknown else '(none)'!r}")
+    if args.baseline_python and not Path(args.baseline_python).exists():
+        parser.error(f"--baseline-python: {args.baseline_python} does not exist")
+    traces = {
+        s: args.traces or DEFAULT_TRACES.get(s, DEFAULT_TRACES[STANDARD.name]) for s in SHAPES
+    }
     asyncio.run(
-        run(args.traces, args.seed, args.out, keep=args.keep, steady_rate=args.steady_rate,
-            runs=args.runs)
+        run(shapes, traces, args.seed, args.out, keep=args.keep, steady_rate=args.steady_rate,
+            runs=args.runs, baseline_python=args.baseline_python)
     )  # fmt: skip
     return 0
 

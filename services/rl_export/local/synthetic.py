@@ -4,11 +4,16 @@
 multi-turn conversations of a few KB with tool calls, evaluations with reports, labels from
 several labelers (with skips and retractions), in shuffled order with some duplicates. The
 same seed always gives the same events.
+
+Traffic comes in shapes (:data:`SHAPES`), because what a worker costs depends on them: the
+``standard`` shape (one org/project, 1.3 KiB events, about 2.9 per trace) and the ``small``
+one (three org/projects, 0.7 KiB events, label-heavy: about 5 events per trace).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,6 +28,44 @@ SCENARIOS = [
 ]
 EVALUATORS = ["faithfulness", "helpfulness_judge", "policy_check", "tool_use"]
 LABELERS = ["ana", "bo", "chen", "dee"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one synthetic trace looks like: its size and how many events of each kind."""
+
+    name: str
+    projects: tuple[tuple[str, str], ...] = (("acme", "support-bot"),)
+    turns: tuple[int, int] = (2, 4)
+    user_words: tuple[int, int] = (8, 40)
+    assistant_words: int = 60
+    tool_words: int = 30
+    tool_call_rate: float = 0.4
+    evaluations: tuple[int, ...] = (0, 1, 1, 2)  # drawn from, per trace
+    evaluators: tuple[int, int] = (1, 3)
+    reasoning_words: int = 20
+    labelers: tuple[str, ...] = tuple(LABELERS)
+    labels: tuple[int, ...] = (0, 0, 1, 2)  # drawn from, per trace
+
+
+SHAPES: dict[str, Shape] = {
+    "standard": Shape("standard"),
+    "small": Shape(
+        "small",
+        projects=(("acme", "support-bot"), ("globex", "triage"), ("initech", "coder")),
+        turns=(2, 3),
+        user_words=(10, 35),
+        assistant_words=60,
+        tool_words=20,
+        tool_call_rate=0.3,
+        evaluations=(0, 1, 1, 1),
+        evaluators=(1, 2),
+        reasoning_words=10,
+        labelers=("ana", "bo", "chen", "dee", "eli", "fay", "gus", "hal"),
+        labels=(1, 2, 3, 4),
+    ),
+}
+STANDARD = SHAPES["standard"]
 _WORDS = [
     "plan", "goal", "step", "budget", "weekly", "check", "progress", "habit", "sleep", "walk",
     "friend", "call", "schedule", "review", "order", "refund", "account", "reset", "summary",
@@ -34,11 +77,11 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
 
 
-def _conversation(rng: random.Random, turns: int) -> list[dict[str, Any]]:
+def _conversation(rng: random.Random, turns: int, shape: Shape) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
     for turn in range(turns):
-        messages.append({"role": "user", "content": _text(rng, rng.randint(8, 40))})
-        if rng.random() < 0.4:
+        messages.append({"role": "user", "content": _text(rng, rng.randint(*shape.user_words))})
+        if rng.random() < shape.tool_call_rate:
             call_id = f"call_{turn}_{rng.randrange(10**6)}"
             messages.append(
                 {
@@ -53,10 +96,11 @@ def _conversation(rng: random.Random, turns: int) -> list[dict[str, Any]]:
                     ],
                 }
             )
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": _text(rng, 30)})
-        messages.append(
-            {"role": "assistant", "content": [{"type": "text", "text": _text(rng, 60)}]}
-        )
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": _text(rng, shape.tool_words)}
+            )
+        text = _text(rng, shape.assistant_words)
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
     return messages
 
 
@@ -73,32 +117,35 @@ def _base(
     }
 
 
-def trace_events(rng: random.Random, index: int, completed_at: datetime) -> list[dict[str, Any]]:
+def trace_events(
+    rng: random.Random, index: int, completed_at: datetime, shape: Shape = STANDARD
+) -> list[dict[str, Any]]:
     """Return every event of one synthetic trace, in the order they happened.
 
     The trace completes at ``completed_at``; evaluations and labels follow within hours.
     """
-    trace = {"trace_id": f"tr-{index:08d}", "org": "acme", "project": "support-bot"}
+    org, project = shape.projects[index % len(shape.projects)]
+    trace = {"trace_id": f"tr-{index:08d}", "org": org, "project": project}
     at = completed_at
     events = []
     completed = _base(rng, "trace.completed", trace, at, 0)
     completed |= {
         "agent_version": rng.choice(["v3", "v4"]),
         "scenario": rng.choice(SCENARIOS),
-        "messages": _conversation(rng, rng.randint(2, 4)),
+        "messages": _conversation(rng, rng.randint(*shape.turns), shape),
         "metadata": {"latency_ms": rng.randint(200, 9000)},
         "attachments": [],
     }
     events.append(completed)
-    for run in range(rng.choice([0, 1, 1, 2])):
+    for run in range(rng.choice(shape.evaluations)):
         at += timedelta(seconds=rng.randint(1, 600))
         evaluation = _base(rng, "evaluation.finished", trace, at, run)
         results = []
-        for name in rng.sample(EVALUATORS, rng.randint(1, 3)):
+        for name in rng.sample(EVALUATORS, rng.randint(*shape.evaluators)):
             score = round(rng.random(), 3)
             results.append(
                 {"evaluator": name, "score": score, "passed": score >= 0.5,
-                 "reasoning": _text(rng, 20)}
+                 "reasoning": _text(rng, shape.reasoning_words)}
             )  # fmt: skip
         evaluation |= {
             "evaluation_id": f"ev-{index}-{run}",
@@ -109,7 +156,7 @@ def trace_events(rng: random.Random, index: int, completed_at: datetime) -> list
             },
         }
         events.append(evaluation)
-    for n, labeler in enumerate(rng.sample(LABELERS, rng.choice([0, 0, 1, 2]))):
+    for n, labeler in enumerate(rng.sample(shape.labelers, rng.choice(shape.labels))):
         at += timedelta(seconds=rng.randint(1, 3600))
         roll = rng.random()
         if roll < 0.15:
@@ -135,12 +182,15 @@ def generate(
     duplicate_rate: float = 0.02,
     shuffle: bool = True,
     start: datetime | None = None,
+    shape: Shape = STANDARD,
 ) -> list[dict[str, Any]]:
     """Return the events of ``n_traces`` traces, shuffled, with some exact duplicates."""
     rng = random.Random(seed)
     start = start or datetime(2026, 1, 1, tzinfo=UTC)
     events = [
-        e for i in range(n_traces) for e in trace_events(rng, i, start + timedelta(seconds=i))
+        e
+        for i in range(n_traces)
+        for e in trace_events(rng, i, start + timedelta(seconds=i), shape)
     ]
     events += [rng.choice(events) for _ in range(int(len(events) * duplicate_rate))]
     if shuffle:

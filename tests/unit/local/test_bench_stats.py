@@ -38,3 +38,21 @@ def test_quantile_counts_only_what_happened_between_two_readings() -> None:
 def test_quantile_of_nothing_is_nan_and_beyond_the_last_bound_is_that_bound() -> None:
     assert math.isnan(quantile([], [(0.1, 0.0), (math.inf, 0.0)], 0.5))
     assert quantile([], [(0.1, 0.0), (1.0, 0.0), (math.inf, 3.0)], 0.99) == 1.0
+
+
+def test_a_bench_worker_gets_only_the_settings_that_differ_from_the_defaults() -> None:
+    """So a worker of an older checkout (``--baseline-python``) accepts the environment."""
+    from pathlib import Path
+
+    from rl_export.common.settings import Settings
+    from rl_export.local.bench import worker_env
+
+    settings = Settings(app_id="bench-x-join", shard_max_age_s=1.0)
+    env = worker_env(settings, 7000, Path("/tmp/w"))
+    ours = {k: v for k, v in env.items() if k.startswith("RL_EXPORT_")}
+    assert ours == {
+        "RL_EXPORT_APP_ID": "bench-x-join",
+        "RL_EXPORT_SHARD_MAX_AGE_S": "1.0",
+        "RL_EXPORT_WORKER_WEB_PORT": "7000",
+        "RL_EXPORT_DATA_DIR": "/tmp/w",
+    }

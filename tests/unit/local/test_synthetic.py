@@ -1,0 +1,38 @@
+"""Synthetic traffic: valid events, reproducible by seed, in the shapes the bench measures."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import orjson
+import pytest
+
+from rl_export.common.events import EVENT_ADAPTER
+from rl_export.local.synthetic import SHAPES, generate
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_event_is_valid_and_the_seed_decides_everything(shape: str) -> None:
+    events = generate(300, seed=4, shape=SHAPES[shape])
+    for event in events:
+        EVENT_ADAPTER.validate_json(orjson.dumps(event))
+    assert generate(300, seed=4, shape=SHAPES[shape]) == events
+    assert generate(300, seed=5, shape=SHAPES[shape]) != events
+
+
+def test_the_small_shape_is_small_label_heavy_and_spread_over_three_projects() -> None:
+    standard = generate(2000, seed=1, shape=SHAPES["standard"])
+    small = generate(2000, seed=1, shape=SHAPES["small"])
+
+    def avg_bytes(events: list[dict[str, object]]) -> float:
+        return sum(len(orjson.dumps(e)) for e in events) / len(events)
+
+    def labels_per_trace(events: list[dict[str, object]]) -> float:
+        kinds = Counter(str(e["event_type"]) for e in events)
+        return sum(v for k, v in kinds.items() if k.startswith("label.")) / kinds["trace.completed"]
+
+    assert 1200 < avg_bytes(standard) < 1450  # 1.3 KiB
+    assert 650 < avg_bytes(small) < 800  # 0.7 KiB
+    assert labels_per_trace(small) > 2 * labels_per_trace(standard)
+    assert len({(e["org"], e["project"]) for e in small}) == 3
+    assert len({(e["org"], e["project"]) for e in standard}) == 1
