@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench
+.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench profile
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,3 +62,7 @@ clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are 
 
 bench: install ## benchmark: one worker vs a bare consumer on 100k events, freshness, scaling
 	$(BIN)/python -m rl_export.local.bench
+
+profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
+	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000
+	$(BIN)/python -m rl_export.local.profile --shape small --traces 24000

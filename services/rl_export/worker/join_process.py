@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from rl_export.common.gctune import tune_gc
 from rl_export.common.net import LOOPBACK
 from rl_export.common.settings import Settings
 from rl_export.worker.joins import InProcessJoin
@@ -20,7 +21,6 @@ from rl_export.worker.runtime import (
     die_with,
     run_stages,
     stop_on_signals,
-    tune_gc,
 )
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.common.errors import StoreError
+from rl_export.common.gctune import tune_gc
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.compaction import compact, expire
@@ -24,7 +25,7 @@ from rl_export.corpora.store import open_store
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.worker.joins import ChildJoins, InProcessJoin, JoinStage
 from rl_export.worker.pages import serve_pages
-from rl_export.worker.runtime import configure_logging, run_stages, stop_on_signals, tune_gc
+from rl_export.worker.runtime import configure_logging, run_stages, stop_on_signals
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Process plumbing shared by the worker and its join processes.
 
-Logging, signals, the cycle collector's tuning, dying with a parent process, and running
-stages side by side until one fails.
+Logging, signals, dying with a parent process, and running stages side by side until one
+fails.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import gc
 import logging
 import os
 import signal
@@ -43,22 +42,6 @@ def configure_logging(settings: Settings) -> None:
         force=True,  # the command line set up warnings-only logging before
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-
-
-def tune_gc() -> None:
-    """Run CPython's cycle collector less often, and never over the start-up objects.
-
-    The join and the sink allocate a hundred-odd objects per event, nearly all freed by
-    reference counting; with the default generation-0 threshold (700 allocations) the cycle
-    collector still ran every few events, and its older generations walked every module,
-    schema and client object loaded at start. ``gc.freeze`` moves those out of its way, and
-    a threshold of 50,000 lets it run once per few hundred events. In process this cut the
-    join's time per event by about 7 %; garbage cycles (rare here: mostly failed futures)
-    wait a little longer to be collected.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
