@@ -1,0 +1,86 @@
+"""The records and shards rl-export writes, byte for byte, on the bench's traffic shapes.
+
+Trainers and other tools read the corpora; a faster join or sink must write exactly the
+same bytes. The digest below is what the code of commit fd337d1 (before the layout, the
+partitioner and the throughput work) writes for these events, replayed; a change that
+alters any record or shard fails here. If a change of the contract is ever
+intended, DESIGN.md says so first, and the digest is updated in the same commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from rl_export.common.settings import Settings
+from rl_export.corpora.replay import replay
+from rl_export.corpora.store import MemoryStore
+from rl_export.local.synthetic import SHAPES, generate
+from tests.factories import event
+
+EXPECTED = "206bbfd1250b108f2adc9908b7d138041ec1a990a40ddc7c61acaaba6d579503"
+
+
+def special_events() -> list[dict[str, Any]]:
+    """Content the synthetic shapes lack: unicode line separators, odd message shapes,
+    attachments, a report with classifications, deletion and retraction."""
+    at = "2026-02-01T00:00:0{}Z".format
+    messages = [
+        {"role": "system", "content": None},
+        {
+            "role": "user",
+            "content": "line\u2028one\u2029two \u00e9\u4e2d \U0001f600",
+            "x": [1, 2.5],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "</script>"}], "name": "a"},
+    ]
+    report = {
+        "outcomes": [{"type": "goal", "turn": 1, "decision": True, "severity": 2}],
+        "classifications": [
+            {"type": "policy", "turn": 2,
+             "assessments": [{"principle_id": "p1", "decision": "no", "explanation": "e"}]},
+        ],
+    }  # fmt: skip
+    attachments = [{"name": "a.txt", "uri": "s3://b/a.txt", "content_type": "text/plain",
+                    "size": 3, "extra": True}]  # fmt: skip
+    u = {"trace_id": "tr-unicode", "org": "acme", "project": "bot"}
+    d = {"trace_id": "tr-deleted", "org": "acme", "project": "bot"}
+    return [
+        event("trace.completed", "u-t", at(1), **u, messages=messages, attachments=attachments),
+        event("evaluation.finished", "u-e", at(2), **u, report=report),
+        event("label.submitted", "u-l1", at(3), **u, labeler="ana"),
+        event("label.submitted", "u-l2", at(4), **u, labeler="bo", comment="x\u2028y"),
+        event("label.retracted", "u-r", at(5), **u, labeler="ana"),
+        event("trace.completed", "d-t", at(1), **d),
+        event("label.submitted", "d-l", at(2), **d, labeler="ana"),
+        event("trace.deleted", "d-d", at(3), **d),
+    ]
+
+
+def digest_of_replay(events: list[dict[str, Any]]) -> tuple[str, int]:
+    import asyncio
+
+    store = MemoryStore()
+    settings = Settings(partitions=4, shard_max_records=500)
+    lines = [(f"e:{n}", orjson.dumps(e)) for n, e in enumerate(events, 1)]
+    asyncio.run(replay(settings, store, lines, run_id="golden"))
+    data = sorted((k, v) for k, v in store.objects.items() if "/data/" in k)
+    digest = hashlib.sha256()
+    for key, value in data:
+        digest.update(key.encode() + b"\0" + value + b"\0")
+    return digest.hexdigest(), sum(v.count(b"\n") for _, v in data)
+
+
+def test_records_and_shards_are_byte_for_byte_what_they_were() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    events = (
+        generate(300, seed=11, shape=SHAPES["standard"], start=start)
+        + generate(300, seed=12, shape=SHAPES["small"], start=start)
+        + special_events()
+    )
+    digest, records = digest_of_replay(events)
+    assert records > 1000
+    assert digest == EXPECTED
