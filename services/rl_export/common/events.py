@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Required
 
 import orjson
@@ -53,6 +53,20 @@ def parse_rfc3339(value: Any) -> datetime:
         return datetime.fromisoformat(text).astimezone(UTC)
     except ValueError as exc:  # e.g. month 13: the shape matched, the calendar did not
         raise ValueError(f"not a valid date-time: {exc}") from None
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(value: datetime) -> int:
+    """Microseconds since the epoch of an aware datetime, exactly (no float rounding)."""
+    delta = value - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(value: int) -> datetime:
+    """Inverse of :func:`micros`."""
+    return EPOCH + timedelta(microseconds=value)
 
 
 def format_utc(value: datetime) -> str:
@@ -286,12 +300,18 @@ _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0000000000")
 _NINETEEN_DIGITS = b"0" * 19
 
 
-def _suspect(raw: bytes) -> bool:
-    return b"NaN" in raw or b"Infinity" in raw or _NINETEEN_DIGITS in raw.translate(_DIGITS_TO_ZERO)
+def long_digit_run(raw: bytes) -> bool:
+    """True when the bytes hold 19 digits in a row: maybe an integer beyond 64 bits."""
+    return _NINETEEN_DIGITS in raw.translate(_DIGITS_TO_ZERO)
+
+
+def suspect(raw: bytes) -> bool:
+    """True when the bytes may hold NaN, Infinity or an integer beyond 64 bits."""
+    return b"NaN" in raw or b"Infinity" in raw or long_digit_run(raw)
 
 
 def _strict_json_problem(raw: bytes, event: BaseEvent) -> EventRejection | None:
-    if not _suspect(raw):
+    if not suspect(raw):
         return None
     try:
         orjson.loads(raw)  # refuses NaN and Infinity

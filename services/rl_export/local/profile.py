@@ -15,7 +15,9 @@ time (``time.process_time``), so that one change to the hot path can be judged a
    an in-memory store, with the default corpora.
 
 It prints CPU µs per input event for each stage (best of ``--repeat`` passes), and with
-``--cprofile N`` the N functions with the most own time.
+``--cprofile N`` the N functions with the most own time. On a machine whose CPU time is
+shared too (a VM, other jobs), count instructions instead: ``--stages none|join|all`` under
+``valgrind --tool=callgrind`` gives each stage's count as the difference of two runs.
 """
 
 from __future__ import annotations
@@ -166,12 +168,14 @@ async def profile(args: argparse.Namespace) -> None:
           f"state {args.state}, batches of {settings.join_batch_size}")  # fmt: skip
     joins, sinks = [], []
     profiler = cProfile.Profile() if args.cprofile else None
+    if args.stages == "none":
+        return
     for n in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="rl-export-profile-") as folder:
             if profiler is not None and n == args.repeat - 1:
                 profiler.enable()
             join_s, emitter = await join_pass(settings, messages, Path(folder))
-            sink_s = await sink_pass(settings, emitter)
+            sink_s = await sink_pass(settings, emitter) if args.stages == "all" else 0.0
             if profiler is not None and n == args.repeat - 1:
                 profiler.disable()
         joins.append(join_s / len(messages) * 1e6)
@@ -193,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--state", default="rocksdb", choices=["rocksdb", "memory"])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--stages", default="all", choices=["none", "join", "all"],
+        help="run nothing but the set-up, the join only, or the join and the sink",
+    )  # fmt: skip
     parser.add_argument(
         "--cprofile", type=int, default=0, metavar="N",
         help="print the N functions with the most own time (last pass)",

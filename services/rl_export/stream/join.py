@@ -24,7 +24,6 @@ The rules, in one place:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import orjson
@@ -32,20 +31,15 @@ import orjson
 from rl_export.common.codec import RawJson
 from rl_export.common.events import (
     BaseEvent,
-    EvaluationFinished,
     EventRejection,
-    LabelRetracted,
-    LabelSkipped,
-    LabelSubmitted,
     RejectReason,
-    TraceCompleted,
-    TraceDeleted,
     format_utc,
-    redecode,
+    from_micros,
+    micros,
 )
+from rl_export.common.eventview import EventView, reread_event, view_of
 from rl_export.common.records import RULES_VERSION
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
 STATE_VERSION = 2  # 1: messages inside the JSON; 2: messages on a line of their own
 
@@ -53,18 +47,11 @@ STATE_VERSION = 2  # 1: messages inside the JSON; 2: messages on a line of their
 OrderKey = tuple[int, str]
 
 
-def micros(value: datetime) -> int:
-    """Return microseconds since the epoch, exactly (no float rounding)."""
-    delta = value - EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+__all__ = ["from_micros", "micros"]  # kept importable from here, where the rules use them
 
 
-def from_micros(value: int) -> datetime:
-    return EPOCH + timedelta(microseconds=value)
-
-
-def order_key(event: BaseEvent) -> OrderKey:
-    return (micros(event.occurred_at), event.event_id)
+def order_key(event: EventView) -> OrderKey:
+    return (event.micros, event.event_id)
 
 
 @dataclass(slots=True)
@@ -179,7 +166,7 @@ class JoinConfig:
 
 def merge(
     state: TraceState | None,
-    event: BaseEvent,
+    event: EventView | BaseEvent,
     raw: RawEvent,
     *,
     now: float,
@@ -188,24 +175,27 @@ def merge(
 ) -> MergeResult:
     """Merge ``event`` into ``state`` (None for a new trace); return the new state and effects.
 
-    ``now`` is the worker's clock (seconds since the epoch), used only for retention.
-    With ``build_snapshot=False`` the result says whether a snapshot is due (``emits``)
-    without building it; :func:`current_snapshot` builds it later.
+    ``event`` is the view :func:`~rl_export.common.eventview.read_event` gives (a model the
+    pydantic path decoded is turned into one). ``now`` is the worker's clock (seconds since
+    the epoch), used only for retention. With ``build_snapshot=False`` the result says
+    whether a snapshot is due (``emits``) without building it; :func:`current_snapshot`
+    builds it later.
     """
-    result = _merge(state, event, raw, now=now)
+    view = view_of(event) if isinstance(event, BaseEvent) else event
+    result = _merge(state, view, raw, now=now)
     if result.emits and build_snapshot:
         result.snapshot = current_snapshot(result.state, config)
     return result
 
 
-def _merge(state: TraceState | None, event: BaseEvent, raw: RawEvent, *, now: float) -> MergeResult:
+def _merge(state: TraceState | None, event: EventView, raw: RawEvent, *, now: float) -> MergeResult:
     st = state if state is not None else TraceState(trace_id=event.trace_id)
 
     if event.event_id in st.seen or any(p.event_id == event.event_id for p in st.pending):
         return MergeResult(st, "duplicate", emits=st.trace is not None or st.deleted)
 
     if st.trace is None and not st.deleted:
-        if not isinstance(event, TraceCompleted):
+        if event.event_type != "trace.completed":
             st.pending.append(Pending(event.event_id, raw))
             if st.first_pending_at is None:
                 st.first_pending_at = now
@@ -224,7 +214,7 @@ def _merge(state: TraceState | None, event: BaseEvent, raw: RawEvent, *, now: fl
     return MergeResult(st, "accepted", accepted=1, emits=True)
 
 
-def _org_mismatch(event: BaseEvent, st: TraceState) -> EventRejection:
+def _org_mismatch(event: EventView, st: TraceState) -> EventRejection:
     return EventRejection(
         RejectReason.ORG_MISMATCH,
         f"event is for {event.org}/{event.project} but trace {st.trace_id} belongs to "
@@ -232,14 +222,14 @@ def _org_mismatch(event: BaseEvent, st: TraceState) -> EventRejection:
     )
 
 
-def _arrive(st: TraceState, trace: TraceCompleted, raw: RawEvent, *, now: float) -> MergeResult:
+def _arrive(st: TraceState, trace: EventView, raw: RawEvent, *, now: float) -> MergeResult:
     """The first ``trace.completed``: fix org/project, then settle the waiting events."""
     st.org, st.project = trace.org, trace.project
     _apply(st, trace, now)
     result = MergeResult(st, "accepted", accepted=1)
     waiting, st.pending, st.first_pending_at = st.pending, [], None
     for item in waiting:
-        decoded = redecode(item.raw.value)
+        decoded = reread_event(item.raw.value)
         if isinstance(decoded, EventRejection):  # only if the rules changed in between
             result.rejected.append((item.raw, decoded))
         elif (decoded.org, decoded.project) != (st.org, st.project):
@@ -261,48 +251,45 @@ def _settle_tombstone(st: TraceState) -> None:
         st.deleted_revision = st.revision
 
 
-def _count(st: TraceState, event: BaseEvent) -> None:
+def _count(st: TraceState, event: EventView) -> None:
     st.seen.add(event.event_id)
-    st.updated_at = max(st.updated_at, micros(event.occurred_at))
+    st.updated_at = max(st.updated_at, event.micros)
 
 
-def _apply(st: TraceState, event: BaseEvent, now: float) -> None:
+def _apply(st: TraceState, event: EventView, now: float) -> None:
     """Apply an accepted event of a trace that exists (or is arriving) and is not deleted."""
     _count(st, event)
-    key = order_key(event)
-    if isinstance(event, TraceCompleted):
+    key = (event.micros, event.event_id)
+    kind = event.event_type
+    if kind in {"label.submitted", "label.retracted"}:
+        current = st.labels.get(event.labeler)
+        if current is None or key > current.key:
+            st.labels[event.labeler] = LabelView(key, event.rubric)
+    elif kind == "label.skipped":
+        st.skipped_by.add(event.labeler)
+    elif kind == "trace.completed":
         if st.trace is None or key > st.trace.key:
             st.trace = TraceView(
                 key=key,
                 agent_version=event.agent_version,
                 scenario=event.scenario,
-                messages=RawJson(orjson.dumps(event.messages)),
-                attachments=[a.model_dump(mode="json") for a in event.attachments],
+                messages=RawJson(event.messages),
+                attachments=event.attachments or [],
             )
-    elif isinstance(event, TraceDeleted):
+    elif kind == "evaluation.finished":
+        if st.evaluation is None or key > st.evaluation.key:
+            st.evaluation = EvaluationView(
+                key=key,
+                evaluation_id=event.evaluation_id,
+                results=event.results or [],
+                report=event.report or {},
+            )
+    elif kind == "trace.deleted":
         st.deleted_at = now
         st.trace = None
         st.evaluation = None
         st.labels.clear()
         st.skipped_by.clear()
-    elif isinstance(event, EvaluationFinished):
-        if st.evaluation is None or key > st.evaluation.key:
-            st.evaluation = EvaluationView(
-                key=key,
-                evaluation_id=event.evaluation_id,
-                results=[r.model_dump(mode="json", exclude_unset=True) for r in event.results],
-                report=event.report.model_dump(mode="json"),
-            )
-    elif isinstance(event, LabelSubmitted | LabelRetracted):
-        current = st.labels.get(event.labeler)
-        if current is None or key > current.key:
-            rubric = None
-            if isinstance(event, LabelSubmitted):
-                r = event.rubric
-                rubric = (r.correctness, r.helpfulness, r.efficiency, r.safety)
-            st.labels[event.labeler] = LabelView(key, rubric)
-    elif isinstance(event, LabelSkipped):
-        st.skipped_by.add(event.labeler)
 
 
 def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | None:

@@ -17,12 +17,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from rl_export.common.codec import RawJson
-from rl_export.common.events import (
-    EventFamily,
-    EventRejection,
-    decode_event,
-    event_type_of,
-)
+from rl_export.common.events import EventFamily, EventRejection
+from rl_export.common.eventview import EventView, read_event
 from rl_export.common.metrics import Metrics
 from rl_export.common.partitioning import partition_function
 from rl_export.common.records import encode_snapshot
@@ -186,9 +182,9 @@ class JoinProcessor:
             )
         return partition
 
-    def _check(self, message: InMessage, now: datetime) -> Any:
+    def _check(self, message: InMessage, now: datetime) -> EventView | EventRejection:
         """The decoded event, or why it goes to the dead-letter topic."""
-        return decode_event(
+        return read_event(
             message.value,
             max_bytes=self.settings.max_event_bytes,
             now=now,
@@ -221,7 +217,7 @@ class JoinProcessor:
                 await self.emitter.forward(message, key, home)
                 matches = self._misroutes.note(key, message.partition, clock)
                 self.metrics.forwarded.labels(matches).inc()
-                outcomes[event_type_of(decoded), "forwarded"] += 1
+                outcomes[decoded.event_type, "forwarded"] += 1
                 continue
             entry = touched.get(key)
             conversation = None
@@ -234,7 +230,7 @@ class JoinProcessor:
                 message.timestamp_ms,
             )  # fmt: skip
             merged = merge(state, decoded, raw, now=clock, config=self.config, build_snapshot=False)
-            outcomes[event_type_of(decoded), merged.outcome] += 1
+            outcomes[decoded.event_type, merged.outcome] += 1
             if entry is None:
                 entry = touched[key] = _Touched(merged.state, message, conversation)
             else:
