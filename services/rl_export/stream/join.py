@@ -23,12 +23,13 @@ The rules, in one place:
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 
-from rl_export.common.codec import RawJson
+from rl_export.common.codec import RawJson, dumps
 from rl_export.common.events import (
     BaseEvent,
     EventRejection,
@@ -38,10 +39,10 @@ from rl_export.common.events import (
     micros,
 )
 from rl_export.common.eventview import EventView, reread_event, view_of
-from rl_export.common.records import RULES_VERSION
+from rl_export.common.records import RULES_VERSION, encode_snapshot
 
 RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
-STATE_VERSION = 2  # 1: messages inside the JSON; 2: messages on a line of their own
+STATE_VERSION = 3  # 1, 2: one JSON object (messages inline; on a second line); 3: framed
 
 # (occurred_at in microseconds since the epoch, event_id): total order of "latest".
 OrderKey = tuple[int, str]
@@ -68,7 +69,7 @@ class RawEvent:
     timestamp_ms: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """An event accepted before its trace arrived, waiting to be checked against it."""
 
@@ -76,28 +77,40 @@ class Pending:
     raw: RawEvent
 
 
-@dataclass
+@dataclass(slots=True)
 class TraceView:
-    """The current ``trace.completed``: what the records need of it (no raw spans)."""
+    """The current ``trace.completed``: what the records need of it (no raw spans).
+
+    What the snapshot shows as JSON is kept as JSON: the messages (serialised once, when
+    this ``trace.completed`` won, and never parsed again) and the attachments.
+    """
 
     key: OrderKey
     agent_version: str
     scenario: str
-    messages: RawJson  # serialised once, when this trace.completed won; never parsed again
-    attachments: list[dict[str, Any]]
+    messages: RawJson
+    attachments: RawJson
+    completed_at: str  # ``occurred_at`` of this event, as records show it
 
 
-@dataclass
+@dataclass(slots=True)
 class EvaluationView:
-    """The current evaluation, as the records show it."""
+    """The current evaluation, kept as the snapshot shows it.
+
+    ``view`` is the snapshot's ``evaluation`` object (id, time, results, report) as JSON and
+    ``scores`` its ``evaluator_scores``; the evaluator reward is computed once, when the
+    evaluation is applied (None: it has no results, so the trajectory is not ready).
+    """
 
     key: OrderKey
     evaluation_id: str
-    results: list[dict[str, Any]]
-    report: dict[str, Any]
+    view: RawJson
+    scores: RawJson | None
+    reward: float | None
+    passed: bool | None
 
 
-@dataclass
+@dataclass(slots=True)
 class LabelView:
     """A labeler's latest label event; ``rubric`` is None when it was a retraction."""
 
@@ -105,7 +118,7 @@ class LabelView:
     rubric: tuple[int, int, int, int] | None
 
 
-@dataclass
+@dataclass(slots=True)
 class TraceState:
     """Everything the table keeps for one ``trace_id``."""
 
@@ -269,20 +282,14 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
         st.skipped_by.add(event.labeler)
     elif kind == "trace.completed":
         if st.trace is None or key > st.trace.key:
-            st.trace = TraceView(
-                key=key,
-                agent_version=event.agent_version,
-                scenario=event.scenario,
-                messages=RawJson(event.messages),
-                attachments=event.attachments or [],
-            )
+            st.trace = trace_view(
+                key, event.agent_version, event.scenario, RawJson(event.messages),
+                event.attachments or [],
+            )  # fmt: skip
     elif kind == "evaluation.finished":
         if st.evaluation is None or key > st.evaluation.key:
-            st.evaluation = EvaluationView(
-                key=key,
-                evaluation_id=event.evaluation_id,
-                results=event.results or [],
-                report=event.report or {},
+            st.evaluation = evaluation_view(
+                key, event.evaluation_id, event.results or [], event.report or {}
             )
     elif kind == "trace.deleted":
         st.deleted_at = now
@@ -292,22 +299,44 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
         st.skipped_by.clear()
 
 
-def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | None:
-    """Return the snapshot to emit for ``st``: None before the trace exists.
+def trace_view(
+    key: OrderKey, agent_version: str, scenario: str, messages: RawJson,
+    attachments: list[dict[str, Any]],
+) -> TraceView:  # fmt: skip
+    """The view of a ``trace.completed`` that won."""
+    completed_at = format_utc(from_micros(key[0]))
+    return TraceView(key, agent_version, scenario, messages, _json(attachments), completed_at)
 
-    A deleted trace's snapshot is its tombstone, with the revision it was deleted at.
+
+def evaluation_view(
+    key: OrderKey, evaluation_id: str, results: list[dict[str, Any]], report: dict[str, Any]
+) -> EvaluationView:
+    """The view of an ``evaluation.finished`` that won, with its evaluator reward.
+
+    The reward is the mean score summed in evaluator-name order, so it does not depend on
+    the order the results came in; ``passed`` means every result passed.
     """
-    if st.deleted:
-        return {
-            "trace_id": st.trace_id,
-            "org": st.org,
-            "project": st.project,
-            "revision": st.deleted_revision,
-            "deleted": True,
+    view = _json(
+        {
+            "evaluation_id": evaluation_id,
+            "occurred_at": format_utc(from_micros(key[0])),
+            "results": results,
+            "report": report,
         }
-    if st.trace is None:
-        return None
-    return snapshot(st, config)
+    )
+    if not results:
+        return EvaluationView(key, evaluation_id, view, None, None, None)
+    ordered = sorted(results, key=lambda r: (r["evaluator"], r["score"]))
+    total = 0.0
+    for result in ordered:
+        total += result["score"]
+    scores = _json({r["evaluator"]: r["score"] for r in ordered})
+    passed = all(r["passed"] for r in ordered)
+    return EvaluationView(key, evaluation_id, view, scores, total / len(ordered), passed)
+
+
+def _json(value: Any) -> RawJson:
+    return RawJson(dumps(value))
 
 
 def human_reward(labels: dict[str, LabelView], threshold: float) -> dict[str, Any] | None:
@@ -326,32 +355,51 @@ def human_reward(labels: dict[str, LabelView], threshold: float) -> dict[str, An
     }
 
 
-def evaluator_reward(evaluation: EvaluationView | None) -> dict[str, Any] | None:
-    """Evaluator reward: mean score in evaluator-name order; passed if every result passed."""
-    if evaluation is None or not evaluation.results:
-        return None
-    ordered = sorted(evaluation.results, key=lambda r: (r["evaluator"], r["score"]))
-    total = 0.0
-    for result in ordered:
-        total += result["score"]
-    return {
-        "reward": total / len(ordered),
-        "passed": all(r["passed"] for r in ordered),
-        "scores": {r["evaluator"]: r["score"] for r in ordered},
-    }
+def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | None:
+    """Return the snapshot to emit for ``st``: None before the trace exists.
+
+    A deleted trace's snapshot is its tombstone, with the revision it was deleted at. The
+    values are plain (what JSON gives back), but for the messages (:class:`RawJson`).
+    """
+    return _snapshot(st, config, _parsed)
 
 
-def snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any]:
-    """The full snapshot of a live trace: every field any corpus or format needs.
+def encode_current(st: TraceState, config: JoinConfig) -> tuple[bytes, int | None] | None:
+    """``encode_snapshot(current_snapshot(st, config))``, without parsing what the state
+    keeps as JSON (evaluation, scores, attachments): those go into the value as they are."""
+    snapshot = _snapshot(st, config, _fragment)
+    return None if snapshot is None else encode_snapshot(snapshot)
+
+
+def _parsed(value: RawJson) -> Any:
+    return value.value()
+
+
+def _fragment(value: RawJson) -> Any:
+    return orjson.Fragment(value.data)
+
+
+def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] | None:
+    """The snapshot of ``st``; ``json`` says how what is kept as JSON goes into it.
 
     ``human`` and ``evaluator`` hold ``{reward, passed}`` when the trajectory is ready for
     that source, else None. :func:`rl_export.common.records.render` turns a snapshot into the
     record of one corpus.
     """
-    assert st.trace is not None
+    if st.deleted:
+        return {
+            "trace_id": st.trace_id,
+            "org": st.org,
+            "project": st.project,
+            "revision": st.deleted_revision,
+            "deleted": True,
+        }
+    trace = st.trace
+    if trace is None:
+        return None
     human = human_reward(st.labels, config.human_pass_threshold)
-    evaluator = evaluator_reward(st.evaluation)
     evaluation = st.evaluation
+    scored = evaluation is not None and evaluation.scores is not None
     return {
         "trace_id": st.trace_id,
         "org": st.org,
@@ -359,107 +407,157 @@ def snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any]:
         "revision": st.revision,
         "deleted": False,
         "human": None if human is None else {"reward": human["reward"], "passed": human["passed"]},
-        "evaluator": None
-        if evaluator is None
-        else {"reward": evaluator["reward"], "passed": evaluator["passed"]},
+        "evaluator": {"reward": evaluation.reward, "passed": evaluation.passed}  # type: ignore[union-attr]
+        if scored
+        else None,
         "rubric": None if human is None else human["rubric"],
         "labels_count": 0 if human is None else len(human["labelers"]),
         "labelers": [] if human is None else human["labelers"],
         "skipped_by": sorted(st.skipped_by),
-        "evaluator_scores": None if evaluator is None else evaluator["scores"],
-        "evaluation": None
-        if evaluation is None
-        else {
-            "evaluation_id": evaluation.evaluation_id,
-            "occurred_at": format_utc(from_micros(evaluation.key[0])),
-            "results": evaluation.results,
-            "report": evaluation.report,
-        },
-        "messages": st.trace.messages,
-        "agent_version": st.trace.agent_version,
-        "scenario": st.trace.scenario,
-        "attachments": st.trace.attachments,
-        "completed_at": format_utc(from_micros(st.trace.key[0])),
+        "evaluator_scores": json(evaluation.scores) if scored else None,  # type: ignore[union-attr]
+        "evaluation": None if evaluation is None else json(evaluation.view),
+        "messages": trace.messages,
+        "agent_version": trace.agent_version,
+        "scenario": trace.scenario,
+        "attachments": json(trace.attachments),
+        "completed_at": trace.completed_at,
         "updated_at": format_utc(from_micros(st.updated_at)),
         "pass_threshold": config.human_pass_threshold,
         "rules_version": RULES_VERSION,
     }
 
 
-# --- state (de)serialisation: compact JSON, versioned ------------------------------------
+# --- state (de)serialisation: versioned ------------------------------------------------------
+#
+# Version 3 (written now) is framed: one version byte (3), the length of a JSON head (4 bytes,
+# little-endian), the head, then the JSON the state keeps as is, one after another, their
+# lengths listed in the head: the attachments, the evaluation's view and scores, the raw bytes
+# of each waiting event. Loading parses the head only. The conversation is kept apart (the
+# join's table has a key of its own for it); :func:`dump_state` puts it last.
+# Versions 1 and 2 were one JSON object (conversation inline in 1, on a second line in 2);
+# they are still read.
+
+_HEAD_LENGTH = struct.Struct("<I")
 
 
 def dump_state(st: TraceState) -> bytes:
-    """Serialise a state for the table (orjson; sets sorted so equal states are equal bytes).
+    """Serialise a whole state (its conversation last); equal states give equal bytes."""
+    head, conversation = dump_state_parts(st)
+    return head + conversation
 
-    The state is one line of JSON; a trace's messages follow on a second line, as the bytes
-    they were serialised to, so that loading a state never parses a conversation.
-    """
+
+def dump_state_parts(st: TraceState) -> tuple[bytes, bytes]:
+    """The state without its conversation, and the conversation (b"" when there is none)."""
+    segments: list[bytes] = []
+    trace = st.trace
+    trace_head = None
+    if trace is not None:
+        segments.append(trace.attachments.data)
+        trace_head = [*trace.key, trace.agent_version, trace.scenario, trace.completed_at]
+    evaluation = st.evaluation
+    evaluation_head = None
+    if evaluation is not None:
+        segments.append(evaluation.view.data)
+        segments.append(b"" if evaluation.scores is None else evaluation.scores.data)
+        evaluation_head = [*evaluation.key, evaluation.evaluation_id, evaluation.reward,
+                           evaluation.passed]  # fmt: skip
+    pending = []
+    for p in st.pending:
+        raw = p.raw
+        segments.append(raw.value)
+        pending.append([p.event_id, raw.topic, raw.partition, raw.offset, raw.timestamp_ms])
     head = orjson.dumps(
-        {
-            "v": STATE_VERSION,
-            "id": st.trace_id,
-            "org": st.org,
-            "project": st.project,
-            "seen": sorted(st.seen),
-            "pending": [
-                [
-                    p.event_id,
-                    p.raw.value.decode(),
-                    p.raw.topic,
-                    p.raw.partition,
-                    p.raw.offset,
-                    p.raw.timestamp_ms,
-                ]
-                for p in st.pending
-            ],
-            "first_pending_at": st.first_pending_at,
-            "trace": None
-            if st.trace is None
-            else [
-                list(st.trace.key),
-                st.trace.agent_version,
-                st.trace.scenario,
-                st.trace.attachments,
-            ],
-            "evaluation": None
-            if st.evaluation is None
-            else [
-                list(st.evaluation.key),
-                st.evaluation.evaluation_id,
-                st.evaluation.results,
-                st.evaluation.report,
-            ],
-            "labels": {
-                k: [list(v.key), None if v.rubric is None else list(v.rubric)]
-                for k, v in sorted(st.labels.items())
-            },
-            "skipped_by": sorted(st.skipped_by),
-            "updated_at": st.updated_at,
-            "deleted_at": st.deleted_at,
-            "deleted_revision": st.deleted_revision,
-        }
+        [
+            st.trace_id, st.org, st.project, sorted(st.seen), st.first_pending_at, trace_head,
+            evaluation_head,
+            [[k, *v.key, *(v.rubric or ())] for k, v in sorted(st.labels.items())],
+            sorted(st.skipped_by), st.updated_at, st.deleted_at, st.deleted_revision, pending,
+            [len(s) for s in segments],
+        ]
+    )  # fmt: skip
+    conversation = b"" if trace is None else trace.messages.data
+    return b"".join([b"\x03", _HEAD_LENGTH.pack(len(head)), head, *segments]), conversation
+
+
+def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
+    """Inverse of :func:`dump_state`, or of :func:`dump_state_parts` given both parts.
+
+    Reads versions 1 and 2 too. A state whose trace's conversation is neither in ``data``
+    nor given has an empty one (the caller reads it from where it is kept).
+    """
+    if data[:1] == b"{":
+        return _load_json_state(data)
+    if data[:1] != b"\x03":
+        raise ValueError(f"unknown trace state version {data[:1]!r}")
+    (length,) = _HEAD_LENGTH.unpack_from(data, 1)
+    start = 5 + length
+    d = orjson.loads(data[5:start])
+    (trace_id, org, project, seen, first_pending_at, trace_head, evaluation_head, labels,
+     skipped_by, updated_at, deleted_at, deleted_revision, pending_heads, sizes) = d  # fmt: skip
+    segments = []
+    for size in sizes:
+        segments.append(data[start : start + size])
+        start += size
+    rest = data[start:] if conversation is None else conversation
+    taken = 0
+    trace = None
+    if trace_head is not None:
+        at, eid, agent_version, scenario, completed_at = trace_head
+        trace = TraceView((at, eid), agent_version, scenario, RawJson(rest),
+                          RawJson(segments[0]), completed_at)  # fmt: skip
+        taken = 1
+    evaluation = None
+    if evaluation_head is not None:
+        at, eid, evaluation_id, reward, passed = evaluation_head
+        scores = segments[taken + 1]
+        evaluation = EvaluationView(
+            (at, eid), evaluation_id, RawJson(segments[taken]),
+            RawJson(scores) if scores else None, reward, passed,
+        )  # fmt: skip
+        taken += 2
+    pending = [
+        Pending(p[0], RawEvent(raw, p[1], p[2], p[3], p[4]))
+        for p, raw in zip(pending_heads, segments[taken:], strict=True)
+    ]
+    return TraceState(
+        trace_id=trace_id,
+        org=org,
+        project=project,
+        seen=set(seen),
+        pending=pending,
+        first_pending_at=first_pending_at,
+        trace=trace,
+        evaluation=evaluation,
+        labels={
+            item[0]: LabelView(
+                (item[1], item[2]), (item[3], item[4], item[5], item[6]) if len(item) > 3 else None
+            )
+            for item in labels
+        },
+        skipped_by=set(skipped_by),
+        updated_at=updated_at,
+        deleted_at=deleted_at,
+        deleted_revision=deleted_revision,
     )
-    return head if st.trace is None else head + b"\n" + st.trace.messages.data
 
 
 def _key(value: list[Any]) -> OrderKey:
     return (int(value[0]), str(value[1]))
 
 
-def load_state(data: bytes) -> TraceState:
-    """Inverse of :func:`dump_state` (reads version 1 states too)."""
+def _load_json_state(data: bytes) -> TraceState:
+    """A state of version 1 or 2 (one JSON object; version 2: the messages on a second line)."""
     head, _, messages = data.partition(b"\n")
     d = orjson.loads(head)
     version = d.get("v")
-    if version not in (1, STATE_VERSION):
+    if version not in (1, 2):
         raise ValueError(f"unknown trace state version {version!r}")
     trace = d["trace"]
     view = None
     if trace is not None:
         if version == 1:  # [key, agent_version, scenario, messages, attachments]
             messages, trace = orjson.dumps(trace[3]), trace[:3] + trace[4:]
-        view = TraceView(_key(trace[0]), trace[1], trace[2], RawJson(messages), trace[3])
+        view = trace_view(_key(trace[0]), trace[1], trace[2], RawJson(messages), trace[3])
     evaluation = d["evaluation"]
     return TraceState(
         trace_id=d["id"],
@@ -473,7 +571,7 @@ def load_state(data: bytes) -> TraceState:
         trace=view,
         evaluation=None
         if evaluation is None
-        else EvaluationView(_key(evaluation[0]), *evaluation[1:]),
+        else evaluation_view(_key(evaluation[0]), *evaluation[1:]),
         labels={
             k: LabelView(_key(v[0]), None if v[1] is None else (v[1][0], v[1][1], v[1][2], v[1][3]))
             for k, v in d["labels"].items()

@@ -21,14 +21,13 @@ from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.eventview import EventView, read_event
 from rl_export.common.metrics import Metrics
 from rl_export.common.partitioning import partition_function
-from rl_export.common.records import encode_snapshot
 from rl_export.common.settings import Settings
 from rl_export.stream.join import (
     JoinConfig,
     RawEvent,
     TraceState,
-    current_snapshot,
-    dump_state,
+    dump_state_parts,
+    encode_current,
     expired,
     load_state,
     merge,
@@ -120,7 +119,7 @@ def dead_letter_headers(message: InMessage, rejection: EventRejection) -> list[t
 class BatchResult:
     """What one batch did (for tests and logs)."""
 
-    snapshots: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    snapshots: dict[bytes, bytes] = field(default_factory=dict)  # trace id -> the value sent
     rejected: list[tuple[InMessage, EventRejection]] = field(default_factory=list)
     expired: list[tuple[bytes, str]] = field(default_factory=list)
 
@@ -249,11 +248,11 @@ class JoinProcessor:
             self._write(key, entry)
             self._schedule(key, entry.state, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
-                snapshot = current_snapshot(entry.state, self.config)
-                assert snapshot is not None  # emits only once the trace exists or is deleted
-                result.snapshots[key] = snapshot
+                encoded = encode_current(entry.state, self.config)
+                assert encoded is not None  # emits only once the trace exists or is deleted
+                value, messages_at = encoded
+                result.snapshots[key] = value
                 # trajectories is co-partitioned with the inputs: the same partition.
-                value, messages_at = encode_snapshot(snapshot)
                 await self.emitter.snapshot(
                     key, value, entry.event_ms, entry.last.partition, messages_at
                 )
@@ -288,7 +287,7 @@ class JoinProcessor:
 
     def _write(self, key: bytes, entry: _Touched) -> None:
         """Write the state; the conversation only when it changed, or after a redelivery."""
-        head, _, conversation = dump_state(entry.state).partition(b"\n")
+        head, conversation = dump_state_parts(entry.state)
         self.table.put(key, head, entry.last)
         if entry.repeated or conversation != (entry.conversation or b""):
             if conversation:

@@ -168,7 +168,7 @@ class Harness:
         key = trace_id.encode()
         conversation = self.table.data.get(conversation_key(key))
         head = self.table.data[key]
-        return load_state(head if conversation is None else head + b"\n" + conversation)
+        return load_state(head, conversation)
 
 
 def trace(event_id: str = "t-1", trace_id: str = "tr-1", **fields: Any) -> dict[str, Any]:
@@ -217,7 +217,7 @@ async def test_one_batch_of_one_trace_emits_its_last_snapshot_and_writes_once() 
     key, value, event_ms = h.emitter.snapshots[0]
     snapshot = decode_snapshot(value)
     assert (key, event_ms) == (b"tr-1", TS_MS)
-    assert snapshot == result.snapshots[b"tr-1"]
+    assert value == result.snapshots[b"tr-1"]
     assert snapshot["human"] == {"reward": 0.8, "passed": True}
     assert snapshot["evaluator"] == {"reward": 0.8, "passed": True}
     assert h.table.puts == [b"tr-1", conversation_key(b"tr-1")]  # the state, the conversation
@@ -434,7 +434,7 @@ async def test_a_redelivered_event_re_emits_the_same_revision_and_rewrites_the_s
 
     assert h.emitter.revisions("tr-1") == [2, 2]
     assert h.emitter.snapshots[-1][1] == first[1]  # the very same snapshot
-    assert result.snapshots[b"tr-1"]["revision"] == 2
+    assert decode_snapshot(result.snapshots[b"tr-1"])["revision"] == 2
     # Both rewritten, in case the first writes were lost.
     assert h.table.puts == [b"tr-1", conversation_key(b"tr-1")] * 2
     assert h.table.data[b"tr-1"] == stored
@@ -459,18 +459,26 @@ async def test_a_deletion_removes_the_conversation_and_a_redelivery_removes_it_a
     assert h.table.deletes == [conversation_key(b"tr-1")]
 
 
-async def test_a_conversation_stored_with_its_state_is_read_and_moved_to_its_own_key() -> None:
-    """A table written before conversations had their own key still loads."""
+@pytest.mark.parametrize("layout", ["v2 with its conversation", "v2 head"])
+async def test_a_state_of_an_older_version_is_read_and_rewritten(layout: str) -> None:
+    """A table written by an earlier version (state v2, the conversation inline or under
+    its own key) still loads, and the next write is the current version."""
     h = Harness()
     await h.run(trace())
     key = b"tr-1"
-    h.table.data[key] += b"\n" + h.table.data.pop(conversation_key(key))  # the older layout
+    state = h.state("tr-1")
+    conversation = h.table.data.pop(conversation_key(key))
+    if layout == "v2 head":
+        h.table.data[key] = version_2(state).partition(b"\n")[0]
+        h.table.data[conversation_key(key)] = conversation
+    else:
+        h.table.data[key] = version_2(state)
 
     await h.run(label())
 
     assert h.state("tr-1").revision == 2
-    assert b"\n" not in h.table.data[key]
-    assert h.table.data[conversation_key(key)].startswith(b"[")
+    assert h.table.data[key].startswith(b"\x03")
+    assert h.table.data[conversation_key(key)] == conversation
     first, last = (decode_snapshot(v)["messages"] for _, v, _ in h.emitter.snapshots)
     assert last == first
 
@@ -622,3 +630,26 @@ async def test_every_batch_is_flushed_before_it_is_acked() -> None:
     await h.processor.process([h.message(event("trace.completed", "t-1"))], now=NOW)
     await h.processor.process([h.message(event("label.skipped", "s-1"))], now=NOW)
     assert h.emitter.flushes == 2
+
+
+def version_2(st: TraceState) -> bytes:
+    """A state as version 2 of the table wrote it: one JSON object, the messages after it on
+    a second line (the layout ``load_state`` must go on reading)."""
+    assert st.trace is not None
+    evaluation = None
+    if st.evaluation is not None:
+        view = st.evaluation.view.value()
+        evaluation = [list(st.evaluation.key), st.evaluation.evaluation_id, view["results"],
+                      view["report"]]  # fmt: skip
+    head = {
+        "v": 2, "id": st.trace_id, "org": st.org, "project": st.project,
+        "seen": sorted(st.seen), "pending": [], "first_pending_at": st.first_pending_at,
+        "trace": [list(st.trace.key), st.trace.agent_version, st.trace.scenario,
+                  st.trace.attachments.value()],
+        "evaluation": evaluation,
+        "labels": {k: [list(v.key), None if v.rubric is None else list(v.rubric)]
+                   for k, v in sorted(st.labels.items())},
+        "skipped_by": sorted(st.skipped_by), "updated_at": st.updated_at,
+        "deleted_at": st.deleted_at, "deleted_revision": st.deleted_revision,
+    }  # fmt: skip
+    return orjson.dumps(head) + b"\n" + st.trace.messages.data
