@@ -53,8 +53,17 @@ def _fragment(value: Any) -> orjson.Fragment:
 
 def dumps(value: Any) -> bytes:
     """Serialise one value as compact JSON bytes (:class:`RawJson` values copied verbatim)."""
-    data = orjson.dumps(value, default=_fragment, option=_OPTIONS)
-    if _LS in data or _PS in data:
+    return escape_separators(orjson.dumps(value, default=_fragment, option=_OPTIONS))
+
+
+def escape_separators(data: bytes) -> bytes:
+    """Escape U+2028 and U+2029 in JSON bytes (only inside strings can they be).
+
+    Both start with the byte 0xE2. Looking for that one byte is a ``memchr``; looking for
+    the three-byte sequences directly costs far more than encoding the JSON did (CPython's
+    substring search is slow on short needles), so it is done only when the byte is there.
+    """
+    if b"\xe2" in data and (_LS in data or _PS in data):
         data = data.replace(_LS, b"\\u2028").replace(_PS, b"\\u2029")
     return data
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Any, Literal, Required
 
 import orjson
@@ -67,6 +67,27 @@ def micros(value: datetime) -> int:
 def from_micros(value: int) -> datetime:
     """Inverse of :func:`micros`."""
     return EPOCH + timedelta(microseconds=value)
+
+
+_DAYS: dict[int, str] = {}  # days since the epoch -> "YYYY-MM-DD" (a small, hot set)
+_UNIX_ORDINAL = date(1970, 1, 1).toordinal()
+
+
+def format_micros(value: int) -> str:
+    """``format_utc(from_micros(value))``, without building a datetime: the join formats
+    ``updated_at`` for every snapshot."""
+    seconds, fraction = divmod(value, 1_000_000)
+    days, seconds = divmod(seconds, 86_400)
+    day = _DAYS.get(days)
+    if day is None:
+        if len(_DAYS) > 4096:
+            _DAYS.clear()
+        day = _DAYS[days] = date.fromordinal(_UNIX_ORDINAL + days).isoformat()
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    if fraction:
+        return f"{day}T{hours:02d}:{minutes:02d}:{seconds:02d}.{fraction:06d}Z"
+    return f"{day}T{hours:02d}:{minutes:02d}:{seconds:02d}Z"
 
 
 def format_utc(value: datetime) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from rl_export.common.codec import RawJson, dumps, dumps_line
+from rl_export.common.codec import RawJson, dumps, dumps_line, escape_separators
 from rl_export.common.events import EvaluatorResult, Report, UtcDatetime
 
 RULES_VERSION = 1
@@ -238,16 +238,10 @@ _UNSCORED_VALUES = [dumps(_UNSCORED[k]) for k in _SCORED_FIELDS]
 
 
 def _verbatim(messages: Any) -> bytes:
-    """``dumps(messages)``, without reading all of their bytes again when they are RawJson.
-
-    ``dumps`` copies a :class:`RawJson` verbatim except that it escapes U+2028 and U+2029,
-    and looking for those in the messages (a 3-byte search, twice) costs more than encoding
-    the rest of the record. Both start with the byte ``0xE2``: bytes without it (one
-    ``memchr``) have nothing to escape and are used as they are; the others go through
-    ``dumps``.
-    """
-    if isinstance(messages, RawJson) and b"\xe2" not in messages.data:
-        return messages.data
+    """``dumps(messages)``, and the very bytes of a :class:`RawJson` when nothing in them
+    needs escaping (no copy of a conversation, most of a record's bytes)."""
+    if isinstance(messages, RawJson):
+        return escape_separators(messages.data)
     return dumps(messages)
 
 

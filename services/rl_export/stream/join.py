@@ -34,9 +34,7 @@ from rl_export.common.events import (
     BaseEvent,
     EventRejection,
     RejectReason,
-    format_utc,
-    from_micros,
-    micros,
+    format_micros,
 )
 from rl_export.common.eventview import EventView, reread_event, view_of
 from rl_export.common.records import RULES_VERSION, encode_snapshot
@@ -46,9 +44,6 @@ STATE_VERSION = 3  # 1, 2: one JSON object (messages inline; on a second line); 
 
 # (occurred_at in microseconds since the epoch, event_id): total order of "latest".
 OrderKey = tuple[int, str]
-
-
-__all__ = ["from_micros", "micros"]  # kept importable from here, where the rules use them
 
 
 def order_key(event: EventView) -> OrderKey:
@@ -304,7 +299,7 @@ def trace_view(
     attachments: list[dict[str, Any]],
 ) -> TraceView:  # fmt: skip
     """The view of a ``trace.completed`` that won."""
-    completed_at = format_utc(from_micros(key[0]))
+    completed_at = format_micros(key[0])
     return TraceView(key, agent_version, scenario, messages, _json(attachments), completed_at)
 
 
@@ -319,7 +314,7 @@ def evaluation_view(
     view = _json(
         {
             "evaluation_id": evaluation_id,
-            "occurred_at": format_utc(from_micros(key[0])),
+            "occurred_at": format_micros(key[0]),
             "results": results,
             "report": report,
         }
@@ -421,7 +416,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "scenario": trace.scenario,
         "attachments": json(trace.attachments),
         "completed_at": trace.completed_at,
-        "updated_at": format_utc(from_micros(st.updated_at)),
+        "updated_at": format_micros(st.updated_at),
         "pass_threshold": config.human_pass_threshold,
         "rules_version": RULES_VERSION,
     }

@@ -25,7 +25,7 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -102,6 +102,46 @@ class StoreLockedError(Exception):
     not yet let go of a partition the group moved to us)."""
 
 
+MIB = 1024 * 1024
+# What every partition's RocksDB of a process shares: memtables are bounded together (the
+# write buffer manager flushes the largest when the sum passes its limit) and so are the
+# cached blocks, however many partitions the process owns.
+_MEMTABLES_MIB = 48
+_BLOCK_CACHE_MIB = 32
+_shared: dict[str, Any] = {}
+
+
+def _rocks_options() -> Any:
+    """The options of a partition's store (created once per process, then shared).
+
+    * Bloom filters, in the SST files and in the memtables: a trace seen for the first
+      time (a miss) costs about a microsecond instead of ten, and a catching-up join sees
+      one in every four or five events.
+    * No write-ahead log: the changelog topic is the durable copy (as in Kafka Streams). A
+      crash loses the writes not yet flushed, data and position alike, because the column
+      families flush together (atomic flush); restore replays the rest.
+    """
+    from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
+
+    if "options" not in _shared:
+        cache = _shared["cache"] = Cache(_BLOCK_CACHE_MIB * MIB)
+        manager = _shared["manager"] = WriteBufferManager(_MEMTABLES_MIB * MIB, False)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        table.set_block_cache(cache)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        options.set_atomic_flush(True)
+        options.set_block_based_table_factory(table)
+        options.set_memtable_whole_key_filtering(True)
+        options.set_memtable_prefix_bloom_ratio(0.1)
+        options.set_write_buffer_size(16 * MIB)
+        options.set_write_buffer_manager(manager)
+        _shared["options"] = options
+    return _shared["options"]
+
+
 class RocksPartition:
     """RocksDB (rocksdict) in ``path``; the changelog position lives in a column family."""
 
@@ -113,16 +153,9 @@ class RocksPartition:
     def _open(self) -> None:
         from rocksdict import Options, Rdict, WriteOptions
 
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        options.create_missing_column_families(True)
-        # No write-ahead log: the changelog topic is the durable copy (as in Kafka Streams).
-        # A crash loses the writes not yet flushed, data and position alike, because the
-        # column families flush together (atomic flush); restore replays the rest.
-        options.set_atomic_flush(True)
         try:
             self.db = Rdict(
-                str(self.path), options, column_families={"meta": Options(raw_mode=True)}
+                str(self.path), _rocks_options(), column_families={"meta": Options(raw_mode=True)}
             )
         except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's message
             if str(self.path / "LOCK") in str(exc):  # its lock file is taken

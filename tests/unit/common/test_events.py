@@ -183,3 +183,16 @@ def test_order_key_is_occurred_at_then_event_id() -> None:
     assert isinstance(c, BaseEvent)
     assert max([a, b, c], key=BaseEvent.order_key) is b
     assert max([a, c], key=BaseEvent.order_key) is c  # same instant, greater event_id
+
+
+def test_format_micros_is_format_utc_of_the_instant() -> None:
+    import random
+
+    from rl_export.common.events import format_micros, from_micros
+
+    rng = random.Random(3)
+    values = [0, -1, 1, 999_999, 1_000_000, -86_400_000_001, 253402300799_999999]
+    values += [rng.randrange(-10**16, 10**17) for _ in range(2000)]
+    values += [rng.randrange(0, 10**17) // 1_000_000 * 1_000_000 for _ in range(200)]
+    for value in values:
+        assert format_micros(value) == format_utc(from_micros(value)), value
