@@ -24,8 +24,9 @@ The rules, in one place:
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -64,12 +65,28 @@ class RawEvent:
     timestamp_ms: int | None = None
 
 
+class Origin(Protocol):
+    """Where an event came from (a :class:`RawEvent`, or the join's own message): its
+    original bytes, kept for a waiting event and for the dead-letter topic."""
+
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp_ms(self) -> int | None: ...
+
+
 @dataclass(slots=True)
 class Pending:
     """An event accepted before its trace arrived, waiting to be checked against it."""
 
     event_id: str
-    raw: RawEvent
+    raw: Origin
 
 
 @dataclass(slots=True)
@@ -148,7 +165,7 @@ class TraceState:
 Outcome = Literal["accepted", "duplicate", "pending", "rejected", "ignored"]
 
 
-@dataclass
+@dataclass(slots=True)
 class MergeResult:
     """What merging one event did, and what the caller must do about it.
 
@@ -160,7 +177,7 @@ class MergeResult:
     state: TraceState
     outcome: Outcome
     snapshot: dict[str, Any] | None = None
-    rejected: list[tuple[RawEvent, EventRejection]] = field(default_factory=list)
+    rejected: Sequence[tuple[Origin, EventRejection]] = ()
     accepted: int = 0  # events newly accepted (pending ones that joined the trace included)
     emits: bool = False
 
@@ -175,7 +192,7 @@ class JoinConfig:
 def merge(
     state: TraceState | None,
     event: EventView | BaseEvent,
-    raw: RawEvent,
+    raw: Origin,
     *,
     now: float,
     config: JoinConfig,
@@ -196,10 +213,11 @@ def merge(
     return result
 
 
-def _merge(state: TraceState | None, event: EventView, raw: RawEvent, *, now: float) -> MergeResult:
+def _merge(state: TraceState | None, event: EventView, raw: Origin, *, now: float) -> MergeResult:
     st = state if state is not None else TraceState(trace_id=event.trace_id)
 
-    if event.event_id in st.seen or any(p.event_id == event.event_id for p in st.pending):
+    event_id = event.event_id
+    if event_id in st.seen or (st.pending and any(p.event_id == event_id for p in st.pending)):
         return MergeResult(st, "duplicate", emits=st.trace is not None or st.deleted)
 
     if st.trace is None and not st.deleted:
@@ -230,18 +248,19 @@ def _org_mismatch(event: EventView, st: TraceState) -> EventRejection:
     )
 
 
-def _arrive(st: TraceState, trace: EventView, raw: RawEvent, *, now: float) -> MergeResult:
+def _arrive(st: TraceState, trace: EventView, raw: Origin, *, now: float) -> MergeResult:
     """The first ``trace.completed``: fix org/project, then settle the waiting events."""
     st.org, st.project = trace.org, trace.project
     _apply(st, trace, now)
-    result = MergeResult(st, "accepted", accepted=1)
+    rejected: list[tuple[Origin, EventRejection]] = []
+    result = MergeResult(st, "accepted", rejected=rejected, accepted=1)
     waiting, st.pending, st.first_pending_at = st.pending, [], None
     for item in waiting:
         decoded = reread_event(item.raw.value)
         if isinstance(decoded, EventRejection):  # only if the rules changed in between
-            result.rejected.append((item.raw, decoded))
+            rejected.append((item.raw, decoded))
         elif (decoded.org, decoded.project) != (st.org, st.project):
-            result.rejected.append((item.raw, _org_mismatch(decoded, st)))
+            rejected.append((item.raw, _org_mismatch(decoded, st)))
         elif st.deleted:
             _count(st, decoded)
             result.accepted += 1

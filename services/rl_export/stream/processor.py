@@ -24,7 +24,6 @@ from rl_export.common.partitioning import partition_function
 from rl_export.common.settings import Settings
 from rl_export.stream.join import (
     JoinConfig,
-    RawEvent,
     TraceState,
     dump_state_parts,
     encode_current,
@@ -224,11 +223,9 @@ class JoinProcessor:
                 state: TraceState | None = entry.state
             else:
                 state, conversation = self._read(key, message)
-            raw = RawEvent(
-                message.value, message.topic, message.partition, message.offset,
-                message.timestamp_ms,
-            )  # fmt: skip
-            merged = merge(state, decoded, raw, now=clock, config=self.config, build_snapshot=False)
+            merged = merge(
+                state, decoded, message, now=clock, config=self.config, build_snapshot=False
+            )
             outcomes[decoded.event_type, merged.outcome] += 1
             if entry is None:
                 entry = touched[key] = _Touched(merged.state, message, conversation)

@@ -120,8 +120,16 @@ def _rocks_options() -> Any:
     * No write-ahead log: the changelog topic is the durable copy (as in Kafka Streams). A
       crash loses the writes not yet flushed, data and position alike, because the column
       families flush together (atomic flush); restore replays the rest.
+    * No compression: the states are small and rewritten often; snappy on every flush cost
+      the join more CPU than the disk it saved is worth.
     """
-    from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
+    from rocksdict import (
+        BlockBasedOptions,
+        Cache,
+        DBCompressionType,
+        Options,
+        WriteBufferManager,
+    )
 
     if "options" not in _shared:
         cache = _shared["cache"] = Cache(_BLOCK_CACHE_MIB * MIB)
@@ -137,6 +145,7 @@ def _rocks_options() -> Any:
         options.set_memtable_whole_key_filtering(True)
         options.set_memtable_prefix_bloom_ratio(0.1)
         options.set_write_buffer_size(16 * MIB)
+        options.set_compression_type(DBCompressionType.none())
         options.set_write_buffer_manager(manager)
         _shared["options"] = options
     return _shared["options"]
