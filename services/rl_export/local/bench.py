@@ -266,6 +266,21 @@ def peak_rss_mib(pid: int) -> float:
     return total
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def worker_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a worker's own process and of its join processes, apart."""
+    return {"worker": cpu_seconds(pid), "join": sum(cpu_seconds(c) for c in child_pids(pid))}
+
+
 def ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
@@ -285,14 +300,16 @@ def _check_running(procs: list[tuple[subprocess.Popen[bytes], int]], data_dir: P
 
 
 async def catch_up(
-    settings: Settings, workers: int, data_dir: Path, python: str = sys.executable
-) -> dict[str, Any]:
+    settings: Settings, workers: int, data_dir: Path, python: str = sys.executable,
+    broker_pid: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Run ``workers`` workers until the last trajectory is visible in the store; time it.
 
     The clock starts when every worker is ready (joined both groups, state restored), so
     process start-up (imports, group joins) is reported apart, or at the first snapshot if
     that came earlier; it stops at the creation of the last commit, found once both groups
-    have committed the end of every topic.
+    have committed the end of every topic. CPU time is counted over the same span, per kind
+    of process (join processes, the worker's own process with the sink, the broker).
     """
     launched = time.perf_counter()
     procs = [start_worker(settings, data_dir / f"w{i}", python) for i in range(workers)]
@@ -301,6 +318,8 @@ async def catch_up(
             await asyncio.sleep(0.05)
             _check_running(procs, data_dir)
         started, started_wall = time.perf_counter(), time.time()
+        cpu_before = [worker_cpu(p.pid) for p, _ in procs]
+        broker_before = cpu_seconds(broker_pid) if broker_pid else 0.0
         while True:
             await asyncio.sleep(0.25)
             _check_running(procs, data_dir)
@@ -309,6 +328,8 @@ async def catch_up(
             if join_lag == 0 and sink_lag == 0:
                 break
         polled = time.perf_counter() - started
+        cpu_after = [worker_cpu(p.pid) for p, _ in procs]
+        broker_cpu = (cpu_seconds(broker_pid) - broker_before) if broker_pid else 0.0
         first = await first_output_at(settings)
         if first is not None and first < started_wall:
             polled += started_wall - first
@@ -328,6 +349,13 @@ async def catch_up(
         "start_seconds": started - launched,
         "peak_rss_mib": rss,
         "metrics": text,
+        "cpu_seconds": {
+            "join": sum(a["join"] - b["join"] for a, b in zip(cpu_after, cpu_before, strict=True)),
+            "worker": sum(
+                a["worker"] - b["worker"] for a, b in zip(cpu_after, cpu_before, strict=True)
+            ),
+            "broker": broker_cpu,
+        },
     }
 
 
@@ -405,13 +433,19 @@ def own_topics(settings: Settings, prefix: str) -> Settings:
     )
 
 
+def cpu_per_event(runs: list[dict[str, Any]], events: int) -> dict[str, float]:
+    """Median CPU µs per backlog event of each kind of process over the runs."""
+    kinds = runs[0]["cpu_seconds"]
+    return {k: statistics.median(r["cpu_seconds"][k] for r in runs) / events * 1e6 for k in kinds}
+
+
 def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
     return runs[rates.index(sorted(rates)[len(rates) // 2])]
 
 
 async def measure_shape(
     base: Settings, shape: Shape, traces: int, seed: int, work: Path, *, runs: int,
-    baseline_python: str | None,
+    baseline_python: str | None, broker_pid: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Steps 1-5 for one traffic shape; the numbers of its runs and their medians."""
     settings = own_topics(base, shape.name)
@@ -431,13 +465,24 @@ async def measure_shape(
         bare.append(await bare_consumer(settings, len(events), work / "bare.jsonl", run))
         log(f"{step}: one worker (join + sink) catching up")
         tag = f"{shape.name}-one-{run}"
-        ones.append(await catch_up(fresh(settings, tag, work / f"store-{tag}"), 1, work / tag))
+        ones.append(
+            await catch_up(
+                fresh(settings, tag, work / f"store-{tag}"),
+                1,
+                work / tag,
+                broker_pid=broker_pid,
+            )
+        )
         if baseline_python:
             log(f"{step}: one baseline worker ({baseline_python}) catching up")
             tag = f"{shape.name}-before-{run}"
             befores.append(
                 await catch_up(
-                    fresh(settings, tag, work / f"store-{tag}"), 1, work / tag, baseline_python
+                    fresh(settings, tag, work / f"store-{tag}"),
+                    1,
+                    work / tag,
+                    baseline_python,
+                    broker_pid=broker_pid,
                 )
             )
         log(f"{step}: two workers catching up on the same backlog")
@@ -464,6 +509,7 @@ async def measure_shape(
         "worker_runs": one_rates,
         "worker_start_seconds": _median_run(ones, one_rates)["start_seconds"],
         "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
+        "worker_cpu_us_per_event": cpu_per_event(ones, len(events)),
         "two_workers_events_per_s": statistics.median(two_rates),
         "two_workers_runs": two_rates,
         "two_workers_peak_rss_mib": [max(r["peak_rss_mib"][i] for r in twos) for i in (0, 1)],
@@ -476,6 +522,7 @@ async def measure_shape(
         result["baseline_worker_events_per_s"] = statistics.median(before_rates)
         result["baseline_worker_runs"] = before_rates
         result["baseline_worker_peak_rss_mib"] = max(r["peak_rss_mib"][0] for r in befores)
+        result["baseline_worker_cpu_us_per_event"] = cpu_per_event(befores, len(events))
         result["worker_vs_baseline_worker"] = (
             result["worker_events_per_s"] / result["baseline_worker_events_per_s"]
         )
@@ -507,6 +554,7 @@ async def run(
                     work,
                     runs=runs,
                     baseline_python=baseline_python,
+                    broker_pid=broker.pid,
                 )
             )
         log(f"freshness under a steady load of {steady_rate:g} events/s (shard age bound 1 s)")
@@ -553,6 +601,7 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
          f"({runs('worker_runs')}); ready after {r['worker_start_seconds']:.1f} s"),
         ("    ratio to the bare consumer", f"{r['worker_vs_bare']:.3f}"),
         ("    peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
+        ("    CPU per event", cpu_text(r["worker_cpu_us_per_event"])),
     ]  # fmt: skip
     if "baseline_worker_events_per_s" in r:
         rows += [
@@ -560,6 +609,7 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
              f"{r['baseline_worker_events_per_s']:,.0f} events/s  "
              f"({runs('baseline_worker_runs')}), peak RSS "
              f"{r['baseline_worker_peak_rss_mib']:.0f} MiB"),
+            ("    CPU per event", cpu_text(r["baseline_worker_cpu_us_per_event"])),
             ("    this worker / baseline worker", f"{r['worker_vs_baseline_worker']:.2f}"),
         ]  # fmt: skip
     rows += [
@@ -568,6 +618,13 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("    ratio to one worker", f"{r['two_vs_one']:.2f}"),
     ]  # fmt: skip
     return rows
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    return (
+        f"join processes {cpu['join']:.0f} µs, worker (sink) {cpu['worker']:.0f} µs, "
+        f"broker {cpu['broker']:.0f} µs"
+    )
 
 
 def print_table(result: dict[str, Any], path: Path) -> None:
