@@ -127,7 +127,9 @@ def batches(messages: list[InMessage], size: int) -> list[list[InMessage]]:
 async def join_pass(
     settings: Settings, messages: list[InMessage], folder: Path
 ) -> tuple[float, BatchingEmitter]:
-    table = ChangelogTable(settings.state_store, folder)
+    table = ChangelogTable(
+        settings.state_store, folder, cache_bytes=settings.state_cache_mib * 1024 * 1024
+    )
     for partition in range(settings.partitions):
         table.open(partition)
     emitter = BatchingEmitter(table, settings)

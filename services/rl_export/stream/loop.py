@@ -64,7 +64,9 @@ class JoinWorker:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.table = ChangelogTable(
-            settings.state_store, settings.data_dir / "worker" / settings.app_id
+            settings.state_store,
+            settings.data_dir / "worker" / settings.app_id,
+            cache_bytes=settings.state_cache_mib * 1024 * 1024,
         )
         self.emitter = KafkaEmitter(settings, self.table)
         families = {

@@ -222,23 +222,67 @@ class RocksPartition:
         self.db.close()
 
 
+class ReadCache:
+    """The table's recently read and written values, bounded in bytes (two generations).
+
+    A RocksDB read from Python costs microseconds (the binding, then the memtables and the
+    files); a trace's state and conversation are read again whenever another of its events
+    comes. Values go into a young generation; when it holds half the budget it becomes the
+    old one and the previous old one is dropped, so the cache keeps between half and all of
+    the budget of the most recent values, at the cost of two dict lookups.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self._young: dict[bytes, bytes] = {}
+        self._old: dict[bytes, bytes] = {}
+        self._young_bytes = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._young.get(key)
+        if value is None:
+            value = self._old.get(key)
+            if value is not None:
+                self.put(key, value)
+        return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self.limit <= 0:
+            return
+        self._young[key] = value
+        self._young_bytes += len(value) + len(key) + 100  # the dict entry and the objects
+        if self._young_bytes >= self.limit // 2:
+            self._old, self._young, self._young_bytes = self._young, {}, 0
+
+    def discard(self, key: bytes) -> None:
+        self._young.pop(key, None)
+        self._old.pop(key, None)
+
+    def clear(self) -> None:
+        self._young, self._old, self._young_bytes = {}, {}, 0
+
+
 class ChangelogTable:
     """The join's table (a :class:`~rl_export.stream.processor.StateTable`) over owned partitions.
 
     A batch's writes are held (and read back) here until :meth:`take_changes`, called once
     per batch, writes them to each partition's store in one atomic write and hands them to
-    the producer for the changelog (the last value per key wins).
+    the producer for the changelog (the last value per key wins). Reads go through a
+    :class:`ReadCache` of ``cache_bytes``, emptied whenever a partition is opened or closed
+    (restoring a partition writes to its store directly).
     """
 
-    def __init__(self, state_store: str, data_dir: Path) -> None:
+    def __init__(self, state_store: str, data_dir: Path, cache_bytes: int = 32 * MIB) -> None:
         self.state_store = state_store
         self.data_dir = data_dir
         self.stores: dict[int, PartitionStore] = {}
         self._changes: dict[int, dict[bytes, bytes | None]] = {}
+        self.cache = ReadCache(cache_bytes)
 
     def open(self, partition: int) -> PartitionStore:
         store = self.stores.get(partition)
         if store is None:
+            self.cache.clear()
             if self.state_store == "memory://":
                 store = MemoryPartition()
             else:
@@ -249,6 +293,7 @@ class ChangelogTable:
     def close(self, partition: int) -> None:
         store = self.stores.pop(partition, None)
         self._changes.pop(partition, None)
+        self.cache.clear()
         if store is not None:
             store.close()
 
@@ -260,7 +305,12 @@ class ChangelogTable:
         changes = self._changes.get(at.partition)
         if changes is not None and key in changes:
             return changes[key]
-        return self.stores[at.partition].get(key)
+        value = self.cache.get(key)
+        if value is None:
+            value = self.stores[at.partition].get(key)
+            if value is not None:
+                self.cache.put(key, value)
+        return value
 
     def put(self, key: bytes, value: bytes, at: At) -> None:
         self._changes.setdefault(at.partition, {})[key] = value
@@ -278,8 +328,14 @@ class ChangelogTable:
     def take_changes(self) -> dict[int, dict[bytes, bytes | None]]:
         """Write the held changes to the stores; return them, per partition, for the changelog."""
         changes, self._changes = self._changes, {}
+        cache = self.cache
         for partition, writes in changes.items():
             self.stores[partition].write(writes)
+            for key, value in writes.items():
+                if value is None:
+                    cache.discard(key)
+                else:
+                    cache.put(key, value)
         return changes
 
 

@@ -192,7 +192,7 @@ def test_format_micros_is_format_utc_of_the_instant() -> None:
 
     rng = random.Random(3)
     values = [0, -1, 1, 999_999, 1_000_000, -86_400_000_001, 253402300799_999999]
-    values += [rng.randrange(-10**16, 10**17) for _ in range(2000)]
+    values += [rng.randrange(-(10**16), 10**17) for _ in range(2000)]
     values += [rng.randrange(0, 10**17) // 1_000_000 * 1_000_000 for _ in range(200)]
     for value in values:
         assert format_micros(value) == format_utc(from_micros(value)), value

@@ -213,3 +213,50 @@ def test_rocksdb_tables_keep_a_store_per_partition(tmp_path: Path) -> None:
         assert store.get(b"a") == b"1"
     finally:
         table.close_all()
+
+
+def test_the_read_cache_keeps_the_newest_values_within_its_budget() -> None:
+    from rl_export.stream.statestore import ReadCache
+
+    cache = ReadCache(limit_bytes=10_000)
+    for n in range(200):
+        cache.put(f"k{n}".encode(), b"x" * 100)
+    assert cache.get(b"k199") == b"x" * 100  # the newest are kept
+    assert cache.get(b"k0") is None  # the oldest went with a generation
+    held = sum(cache.get(f"k{n}".encode()) is not None for n in range(200))
+    assert 10_000 // 2 // 210 <= held <= 10_000 // 200  # between half and all of the budget
+    cache.discard(b"k199")
+    assert cache.get(b"k199") is None
+    cache.clear()
+    assert cache.get(b"k198") is None
+    assert ReadCache(0).get(b"k") is None
+
+
+def test_the_table_never_serves_a_stale_value_from_its_cache(tmp_path: Path) -> None:
+    from rl_export.stream.statestore import ChangelogTable
+
+    table = ChangelogTable("rocksdb://", tmp_path, cache_bytes=1 << 20)
+    store = table.open(0)
+
+    class At:
+        partition = 0
+
+    at = At()
+    table.put(b"a", b"1", at)
+    assert table.get(b"a", at) == b"1"  # the batch's own write
+    table.take_changes()
+    assert table.get(b"a", at) == b"1"
+    table.put(b"a", b"2", at)
+    table.take_changes()
+    assert table.get(b"a", at) == b"2"  # written through
+    table.delete(b"a", at)
+    table.take_changes()
+    assert table.get(b"a", at) is None
+    store.put(b"b", b"before")
+    assert table.get(b"b", at) == b"before"  # now cached
+    # A restore writes to a store it has just opened; opening empties the cache.
+    table.close(0)
+    store = table.open(0)
+    store.put(b"b", b"restored")
+    assert table.get(b"b", at) == b"restored"
+    table.close_all()
