@@ -16,7 +16,13 @@ Public interface::
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv",
                            progress=None) -> ExportSummary
-    async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
+    def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
 
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
@@ -539,6 +545,7 @@ async def write_export(
                 async for chunk in chunks:
                     fh.write(chunk)
             fh.flush()
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600
             os.fsync(fh.fileno())
         os.replace(temporary, target)
     except BaseException:
@@ -546,6 +553,12 @@ async def write_export(
             os.unlink(temporary)
         raise
     return summary
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 async def stats(
