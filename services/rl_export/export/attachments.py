@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
-
-import aiohttp
 
 from rl_export.common.errors import RlExportError, StoreError
 from rl_export.corpora.store import ObjectStore, S3Store
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_ATTACHMENT_BYTES = 256 * 1024 * 1024
 
@@ -35,6 +36,8 @@ class Fetcher:
 
     async def fetch(self, uri: str) -> bytes:
         """The bytes behind ``uri``; FetchError when they cannot be had."""
+        import aiohttp  # only zip exports pay for importing aiohttp
+
         parts = urlsplit(uri)
         scheme = parts.scheme.lower()
         try:
@@ -59,6 +62,8 @@ class Fetcher:
         return await store.get_uri(bucket, key)
 
     async def _get_http(self, uri: str) -> bytes:
+        import aiohttp
+
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         async with self._http.get(uri) as response:

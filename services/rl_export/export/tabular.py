@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from rl_export.common.codec import dumps
 from rl_export.export.columns import Column, csv_cell
@@ -34,6 +34,8 @@ _BOOL_FIELDS = frozenset({("passed",)})
 
 def arrow_type(column: Column) -> pa.DataType:
     """The Parquet type of a column (see the module docstring)."""
+    import pyarrow as pa  # only Parquet exports pay for importing pyarrow
+
     path = column.path
     if path in _INT_FIELDS:
         return pa.int64()
@@ -47,6 +49,8 @@ def arrow_type(column: Column) -> pa.DataType:
 
 
 def _typed(value: Any, kind: pa.DataType) -> Any:
+    import pyarrow as pa
+
     if value is None:
         return None
     if kind == pa.string():
@@ -107,6 +111,10 @@ class ParquetEncoder:
     """Rows into a Parquet file, one row group per :meth:`write` call."""
 
     def __init__(self, columns: list[Column], sink: IO[bytes]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa = pa
         self.columns = columns
         self.types = [arrow_type(c) for c in columns]
         self.schema = pa.schema(
@@ -117,6 +125,7 @@ class ParquetEncoder:
     def write(self, records: list[dict[str, Any]]) -> None:
         if not records:
             return
+        pa = self.pa
         arrays = [
             pa.array([_typed(c.value(r), t) for r in records], type=t)
             for c, t in zip(self.columns, self.types, strict=True)
