@@ -169,10 +169,15 @@ class ChainWriter:
             raise RuntimeError(f"{self.ref.root} {self.stream}: the chain is not loaded")
         if offset < state.head:
             return  # already in a committed shard
-        source = self.spec.source
-        holds = self.spec.holds(snapshot)
+        spec, source = self.spec, self.spec.source
+        holds = spec.holds(snapshot)
+        line = None
+        if holds and spec.format != "trajectory":  # a row only if the format has one
+            line = spec.held_line(snapshot)
+            holds = line is not None
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds):
-            line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
+            if line is None:
+                line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
             updated_at = snapshot.updated_at if holds else None
             self._append(
                 Pending(

@@ -717,7 +717,9 @@ def straightforward(snapshot: dict[str, Any], spec: CorpusSpec) -> bytes | None:
 
 def fast(snapshot: dict[str, Any], spec: CorpusSpec) -> bytes | None:
     lines = SnapshotLines(snapshot)
-    return lines.line(spec.source) if spec.holds(lines) else None
+    if spec.format == "trajectory":  # the sink's own path for trajectory corpora
+        return lines.line(spec.source) if spec.holds(lines) else None
+    return spec.line(lines)
 
 
 FILTERED = [
@@ -725,9 +727,15 @@ FILTERED = [
     CorpusSpec(name="failing-human", source="human", filter={"passed": False}),
     CorpusSpec(name="by-source", source="human", filter={"reward_source": "human"}),
     CorpusSpec(name="scenario", source=None, filter={"scenario": "happy_path", "rules_version": 1}),
-    CorpusSpec(name="no-field", source=None, filter={"deleted": None}),  # not a record field
-    CorpusSpec(name="never", source=None, filter={"human": None}),
+    CorpusSpec(name="never", source=None, filter={"passed": True}),  # traces have no verdict
     CorpusSpec(name="reward", source="evaluator", filter={"reward": 0.9}),
+    CorpusSpec(name="min-reward", source="evaluator", filter={"min-reward": 0.5}),
+    CorpusSpec(name="labeled", source=None, filter={"labeled": True, "max_severity": 0}),
+    CorpusSpec(name="sft", source="evaluator", format="messages", filter={"passed": True}),
+    CorpusSpec(name="pc", source="human", format="prompt_completion"),
+    CorpusSpec(name="kto", source=None, format="kto"),  # traces: no verdict, no kto row
+    CorpusSpec(name="kto-evaluator", source="evaluator", format="kto"),
+    CorpusSpec(name="executions", source="evaluator", format="executions"),
 ]
 
 
@@ -767,7 +775,12 @@ def test_lines_are_the_rendered_records_byte_for_byte() -> None:
             if expected is None:
                 continue
             assert expected.endswith(b"}\n")
-            assert loads(expected)["reward_source"] == spec.source
+            row = loads(expected)
+            assert next(iter(row)) == "trace_id"
+            if spec.format == "trajectory":
+                assert row["reward_source"] == spec.source
+            else:
+                assert list(row)[1] == "revision"
         for source in (None, "human", "evaluator"):
             assert SnapshotLines(snapshot).tombstone_line(source) == dumps_line(
                 tombstone(snapshot, source)
