@@ -122,6 +122,11 @@ class CorpusSpec(BaseModel):
         """The filter as it is written in ``RL_EXPORT_CORPORA`` (read back the same)."""
         return {**value.to_params(sep="-"), **self.equals}
 
+    @property
+    def matches_everything(self) -> bool:
+        """True when the spec has no filter."""
+        return self._everything
+
     def matches(self, record: Mapping[str, Any]) -> bool:
         """True when the record passes the filter (and every old equality test)."""
         if self._everything:

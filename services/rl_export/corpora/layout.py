@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -169,6 +170,50 @@ def _shard(data: bytes, records: int, stamps: list[str], compression: Compressio
 def decode_shard(data: bytes, compression: Compression) -> list[dict[str, Any]]:
     raw = gzip.decompress(data) if compression == "gzip" else data
     return list(iter_lines(raw))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One object of the view: a compaction part or a commit's shard."""
+
+    key: str
+    sha256: str
+    records: int
+    compression: Compression
+
+
+async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[bytes]]:
+    """The lines of one object, newline included, in batches; sha256 and count checked at
+    the end (ChainError)."""
+    digest = hashlib.sha256()
+    inflate = zlib.decompressobj(wbits=31) if part.compression == "gzip" else None
+    rest = b""
+    count = 0
+    try:
+        async for chunk in store.chunks(part.key):
+            digest.update(chunk)
+            data = inflate.decompress(chunk) if inflate is not None else chunk
+            if not data:
+                continue
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            rest = data[cut:]
+            if cut:
+                batch = data[:cut].splitlines(keepends=True)
+                count += len(batch)
+                yield batch
+    except ObjectNotFoundError:
+        raise ChainError(f"{part.key}: missing (expired while reading?)") from None
+    except zlib.error as exc:
+        raise ChainError(f"{part.key}: unreadable gzip ({exc})") from None
+    if inflate is not None:
+        rest += inflate.flush()
+    if rest:
+        raise ChainError(f"{part.key}: does not end with a newline")
+    if digest.hexdigest() != part.sha256:
+        raise ChainError(f"{part.key}: sha256 {digest.hexdigest()[:16]}… does not match")
+    if count != part.records:
+        raise ChainError(f"{part.key}: {count} records, {part.records} expected")
 
 
 def utc_now() -> str:

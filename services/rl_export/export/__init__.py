@@ -4,7 +4,7 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 (which call it). The entry points are in :mod:`rl_export.export.exports`; the modules:
 
 - :mod:`~rl_export.export.latest`      the latest revision per trace in bounded memory
-- :mod:`~rl_export.export.identity`    a line's trace_id, revision and tombstone flag, cheaply
+- :mod:`~rl_export.corpora.identity`    a line's trace_id, revision and tombstone flag, cheaply
 - :mod:`~rl_export.export.columns`     tabular columns: defaults, ``--columns``, cells
 - :mod:`~rl_export.export.tabular`     CSV, JSON array and Parquet encoders
 - :mod:`~rl_export.export.attachments` attachment fetching for zip exports

@@ -9,7 +9,7 @@ How a view is made (:class:`LatestView`; the steps match the code):
 2. Index the tail: number its lines in read order and keep, per trace, the best line
    (greatest revision; on an equal revision a tombstone; else the first read, as the
    reader's latest view does) as ``trace_id -> (revision, deleted, line number)``. Only the
-   line's head is read (:mod:`rl_export.export.identity`). Past ``spill_at`` traces the
+   line's head is read (:mod:`rl_export.corpora.identity`). Past ``spill_at`` traces the
    index is sorted and written to a temporary run file, and a new one starts, so memory
    holds at most ``spill_at`` entries whatever the corpus size.
 3. Merge the compaction's identities (in ``trace_id`` order) with the runs (merged in
@@ -26,44 +26,32 @@ file). Memory: the index (at most ``spill_at`` entries), one bit per line, one c
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 import os
 import tempfile
-import zlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
 
 import orjson
 
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
+from rl_export.corpora.identity import Identity, NotARecordError, line_identity
 from rl_export.corpora.layout import (
     ChainError,
     Compaction,
-    Compression,
     CorpusRef,
+    Part,
     chain_keys,
     latest_compaction,
+    object_lines,
     read_commit,
 )
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
-from rl_export.export.identity import Identity, NotARecordError, line_identity
 
 SPILL_AT = 200_000
-
-
-@dataclass(frozen=True)
-class Part:
-    """One object of the view: a compaction part or a commit's shard."""
-
-    key: str
-    sha256: str
-    records: int
-    compression: Compression
 
 
 class _Entry(NamedTuple):
@@ -71,40 +59,6 @@ class _Entry(NamedTuple):
     revision: int
     deleted: bool
     row: int
-
-
-async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[bytes]]:
-    """The lines of one object, newline included, in batches; sha256 and count checked at
-    the end (ChainError)."""
-    digest = hashlib.sha256()
-    inflate = zlib.decompressobj(wbits=31) if part.compression == "gzip" else None
-    rest = b""
-    count = 0
-    try:
-        async for chunk in store.chunks(part.key):
-            digest.update(chunk)
-            data = inflate.decompress(chunk) if inflate is not None else chunk
-            if not data:
-                continue
-            data = rest + data
-            cut = data.rfind(b"\n") + 1
-            rest = data[cut:]
-            if cut:
-                batch = data[:cut].splitlines(keepends=True)
-                count += len(batch)
-                yield batch
-    except ObjectNotFoundError:
-        raise ChainError(f"{part.key}: missing (expired while reading?)") from None
-    except zlib.error as exc:
-        raise ChainError(f"{part.key}: unreadable gzip ({exc})") from None
-    if inflate is not None:
-        rest += inflate.flush()
-    if rest:
-        raise ChainError(f"{part.key}: does not end with a newline")
-    if digest.hexdigest() != part.sha256:
-        raise ChainError(f"{part.key}: sha256 {digest.hexdigest()[:16]}… does not match")
-    if count != part.records:
-        raise ChainError(f"{part.key}: {count} records, {part.records} expected")
 
 
 def _identity(part: Part, line: bytes) -> Identity:

@@ -354,6 +354,38 @@ def evaluator_reward(evaluation: EvaluationView | None) -> dict[str, Any] | None
     }
 
 
+def snapshot_from_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot a ``traces`` corpus record was rendered from (a live one).
+
+    A ``traces`` record has ``reward_source``, ``reward`` and ``passed`` null, but keeps what
+    they are computed from: the current labels' rubric means and count, the pass threshold
+    and the current evaluation's results. The rewards are computed again by the rules above
+    (integer sums, recovered from the means, for the human reward; the same function for the
+    evaluator's), so ``render(snapshot_from_record(r), source)`` is the record the stream
+    wrote for that source at that revision, byte for byte.
+    """
+    snap = {k: v for k, v in record.items() if k not in ("reward_source", "reward", "passed")}
+    snap["deleted"] = False
+    snap["human"] = None
+    count = record.get("labels_count") or 0
+    rubric = record.get("rubric")
+    if count and isinstance(rubric, dict):
+        sums = [round(rubric[d] * count) for d in RUBRIC_DIMENSIONS]
+        reward = sum(sums) / (20 * count)
+        snap["human"] = {"reward": reward, "passed": reward >= record["pass_threshold"]}
+    evaluation = record.get("evaluation")
+    snap["evaluator"] = None
+    if evaluation is not None:
+        scored = evaluator_reward(
+            EvaluationView(
+                (0, ""), evaluation["evaluation_id"], evaluation["results"], evaluation["report"]
+            )
+        )
+        if scored is not None:
+            snap["evaluator"] = {"reward": scored["reward"], "passed": scored["passed"]}
+    return snap
+
+
 def snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any]:
     """The full snapshot of a live trace: every field any corpus or format needs.
 
