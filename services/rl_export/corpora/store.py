@@ -318,14 +318,16 @@ class S3Store:
             if status == 404 or code in ("NoSuchKey", "404"):
                 raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
             raise self._wrap(exc, f"get {key}") from exc
-        async with response["Body"] as body:
+        body = response["Body"]  # aiobotocore's StreamingBody (entering it gives the response)
+        async with body:
+            chunks = body.iter_chunks(size)
             while True:
                 try:
-                    chunk: bytes = await body.read(size)
+                    chunk: bytes = await anext(chunks)
+                except StopAsyncIteration:
+                    return
                 except Exception as exc:
                     raise self._wrap(exc, f"read {key}") from exc
-                if not chunk:
-                    return
                 yield chunk
 
     async def get_uri(self, bucket: str, key: str) -> bytes:
