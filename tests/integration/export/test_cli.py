@@ -26,10 +26,8 @@ from tests.records import trace_events
 
 
 def rl_export(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "rl_export.cli", *args], capture_output=True, timeout=120, check=False,
-        cwd=cwd,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "rl_export.cli", *args]
+    return subprocess.run(argv, capture_output=True, timeout=120, check=False, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
