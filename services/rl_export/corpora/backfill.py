@@ -44,7 +44,7 @@ from rl_export.common.errors import ObjectExistsError
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import tombstone
 from rl_export.common.specs import CorpusSpec
-from rl_export.corpora.identity import line_identity
+from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
     ChainState,
@@ -52,11 +52,12 @@ from rl_export.corpora.layout import (
     Compression,
     CorpusRef,
     Part,
+    block_lines,
     encode_lines,
     follow_chain,
     latest_compaction,
     load_chain_state,
-    object_lines,
+    object_blocks,
     parse_stream,
     utc_now,
 )
@@ -119,9 +120,8 @@ async def seed_chain(
     latest: dict[str, tuple[int, bool, int]] = {}
     for number, parts in enumerate(segments):
         for part in parts:
-            async for batch in object_lines(store, part):
-                for line in batch:
-                    trace_id, revision, deleted = line_identity(line)
+            async for block, _ in object_blocks(store, part):
+                for trace_id, revision, deleted in block_identities(block):
                     if number == 0 and compacted and not belongs(trace_id):
                         continue  # another partition's trace
                     current = latest.get(trace_id)
@@ -137,9 +137,11 @@ async def seed_chain(
     stamps: list[str] = []
     for number, parts in enumerate(segments):
         for part in parts:
-            async for batch in object_lines(store, part):
-                for line in batch:
-                    trace_id, revision, deleted = line_identity(line)
+            async for block, _ in object_blocks(store, part):
+                identities = block_identities(block)
+                for line, (trace_id, revision, deleted) in zip(
+                    block_lines(block), identities, strict=True
+                ):
                     if deleted or latest.get(trace_id) != (revision, False, number):
                         continue
                     record: dict[str, Any] = orjson.loads(line)

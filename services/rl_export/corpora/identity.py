@@ -11,6 +11,7 @@ that does not look like that is parsed in full, so the answer never depends on t
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import orjson
@@ -24,6 +25,9 @@ class Identity(NamedTuple):
     trace_id: str
     revision: int
     deleted: bool
+
+
+_HEAD_BYTES = 512  # the identity is in a line's first bytes (else: parsed in full)
 
 
 class NotARecordError(ValueError):
@@ -41,6 +45,30 @@ def line_identity(line: bytes) -> Identity:
             end = len(line) - 1 if line.endswith(b"\n") else len(line)
             return Identity(trace_id, int(found.group(1)), line.endswith(_TOMBSTONE_END, 0, end))
     return _parsed(line)
+
+
+def block_identities(block: bytes) -> Iterator[Identity]:
+    """The identity of every line of a block of whole lines, without copying the lines: only
+    each line's head is looked at (and its end, for the tombstone's last key)."""
+    start, size = 0, len(block)
+    find, match, search = block.find, _HEAD.match, _REVISION.search
+    while start < size:
+        end = find(b"\n", start)
+        if end < 0:
+            end = size
+        head = match(block, start, min(end, start + _HEAD_BYTES))
+        found = None
+        if head is not None:
+            found = search(block, head.end(), min(end, start + _HEAD_BYTES))
+        if found is None or head is None or _nested(block, head.end(), found.start()):
+            yield _parsed(block[start:end])
+        else:
+            raw = head.group(1)
+            trace_id = raw.decode() if b"\\" not in raw else orjson.loads(b'"' + raw + b'"')
+            yield Identity(
+                trace_id, int(found.group(1)), block.endswith(_TOMBSTONE_END, start, end)
+            )
+        start = end + 1
 
 
 def _nested(line: bytes, start: int, stop: int) -> bool:

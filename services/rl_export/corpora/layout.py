@@ -182,9 +182,9 @@ class Part:
     compression: Compression
 
 
-async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[bytes]]:
-    """The lines of one object, newline included, in batches; sha256 and count checked at
-    the end (ChainError)."""
+async def object_blocks(store: ObjectStore, part: Part) -> AsyncIterator[tuple[bytes, int]]:
+    """One object as blocks of whole lines (each ends with a newline) and their line counts;
+    sha256 and record count checked at the end (ChainError)."""
     digest = hashlib.sha256()
     inflate = zlib.decompressobj(wbits=31) if part.compression == "gzip" else None
     rest = b""
@@ -195,13 +195,15 @@ async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[byt
             data = inflate.decompress(chunk) if inflate is not None else chunk
             if not data:
                 continue
-            data = rest + data
+            if rest:
+                data = rest + data
             cut = data.rfind(b"\n") + 1
             rest = data[cut:]
             if cut:
-                batch = data[:cut].splitlines(keepends=True)
-                count += len(batch)
-                yield batch
+                block = data[:cut] if cut < len(data) else data
+                lines = block.count(b"\n")
+                count += lines
+                yield block, lines
     except ObjectNotFoundError:
         raise ChainError(f"{part.key}: missing (expired while reading?)") from None
     except zlib.error as exc:
@@ -214,6 +216,19 @@ async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[byt
         raise ChainError(f"{part.key}: sha256 {digest.hexdigest()[:16]}… does not match")
     if count != part.records:
         raise ChainError(f"{part.key}: {count} records, {part.records} expected")
+
+
+def block_lines(block: bytes) -> list[bytes]:
+    """The lines of a block, newline included."""
+    lines = block.split(b"\n")
+    lines.pop()  # after the last newline
+    return [line + b"\n" for line in lines]
+
+
+async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[bytes]]:
+    """The lines of one object, newline included, in batches (:func:`object_blocks`)."""
+    async for block, _ in object_blocks(store, part):
+        yield block_lines(block)
 
 
 def utc_now() -> str:

@@ -241,12 +241,12 @@ class _Scan:
             if out:
                 yield out
 
-    async def raw(self) -> AsyncIterator[list[bytes]]:
-        """Batches of lines, unparsed: only when no filter is set."""
-        async for batch in self.view.lines():
-            self.summary.matched += len(batch)
-            self._advance(len(batch))
-            yield batch
+    async def raw(self) -> AsyncIterator[tuple[bytes, int]]:
+        """Blocks of whole lines and their counts, unparsed: only when no filter is set."""
+        async for block, count in self.view.blocks():
+            self.summary.matched += count
+            self._advance(count)
+            yield block, count
 
 
 def _limited(rows: list[Any], summary: ExportSummary, limit: int | None) -> list[Any]:
@@ -267,10 +267,10 @@ async def _jsonl(
     scan: _Scan, fmt: str, limit: int | None, summary: ExportSummary
 ) -> AsyncGenerator[bytes, None]:
     if fmt == "trajectory" and scan.filters.is_empty():
-        async for lines in scan.raw():
-            yield b"".join(_limited(lines, summary, limit))
-            if limit is not None and summary.records >= limit:
-                return
+        # The corpus's lines are already strict JSON Lines: copied as they are.
+        async for block, count in scan.raw():
+            summary.records += count
+            yield block
         return
     async for batch in scan.lines():
         if fmt == "trajectory":

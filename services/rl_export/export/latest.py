@@ -37,15 +37,16 @@ from typing import IO, NamedTuple
 import orjson
 
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
-from rl_export.corpora.identity import Identity, NotARecordError, line_identity
+from rl_export.corpora.identity import Identity, NotARecordError, block_identities
 from rl_export.corpora.layout import (
     ChainError,
     Compaction,
     CorpusRef,
     Part,
+    block_lines,
     chain_keys,
     latest_compaction,
-    object_lines,
+    object_blocks,
     read_commit,
 )
 from rl_export.corpora.reader import list_streams
@@ -61,11 +62,21 @@ class _Entry(NamedTuple):
     row: int
 
 
-def _identity(part: Part, line: bytes) -> Identity:
+def _identities(part: Part, block: bytes) -> Iterator[Identity]:
     try:
-        return line_identity(line)
+        yield from block_identities(block)
     except NotARecordError as exc:
         raise ChainError(f"{part.key}: {exc}") from None
+
+
+def _all_set(bits: bytearray, start: int, count: int) -> bool:
+    """Whether bits ``start`` .. ``start + count - 1`` are all set."""
+    if count <= 0:
+        return True
+    end = start + count
+    value = int.from_bytes(bits[start >> 3 : ((end - 1) >> 3) + 1], "little") >> (start & 7)
+    mask = (1 << count) - 1
+    return value & mask == mask
 
 
 def _better(revision: int, deleted: bool, current: tuple[int, bool, int]) -> bool:
@@ -214,9 +225,8 @@ class LatestView:
         index: dict[str, tuple[int, bool, int]] = {}
         row = 0
         for part in self.tail:
-            async for batch in object_lines(self.store, part):
-                for line in batch:
-                    trace_id, revision, deleted = _identity(part, line)
+            async for block, _ in object_blocks(self.store, part):
+                for trace_id, revision, deleted in _identities(part, block):
                     current = index.get(trace_id)
                     if current is None or _better(revision, deleted, current):
                         index[trace_id] = (revision, deleted, row)
@@ -237,9 +247,8 @@ class LatestView:
         n = 0
         previous: str | None = None
         for part in self.compaction_parts:
-            async for batch in object_lines(self.store, part):
-                for line in batch:
-                    trace_id, revision, deleted = _identity(part, line)
+            async for block, _ in object_blocks(self.store, part):
+                for trace_id, revision, deleted in _identities(part, block):
                     if previous is not None and trace_id <= previous:
                         raise ChainError(f"{part.key}: compaction not sorted by trace_id")
                     previous = trace_id
@@ -268,19 +277,28 @@ class LatestView:
             )
         self._keep_compaction, self._keep_tail = keep_compaction, keep_tail
 
-    async def lines(self) -> AsyncIterator[list[bytes]]:
-        """Step 4: the surviving lines, newline included, in batches."""
+    async def blocks(self) -> AsyncIterator[tuple[bytes, int]]:
+        """Step 4: the surviving lines as blocks of whole lines, with their counts. A block
+        whose lines all survive is the object's block itself, never split into lines."""
         if not self._opened:
             await self.open()
         for parts, bits in ((self.compaction_parts, self._keep_compaction),
                             (self.tail, self._keep_tail)):  # fmt: skip
             n = 0
             for part in parts:
-                async for batch in object_lines(self.store, part):
-                    out = []
-                    for line in batch:
-                        if bits[n >> 3] & (1 << (n & 7)):
-                            out.append(line)
-                        n += 1
-                    if out:
-                        yield out
+                async for block, count in object_blocks(self.store, part):
+                    if _all_set(bits, n, count):
+                        yield block, count
+                    else:
+                        out = []
+                        for k, line in enumerate(block_lines(block), start=n):
+                            if bits[k >> 3] & (1 << (k & 7)):
+                                out.append(line)
+                        if out:
+                            yield b"".join(out), len(out)
+                    n += count
+
+    async def lines(self) -> AsyncIterator[list[bytes]]:
+        """Step 4, line by line: the surviving lines, newline included, in batches."""
+        async for block, _ in self.blocks():
+            yield block_lines(block)

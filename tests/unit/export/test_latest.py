@@ -95,3 +95,33 @@ def test_line_identity_agrees_with_parsing(row: dict[str, Any]) -> None:
 def test_line_identity_refuses_what_is_not_a_record(line: bytes) -> None:
     with pytest.raises(NotARecordError):
         line_identity(line)
+
+
+def test_block_identities_are_the_line_identities() -> None:
+    from rl_export.corpora.identity import block_identities
+
+    rows: list[dict[str, Any]] = [
+        {"trace_id": "a", "org": "o", "project": "p", "reward_source": None, "revision": 7},
+        {"trace_id": 'we"ird\u2028 {id}', "revision": 12, "messages": []},
+        {"trace_id": "t", "revision": 3, "deleted": True},
+        {"trace_id": "n", "messages": [{"revision": 99}], "revision": 4},
+        {"trace_id": "x" * 600, "revision": 8},  # the revision is past the head
+        {"revision": 5, "trace_id": "order"},
+    ]
+    block = b"".join(dumps_line(r) for r in rows)
+    assert list(block_identities(block)) == [line_identity(dumps_line(r)) for r in rows]
+
+
+@pytest.mark.parametrize(("start", "count"), [(0, 1), (3, 9), (7, 2), (8, 8), (5, 20), (0, 0)])
+def test_all_set_reads_bit_ranges(start: int, count: int) -> None:
+    from rl_export.export.latest import _all_set, _set
+
+    bits = bytearray(8)
+    for n in range(start, start + count):
+        _set(bits, n)
+    assert _all_set(bits, start, count)
+    if count:
+        cleared = bytearray(bits)
+        last = start + count - 1
+        cleared[last >> 3] &= ~(1 << (last & 7)) & 0xFF
+        assert not _all_set(cleared, start, count)
