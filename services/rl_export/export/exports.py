@@ -16,14 +16,11 @@ Public interface::
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv",
                            progress=None) -> ExportSummary
-    def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
+    async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
+    async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
+                      margin=0.0, max_pairs=1) -> list[dict]
+        # the first rows of a JSON Lines format, as dicts (the API's GET records)
 
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
 :data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
@@ -553,6 +550,29 @@ async def write_export(
             os.unlink(temporary)
         raise
     return summary
+
+
+async def preview(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    format: str,
+    filters: Filters | None = None,
+    limit: int = 20,
+    pair_by: Sequence[str] = (),
+    margin: float = 0.0,
+    max_pairs: int = 1,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
+    if format not in JSONL_FORMATS:
+        raise ExportError("format", f"{format!r} is not a JSON Lines format (preview: "
+                          f"{', '.join(JSONL_FORMATS)})")  # fmt: skip
+    filters = (filters or Filters()).model_copy(update={"limit": limit})
+    data = b"".join(
+        [c async for c in iter_export(store, ref, format=format, filters=filters,
+                                      pair_by=pair_by, margin=margin, max_pairs=max_pairs)]
+    )  # fmt: skip
+    return [loads(line) for line in data.splitlines()]
 
 
 def _umask() -> int:

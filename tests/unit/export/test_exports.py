@@ -392,3 +392,15 @@ async def test_hugging_face_datasets_loads_every_json_lines_format(
             assert {"role", "content"} <= set(conversational[0]), fmt
         if fmt == "kto":
             assert loaded.features["label"].dtype == "bool"
+
+
+async def test_preview_gives_the_first_rows_as_dicts(story: MemoryStore) -> None:
+    from rl_export.export import preview
+
+    rows = await preview(story, EVALUATOR, format="kto", limit=2)
+    assert len(rows) == 2
+    assert all(set(r) == {"prompt", "completion", "label"} for r in rows)
+    everything, _ = await export(story, EVALUATOR, "kto")
+    assert rows == check_jsonl(everything)[:2]
+    with pytest.raises(ExportError, match="not a JSON Lines format"):
+        await preview(story, EVALUATOR, format="csv")
