@@ -52,6 +52,7 @@ How an export travels:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import itertools
@@ -639,9 +640,18 @@ async def write_export(
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    fh.write(chunk)
+            # Each write runs in a thread while the next chunk is made (one at a time, in
+            # order): on two cores reading and writing overlap.
+            writing: asyncio.Future[int] | None = None
+            try:
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        if writing is not None:
+                            await writing
+                        writing = asyncio.ensure_future(asyncio.to_thread(fh.write, chunk))
+            finally:
+                if writing is not None:
+                    await writing
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600
             os.fsync(fh.fileno())
