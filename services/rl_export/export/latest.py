@@ -8,20 +8,25 @@ How a view is made (:class:`LatestView`; the steps match the code):
    chain as the reader does (a gap is a :class:`~rl_export.corpora.layout.ChainError`).
 2. Index the tail: number its lines in read order and keep, per trace, the best line
    (greatest revision; on an equal revision a tombstone; else the first read, as the
-   reader's latest view does) as ``trace_id -> (revision, deleted, line number)``. Only the
-   line's head is read (:mod:`rl_export.corpora.identity`). Past ``spill_at`` traces the
-   index is sorted and written to a temporary run file, and a new one starts, so memory
-   holds at most ``spill_at`` entries whatever the corpus size.
+   reader's latest view does) as ``trace_id -> one int`` (revision, tombstone flag and line
+   number packed so that the best line is the greatest: :func:`_pack`). Only each line's
+   head is read (:mod:`rl_export.corpora.identity`). Past ``spill_at`` traces the index is
+   sorted and pickled to a temporary run file, and a new one starts, so memory holds at
+   most ``spill_at`` entries whatever the corpus size.
 3. Merge the compaction's identities (in ``trace_id`` order) with the runs (merged in
    ``trace_id`` order): a compaction line survives unless the tail has a later revision (or
    a tombstone of the same one); a tail line survives when it is its trace's best, live,
    and not older than the compaction's. Survivors are bits in two bitmaps (one bit a line).
-4. :meth:`LatestView.lines` reads the compaction and the tail again and yields the surviving
-   lines, verbatim: compaction lines first (by ``trace_id``), then the tail's in chain order.
+4. :meth:`LatestView.blocks` reads the compaction and the tail again and passes the
+   surviving lines on, verbatim, as views of what was read: compaction lines first (by
+   ``trace_id``), then the tail's in chain order. An object whose lines all survive goes
+   out whole; from others the runs of surviving lines are cut out.
 
-Every object is read in chunks (:meth:`ObjectStore.chunks`), its sha256 and line count
-checked when it ends; a mismatch raises ChainError (an export then fails, and leaves no
-file). Memory: the index (at most ``spill_at`` entries), one bit per line, one chunk.
+Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.layout.object_blocks`); in
+steps 2 and 3 its sha256 (hashed in a thread, beside the work on the chunk) and line count
+are checked when it ends, and a mismatch raises ChainError (an export then fails, and leaves
+no file); step 4 does not hash again. Memory: the index (at most ``spill_at`` entries, one
+str and one int each), one bit per line, a chunk or two.
 """
 
 from __future__ import annotations
