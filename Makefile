@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench profile
+.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench bench-export profile
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,8 +60,12 @@ test: lint typecheck ## the whole suite: lint, types, unit and integration tests
 clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-bench: install ## benchmark: one worker vs a bare consumer on 100k events, freshness, scaling
+bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), then bench-export
 	$(BIN)/python -m rl_export.local.bench
+	$(BIN)/python -m rl_export.local.bench_export
+
+bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
+	$(BIN)/python -m rl_export.local.bench_export
 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
 	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000

@@ -38,6 +38,16 @@ async def check_store_contract(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFoundError):
         await store.get("acme/bot/missing.json")
 
+    big = bytes(range(256)) * 50
+    await store.put("acme/bot/human/data/t-0/big.jsonl", big)
+    chunks = [c async for c in store.chunks("acme/bot/human/data/t-0/big.jsonl", 1000)]
+    assert b"".join(chunks) == big
+    assert max(len(c) for c in chunks) <= 1000
+    assert len(chunks) >= len(big) // 1000
+    with pytest.raises(ObjectNotFoundError):
+        _ = [c async for c in store.chunks("acme/bot/missing.json")]
+    await store.delete("acme/bot/human/data/t-0/big.jsonl")
+
     await store.delete("acme/bot/evaluator/x.json")
     await store.delete("acme/bot/evaluator/x.json")  # deleting twice is fine
     assert "acme/bot/evaluator/x.json" not in await store.list("acme/")

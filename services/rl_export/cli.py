@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rl_export import __version__
 from rl_export.common.errors import ConfigError, RlExportError
@@ -76,16 +76,15 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from rl_export.common.progress import Progress
+    from rl_export.common.progressbar import bar
     from rl_export.stream.produce import produce_lines, read_lines
 
     settings = _settings(args, kafka_bootstrap="bootstrap")
     missing = [p for p in args.files if not p.is_file()]
     if missing:
         raise ConfigError("FILE", f"no such file: {missing[0]}")
-    progress = Progress("producing")
-    report = asyncio.run(produce_lines(settings, read_lines(args.files), progress))
-    progress.close()
+    with bar("producing", unit="events") as progress:
+        report = asyncio.run(produce_lines(settings, read_lines(args.files), progress.update))
     for line in report.skipped[:20]:
         print(f"skipped {line}", file=sys.stderr)
     if len(report.skipped) > 20:
@@ -115,7 +114,7 @@ def _open(url: str | None, settings: Settings) -> ObjectStore:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from rl_export.common.progress import Progress
+    from rl_export.common.progressbar import bar
     from rl_export.corpora.replay import replay, summary
     from rl_export.stream.produce import read_lines
 
@@ -126,14 +125,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     async def run() -> list[str]:
         store = _open(args.store, settings)
-        progress = Progress("replaying")
         try:
             await store.check()
-            report = await replay(
-                settings, store, read_lines(args.files), run_id=args.run_id, progress=progress
-            )
+            with bar("replaying", unit="events") as progress:
+                report = await replay(
+                    settings, store, read_lines(args.files), run_id=args.run_id,
+                    progress=progress.update,
+                )  # fmt: skip
         finally:
-            progress.close()
             await store.close()
         return summary(report)
 
@@ -199,6 +198,114 @@ def cmd_shards(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _filter_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
+    """The filter flags given on the command line, as ``parse_filters`` reads them."""
+    from rl_export.common.filters import FILTER_NAMES
+
+    values: dict[str, str | list[str]] = {}
+    for name in FILTER_NAMES:
+        value = getattr(args, "f_" + name.replace("-", "_"), None)
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _export_ref(args: argparse.Namespace) -> CorpusRef:
+    from rl_export.export import source_ref
+
+    return source_ref(args.org, args.project, args.source)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rl_export.common.filters import parse_filters
+    from rl_export.common.progressbar import bar, position_callback
+    from rl_export.export import check_export, parse_margin, parse_pair_by, write_export
+
+    settings = _settings(args, store_url="store")
+    filters = parse_filters(_filter_values(args))
+    ref = _export_ref(args)
+    pair_by = parse_pair_by(args.pair_by)
+    margin = parse_margin(args.margin)
+    check_export(
+        args.format, columns=args.columns, pair_by=pair_by, margin=margin,
+        max_pairs=args.max_pairs, zip_data=args.zip_data,
+    )  # fmt: skip
+    to_stdout = args.output == "-"
+    if not to_stdout and Path(args.output).is_dir():
+        raise ConfigError("--output", f"{args.output} is a directory")
+
+    async def run() -> Any:
+        store = _open(args.store, settings)
+        try:
+            with bar(f"exporting {ref.root} as {args.format}", unit="records") as progress:
+                return await write_export(
+                    store, ref, format=args.format, filters=filters, columns=args.columns,
+                    pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
+                    zip_data=args.zip_data,
+                    out=sys.stdout.buffer if to_stdout else Path(args.output),
+                    progress=position_callback(progress),
+                )  # fmt: skip
+        finally:
+            await store.close()
+
+    summary = asyncio.run(run())
+    where = "stdout" if to_stdout else args.output
+    note = f"exported {summary.records} {'pairs' if args.format == 'preference' else 'rows'} "
+    note += f"({summary.format}, {summary.bytes} bytes) to {where}"
+    note += f" from {summary.scanned} latest records, {summary.matched} matching the filters"
+    if summary.skipped:
+        note += f", {summary.skipped} without a {args.format} row"
+    if args.format == "zip":
+        note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
+    print(note, file=sys.stderr)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from rl_export.common.codec import dumps
+    from rl_export.common.filters import parse_filters
+    from rl_export.export import stats
+
+    settings = _settings(args, store_url="store")
+    filters = parse_filters(_filter_values(args))
+    ref = _export_ref(args)
+
+    async def run() -> dict[str, Any]:
+        store = _open(args.store, settings)
+        try:
+            return await stats(store, ref, filters=filters)
+        finally:
+            await store.close()
+
+    print(dumps(asyncio.run(run())).decode())
+    return 0
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("filters (DESIGN.md section 4)")
+    group.add_argument("--passed", dest="f_passed", metavar="true|false")
+    group.add_argument("--min-reward", dest="f_min_reward", metavar="R")
+    group.add_argument("--max-reward", dest="f_max_reward", metavar="R")
+    group.add_argument(
+        "--pass-dimension", dest="f_pass_dimension", metavar="TYPE", action="append",
+        help="repeatable: every decided outcome of TYPE is true, at least one decided",
+    )  # fmt: skip
+    group.add_argument("--max-severity", dest="f_max_severity", metavar="N")
+    group.add_argument("--agent-version", dest="f_agent_version", metavar="V")
+    group.add_argument("--scenario", dest="f_scenario", metavar="S")
+    group.add_argument("--since", dest="f_since", metavar="RFC3339", help="updated_at >= since")
+    group.add_argument("--until", dest="f_until", metavar="RFC3339", help="updated_at < until")
+    group.add_argument("--labeled", dest="f_labeled", metavar="true|false")
+    group.add_argument("--limit", dest="f_limit", metavar="N")
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.add_argument("--org", required=True)
+    p.add_argument("--project", required=True)
+    p.add_argument("--source", required=True, metavar="human|evaluator|traces")
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from rl_export.local.dev import run_dev
 
@@ -206,8 +313,15 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev(settings, traffic_rate=args.rate)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="rl-export",
         description="Turn scored agent runs into continuously refreshed JSONL training corpora.",
     )
@@ -248,6 +362,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="cat/tail: the corpus name (human, evaluator, traces, ...)")
     p.add_argument("--latest", action="store_true", help="cat: latest revision per trace only")
     p.set_defaults(func=cmd_shards)
+
+    p = sub.add_parser(
+        "export", help="write an export of a corpus's latest view (any format, filtered)"
+    )
+    _add_source(p)
+    p.add_argument(
+        "--format", required=True, metavar="F",
+        help="trajectory, prompt_completion, messages, kto, preference, executions, csv, json, "
+        "parquet or zip",
+    )  # fmt: skip
+    p.add_argument("--columns", metavar="PATH[:HEADER],...", help="tabular formats' columns")
+    p.add_argument("--pair-by", metavar="FIELD,...", help="preference: pair within these fields")
+    p.add_argument("--margin", metavar="M", help="preference: least reward gap (default 0)")
+    p.add_argument(
+        "--max-pairs", type=int, default=1, metavar="N",
+        help="preference: pairs per trajectory at most (default 1)",
+    )  # fmt: skip
+    p.add_argument("--zip-data", default="csv", metavar="csv|json", help="zip: the data file")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="'-' for stdout")
+    _add_filters(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("stats", help="print {records, avg_reward, pass_rate, human_labeled}")
+    _add_source(p)
+    _add_filters(p)
+    p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")

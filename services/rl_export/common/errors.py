@@ -4,7 +4,10 @@ Hierarchy::
 
     RlExportError                  base of everything the CLI turns into a one-line message
     ├── ConfigError                a setting is wrong; names the environment variable or flag
-    │   └── PartitionMismatchError topics exist with a partition count other than configured
+    │   ├── PartitionMismatchError topics exist with a partition count other than configured
+    │   ├── FilterError            a filter (flag, query parameter, corpus spec) is malformed
+    │   └── ExportError            an export request cannot be met (format, source, column, ...)
+    │       └── NoDataError        the org/project/corpus asked for has no data at all
     ├── BrokerUnavailableError     Kafka cannot be reached at the configured bootstrap address
     ├── StoreError                 the object store failed or refused a request
     │   ├── ObjectExistsError      a create-only write lost: the object is already there
@@ -30,6 +33,18 @@ class ConfigError(RlExportError):
 
 class PartitionMismatchError(ConfigError):
     """Existing topics do not all have the configured partition count."""
+
+
+class FilterError(ConfigError):
+    """A filter is malformed; ``setting`` is the filter's name (``min-reward``)."""
+
+
+class ExportError(ConfigError):
+    """An export cannot be made as asked; ``setting`` names the parameter (``columns``)."""
+
+
+class NoDataError(ExportError):
+    """The corpus an export or stats asked for has no commit and no compaction."""
 
 
 class BrokerUnavailableError(RlExportError):

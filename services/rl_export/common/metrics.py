@@ -180,6 +180,12 @@ class SinkMetrics:
             "Create-only commits that lost to another writer.",
             registry=registry,
         )
+        self.backfilled = Counter(
+            "rl_export_sink_backfilled_records_total",
+            "Records a new corpus was seeded with from the traces corpus's history, by corpus.",
+            ["corpus"],
+            registry=registry,
+        )
         self.repeats = Counter(
             "rl_export_sink_repeats_dropped_total",
             "Snapshots dropped because the corpus already holds that revision or a later one.",

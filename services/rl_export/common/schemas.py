@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from rl_export.common.events import EVENT_ADAPTER, EVENT_MODELS
+from rl_export.common.formats import ROW_MODELS
 from rl_export.common.records import Tombstone, TrajectoryRecord
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -38,6 +39,11 @@ def build_schemas() -> dict[str, dict[str, Any]]:
         "record.tombstone": Tombstone,
     }
     for name, model in outputs.items():
+        out[name] = _with_header(model.model_json_schema(mode="serialization"), name, name)
+    # One schema per export format: the trajectory format is the record itself.
+    formats: dict[str, type[BaseModel]] = {"trajectory": TrajectoryRecord, **ROW_MODELS}
+    for fmt, model in formats.items():
+        name = f"format.{fmt}"
         out[name] = _with_header(model.model_json_schema(mode="serialization"), name, name)
     return out
 

@@ -1,16 +1,39 @@
-"""Corpus specs: what a continuous export holds (its name, reward source, format and filter)."""
+"""Corpus specs: what a continuous export holds (its name, reward source, format and filter).
+
+``RL_EXPORT_CORPORA`` is a JSON list of specs, e.g. a continuously refreshed chat-SFT corpus of
+passed conversations is::
+
+    {"name": "sft-passed", "source": "evaluator", "format": "messages", "filter": {"passed": true}}
+
+``format`` is any JSON Lines format but ``preference`` (pairs need the whole latest view: an
+export). ``filter`` takes every filter of DESIGN.md section 4 by name (``min-reward`` or
+``min_reward``; ``limit`` aside, which a stream has no use for), JSON values or their text.
+For backwards compatibility any other key that names a field of the trajectory record is the
+old equality test (``{"rules_version": 1}``); anything else is an error naming the key.
+
+Rows of a corpus in another format than ``trajectory`` lead with ``trace_id`` and
+``revision`` (:func:`~rl_export.common.formats.corpus_row`), and its tombstones are the
+trajectory tombstones: the latest view, compaction and ``shards verify`` work the same.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from rl_export.common.records import SnapshotLines, render
+from rl_export.common.codec import dumps_line
+from rl_export.common.errors import FilterError
+from rl_export.common.filters import FILTER_NAMES, Filters, canonical_name, filters_from_json
+from rl_export.common.formats import CORPUS_FORMATS, corpus_row
+from rl_export.common.records import SnapshotLines, TrajectoryRecord, render
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 """Org, project, corpus and topic names become path segments in the store."""
+
+_RECORD_FIELDS = frozenset(TrajectoryRecord.model_fields)
 
 
 def check_name(kind: str, value: str) -> str:
@@ -20,6 +43,30 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+class _RecordView(Mapping[str, Any]):
+    """``render(snapshot, source)`` as a read-only mapping, without rendering it (filters)."""
+
+    __slots__ = ("_lines", "_source")
+
+    def __init__(self, lines: SnapshotLines, source: str | None) -> None:
+        self._lines = lines
+        self._source = source
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _RECORD_FIELDS:
+            raise KeyError(key)
+        return self._lines.value(self._source, key)  # type: ignore[arg-type]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._lines.value(self._source, key) if key in _RECORD_FIELDS else default  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TrajectoryRecord.model_fields)
+
+    def __len__(self) -> int:
+        return len(_RECORD_FIELDS)
+
+
 class CorpusSpec(BaseModel):
     """One continuous export: its name, reward source, format and filter."""
 
@@ -27,35 +74,104 @@ class CorpusSpec(BaseModel):
 
     name: str = Field(pattern=SAFE_NAME.pattern)
     source: Literal["human", "evaluator"] | None
-    format: Literal["trajectory"] = "trajectory"
-    filter: dict[str, Any] = Field(default_factory=dict)
+    format: str = "trajectory"
+    filter: Filters = Field(default_factory=Filters)
+    equals: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    # Derived (no filter at all); a plain field, not a private attribute: the sink reads it
+    # for every snapshot and corpus, and pydantic serves private attributes through
+    # __getattr__, several times slower than a field in the instance's __dict__.
+    everything: bool = Field(default=True, exclude=True, repr=False)
 
-    def matches(self, record: dict[str, Any]) -> bool:
-        """True when every filter field equals the record's value."""
-        return all(record.get(k) == v for k, v in self.filter.items())
+    @model_validator(mode="before")
+    @classmethod
+    def _split_filter(cls, data: Any) -> Any:
+        """``filter`` as JSON: the filters of DESIGN.md section 4, and the old equality
+        tests on record fields (kept in ``equals``)."""
+        if not isinstance(data, dict) or not isinstance(data.get("filter"), Mapping):
+            return data
+        data = dict(data)
+        raw = data["filter"]
+        known = {k: v for k, v in raw.items() if canonical_name(k) is not None}
+        equals = {k: v for k, v in raw.items() if canonical_name(k) is None}
+        for key in equals:
+            if key not in _RECORD_FIELDS:
+                raise ValueError(
+                    f"filter {key!r} is neither a filter ({', '.join(FILTER_NAMES[:-1])}) "
+                    f"nor a record field"
+                )
+        if any(canonical_name(k) == "limit" for k in known):
+            raise ValueError("filter 'limit' does not apply to a corpus (it is an export's)")
+        try:
+            data["filter"] = filters_from_json(known)
+        except FilterError as exc:
+            raise ValueError(f"filter {exc}") from None
+        data["equals"] = {**data.get("equals", {}), **equals}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> CorpusSpec:
+        if self.format not in CORPUS_FORMATS:
+            hint = " (pairs need the whole latest view: use rl-export export)" if (
+                self.format == "preference") else ""  # fmt: skip
+            raise ValueError(
+                f"format {self.format!r} cannot be a corpus{hint}; corpus formats: "
+                f"{', '.join(CORPUS_FORMATS)}"
+            )
+        object.__setattr__(self, "everything", self.filter.is_empty() and not self.equals)
+        return self
+
+    @field_serializer("filter")
+    def _dump_filter(self, value: Filters) -> dict[str, Any]:
+        """The filter as it is written in ``RL_EXPORT_CORPORA`` (read back the same)."""
+        return {**value.to_params(sep="-"), **self.equals}
+
+    def matches(self, record: Mapping[str, Any]) -> bool:
+        """True when the record passes the filter (and every old equality test)."""
+        if self.everything:
+            return True
+        return self.filter.matches(record) and all(
+            record.get(k) == v for k, v in self.equals.items()
+        )
 
     def record_for(self, snapshot: dict[str, Any]) -> dict[str, Any] | None:
-        """The record this corpus holds for a snapshot: a record, a tombstone, or None.
+        """The row this corpus holds for a snapshot: a row, a tombstone, or None.
 
-        None means "not in this corpus" (not ready for the source, or filtered out); the
-        writer turns that into a tombstone when the corpus holds the trace.
+        None means "not in this corpus" (not ready for the source, filtered out, or no row
+        in this format); the writer turns that into a tombstone when the corpus holds the
+        trace.
         """
         record = render(snapshot, self.source)
         if record is None or record.get("deleted"):
             return record
-        return record if self.matches(record) else None
+        if not self.matches(record):
+            return None
+        return corpus_row(self.format, record)
 
     def holds(self, snapshot: SnapshotLines) -> bool:
-        """True when :meth:`record_for` is a record (not a tombstone, not None).
+        """True when the record is ready and passes the filter (the format aside).
 
         The sink's way to the same answer without rendering the record as a dict.
         """
         source = self.source
         if not snapshot.ready(source):
             return False
-        return not self.filter or all(
-            snapshot.value(source, k) == v for k, v in self.filter.items()
-        )
+        return self.everything or self.matches(_RecordView(snapshot, source))
+
+    def line(self, snapshot: SnapshotLines) -> bytes | None:
+        """The JSON Lines line of :meth:`record_for` when it is a row, else None.
+
+        ``trajectory`` lines come from :meth:`SnapshotLines.line` (encoded once per
+        snapshot, byte for byte ``dumps_line(record)``); other formats render the record.
+        """
+        return self.held_line(snapshot) if self.holds(snapshot) else None
+
+    def held_line(self, snapshot: SnapshotLines) -> bytes | None:
+        """:meth:`line` of a snapshot this corpus :meth:`holds`."""
+        if self.format == "trajectory":
+            return snapshot.line(self.source)
+        record = render(snapshot.snapshot, self.source)
+        row = None if record is None else corpus_row(self.format, record)
+        return None if row is None else dumps_line(row)
 
 
 DEFAULT_CORPORA: tuple[CorpusSpec, ...] = (

@@ -16,9 +16,11 @@ data object, with create-only semantics, so whoever creates ``<from_offset>.json
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -169,6 +171,103 @@ def _shard(data: bytes, records: int, stamps: list[str], compression: Compressio
 def decode_shard(data: bytes, compression: Compression) -> list[dict[str, Any]]:
     raw = gzip.decompress(data) if compression == "gzip" else data
     return list(iter_lines(raw))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One object of the view: a compaction part or a commit's shard."""
+
+    key: str
+    sha256: str
+    records: int
+    compression: Compression
+
+
+READ_CHUNK = 4 << 20
+"""Bytes per read when an object is streamed (fewer thread hand-offs than the store's 1 MiB)."""
+
+
+Block = tuple[bytes, int, int]
+"""``(data, start, end)``: ``data[start:end]`` is whole lines, each ending with a newline."""
+
+
+async def object_blocks(
+    store: ObjectStore, part: Part, *, verify: bool = True
+) -> AsyncIterator[Block]:
+    """One object as blocks of whole lines, without copying what was read: each chunk is
+    yielded in place (a block is a range of it), and only a line cut by a chunk's end is
+    put together on its own.
+
+    With ``verify`` the sha256 is checked when the object ends (ChainError); the caller
+    checks the line count (:func:`check_count`), as it counts lines anyway. Without it the
+    bytes are read as they are: for an object this process verified earlier (objects are
+    named by their content and never rewritten).
+    """
+    digest = hashlib.sha256() if verify else None
+    inflate = zlib.decompressobj(wbits=31) if part.compression == "gzip" else None
+    rest = b""
+    # Hashing runs in a thread (hashlib lets go of the GIL) while the caller works on the
+    # chunk: on two cores the check costs almost no time. One update at a time, in order.
+    hashing: asyncio.Future[None] | None = None
+    try:
+        async for chunk in store.chunks(part.key, READ_CHUNK):
+            if digest is not None:
+                if hashing is not None:
+                    await hashing
+                hashing = asyncio.ensure_future(asyncio.to_thread(digest.update, chunk))
+            data = inflate.decompress(chunk) if inflate is not None else chunk
+            if not data:
+                continue
+            start = 0
+            if rest:
+                first = data.find(b"\n")
+                if first < 0:
+                    rest += data
+                    continue
+                joined = rest + data[: first + 1]
+                yield joined, 0, len(joined)
+                start = first + 1
+            cut = data.rfind(b"\n") + 1
+            if cut > start:
+                yield data, start, cut
+            rest = data[max(cut, start) :]
+    except ObjectNotFoundError:
+        raise ChainError(f"{part.key}: missing (expired while reading?)") from None
+    except zlib.error as exc:
+        raise ChainError(f"{part.key}: unreadable gzip ({exc})") from None
+    finally:
+        if hashing is not None:
+            await hashing
+    if inflate is not None:
+        rest += inflate.flush()
+    if rest:
+        raise ChainError(f"{part.key}: does not end with a newline")
+    if digest is not None and digest.hexdigest() != part.sha256:
+        raise ChainError(f"{part.key}: sha256 {digest.hexdigest()[:16]}… does not match")
+
+
+def check_count(part: Part, count: int) -> None:
+    """ChainError when an object did not have the lines its commit says."""
+    if count != part.records:
+        raise ChainError(f"{part.key}: {count} records, {part.records} expected")
+
+
+def block_lines(block: Block) -> list[bytes]:
+    """The lines of a block, newline included."""
+    data, start, end = block
+    lines = data[start:end].split(b"\n")
+    lines.pop()  # after the last newline
+    return [line + b"\n" for line in lines]
+
+
+async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[bytes]]:
+    """The lines of one object, newline included, in batches; sha256 and count checked."""
+    count = 0
+    async for block in object_blocks(store, part):
+        lines = block_lines(block)
+        count += len(lines)
+        yield lines
+    check_count(part, count)
 
 
 def utc_now() -> str:

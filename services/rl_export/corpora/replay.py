@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -24,7 +24,6 @@ from prometheus_client import CollectorRegistry
 from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.metrics import Metrics, SinkMetrics
 from rl_export.common.partitioning import partition_for
-from rl_export.common.progress import Progress
 from rl_export.common.settings import Settings
 from rl_export.corpora.sink import PartitionSink, SinkConfig, writer_id
 from rl_export.corpora.store import ObjectStore
@@ -91,9 +90,12 @@ async def replay(
     lines: Iterable[tuple[str, bytes]],
     *,
     run_id: str | None = None,
-    progress: Progress | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> ReplayReport:
-    """Replay event lines into the corpora of ``store``; return what happened."""
+    """Replay event lines into the corpora of ``store``; return what happened.
+
+    ``progress(n)`` is called with the number of lines of each batch as it is done.
+    """
     report = ReplayReport(run_id or new_run_id())
     topic = f"replay-{report.run_id}"
     registry = CollectorRegistry()
@@ -130,7 +132,7 @@ async def replay(
                 await part.flush()
         collector.snapshots.clear()
         if progress:
-            progress.advance(len(batch))
+            progress(len(batch))
         forwards, collector.forwards = collector.forwards, []
         if forwards:
             await run_batch(forwards)

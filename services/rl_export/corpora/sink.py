@@ -46,6 +46,7 @@ from rl_export.common.records import (
     decode_snapshot,
 )
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.corpora.backfill import seed_chain
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
     ChainState,
@@ -125,8 +126,10 @@ class ChainWriter:
         metrics: SinkMetrics,
         writer: str,
         totals: PendingTotals | None = None,
+        seed: CorpusRef | None = None,
     ) -> None:
         self.store = store
+        self.seed = seed  # the corpus a new chain is seeded from (backfill), if any
         self.ref = ref
         self.spec = spec
         self.topic = topic
@@ -140,17 +143,26 @@ class ChainWriter:
         self.pending: list[Pending] = []
         self.pending_bytes = 0
 
+    def _belongs(self, trace_id: str) -> bool:
+        config = self.config
+        return partition_for(trace_id.encode(), config.partitions, config.partitioner) == (
+            self.partition
+        )
+
     async def load(self) -> ChainState:
+        """The chain's head and holdings from the store; a new chain is seeded first
+        (:mod:`rl_export.corpora.backfill`)."""
         if self.state is None:
-            self.state = await load_chain_state(
-                self.store,
-                self.ref,
-                self.stream,
-                belongs=lambda t: (
-                    partition_for(t.encode(), self.config.partitions, self.config.partitioner)
-                    == self.partition
-                ),
-            )
+            state = await load_chain_state(self.store, self.ref, self.stream, self._belongs)
+            if state.head == 0 and self.seed is not None and not self.pending:
+                state = await seed_chain(
+                    self.store, self.ref, self.spec, self.seed, state, stream=self.stream,
+                    belongs=self._belongs,
+                    keep=lambda st, t, r, d: self._keep(st, t, r, deleted=d),
+                    compression=self.config.compression, writer=self.writer,
+                    metrics=self.metrics,
+                )  # fmt: skip
+            self.state = state
         return self.state
 
     async def loaded(self) -> ChainState:
@@ -174,10 +186,15 @@ class ChainWriter:
             raise RuntimeError(f"{self.ref.root} {self.stream}: the chain is not loaded")
         if offset < state.head:
             return  # already in a committed shard
-        source = self.spec.source
-        holds = self.spec.holds(snapshot)
+        spec, source = self.spec, self.spec.source
+        holds = spec.holds(snapshot)
+        line = None
+        if holds and spec.format != "trajectory":  # a row only if the format has one
+            line = spec.held_line(snapshot)
+            holds = line is not None
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds):
-            line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
+            if line is None:
+                line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
             updated_at = snapshot.updated_at if holds else None
             self._append(
                 Pending(
@@ -293,6 +310,15 @@ class ChainWriter:
         return state
 
 
+def seed_source(specs: Sequence[CorpusSpec]) -> CorpusSpec | None:
+    """The corpus new corpora are backfilled from: the first that holds every trace's latest
+    snapshot (no reward source, ``trajectory`` format, no filter), ``traces`` by default."""
+    for spec in specs:
+        if spec.source is None and spec.format == "trajectory" and spec.everything:
+            return spec
+    return None
+
+
 @dataclass
 class PartitionSink:
     """Everything the sink does for one ``trajectories`` partition."""
@@ -329,10 +355,12 @@ class PartitionSink:
         writer = self.writers.get(key)
         if writer is None:
             ref = CorpusRef(org, project, spec.name)
+            seed = seed_source(self.specs)
             writer = ChainWriter(
                 self.store, ref, spec, topic=self.topic, partition=self.partition,
                 config=self.config, metrics=self.metrics, writer=self.writer,
                 totals=self.totals,
+                seed=None if seed is None or seed is spec else CorpusRef(org, project, seed.name),
             )  # fmt: skip
             self.writers[key] = writer
         return writer

@@ -7,7 +7,9 @@ what the sink, compaction and the reader need, no more:
   writes the same bytes under the same name);
 * ``put_if_absent`` is the create-only write that commits a shard: whoever creates a key first
   wins, and a later writer gets :class:`ObjectExistsError` instead of overwriting it;
-* ``get``, ``list``, ``delete`` and ``check`` (a readiness probe).
+* ``get``, ``list``, ``delete`` and ``check`` (a readiness probe);
+* ``chunks`` reads an object as a stream of byte chunks, so an export holds one chunk of a
+  large compaction part at a time, never the whole object.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, StoreError
 from rl_export.common.storeurl import StoreLocation, parse_store_url
 
 T = TypeVar("T")
+CHUNK = 1 << 20
+"""Bytes per chunk of :meth:`ObjectStore.chunks`."""
 
 
 def check_key(key: str) -> str:
@@ -43,6 +47,7 @@ class ObjectStore(Protocol):
     async def put(self, key: str, data: bytes) -> None: ...
     async def put_if_absent(self, key: str, data: bytes) -> None: ...
     async def get(self, key: str) -> bytes: ...
+    def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]: ...
     async def list(self, prefix: str = "") -> list[str]: ...
     async def delete(self, key: str) -> None: ...
     async def check(self) -> None: ...
@@ -69,6 +74,11 @@ class MemoryStore:
             return self.objects[check_key(key)]
         except KeyError:
             raise ObjectNotFoundError(f"{key} not found") from None
+
+    async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
+        data = await self.get(key)
+        for start in range(0, len(data), size):
+            yield data[start : start + size]
 
     async def list(self, prefix: str = "") -> list[str]:
         return sorted(k for k in self.objects if k.startswith(prefix))
@@ -156,6 +166,12 @@ class LocalStore:
                     keys.append(key)
         return sorted(keys)
 
+    def _open(self, key: str) -> BinaryIO:
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+
     def _delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
@@ -181,6 +197,14 @@ class LocalStore:
 
     async def get(self, key: str) -> bytes:
         return await self._io(self._get, key)
+
+    async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
+        fh = await self._io(self._open, key)
+        try:
+            while chunk := await self._io(fh.read, size):
+                yield chunk
+        finally:
+            fh.close()
 
     async def list(self, prefix: str = "") -> list[str]:
         return await self._io(self._list, prefix)
@@ -284,6 +308,41 @@ class S3Store:
             if status == 404 or code in ("NoSuchKey", "404"):
                 raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
             raise self._wrap(exc, f"get {key}") from exc
+
+    async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
+        full, client = self._key(key), await self._c()
+        try:
+            response = await client.get_object(Bucket=self.bucket, Key=full)
+        except Exception as exc:
+            code, status = _error_code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+            raise self._wrap(exc, f"get {key}") from exc
+        body = response["Body"]  # aiobotocore's StreamingBody (entering it gives the response)
+        async with body:
+            chunks = body.iter_chunks(size)
+            while True:
+                try:
+                    chunk: bytes = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except Exception as exc:
+                    raise self._wrap(exc, f"read {key}") from exc
+                yield chunk
+
+    async def get_uri(self, bucket: str, key: str) -> bytes:
+        """An object of any bucket this store's client can read (attachments' ``s3://``)."""
+        client = await self._c()
+        try:
+            response = await client.get_object(Bucket=bucket, Key=key)
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+                return data
+        except Exception as exc:
+            code, status = _error_code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                raise ObjectNotFoundError(f"s3://{bucket}/{key} not found") from None
+            raise self._wrap(exc, f"get s3://{bucket}/{key}") from exc
 
     async def list(self, prefix: str = "") -> list[str]:
         client = await self._c()

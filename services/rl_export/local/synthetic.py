@@ -196,3 +196,80 @@ def generate(
     if shuffle:
         rng.shuffle(events)
     return events
+
+
+PRINCIPLES = ["no_pii", "no_medical_advice", "stay_on_topic", "cite_sources"]
+
+
+def scored_trace_events(
+    rng: random.Random, index: int, completed_at: datetime, *, deleted: bool = False
+) -> list[dict[str, Any]]:
+    """Every event of one trace that is always evaluated, with a full report.
+
+    For corpora of known size (the export benchmark): the trace completes (a multi-turn
+    conversation with tool calls), one evaluation follows with two or three judges and a
+    report (outcomes with severities, classifications with assessments), about a third of
+    the traces get a human label, and ``deleted`` ends the trace with ``trace.deleted``.
+    """
+    trace = {"trace_id": f"tr-{index:08d}", "org": "acme", "project": "support-bot"}
+    at = completed_at
+    completed = _base(rng, "trace.completed", trace, at, 0)
+    completed |= {
+        "agent_version": rng.choice(["v3", "v4"]),
+        "scenario": rng.choice(SCENARIOS),
+        "messages": _conversation(rng, rng.randint(2, 4), STANDARD),
+        "metadata": {"latency_ms": rng.randint(200, 9000)},
+        "attachments": [],
+    }
+    events = [completed]
+    at += timedelta(seconds=rng.randint(1, 600))
+    evaluation = _base(rng, "evaluation.finished", trace, at, 0)
+    results = []
+    for name in rng.sample(EVALUATORS, rng.randint(2, 3)):
+        score = round(rng.random(), 3)
+        results.append(
+            {"evaluator": name, "score": score, "passed": score >= 0.3, "reasoning": _text(rng, 20)}
+        )
+    evaluation |= {
+        "evaluation_id": f"ev-{index}",
+        "results": results,
+        "report": {
+            "outcomes": [
+                {"type": "goal_met", "turn": 1, "decision": rng.random() < 0.7},
+                {
+                    "type": "compliance",
+                    "turn": 2,
+                    "decision": rng.random() < 0.9,
+                    "severity": rng.choice([0, 0, 0, 1, 2, 3]),
+                },
+            ],
+            "classifications": [
+                {
+                    "type": "policy",
+                    "turn": 1,
+                    "assessments": [
+                        {
+                            "principle_id": p,
+                            "decision": rng.random() < 0.9,
+                            "explanation": _text(rng, 8),
+                        }
+                        for p in rng.sample(PRINCIPLES, 2)
+                    ],
+                }
+            ],
+        },
+    }
+    events.append(evaluation)
+    if rng.random() < 0.33:
+        at += timedelta(seconds=rng.randint(1, 3600))
+        label = _base(rng, "label.submitted", trace, at, 0)
+        label |= {
+            "labeler": rng.choice(LABELERS),
+            "rubric": {d: rng.randint(1, 5) for d in ("correctness", "helpfulness",
+                                                      "efficiency", "safety")},
+        }  # fmt: skip
+        events.append(label)
+    if deleted:
+        at += timedelta(seconds=5)
+        events.append(_base(rng, "trace.deleted", trace, at, 0))
+    return events

@@ -325,11 +325,7 @@ def trace_view(
 def evaluation_view(
     key: OrderKey, evaluation_id: str, results: list[dict[str, Any]], report: dict[str, Any]
 ) -> EvaluationView:
-    """The view of an ``evaluation.finished`` that won, with its evaluator reward.
-
-    The reward is the mean score summed in evaluator-name order, so it does not depend on
-    the order the results came in; ``passed`` means every result passed.
-    """
+    """The view of an ``evaluation.finished`` that won, with its evaluator reward."""
     view = _json(
         {
             "evaluation_id": evaluation_id,
@@ -338,15 +334,29 @@ def evaluation_view(
             "report": report,
         }
     )
-    if not results:
+    scored = evaluator_reward(results)
+    if scored is None:
         return EvaluationView(key, evaluation_id, view, None, None, None)
+    reward, passed, scores = scored
+    return EvaluationView(key, evaluation_id, view, _json(scores), reward, passed)
+
+
+def evaluator_reward(
+    results: list[dict[str, Any]],
+) -> tuple[float, bool, dict[str, float]] | None:
+    """Evaluator reward, pass flag and scores of an evaluation's results (None: no results).
+
+    The mean score is summed in evaluator-name order, so it does not depend on the order the
+    results came in; it passes when every result passed.
+    """
+    if not results:
+        return None
     ordered = sorted(results, key=lambda r: (r["evaluator"], r["score"]))
     total = 0.0
     for result in ordered:
         total += result["score"]
-    scores = _json({r["evaluator"]: r["score"] for r in ordered})
-    passed = all(r["passed"] for r in ordered)
-    return EvaluationView(key, evaluation_id, view, scores, total / len(ordered), passed)
+    scores = {r["evaluator"]: r["score"] for r in ordered}
+    return total / len(ordered), all(r["passed"] for r in ordered), scores
 
 
 def _json(value: Any) -> RawJson:
@@ -376,6 +386,34 @@ def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | Non
     values are plain (what JSON gives back), but for the messages (:class:`RawJson`).
     """
     return _snapshot(st, config, _parsed)
+
+
+def snapshot_from_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot a ``traces`` corpus record was rendered from (a live one).
+
+    A ``traces`` record has ``reward_source``, ``reward`` and ``passed`` null, but keeps what
+    they are computed from: the current labels' rubric means and count, the pass threshold
+    and the current evaluation's results. The rewards are computed again by the rules above
+    (integer sums, recovered from the means, for the human reward; the same function for the
+    evaluator's), so ``render(snapshot_from_record(r), source)`` is the record the stream
+    wrote for that source at that revision, byte for byte.
+    """
+    snap = {k: v for k, v in record.items() if k not in ("reward_source", "reward", "passed")}
+    snap["deleted"] = False
+    snap["human"] = None
+    count = record.get("labels_count") or 0
+    rubric = record.get("rubric")
+    if count and isinstance(rubric, dict):
+        sums = [round(rubric[d] * count) for d in RUBRIC_DIMENSIONS]
+        reward = sum(sums) / (20 * count)
+        snap["human"] = {"reward": reward, "passed": reward >= record["pass_threshold"]}
+    evaluation = record.get("evaluation")
+    snap["evaluator"] = None
+    if evaluation is not None:
+        scored = evaluator_reward(evaluation["results"])
+        if scored is not None:
+            snap["evaluator"] = {"reward": scored[0], "passed": scored[1]}
+    return snap
 
 
 def encode_current(st: TraceState, config: JoinConfig) -> tuple[bytes, int | None] | None:

@@ -8,7 +8,7 @@ what it cannot accept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +17,6 @@ from aiokafka import AIOKafkaProducer
 
 from rl_export.common.events import FAMILY_OF_TYPE, EventFamily
 from rl_export.common.partitioning import kafka_partitioner
-from rl_export.common.progress import Progress
 from rl_export.common.settings import Settings
 from rl_export.stream.topics import ensure_service_topics
 
@@ -80,7 +79,9 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
 
 
 async def produce_lines(
-    settings: Settings, lines: Iterable[tuple[str, bytes]], progress: Progress | None = None
+    settings: Settings,
+    lines: Iterable[tuple[str, bytes]],
+    progress: Callable[[int], object] | None = None,
 ) -> ProduceReport:
     """Create topics if needed, then publish every routable line; wait for all acks."""
     await ensure_service_topics(settings)
@@ -101,13 +102,13 @@ async def produce_lines(
                     await fut
                 report.published += len(pending)
                 if progress:
-                    progress.advance(len(pending))
+                    progress(len(pending))
                 pending.clear()
         for fut in pending:
             await fut
         report.published += len(pending)
         if progress:
-            progress.advance(len(pending))
+            progress(len(pending))
     finally:
         await producer.stop()
     return report

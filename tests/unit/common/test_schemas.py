@@ -42,3 +42,27 @@ def test_schema_rejects_a_rubric_of_six() -> None:
     value["rubric"]["correctness"] = 6
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(value, build_schemas()["event.label.submitted"])
+
+
+def test_every_format_row_validates_against_its_schema() -> None:
+    from rl_export.common.codec import dumps, loads
+    from rl_export.common.formats import JSONL_FORMATS, preference_pairs, render_row
+    from tests.records import conversation, record
+
+    schemas = build_schemas()
+    records = [record("a", reward=0.9), record("b", reward=0.2, passed=False, labels=1,
+                                             messages=conversation(3))]  # fmt: skip
+    for fmt in JSONL_FORMATS:
+        schema = schemas[f"format.{fmt}"]
+        if fmt == "preference":
+            rows = list(preference_pairs(records))
+        else:
+            rows = [render_row(fmt, r) for r in records]
+        assert rows, fmt
+        assert all(r is not None for r in rows), fmt
+        for row in rows:
+            jsonschema.validate(loads(dumps(row)), schema)
+    bad = loads(dumps(render_row("kto", records[0])))
+    bad["label"] = "yes"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schemas["format.kto"])

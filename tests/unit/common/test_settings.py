@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from rl_export.common.errors import ConfigError
+from rl_export.common.filters import Filters
 from rl_export.common.settings import Settings, load_settings
 from rl_export.common.storeurl import parse_store_url
 
@@ -92,7 +93,41 @@ def test_corpora_come_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
         '[{"name": "passed-human", "source": "human", "filter": {"passed": true}}]',
     )
     (spec,) = load_settings().corpora
-    assert (spec.name, spec.source, spec.filter) == ("passed-human", "human", {"passed": True})
+    assert (spec.name, spec.source, spec.format) == ("passed-human", "human", "trajectory")
+    assert spec.filter == Filters(passed=True)
+    assert spec.equals == {}
+
+
+def test_a_messages_corpus_of_passed_conversations_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "RL_EXPORT_CORPORA",
+        '[{"name":"sft","source":"evaluator","format":"messages","filter":{"passed":true,'
+        '"min-reward":0.5,"pass_dimension":["goal_met"],"rules_version":1}}]',
+    )
+    (spec,) = load_settings().corpora
+    assert spec.format == "messages"
+    assert spec.filter == Filters(passed=True, min_reward=0.5, pass_dimension=("goal_met",))
+    assert spec.equals == {"rules_version": 1}  # the old equality test on a record field
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ('{"name":"p","source":"human","format":"preference"}', "use rl-export export"),
+        ('{"name":"x","source":"human","format":"xml"}', "format 'xml' cannot be a corpus"),
+        ('{"name":"x","source":"human","filter":{"min-reward":"abc"}}', "'abc' is not a number"),
+        ('{"name":"x","source":"human","filter":{"colour":"red"}}', "'colour' is neither"),
+        ('{"name":"x","source":"human","filter":{"limit":3}}', "does not apply to a corpus"),
+    ],
+)
+def test_bad_corpus_specs_say_why(monkeypatch: pytest.MonkeyPatch, spec: str, message: str) -> None:
+    monkeypatch.setenv("RL_EXPORT_CORPORA", f"[{spec}]")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.setting == "RL_EXPORT_CORPORA"
+    assert message in str(info.value)
 
 
 @pytest.mark.parametrize("value", ["not json", '[{"name": "../x", "source": null}]'])
@@ -106,7 +141,14 @@ def test_bad_corpora_name_the_variable(monkeypatch: pytest.MonkeyPatch, value: s
 def test_child_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from rl_export.common.settings import child_env
 
-    original = Settings(partitions=3, corpora=({"name": "x", "source": "human"},))  # type: ignore[arg-type]
+    original = Settings(
+        partitions=3,
+        corpora=(  # type: ignore[arg-type]
+            {"name": "x", "source": "human"},
+            {"name": "y", "source": "evaluator", "format": "kto",
+             "filter": {"passed": True, "since": "2026-01-01T00:00:00Z", "rules_version": 1}},
+        ),
+    )  # fmt: skip
     env = child_env(original, {"PATH": "/bin", "RL_EXPORT_PARTITIONS": "99"}, EXTRA="1")
     assert env["PATH"] == "/bin"
     assert env["EXTRA"] == "1"

@@ -1,0 +1,401 @@
+"""The training formats of DESIGN.md section 4: pure renderers from the trajectory record.
+
+Public interface (the export, the sink and the web service rely on these names)::
+
+    JSONL_FORMATS = ("trajectory", "prompt_completion", "messages", "kto", "preference",
+                     "executions")
+    TABULAR_FORMATS = ("csv", "json", "parquet", "zip")
+    CORPUS_FORMATS      # the JSON Lines formats a streaming corpus can hold (all but preference)
+    FORMAT_COLUMNS      # format -> the columns of its rows, in order (trajectory: the record)
+    def render_row(fmt: str, record: dict) -> dict | None
+    def corpus_row(fmt: str, record: dict) -> dict | None
+    def preference_pairs(records: Iterable[dict], *, pair_by=(), margin=0.0, max_pairs=1)
+        -> Iterator[dict]
+    def prompt_split(messages, *, at="last") -> tuple[list, list] | None
+
+``render_row`` gives a record's row in a per-record format, or None when the record has no
+row in it (``prompt_completion`` and ``kto`` need a user turn and something after it; ``kto``
+needs a ``passed`` verdict). Messages pass through exactly as received: the renderers slice
+the list and never touch a message. A record's messages may be a
+:class:`~rl_export.common.codec.RawJson` (the sink's records): formats that keep the whole
+conversation copy those bytes as they are; formats that split it parse them.
+
+``corpus_row`` is the row a streaming corpus of that format holds: ``trace_id`` and
+``revision`` first (what the latest view, tombstones, compaction and ``shards verify`` key
+on), then the format's columns. ``rl-export export`` writes :func:`render_row`'s rows, with
+exactly the documented columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl_export.common.codec import RawJson, dumps
+
+JSONL_FORMATS: tuple[str, ...] = (
+    "trajectory",
+    "prompt_completion",
+    "messages",
+    "kto",
+    "preference",
+    "executions",
+)
+TABULAR_FORMATS: tuple[str, ...] = ("csv", "json", "parquet", "zip")
+ALL_FORMATS: tuple[str, ...] = JSONL_FORMATS + TABULAR_FORMATS
+CORPUS_FORMATS: tuple[str, ...] = tuple(f for f in JSONL_FORMATS if f != "preference")
+"""The formats a streaming corpus (``RL_EXPORT_CORPORA``) may hold: preference pairs need
+the whole latest view, so they are an export only."""
+
+CorpusFormat = Literal["trajectory", "prompt_completion", "messages", "kto", "executions"]
+
+EXECUTION_COLUMNS: tuple[str, ...] = (
+    "id",
+    "conversation",
+    "report",
+    "results",
+    "reward",
+    "passed",
+    "reward_source",
+    "evaluator_scores",
+    "rubric",
+    "labels_count",
+    "scenario",
+    "agent_version",
+    "org",
+    "project",
+    "revision",
+    "completed_at",
+    "updated_at",
+)
+
+FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "prompt_completion": ("prompt", "completion", "reward", "passed", "trace_id"),
+    "messages": ("messages",),
+    "kto": ("prompt", "completion", "label"),
+    "preference": (
+        "prompt",
+        "chosen",
+        "rejected",
+        "score_chosen",
+        "score_rejected",
+        "trace_chosen",
+        "trace_rejected",
+    ),
+    "executions": EXECUTION_COLUMNS,
+}
+"""The columns of each format's rows, in order (``trajectory`` rows are the record)."""
+
+EMPTY_REPORT: dict[str, list[Any]] = {"outcomes": [], "classifications": []}
+
+
+def _messages(record: dict[str, Any]) -> Any:
+    """The record's messages as stored (a list, or RawJson in the sink)."""
+    return record["messages"]
+
+
+def _message_list(record: dict[str, Any]) -> list[Any]:
+    messages = record["messages"]
+    if isinstance(messages, RawJson):
+        messages = messages.value()
+    if not isinstance(messages, list):
+        raise ValueError(f"messages of {record.get('trace_id')!r} is not a list")
+    return messages
+
+
+def prompt_split(
+    messages: Sequence[Any], *, at: Literal["first", "last"] = "last"
+) -> tuple[list[Any], list[Any]] | None:
+    """Split a conversation after its first or last user turn: (prompt, the rest).
+
+    None when there is no user turn. The messages themselves are not copied or changed.
+    """
+    index = None
+    for n, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            index = n
+            if at == "first":
+                break
+    if index is None:
+        return None
+    return list(messages[: index + 1]), list(messages[index + 1 :])
+
+
+def render_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """A live trajectory record's row in a per-record format, or None when it has none.
+
+    Raises ValueError for ``preference`` (pairs: :func:`preference_pairs`) and for a format
+    that does not exist.
+    """
+    if fmt == "trajectory":
+        return record
+    if fmt == "messages":
+        return {"messages": _messages(record)}
+    if fmt == "executions":
+        evaluation = record.get("evaluation")
+        return {
+            "id": record["trace_id"],
+            "conversation": _messages(record),
+            "report": evaluation["report"] if evaluation else EMPTY_REPORT,
+            "results": evaluation["results"] if evaluation else [],
+            "reward": record.get("reward"),
+            "passed": record.get("passed"),
+            "reward_source": record.get("reward_source"),
+            "evaluator_scores": record.get("evaluator_scores"),
+            "rubric": record.get("rubric"),
+            "labels_count": record.get("labels_count", 0),
+            "scenario": record.get("scenario"),
+            "agent_version": record.get("agent_version"),
+            "org": record.get("org"),
+            "project": record.get("project"),
+            "revision": record.get("revision"),
+            "completed_at": record.get("completed_at"),
+            "updated_at": record.get("updated_at"),
+        }
+    if fmt in ("prompt_completion", "kto"):
+        split = prompt_split(_message_list(record), at="last")
+        if split is None or not split[1]:
+            return None  # no user turn, or nothing after it: nothing to learn from
+        prompt, completion = split
+        if fmt == "kto":
+            passed = record.get("passed")
+            if not isinstance(passed, bool):
+                return None  # the traces corpus has no verdict
+            return {"prompt": prompt, "completion": completion, "label": passed}
+        return {
+            "prompt": prompt,
+            "completion": completion,
+            "reward": record.get("reward"),
+            "passed": record.get("passed"),
+            "trace_id": record["trace_id"],
+        }
+    if fmt == "preference":
+        raise ValueError("preference pairs records: use preference_pairs, not render_row")
+    raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS)})")
+
+
+def corpus_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The row a streaming corpus of ``fmt`` holds for a live record (None: no row).
+
+    ``trace_id`` and ``revision`` come first in every format, so the latest view,
+    tombstones, compaction and ``shards verify`` work the same for every corpus.
+    """
+    if fmt == "trajectory":
+        return record
+    row = render_row(fmt, record)
+    if row is None:
+        return None
+    return {"trace_id": record["trace_id"], "revision": record["revision"], **row}
+
+
+def export_row(fmt: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A corpus row of a non-trajectory corpus as an export writes it (identity dropped
+    where the format does not have it)."""
+    columns = FORMAT_COLUMNS[fmt]
+    return {k: row[k] for k in columns if k in row}
+
+
+# --- preference pairs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What pairing needs of one trajectory: its group, reward and identity."""
+
+    group: bytes  # digest of the prompt (and the pair-by values)
+    reward: float
+    trace_id: str
+    position: int = -1  # where the export found it (its place in the latest view)
+
+
+def preference_group(
+    record: dict[str, Any], pair_by: Sequence[str] = ()
+) -> tuple[bytes, list[Any], list[Any]] | None:
+    """(group digest, prompt, the rest) of a record for ``preference``; None when it cannot
+    pair: no reward, no user turn, or nothing after the first user turn.
+
+    The prompt is the messages up to and including the first user turn (system messages
+    included), compared exactly: two prompts are the same when their JSON is byte for byte
+    the same. ``pair_by`` fields narrow the group further.
+    """
+    reward = record.get("reward")
+    if not isinstance(reward, int | float) or isinstance(reward, bool):
+        return None
+    split = prompt_split(_message_list(record), at="first")
+    if split is None or not split[1]:
+        return None
+    prompt, rest = split
+    digest = hashlib.sha256(dumps(prompt))
+    for field in pair_by:
+        digest.update(b"\0" + dumps(record.get(field)))
+    return digest.digest()[:16], prompt, rest
+
+
+def pair_candidates(
+    candidates: Iterable[Candidate], *, margin: float = 0.0, max_pairs: int = 1
+) -> Iterator[tuple[Candidate, Candidate]]:
+    """Pairs (chosen, rejected) of candidates in the same group; deterministic.
+
+    Within a group, trajectories are taken from the highest reward down (ties by
+    ``trace_id``); each is paired with the lowest-reward trajectories still free, while the
+    reward gap is at least ``margin`` and not zero (equal rewards never pair), until it is in
+    ``max_pairs`` pairs. Two trajectories pair at most once (a trajectory takes its lows
+    once, in one pass). Groups come out in digest order.
+    """
+    if max_pairs < 1:
+        raise ValueError(f"max_pairs must be at least 1, got {max_pairs}")
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    groups: dict[bytes, list[Candidate]] = {}
+    for candidate in candidates:
+        groups.setdefault(candidate.group, []).append(candidate)
+    for group in sorted(groups):
+        members = sorted(groups[group], key=lambda c: (c.reward, c.trace_id))
+        left = [max_pairs] * len(members)
+        start = 0  # lows before it have no pairs left
+        for high in range(len(members) - 1, -1, -1):
+            if not left[high]:
+                continue
+            top = members[high].reward
+            while start < high and not left[start]:
+                start += 1
+            for low in range(start, high):
+                gap = top - members[low].reward
+                if gap <= 0 or gap < margin:
+                    break  # the lows after it are closer still
+                if not left[low]:
+                    continue
+                left[low] -= 1
+                left[high] -= 1
+                yield members[high], members[low]
+                if not left[high]:
+                    break
+
+
+def preference_pairs(
+    records: Iterable[dict[str, Any]],
+    *,
+    pair_by: Sequence[str] = (),
+    margin: float = 0.0,
+    max_pairs: int = 1,
+) -> Iterator[dict[str, Any]]:
+    """``preference`` rows from live trajectory records (held in memory: the export streams
+    large corpora through :func:`pair_candidates` and a second pass instead)."""
+    split: dict[str, tuple[list[Any], list[Any]]] = {}
+    candidates = []
+    for record in records:
+        grouped = preference_group(record, pair_by)
+        if grouped is None:
+            continue
+        group, prompt, rest = grouped
+        split[record["trace_id"]] = (prompt, rest)
+        candidates.append(Candidate(group, float(record["reward"]), record["trace_id"]))
+    for chosen, rejected in pair_candidates(candidates, margin=margin, max_pairs=max_pairs):
+        yield preference_row(
+            split[chosen.trace_id][0],
+            chosen,
+            split[chosen.trace_id][1],
+            rejected,
+            split[rejected.trace_id][1],
+        )
+
+
+def preference_row(
+    prompt: list[Any],
+    chosen: Candidate,
+    chosen_rest: list[Any],
+    rejected: Candidate,
+    rejected_rest: list[Any],
+) -> dict[str, Any]:
+    """One ``preference`` row."""
+    return {
+        "prompt": prompt,
+        "chosen": chosen_rest,
+        "rejected": rejected_rest,
+        "score_chosen": chosen.reward,
+        "score_rejected": rejected.reward,
+        "trace_chosen": chosen.trace_id,
+        "trace_rejected": rejected.trace_id,
+    }
+
+
+# --- schemas of the rows (``schemas/format.<name>.schema.json``) -----------------------------
+
+Messages = list[dict[str, Any]]
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PromptCompletionRow(_Row):
+    """TRL conversational prompt/completion: the prompt ends with the last user turn."""
+
+    prompt: Messages = Field(min_length=1)
+    completion: Messages = Field(min_length=1)
+    reward: float | None
+    passed: bool | None
+    trace_id: str
+
+
+class MessagesRow(_Row):
+    """Chat SFT: the conversation exactly as received."""
+
+    messages: Messages
+
+
+class KtoRow(_Row):
+    """TRL unpaired preference: ``label`` is the trajectory's ``passed``."""
+
+    prompt: Messages = Field(min_length=1)
+    completion: Messages = Field(min_length=1)
+    label: bool
+
+
+class PreferenceRow(_Row):
+    """TRL conversational preference: two trajectories with the same prompt (messages up to
+    and including the first user turn); ``score_chosen > score_rejected``."""
+
+    prompt: Messages = Field(min_length=1)
+    chosen: Messages = Field(min_length=1)
+    rejected: Messages = Field(min_length=1)
+    score_chosen: float
+    score_rejected: float
+    trace_chosen: str
+    trace_rejected: str
+
+
+class ExecutionsRow(_Row):
+    """Compatible with AgentHub's ``executions.jsonl``: ``id``, ``conversation``, ``report``."""
+
+    id: str
+    conversation: Messages
+    report: dict[str, Any]
+    results: list[dict[str, Any]]
+    reward: float | None
+    passed: bool | None
+    reward_source: str | None
+    evaluator_scores: dict[str, float] | None
+    rubric: dict[str, float] | None
+    labels_count: int
+    scenario: str
+    agent_version: str
+    org: str
+    project: str
+    revision: int
+    completed_at: str
+    updated_at: str
+
+
+ROW_MODELS: dict[str, type[BaseModel]] = {
+    "prompt_completion": PromptCompletionRow,
+    "messages": MessagesRow,
+    "kto": KtoRow,
+    "preference": PreferenceRow,
+    "executions": ExecutionsRow,
+}
+"""The row model of each format but ``trajectory`` (whose model is the record's)."""

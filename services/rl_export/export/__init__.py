@@ -1,0 +1,46 @@
+"""Exports for trainers and analysts: the latest view of a corpus, rendered in any format.
+
+Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`` and ``cli``
+(which call it). The entry points are in :mod:`rl_export.export.exports`; the modules:
+
+- :mod:`~rl_export.export.latest`      the latest revision per trace in bounded memory
+- :mod:`~rl_export.corpora.identity`    a line's trace_id, revision and tombstone flag, cheaply
+- :mod:`~rl_export.export.columns`     tabular columns: defaults, ``--columns``, cells
+- :mod:`~rl_export.export.tabular`     CSV, JSON array and Parquet encoders
+- :mod:`~rl_export.export.attachments` attachment fetching for zip exports
+- :mod:`~rl_export.export.stats`       stats and the reward histogram
+- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``
+"""
+
+from rl_export.export.exports import (
+    SOURCES,
+    ExportSummary,
+    check_export,
+    content_type,
+    file_name,
+    iter_export,
+    parse_margin,
+    parse_pair_by,
+    preview,
+    source_ref,
+    stats,
+    write_export,
+)
+from rl_export.export.stats import StatsAccumulator, reward_histogram
+
+__all__ = [
+    "SOURCES",
+    "ExportSummary",
+    "StatsAccumulator",
+    "check_export",
+    "content_type",
+    "file_name",
+    "iter_export",
+    "parse_margin",
+    "parse_pair_by",
+    "preview",
+    "reward_histogram",
+    "source_ref",
+    "stats",
+    "write_export",
+]

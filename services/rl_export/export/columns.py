@@ -1,0 +1,141 @@
+"""Columns of the tabular exports (pure): which, in what order, under which header, and the
+value of each cell.
+
+``--columns`` (``columns=`` in the API) is a comma list of ``PATH[:HEADER]`` in the order
+wanted; ``PATH`` is a record field or a dotted nested key (``rubric.safety``,
+``evaluator_scores.tone``, ``evaluation.report``, ``messages.0.content``: a number indexes a
+list) and ``HEADER`` renames it. Without it: the metadata columns (``trace_id``, ``org``,
+``project``, ``revision``), then every other field of the trajectory record in record order.
+A path the record cannot have is an :class:`~rl_export.common.errors.ExportError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl_export.common.codec import dumps
+from rl_export.common.errors import ExportError
+from rl_export.common.records import TrajectoryRecord
+
+METADATA_COLUMNS: tuple[str, ...] = ("trace_id", "org", "project", "revision")
+RECORD_FIELDS: tuple[str, ...] = tuple(TrajectoryRecord.model_fields)
+
+# Keys under the record's objects whose set is fixed; objects not named here
+# (evaluator_scores: one key per evaluator) take any key.
+_FIXED_KEYS: dict[tuple[str, ...], frozenset[str]] = {
+    ("rubric",): frozenset({"correctness", "helpfulness", "efficiency", "safety"}),
+    ("evaluation",): frozenset({"evaluation_id", "occurred_at", "results", "report"}),
+    ("evaluation", "report"): frozenset({"outcomes", "classifications"}),
+}
+_OPEN_OBJECTS = frozenset({("evaluator_scores",)})
+_LISTS = frozenset(
+    {
+        ("messages",),
+        ("labelers",),
+        ("skipped_by",),
+        ("attachments",),
+        ("evaluation", "results"),
+        ("evaluation", "report", "outcomes"),
+        ("evaluation", "report", "classifications"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One output column: a path into the record and its header."""
+
+    path: tuple[str, ...]
+    header: str
+
+    def value(self, record: dict[str, Any]) -> Any:
+        """The cell's value: the nested value, or None when a key along the path is absent."""
+        value: Any = record
+        for key in self.path:
+            if isinstance(value, dict):
+                value = value.get(key)
+            elif isinstance(value, list) and key.isdigit():
+                index = int(key)
+                value = value[index] if index < len(value) else None
+            else:
+                return None
+            if value is None:
+                return None
+        return value
+
+
+def default_columns() -> list[Column]:
+    """Metadata columns first, then every other record field in record order."""
+    rest = [f for f in RECORD_FIELDS if f not in METADATA_COLUMNS]
+    return [Column((name,), name) for name in (*METADATA_COLUMNS, *rest)]
+
+
+def _check_path(spec: str, path: tuple[str, ...]) -> None:
+    if not path or not all(path):
+        raise ExportError("columns", f"{spec!r} is not a column (empty name)")
+    if path[0] not in RECORD_FIELDS:
+        raise ExportError("columns", f"no column {path[0]!r} (fields: {', '.join(RECORD_FIELDS)})")
+    for depth in range(1, len(path)):
+        parent, key = path[:depth], path[depth]
+        if parent in _FIXED_KEYS:
+            if key not in _FIXED_KEYS[parent]:
+                raise ExportError(
+                    "columns",
+                    f"no column {'.'.join(path[: depth + 1])!r} ({'.'.join(parent)} has "
+                    f"{', '.join(sorted(_FIXED_KEYS[parent]))})",
+                )
+        elif parent in _LISTS:
+            if not key.isdigit():
+                raise ExportError(
+                    "columns",
+                    f"no column {'.'.join(path[: depth + 1])!r} ({'.'.join(parent)} is a list: "
+                    f"index it with a number)",
+                )
+        elif parent in _OPEN_OBJECTS or (len(parent) >= 2 and parent[-1].isdigit()):
+            continue  # any key of an open object, or of a list's element
+        else:
+            raise ExportError(
+                "columns", f"no column {'.'.join(path)!r} ({'.'.join(parent)} has no nested keys)"
+            )
+        if parent[:1] == ("messages",) or parent[:1] == ("attachments",):
+            return  # inside messages and attachments anything may be there
+        if len(parent) >= 2 and parent[-1].isdigit():
+            return
+
+
+def parse_columns(spec: str | Sequence[str] | None) -> list[Column]:
+    """Parse ``PATH[:HEADER],...`` (or a list of such items); None or empty: the defaults."""
+    if spec is None:
+        return default_columns()
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    items = [i.strip() for i in items]
+    if not any(items):
+        return default_columns()
+    columns: list[Column] = []
+    headers: set[str] = set()
+    for item in items:
+        if not item:
+            raise ExportError("columns", f"an empty item in {spec!r}")
+        path_text, _, header = item.partition(":")
+        path = tuple(path_text.strip().split("."))
+        _check_path(item, path)
+        header = header.strip() or path_text.strip()
+        if header in headers:
+            raise ExportError("columns", f"header {header!r} is given twice")
+        headers.add(header)
+        columns.append(Column(path, header))
+    return columns
+
+
+def csv_cell(value: Any) -> str:
+    """A CSV cell: text as is, null empty, booleans ``true``/``false``, numbers as JSON
+    writes them, nested values one JSON-encoded cell."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return dumps(value).decode()

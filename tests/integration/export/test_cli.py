@@ -1,0 +1,178 @@
+"""``rl-export export`` and ``stats`` as people run them: the real command, exit codes,
+stderr, stdout, no partial file; and exports from S3 with attachments over s3:// and http."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import LocalStore, S3Store
+from rl_export.export import write_export
+from rl_export.local.seaweed import LocalS3
+from tests.exportdata import ORG, PROJECT, build_story, replay_events
+from tests.records import trace_events
+
+
+def rl_export(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    argv = [sys.executable, "-m", "rl_export.cli", *args]
+    return subprocess.run(argv, capture_output=True, timeout=120, check=False, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli-store")
+    asyncio.run(build_story(LocalStore(root)))
+    return root
+
+
+def base(store: Path, source: str = "evaluator") -> list[str]:
+    return ["export", "--store", str(store), "--org", ORG, "--project", PROJECT,
+            "--source", source]  # fmt: skip
+
+
+def test_export_to_a_file_and_to_stdout(store_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft.jsonl"
+    result = rl_export(*base(store_dir), "--format", "messages", "--passed", "true", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert b"exported 3 rows" in result.stderr
+    rows = [json.loads(line) for line in out.read_bytes().splitlines()]
+    assert len(rows) == 3
+    assert all(list(r) == ["messages"] for r in rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.jsonl"]  # no temporary left
+    result = rl_export(*base(store_dir), "--format", "messages", "--passed", "true", "-o", "-")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == out.read_bytes()
+
+
+def test_csv_with_columns_on_stdout(store_dir: Path) -> None:
+    result = rl_export(*base(store_dir, "human"), "--format", "csv", "--columns",
+                       "trace_id:id,rubric.safety:safety,reward", "-o", "-")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout.decode(), newline="")))
+    assert [list(r) for r in rows[:1]] == [["id", "safety", "reward"]]
+    assert len(rows) == 3
+
+
+def test_stats_prints_one_json_object(store_dir: Path) -> None:
+    result = rl_export("stats", "--store", str(store_dir), "--org", ORG, "--project", PROJECT,
+                       "--source", "evaluator", "--min-reward", "0.5")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert set(stats) == {"records", "avg_reward", "pass_rate", "human_labeled"}
+    assert stats["records"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "xml"], "format: unknown format 'xml'"),
+        (["--format", "csv", "--columns", "trace_id,colour"], "columns: no column 'colour'"),
+        (["--format", "messages", "--min-reward", "abc"], "min-reward: 'abc' is not a number"),
+        (["--format", "messages", "--since", "yesterday"], "since: expected an RFC 3339"),
+        (["--format", "preference", "--pair-by", "colour"], "pair-by: no record field"),
+        (["--format", "preference", "--margin", "lots"], "margin: 'lots' is not a number"),
+        (["--format", "messages", "--margin", "0.2"], "margin: only applies"),
+        (["--format"], "argument --format: expected one argument"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_no_file(
+    store_dir: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "out.file"
+    result = rl_export(*base(store_dir), *args, "-o", str(out))
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert message in stderr
+    assert "Traceback" not in stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_unknown_source_and_no_data_say_so(store_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    result = rl_export(*base(store_dir, "labels"), "--format", "messages", "-o", str(out))
+    assert result.returncode == 2
+    assert b"source: unknown source 'labels'" in result.stderr
+    result = rl_export("export", "--store", str(store_dir), "--org", ORG, "--project", "nobody",
+                       "--source", "human", "--format", "messages", "-o", str(out))  # fmt: skip
+    assert result.returncode == 2
+    assert b"no data for acme/nobody/human" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+    # Filters that match nothing: a valid, empty file, and exit 0.
+    result = rl_export(*base(store_dir), "--format", "json", "--scenario", "none", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_bytes()) == []
+
+
+# --- S3 and http ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_files(tmp_path: Path) -> Iterator[str]:
+    """A local HTTP server with one file (and 404 for anything else), on loopback."""
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+
+    async def report(_: web.Request) -> web.Response:
+        return web.Response(body=b"%PDF-1.4 report")
+
+    app.router.add_get("/report.pdf", report)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    import threading
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+async def test_zip_from_s3_fetches_s3_and_http_attachments(
+    s3: LocalS3, http_files: str, tmp_path: Path
+) -> None:
+    store = S3Store(s3.bucket, f"export-{uuid.uuid4().hex[:8]}")
+    try:
+        await store.put("uploads/trace.png", b"\x89PNG fake")
+        uri = f"s3://{s3.bucket}/{store.prefix}uploads/trace.png"
+        attachments = [
+            {"name": "trace.png", "uri": uri, "content_type": "image/png", "size": 9},
+            {"name": "report.pdf", "uri": f"{http_files}/report.pdf",
+             "content_type": "application/pdf", "size": 15},
+            {"name": "gone.pdf", "uri": f"{http_files}/gone.pdf",
+             "content_type": "application/pdf", "size": 1},
+        ]  # fmt: skip
+        events = trace_events(1, score=0.9, passed=True, attachments=attachments)
+        await replay_events(store, events, "s3")
+        path = tmp_path / "out.zip"
+        summary = await write_export(store, CorpusRef(ORG, PROJECT, "evaluator"), format="zip",
+                                     out=path)  # fmt: skip
+        assert (summary.records, summary.attachments, summary.attachment_errors) == (1, 2, 1)
+        with zipfile.ZipFile(path) as archive:
+            assert archive.read("files/tr-001/trace.png") == b"\x89PNG fake"
+            assert archive.read("files/tr-001/report.pdf") == b"%PDF-1.4 report"
+            (error,) = json.loads(archive.read("files/errors.json"))
+            assert error["name"] == "gone.pdf"
+            assert "404" in error["error"]
+    finally:
+        await store.close()
