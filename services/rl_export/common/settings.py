@@ -62,9 +62,14 @@ class Settings(BaseSettings):
     tombstone_retention_s: float = Field(7 * DAY_S, gt=0)
     state_store: str = Field("rocksdb://", pattern=r"^(rocksdb|memory)://$")
     state_cache_mib: int = Field(
-        32, ge=0, description="Recently used join states kept in memory per join process."
+        16, ge=0, description="Recently used join states kept in memory per join process."
     )
-    join_batch_size: int = Field(1000, ge=1, description="Events the join takes per batch.")
+    join_batch_size: int = Field(
+        5000,
+        ge=1,
+        description="Events the join takes per batch: per-request costs (producing, committing, "
+        "fetching) are shared by a batch, at most one batch's work is redone after a crash.",
+    )
     join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
     expiry_scan_interval_s: float = Field(3600.0, gt=0)
     join_processes: int = Field(

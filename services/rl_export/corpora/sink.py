@@ -495,6 +495,8 @@ class Sink:
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 250),
             max_poll_records=5000,
+            max_partition_fetch_bytes=512 * 1024,
+            fetch_max_bytes=8 * 1024 * 1024,  # what is fetched ahead, held in memory
         )
         consumer.subscribe([self.topic], listener=Listener())
         await consumer.start()

@@ -113,7 +113,8 @@ class JoinWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=self.settings.join_batch_size,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
+            max_partition_fetch_bytes=256 * 1024,
+            fetch_max_bytes=4 * 1024 * 1024,  # what is fetched ahead, held in memory
             # Range, not aiokafka's default round robin: it gives each member the same
             # partition numbers of every input topic, so one trace's events meet in one
             # member. Round robin does that only by luck (when the members divide the

@@ -106,8 +106,8 @@ MIB = 1024 * 1024
 # What every partition's RocksDB of a process shares: memtables are bounded together (the
 # write buffer manager flushes the largest when the sum passes its limit) and so are the
 # cached blocks, however many partitions the process owns.
-_MEMTABLES_MIB = 48
-_BLOCK_CACHE_MIB = 32
+_MEMTABLES_MIB = 8
+_BLOCK_CACHE_MIB = 8
 _shared: dict[str, Any] = {}
 
 
@@ -138,12 +138,15 @@ def _rocks_options() -> Any:
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
         table.set_block_cache(cache)
+        # Index and filter blocks in the (bounded) cache too, not beside it.
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         options.set_atomic_flush(True)
         options.set_block_based_table_factory(table)
-        options.set_write_buffer_size(16 * MIB)
+        options.set_write_buffer_size(4 * MIB)
         options.set_compression_type(DBCompressionType.none())
         options.set_write_buffer_manager(manager)
         _shared["options"] = options
