@@ -155,46 +155,119 @@ class SnapshotLines:
     bytes depend only on the value, not on what is around it, so :meth:`line` is byte for
     byte ``dumps_line(render(snapshot, source))`` (the unit tests compare the two); a
     snapshot whose encoding has a NUL byte of its own goes the plain way.
+
+    A snapshot the join wrote in the record layout (:func:`encode_snapshot_record`) comes
+    with that cut already made: :meth:`from_record` takes the pieces from the value itself
+    and parses only its small parts; the whole snapshot is parsed only if a corpus asks for
+    more (a filter, another format).
     """
 
-    __slots__ = ("_parts", "revision", "snapshot", "trace_id")
+    __slots__ = (
+        "_parts", "_snapshot", "_updated_at", "_value", "deleted", "evaluator", "human", "org",
+        "project", "revision", "trace_id",
+    )  # fmt: skip
 
     def __init__(self, snapshot: dict[str, Any]) -> None:
-        self.snapshot = snapshot
+        self._snapshot: dict[str, Any] | None = snapshot
+        self._value = b""
         self.trace_id: str = snapshot["trace_id"]
+        self.org: str = snapshot["org"]
+        self.project: str = snapshot["project"]
         self.revision: int = snapshot["revision"]
+        self.deleted: bool = bool(snapshot.get("deleted"))
+        self.human: dict[str, Any] | None = snapshot.get("human")
+        self.evaluator: dict[str, Any] | None = snapshot.get("evaluator")
+        self._updated_at: str | None = snapshot.get("updated_at")
         # The parts of a line, scored values left empty (made when a corpus first needs a
         # line); an empty list when this snapshot's lines are encoded the plain way.
         self._parts: list[bytes] | None = None
 
+    @classmethod
+    def from_record(cls, value: bytes, record_at: bytes) -> SnapshotLines | None:
+        """The lines of a snapshot in the record layout, from its ``rl-export-record-at``
+        header; None when the value does not fit the header (then it is decoded whole)."""
+        try:
+            a, b, c, d = map(int, record_at.split(b","))
+        except ValueError:
+            return None
+        if not (
+            value.startswith(b"null", a) and value.startswith(b"null", c)
+            and value.startswith(_REWARD_NULL, b - len(b',"reward":'))
+            and value.startswith(_REVISION, a + 4) and value.startswith(_TAIL, d)
+            and value.endswith(b"}") and value[a - len(_SOURCE) : a] == _SOURCE
+        ):  # fmt: skip
+            return None
+        try:
+            head = orjson.loads(value[: a - len(_SOURCE)] + b"}")
+            tail = orjson.loads(b"{" + value[d + 1 :])
+            revision = int(value[a + 4 + len(_REVISION) : b - len(b',"reward":')])
+            at = value.rindex(_UPDATED_AT, 0, d) + len(_UPDATED_AT)
+            updated_at = value[at : value.index(b'"', at)].decode()
+        except (orjson.JSONDecodeError, ValueError):
+            return None
+        if (
+            type(head) is not dict or type(tail) is not dict or tail.get("deleted") is not False
+            or not all(type(head.get(k)) is str for k in ("trace_id", "org", "project"))
+        ):  # fmt: skip
+            return None
+        lines = cls.__new__(cls)
+        lines._snapshot = None
+        lines._value = value
+        lines.trace_id, lines.org, lines.project = head["trace_id"], head["org"], head["project"]
+        lines.revision = revision
+        lines.deleted = False
+        lines.human, lines.evaluator = tail.get("human"), tail.get("evaluator")
+        lines._updated_at = updated_at
+        lines._parts = [
+            value[:a], b"", value[a + 4 : b], b"", value[b + 4 : c], b"", value[c + 4 : d], b"",
+            b"}", b"\n",
+        ]  # fmt: skip
+        return lines
+
+    @property
+    def snapshot(self) -> dict[str, Any]:
+        """The whole snapshot (parsed on first use when it came in the record layout)."""
+        if self._snapshot is None:
+            self._snapshot = decode_snapshot(self._value)
+        return self._snapshot
+
     @property
     def updated_at(self) -> str:
         """The ``updated_at`` of a :meth:`ready` snapshot's records."""
-        stamp: str = self.snapshot["updated_at"]
-        return stamp
+        if self._updated_at is None:
+            stamp: str = self.snapshot["updated_at"]
+            return stamp
+        return self._updated_at
+
+    def _scored(self, source: CorpusSource) -> dict[str, Any] | None:
+        """``_scored(snapshot, source)``, from the fields kept apart."""
+        if source is None:
+            return _UNSCORED
+        reward = self.human if source == "human" else self.evaluator
+        if reward is None:
+            return None
+        return {"reward_source": source, "reward": reward["reward"], "passed": reward["passed"]}
 
     def ready(self, source: CorpusSource) -> bool:
         """True when ``render(snapshot, source)`` is a record: not deleted, ready for source."""
-        snapshot = self.snapshot
-        return not snapshot["deleted"] and (source is None or snapshot[source] is not None)
+        return not self.deleted and self._scored(source) is not None
 
     def value(self, source: CorpusSource, key: str) -> Any:
         """``render(snapshot, source).get(key)`` of a :meth:`ready` snapshot (for filters)."""
         if key in _SCORED_FIELDS:
-            scored = _scored(self.snapshot, source)
+            scored = self._scored(source)
             return None if scored is None else scored[key]
         return self.snapshot[key] if key in _RECORD_KEYS else None
 
     def line(self, source: CorpusSource) -> bytes:
         """``dumps_line(render(snapshot, source))`` of a :meth:`ready` snapshot."""
-        snapshot = self.snapshot
-        scored = None if snapshot["deleted"] else _scored(snapshot, source)
+        scored = None if self.deleted else self._scored(source)
         if scored is None:
             raise ValueError(f"the snapshot is not ready for {source!r}")
         if self._parts is None:
             self._parts = self._cut()
         if not self._parts:
-            return dumps_line(render(snapshot, source))
+            return dumps_line(render(self.snapshot, source))
         parts = self._parts.copy()
         if source is None:
             values = _UNSCORED_VALUES
@@ -220,7 +293,18 @@ class SnapshotLines:
 
     def tombstone_line(self, source: CorpusSource) -> bytes:
         """``dumps_line(tombstone(snapshot, source))``: rare, so encoded the plain way."""
-        return dumps_line(tombstone(self.snapshot, source))
+        return dumps_line(
+            {"trace_id": self.trace_id, "org": self.org, "project": self.project,
+             "reward_source": source, "revision": self.revision, "deleted": True}
+        )  # fmt: skip
+
+
+# The record layout's fixed bytes around what :meth:`SnapshotLines.from_record` reads.
+_SOURCE = b',"reward_source":'
+_REVISION = b',"revision":'
+_REWARD_NULL = b',"reward":null'
+_UPDATED_AT = b',"updated_at":"'
+_TAIL = b',"human":'
 
 
 def _encode_each(values: list[Any]) -> list[bytes]:
@@ -250,66 +334,75 @@ def _verbatim(messages: Any) -> bytes:
 HEADER_EVENT_MS = "rl-export-event-ms"
 """Header of a snapshot: the Kafka timestamp (ms) of the event that caused it."""
 
-HEADER_MESSAGES_AT = "rl-export-messages-at"
-"""Header of a live snapshot: the byte offset in its value where the messages' JSON starts."""
+HEADER_RECORD_AT = "rl-export-record-at"
+"""Header of a live snapshot in the record layout: where its scored values and its tail are."""
 
-_MESSAGES_KEY = b',"messages":'
-_MESSAGES_LIST = _MESSAGES_KEY + b"["
+Headers = list[tuple[str, bytes]]
+
+_HOLE = orjson.Fragment(b"\0")
 
 
-def encode_snapshot(snapshot: dict[str, Any]) -> tuple[bytes, int | None]:
-    """A snapshot as the value of a ``trajectories`` message, and where its messages start.
+def encode_snapshot(snapshot: dict[str, Any]) -> tuple[bytes, Headers]:
+    """A snapshot as the value of a ``trajectories`` message, and the headers that go with it.
 
-    The value is one JSON object (any consumer can read the topic), with the messages last.
-    The offset of the messages' value rides in the ``rl-export-messages-at`` header, so the
-    sink parses only the small head and copies the messages, most of the bytes, into records
-    without parsing them. A tombstone has no messages: its offset is None.
+    The value is one JSON object, so any consumer can read the topic. A live snapshot is in
+    the record layout (:func:`encode_snapshot_record`) with its ``rl-export-record-at``
+    header; a tombstone is the tombstone object, without.
     """
-    if "messages" not in snapshot:
-        return dumps(snapshot), None
-    head = dumps({k: v for k, v in snapshot.items() if k != "messages"})
-    prefix = head[:-1] + _MESSAGES_KEY
-    return prefix + _verbatim(snapshot["messages"]) + b"}", len(prefix)
+    if not snapshot.get("deleted"):
+        encoded = encode_snapshot_record(snapshot)
+        if encoded is not None:
+            value, record_at = encoded
+            return value, [(HEADER_RECORD_AT, record_at)]
+    return dumps(snapshot), []
 
 
-def decode_snapshot(value: bytes, messages_at: int | None = None) -> dict[str, Any]:
-    """Inverse of :func:`encode_snapshot`; messages come back as :class:`RawJson`.
+def encode_snapshot_record(snapshot: dict[str, Any]) -> tuple[bytes, bytes] | None:
+    """A live snapshot in the record layout, and its ``rl-export-record-at`` header.
 
-    With ``messages_at`` (the header) only the head is parsed; a value whose bytes do not
-    agree with the header, or one without it, is parsed whole. Values written as two JSON
-    lines (the snapshot, then its messages: the encoding before version 0.2) still decode.
-    Raises ValueError when the value is not a snapshot.
+    The value is one JSON object: the ``traces`` corpus's record (the record's fields in
+    order, ``reward_source``, ``reward`` and ``passed`` null), then ``human``, ``evaluator``
+    and ``deleted``. The header gives the byte offsets of the three nulls and of the
+    ``,"human":`` that ends the record, so the sink makes every corpus's line from the
+    value's own bytes (:meth:`SnapshotLines.from_record`) without encoding it again.
+    None when the encoding holds a NUL byte of its own.
     """
-    snapshot = None
-    if messages_at is not None:
-        snapshot = _decode_head(value, messages_at)
-    if snapshot is None:
-        try:
-            snapshot = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            if b"\n" not in value:
-                raise ValueError(f"not JSON: {exc}") from None
-            snapshot = _decode_two_lines(value)
-        else:
-            if isinstance(snapshot, dict) and isinstance(snapshot.get("messages"), list):
+    data = dumps({k: _HOLE if k in _SCORED_FIELDS else snapshot[k] for k in _RECORD_FIELDS})
+    pieces = data.split(b"\0")
+    if len(pieces) != 4:
+        return None
+    tail = dumps({"human": snapshot["human"], "evaluator": snapshot["evaluator"], "deleted": False})
+    a = len(pieces[0])
+    b = a + 4 + len(pieces[1])
+    c = b + 4 + len(pieces[2])
+    d = c + 4 + len(pieces[3]) - 1
+    value = b"null".join(pieces)[:-1] + b"," + tail[1:]
+    return value, f"{a},{b},{c},{d}".encode()
+
+
+def decode_snapshot(value: bytes) -> dict[str, Any]:
+    """The snapshot a ``trajectories`` value holds; messages come back as :class:`RawJson`.
+
+    The value is parsed whole (the sink reads most values without that, through
+    :meth:`SnapshotLines.from_record`). Values written as two JSON lines (the snapshot,
+    then its messages: the encoding before version 0.2) still decode. Raises ValueError when
+    the value is not a snapshot.
+    """
+    try:
+        snapshot = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        if b"\n" not in value:
+            raise ValueError(f"not JSON: {exc}") from None
+        snapshot = _decode_two_lines(value)
+    else:
+        if isinstance(snapshot, dict):
+            if "reward_source" in snapshot:  # the record layout: its record-only fields go
+                for key in _SCORED_FIELDS:
+                    snapshot.pop(key, None)
+            if isinstance(snapshot.get("messages"), list):
                 snapshot["messages"] = RawJson(dumps(snapshot["messages"]))
     _check_snapshot(snapshot)
-    return snapshot
-
-
-def _decode_head(value: bytes, messages_at: int) -> dict[str, Any] | None:
-    """The snapshot from its head and its messages' bytes; None if the header does not fit."""
-    cut = messages_at - len(_MESSAGES_KEY)
-    if cut <= 0 or not value.startswith(_MESSAGES_LIST, cut) or not value.endswith(b"]}"):
-        return None
-    try:
-        snapshot = orjson.loads(value[:cut] + b"}")
-    except orjson.JSONDecodeError:
-        return None
-    if type(snapshot) is not dict:
-        return None
-    snapshot["messages"] = RawJson(value[messages_at:-1])
-    return snapshot
+    return snapshot  # type: ignore[no-any-return]
 
 
 def _decode_two_lines(value: bytes) -> dict[str, Any]:

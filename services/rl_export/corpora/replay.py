@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.metrics import Metrics, SinkMetrics
 from rl_export.common.partitioning import partition_for
+from rl_export.common.records import HEADER_RECORD_AT, Headers
 from rl_export.common.settings import Settings
 from rl_export.corpora.sink import PartitionSink, SinkConfig, writer_id
 from rl_export.corpora.store import ObjectStore
@@ -60,14 +61,14 @@ class _Collector:
     def __init__(self, report: ReplayReport, where: dict[tuple[str, int, int], str]) -> None:
         self.report = report
         self.where = where
-        self.snapshots: list[tuple[bytes, bytes, int | None]] = []
+        self.snapshots: list[tuple[bytes, bytes, bytes | None]] = []
         self.forwards: list[InMessage] = []
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        messages_at: int | None,
+        headers: Headers,
     ) -> None:  # fmt: skip
-        self.snapshots.append((key, value, messages_at))
+        self.snapshots.append((key, value, dict(headers).get(HEADER_RECORD_AT)))
 
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
         """Replay routes every line with the configured partitioner, so the join never asks
@@ -122,10 +123,10 @@ async def replay(
 
     async def run_batch(batch: list[InMessage]) -> None:
         await processor.process(batch, now=time.time())
-        for key, value, messages_at in collector.snapshots:
+        for key, value, record_at in collector.snapshots:
             partition = partition_for(key, settings.partitions, settings.partitioner)
             part = parts[partition]
-            await part.handle(next_offset[partition], value, None, messages_at)
+            await part.handle(next_offset[partition], value, None, record_at)
             next_offset[partition] += 1
             report.snapshots += 1
             if part.due(time.monotonic()):

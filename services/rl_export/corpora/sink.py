@@ -41,7 +41,7 @@ from rl_export.common.metrics import SinkMetrics
 from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.common.records import (
     HEADER_EVENT_MS,
-    HEADER_MESSAGES_AT,
+    HEADER_RECORD_AT,
     SnapshotLines,
     decode_snapshot,
 )
@@ -373,20 +373,26 @@ class PartitionSink:
         return writers
 
     async def handle(
-        self, offset: int, value: bytes, event_ms: int | None, messages_at: int | None = None
+        self, offset: int, value: bytes, event_ms: int | None, record_at: bytes | None = None
     ) -> None:
-        """Step 2 for one record of the partition (``messages_at``: the snapshot's header)."""
+        """Step 2 for one record of the partition (``record_at``: the snapshot's header).
+
+        The snapshot's lines are shared by the corpora: encoded at most once, and not at all
+        for a snapshot in the record layout, whose value holds them.
+        """
         self.last_offset = max(self.last_offset, offset)
-        try:
-            snapshot = decode_snapshot(value, messages_at)
-        except ValueError as exc:
-            self.metrics.bad_snapshots.inc()
-            log.error(
-                "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition, offset, exc
-            )
-            return
-        lines = SnapshotLines(snapshot)  # shared by the corpora: encoded at most once
-        for writer in self._writers_of(snapshot["org"], snapshot["project"]):
+        lines = None if record_at is None else SnapshotLines.from_record(value, record_at)
+        if lines is None:
+            try:
+                lines = SnapshotLines(decode_snapshot(value))
+            except ValueError as exc:
+                self.metrics.bad_snapshots.inc()
+                log.error(
+                    "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition,
+                    offset, exc,
+                )  # fmt: skip
+                return
+        for writer in self._writers_of(lines.org, lines.project):
             if writer.state is None:
                 await writer.loaded()
             writer.add(offset, lines, event_ms)
@@ -582,15 +588,15 @@ class Sink:
 
 def _snapshot_headers(
     headers: Sequence[tuple[str, bytes]] | None,
-) -> tuple[int | None, int | None]:
-    """A snapshot's event time (ms) and the offset of its messages, from its headers."""
-    event_ms = messages_at = None
+) -> tuple[int | None, bytes | None]:
+    """A snapshot's event time (ms) and where its record's parts are, from its headers."""
+    event_ms = record_at = None
     for key, value in headers or ():
         if key == HEADER_EVENT_MS:
             event_ms = _int(value)
-        elif key == HEADER_MESSAGES_AT:
-            messages_at = _int(value)
-    return event_ms, messages_at
+        elif key == HEADER_RECORD_AT:
+            record_at = value
+    return event_ms, record_at
 
 
 def _int(value: bytes) -> int | None:

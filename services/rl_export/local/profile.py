@@ -42,6 +42,7 @@ from rl_export.common.events import FAMILY_OF_TYPE, EventFamily, EventRejection
 from rl_export.common.gctune import tune_gc
 from rl_export.common.metrics import Metrics, SinkMetrics
 from rl_export.common.partitioning import partition_for
+from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
 from rl_export.common.settings import Settings
 from rl_export.corpora.sink import PartitionSink, SinkConfig
 from rl_export.corpora.store import MemoryStore
@@ -60,19 +61,18 @@ class BatchingEmitter:
     def __init__(self, table: ChangelogTable, settings: Settings) -> None:
         self.table = table
         self.settings = settings
-        self.snapshots: list[tuple[int, bytes, int | None, int | None]] = []
+        self.snapshots: list[tuple[int, bytes, int | None, bytes | None]] = []
         self._out: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, Any]]] = {}
         self.records = 0
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        messages_at: int | None,
+        headers: Headers,
     ) -> None:  # fmt: skip
-        headers = [("rl-export-event-ms", str(event_ms).encode())] if event_ms else []
-        if messages_at is not None:
-            headers.append(("rl-export-messages-at", str(messages_at).encode()))
+        if event_ms:
+            headers = [(HEADER_EVENT_MS, str(event_ms).encode()), *headers]
         self._out.setdefault(("trajectories", partition), []).append((key, value, headers))
-        self.snapshots.append((partition, value, event_ms, messages_at))
+        self.snapshots.append((partition, value, event_ms, dict(headers).get(HEADER_RECORD_AT)))
 
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
         self._out.setdefault((message.topic, partition), []).append(
@@ -153,8 +153,8 @@ async def sink_pass(settings: Settings, emitter: BatchingEmitter) -> float:
     }
     offsets: dict[int, int] = defaultdict(int)
     started = time.process_time()
-    for partition, value, event_ms, messages_at in emitter.snapshots:
-        await parts[partition].handle(offsets[partition], value, event_ms, messages_at)
+    for partition, value, event_ms, record_at in emitter.snapshots:
+        await parts[partition].handle(offsets[partition], value, event_ms, record_at)
         offsets[partition] += 1
     return time.process_time() - started
 

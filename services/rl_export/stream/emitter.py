@@ -8,12 +8,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from rl_export.common.events import EventRejection
-from rl_export.common.records import HEADER_EVENT_MS, HEADER_MESSAGES_AT
+from rl_export.common.records import HEADER_EVENT_MS, Headers
 from rl_export.common.settings import Settings
 from rl_export.stream.processor import InMessage, dead_letter_headers
 from rl_export.stream.statestore import ChangelogTable
-
-Headers = list[tuple[str, bytes]]
 
 HEADER_FORWARDED_FROM = "rl-export-forwarded-from"
 """Header of a forwarded input event: ``<topic>/<partition>/<offset>`` where it arrived."""
@@ -55,13 +53,10 @@ class KafkaEmitter:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        messages_at: int | None,
+        headers: Headers,
     ) -> None:  # fmt: skip
-        headers: Headers = []
         if event_ms is not None:
-            headers.append((HEADER_EVENT_MS, str(event_ms).encode()))
-        if messages_at is not None:
-            headers.append((HEADER_MESSAGES_AT, str(messages_at).encode()))
+            headers = [(HEADER_EVENT_MS, str(event_ms).encode()), *headers]
         self._queue(self.settings.topic_trajectories, partition, key, value, headers)
 
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None:

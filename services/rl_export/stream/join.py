@@ -38,7 +38,7 @@ from rl_export.common.events import (
     format_micros,
 )
 from rl_export.common.eventview import EventView, reread_event, view_of
-from rl_export.common.records import RULES_VERSION, encode_snapshot
+from rl_export.common.records import RULES_VERSION, Headers, encode_snapshot
 
 RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
 STATE_VERSION = 3  # 1, 2: one JSON object (messages inline; on a second line); 3: framed
@@ -416,7 +416,7 @@ def snapshot_from_record(record: dict[str, Any]) -> dict[str, Any]:
     return snap
 
 
-def encode_current(st: TraceState, config: JoinConfig) -> tuple[bytes, int | None] | None:
+def encode_current(st: TraceState, config: JoinConfig) -> tuple[bytes, Headers] | None:
     """``encode_snapshot(current_snapshot(st, config))``, without parsing what the state
     keeps as JSON (evaluation, scores, attachments): those go into the value as they are."""
     snapshot = _snapshot(st, config, _fragment)

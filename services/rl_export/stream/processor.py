@@ -21,6 +21,7 @@ from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.eventview import EventView, read_event
 from rl_export.common.metrics import Metrics
 from rl_export.common.partitioning import partition_function
+from rl_export.common.records import Headers
 from rl_export.common.settings import Settings
 from rl_export.stream.join import (
     JoinConfig,
@@ -68,13 +69,13 @@ class Emitter(Protocol):
     """Where snapshots, forwards and dead letters go; ``flush`` returns once they are delivered.
 
     ``forward`` sends an input event on to its trace's partition of the same topic, where
-    the join takes it as it takes any event; ``messages_at`` is the snapshot's
-    ``rl-export-messages-at`` header (:func:`rl_export.common.records.encode_snapshot`).
+    the join takes it as it takes any event; ``headers`` go with the snapshot's value
+    (:func:`rl_export.common.records.encode_snapshot`).
     """
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        messages_at: int | None,
+        headers: Headers,
     ) -> None: ...  # fmt: skip
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
@@ -247,11 +248,11 @@ class JoinProcessor:
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
                 encoded = encode_current(entry.state, self.config)
                 assert encoded is not None  # emits only once the trace exists or is deleted
-                value, messages_at = encoded
+                value, headers = encoded
                 result.snapshots[key] = value
                 # trajectories is co-partitioned with the inputs: the same partition.
                 await self.emitter.snapshot(
-                    key, value, entry.event_ms, entry.last.partition, messages_at
+                    key, value, entry.event_ms, entry.last.partition, headers
                 )
                 if entry.event_ms is not None:
                     latencies.append(max(0.0, clock - entry.event_ms / 1000))

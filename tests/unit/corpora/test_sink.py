@@ -22,6 +22,7 @@ from rl_export.common.errors import StoreError
 from rl_export.common.events import EventRejection, decode_event
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import (
+    HEADER_RECORD_AT,
     CorpusSource,
     SnapshotLines,
     decode_snapshot,
@@ -160,8 +161,8 @@ async def feed(
     sink: PartitionSink, items: Sequence[tuple[int, dict[str, Any]]], event_ms: int | None = None
 ) -> None:
     for offset, snapshot in items:
-        value, messages_at = encode_snapshot(snapshot)
-        await sink.handle(offset, value, event_ms, messages_at)
+        value, headers = encode_snapshot(snapshot)
+        await sink.handle(offset, value, event_ms, dict(headers).get(HEADER_RECORD_AT))
 
 
 async def chain(store: MemoryStore, ref: CorpusRef) -> list[tuple[Commit, list[dict[str, Any]]]]:
@@ -771,7 +772,7 @@ def story() -> list[dict[str, Any]]:
 
 def as_read(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The snapshot as the sink reads it from the topic (messages as RawJson)."""
-    return decode_snapshot(*encode_snapshot(snapshot))
+    return decode_snapshot(encode_snapshot(snapshot)[0])
 
 
 def test_lines_are_the_rendered_records_byte_for_byte() -> None:

@@ -1024,7 +1024,7 @@ def test_encode_current_is_the_encoded_current_snapshot() -> None:
             assert fast is None
             continue
         assert fast is not None
-        assert decode_snapshot(*fast) == decode_snapshot(*encode_snapshot(plain))
+        assert decode_snapshot(fast[0]) == decode_snapshot(encode_snapshot(plain)[0])
 
 
 BIG = b"123456789012345678901234567890"

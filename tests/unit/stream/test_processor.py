@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from rl_export.common.events import EventFamily, EventRejection, RejectReason, format_utc
 from rl_export.common.metrics import Metrics
 from rl_export.common.partitioning import partition_for
-from rl_export.common.records import decode_snapshot
+from rl_export.common.records import Headers, decode_snapshot
 from rl_export.common.settings import Settings
 from rl_export.stream.join import TraceState, load_state
 from rl_export.stream.processor import (
@@ -53,10 +53,10 @@ class CollectingEmitter:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        messages_at: int | None,
+        headers: Headers,
     ) -> None:  # fmt: skip
-        # The header must say where the messages start, or the sink would parse them.
-        assert messages_at is None or value[messages_at : messages_at + 1] == b"["
+        # A live snapshot says where its record is, or the sink would parse all of it.
+        assert headers or decode_snapshot(value)["deleted"]
         self.snapshots.append((key, value, event_ms))
 
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
