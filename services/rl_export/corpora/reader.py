@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rl_export.common.codec import dumps, loads
@@ -39,8 +41,10 @@ from rl_export.corpora.layout import (
     Commit,
     Compaction,
     CorpusRef,
+    Part,
     chain_keys,
     latest_compaction,
+    object_lines,
     parse_stream,
     read_commit,
     read_compaction,
@@ -199,6 +203,19 @@ class _Latest:
 # --- the reader -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ObjectLines:
+    """One verified object of a corpus, its lines unparsed (newline included).
+
+    ``key`` is the object's store key (a compaction part or a commit's shard); ``lines`` are
+    the ones after the cursor, in order, checked against the object's sha256 and record count
+    before they are handed out.
+    """
+
+    key: str
+    lines: list[bytes]
+
+
 class CorpusReader:
     """Stream one corpus's records; not safe for two iterations of one reader at once."""
 
@@ -267,7 +284,110 @@ class CorpusReader:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_interval_s)
 
+    async def follow_objects(
+        self,
+        cursor: Cursor | None = None,
+        *,
+        stop: asyncio.Event | None = None,
+        caught_up: Callable[[float], None] | None = None,
+    ) -> AsyncGenerator[ObjectLines, None]:
+        """Like :meth:`follow`, one whole verified object at a time, its lines unparsed.
+
+        For consumers that parse lines their own way (the web service's index hands them to
+        DuckDB): the cursor moves past an object before it is handed out, so a saved cursor
+        is always at an object's boundary (a cursor saved by :meth:`records` in the middle
+        of an object is honoured: the object's first lines are dropped). After each pass
+        over the chains, ``caught_up(t)`` is called with the ``time.monotonic()`` at which
+        the pass began: everything committed before ``t`` has been handed out.
+        """
+        await self._begin(cursor)
+        while True:
+            stopping = stop is not None and stop.is_set()
+            began = time.monotonic()
+            async with contextlib.aclosing(self._read_objects()) as objects:
+                async for item in objects:
+                    yield item
+            if caught_up is not None:
+                caught_up(began)
+            if stopping:
+                return
+            if stop is None:
+                await asyncio.sleep(self.poll_interval_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+
     # -- steps ---------------------------------------------------------------------------
+
+    async def _read_objects(self) -> AsyncGenerator[ObjectLines, None]:
+        """:meth:`_read` one object at a time, lines unparsed."""
+        if CURSOR_GENERATION in self._cursor:
+            async with contextlib.aclosing(self._compaction_objects()) as objects:
+                async for item in objects:
+                    yield item
+        for stream in await list_streams(self.store, self.ref):
+            async with contextlib.aclosing(self._chain_objects(stream)) as objects:
+                async for item in objects:
+                    yield item
+
+    async def _compaction_objects(self) -> AsyncGenerator[ObjectLines, None]:
+        generation = self._cursor[CURSOR_GENERATION]
+        skip = self._cursor.get(CURSOR_GENERATION_SKIP, 0)
+        compaction = self._compaction
+        if compaction is None or compaction.generation != generation:
+            compaction = await self._load_generation(generation)
+        positions = check_cursor(compaction.positions)
+        parts = [
+            Part(self.ref.key(p["shard"]), p["sha256"], p["records"], p["compression"])
+            for p in compaction.parts
+        ]
+        if skip > sum(p.records for p in parts):
+            raise ChainError(
+                f"{self.ref.compaction_key(generation)}: the cursor skips {skip} records, "
+                f"it has {sum(p.records for p in parts)}"
+            )
+        done = 0
+        for n, part in enumerate(parts):
+            if skip >= done + part.records:
+                done += part.records
+                continue
+            lines = await _object_lines(self.store, part)
+            fresh = lines[max(skip - done, 0) :]
+            done += part.records
+            if n + 1 == len(parts):
+                self._cursor = dict(positions)
+            else:
+                self._cursor[CURSOR_GENERATION_SKIP] = done
+            yield ObjectLines(part.key, fresh)
+        self._cursor = dict(positions)
+        self._compaction = None
+
+    async def _chain_objects(self, stream: str) -> AsyncGenerator[ObjectLines, None]:
+        skip_key = stream + SKIP_SUFFIX
+        position = self._cursor.get(stream, 0)
+        skip = self._cursor.get(skip_key, 0)
+        by_offset = dict(await chain_keys(self.store, self.ref, stream))
+        while position in by_offset:
+            commit = await _checked_commit(self.store, by_offset[position], stream, position)
+            if skip > commit.records:
+                raise ChainError(
+                    f"{by_offset[position]}: the cursor skips {skip} records, "
+                    f"it has {commit.records}"
+                )
+            part = Part(
+                self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression
+            )
+            lines = await _object_lines(self.store, part)
+            position = commit.last_offset + 1
+            self._advance(stream, position)
+            yield ObjectLines(part.key, lines[skip:])
+            skip = 0
+        later = sorted(offset for offset in by_offset if offset > position)
+        if later:
+            raise ChainError(
+                f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
+                f"commits from {later[0]} on (a gap, or history the chain no longer holds)"
+            )
 
     async def _begin(self, cursor: Cursor | None) -> None:
         self._compaction = None
@@ -363,3 +483,11 @@ class CorpusReader:
     def _advance(self, stream: str, position: int) -> None:
         self._cursor.pop(stream + SKIP_SUFFIX, None)
         self._cursor[stream] = position
+
+
+async def _object_lines(store: ObjectStore, part: Part) -> list[bytes]:
+    """Every line of an object, verified (sha256 and count) before any is returned."""
+    lines: list[bytes] = []
+    async for batch in object_lines(store, part):
+        lines.extend(batch)
+    return lines

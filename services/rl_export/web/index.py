@@ -1,0 +1,437 @@
+"""The query index: the latest revision per trace of each followed corpus, in DuckDB.
+
+Why DuckDB (measured on this machine, 1,000,000 rows, README "Web service"): the Export tab's
+stats are aggregates over every matching record, and SQLite answered them in 240 to 900 ms
+(a row at a time), DuckDB in 20 to 30 ms (a column at a time); the queue's "oldest traces
+this labeler has not seen" is a top-N that DuckDB answers in about 5 ms. DuckDB is slow to
+store large strings (about 23 µs a record for the bodies, against 4 µs for the columns), so
+the bodies stay out of it: each corpus line is appended to a local segment file
+(:mod:`rl_export.web.segments`) and the index keeps where it is.
+
+One row per (corpus, trace): the columns the filters need (DESIGN.md section 4: reward,
+passed, labels, agent version, scenario, updated_at, the worst severity and the report types
+that passed), ``labelers`` and ``skipped_by`` for the queue, ``seq`` (the order lines were
+read, for previews), and the body's location. A tombstone keeps its row (``deleted``) so an
+older revision read later cannot bring the trace back.
+
+How a batch of lines is ingested (:meth:`QueryIndex.ingest`; one writer thread):
+
+1. Append the lines to the current segment; note each line's offset and length.
+2. Write them to a batch file with those three numbers put in front (``{"_i":..,"_o":..,
+   "_n":.., ...``) and let DuckDB's JSON reader extract the columns (C++, no Python parse).
+3. In one transaction: keep the best line per trace of the batch (greatest revision, a
+   tombstone on a tie, else the first read: the reader's rule), delete the rows it replaces,
+   insert the traces that have no row, save the corpus's cursor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from rl_export.common.codec import dumps, loads
+from rl_export.common.filters import Filters
+from rl_export.corpora.reader import Cursor, check_cursor
+from rl_export.web.segments import Segments
+
+SCHEMA_VERSION = "1"
+
+_COLUMNS = {
+    "_i": "BIGINT",
+    "_o": "BIGINT",
+    "_n": "BIGINT",
+    "trace_id": "VARCHAR",
+    "revision": "BIGINT",
+    "deleted": "BOOLEAN",
+    "reward": "DOUBLE",
+    "passed": "BOOLEAN",
+    "labels_count": "BIGINT",
+    "agent_version": "VARCHAR",
+    "scenario": "VARCHAR",
+    "updated_at": "VARCHAR",
+    "completed_at": "VARCHAR",
+    "labelers": "VARCHAR[]",
+    "skipped_by": "VARCHAR[]",
+    "evaluation": "STRUCT(report STRUCT(outcomes "
+    "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]))",
+}
+# A report type passes when at least one of its outcomes was decided and none decided false
+# (Filters.matches, pass-dimension); the worst severity counts an absent one as 0.
+_OUTCOMES = "evaluation.report.outcomes"
+_EXTRACT = f"""
+    _i, _o, _n, trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
+    labels_count, agent_version, scenario,
+    try_cast(updated_at AS TIMESTAMPTZ) AS updated_at,
+    try_cast(completed_at AS TIMESTAMPTZ) AS completed_at,
+    coalesce(list_max(list_transform({_OUTCOMES}, lambda o: coalesce(o.severity, 0))), 0)
+        AS max_severity,
+    coalesce(list_filter(
+        list_distinct(list_transform(
+            list_filter({_OUTCOMES}, lambda o: o.decision IS NOT NULL), lambda o: o.type)),
+        lambda t: NOT list_contains(list_transform(
+            list_filter({_OUTCOMES}, lambda o: o.decision = false), lambda o: o.type), t)
+    ), []) AS pass_dims,
+    coalesce(labelers, []) AS labelers, coalesce(skipped_by, []) AS skipped_by
+"""
+_RECORD_COLUMNS = (
+    "corpus_id INTEGER, trace_id VARCHAR, revision BIGINT, deleted BOOLEAN, reward DOUBLE, "
+    "passed BOOLEAN, labels_count BIGINT, agent_version VARCHAR, scenario VARCHAR, "
+    "updated_at TIMESTAMPTZ, completed_at TIMESTAMPTZ, max_severity BIGINT, "
+    "pass_dims VARCHAR[], labelers VARCHAR[], skipped_by VARCHAR[], seq BIGINT, "
+    "seg INTEGER, off BIGINT, len BIGINT"
+)
+
+
+class IndexError_(Exception):
+    """The index could not take a batch (a line DuckDB cannot read as a record)."""
+
+
+@dataclass(frozen=True)
+class CorpusKey:
+    """A corpus the index follows."""
+
+    org: str
+    project: str
+    corpus: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.org}/{self.project}/{self.corpus}"
+
+
+def filter_sql(filters: Filters) -> tuple[str, list[Any]]:
+    """The SQL condition (and its parameters) of :meth:`Filters.matches` over the index's
+    columns; ``limit`` is the caller's. The unit tests check both agree on random records."""
+    clauses = ["NOT deleted"]
+    params: list[Any] = []
+
+    def add(clause: str, value: Any) -> None:
+        clauses.append(clause)
+        params.append(value)
+
+    if filters.passed is not None:
+        add("passed = ?", filters.passed)
+    if filters.min_reward is not None:
+        add("reward >= ?", filters.min_reward)
+    if filters.max_reward is not None:
+        add("reward <= ?", filters.max_reward)
+    if filters.agent_version is not None:
+        add("agent_version = ?", filters.agent_version)
+    if filters.scenario is not None:
+        add("scenario = ?", filters.scenario)
+    if filters.labeled is not None:
+        add("(coalesce(labels_count, 0) > 0) = ?", filters.labeled)
+    if filters.since is not None:
+        add("updated_at >= ?", filters.since)
+    if filters.until is not None:
+        add("updated_at < ?", filters.until)
+    if filters.pass_dimension:
+        add("list_has_all(pass_dims, ?::VARCHAR[])", list(filters.pass_dimension))
+    if filters.max_severity is not None:
+        add("max_severity <= ?", filters.max_severity)
+    return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
+class Stats:
+    records: int
+    rewarded: int
+    reward_sum: float
+    judged: int
+    passed: int
+    human_labeled: int
+    histogram: list[int]
+
+
+@dataclass(frozen=True)
+class QueueAsk:
+    """A labeler's queue, with what this instance knows the corpora do not show yet."""
+
+    labeler: str
+    limit: int
+    hidden: Sequence[str] = ()  # labeled or skipped since: not in the queue
+    returned: Sequence[str] = ()  # their label retracted since: back in it (unless skipped)
+
+
+class QueryIndex:
+    """The DuckDB index and its segments under one folder (see the module)."""
+
+    def __init__(self, directory: Path, *, threads: int = 2, memory: str = "1GB") -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._batch_file = directory / "batch.jsonl"
+        self.db = self._open(threads, memory)
+        if not self._consistent():
+            # A cache: when it does not match its segments (a crash before the bytes were
+            # written out), start again from the corpora.
+            self.db.close()
+            shutil.rmtree(directory / "segments", ignore_errors=True)
+            for name in ("index.duckdb", "index.duckdb.wal"):
+                (directory / name).unlink(missing_ok=True)
+            self.db = self._open(threads, memory)
+        self.segments = Segments(directory / "segments")
+        row = self.db.execute("SELECT coalesce(max(seq), 0) FROM records").fetchone()
+        self._seq = int(row[0]) + 1 if row else 1
+        self._local = threading.local()
+        self._lock = threading.Lock()  # the writer's connection is used by one thread at once
+
+    def _open(self, threads: int, memory: str) -> duckdb.DuckDBPyConnection:
+        db = duckdb.connect(
+            str(self.directory / "index.duckdb"),
+            # Never fetch an extension from the network; the JSON reader is built in.
+            config={
+                "threads": threads,
+                "memory_limit": memory,
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+            },
+        )
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is not None and row[0] != SCHEMA_VERSION:
+            db.execute("DROP TABLE IF EXISTS records")
+            db.execute("DROP TABLE IF EXISTS corpora")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS corpora (id INTEGER PRIMARY KEY, org VARCHAR, "
+            "project VARCHAR, corpus VARCHAR, cursor VARCHAR, lines BIGINT)"
+        )
+        db.execute(f"CREATE TABLE IF NOT EXISTS records ({_RECORD_COLUMNS})")
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", [SCHEMA_VERSION])
+        return db
+
+    def _consistent(self) -> bool:
+        rows = self.db.execute(
+            "SELECT seg, max(off + len + 1) FROM records WHERE seg IS NOT NULL GROUP BY seg"
+        ).fetchall()
+        folder = self.directory / "segments"
+        for seg, end in rows:
+            path = folder / f"{int(seg):08d}.jsonl"
+            if not path.exists() or path.stat().st_size < int(end):
+                return False
+        return True
+
+    def close(self) -> None:
+        self.segments.close()
+        self.db.close()
+
+    # -- corpora -------------------------------------------------------------------------
+
+    def corpus_id(self, key: CorpusKey) -> int:
+        """The id of a corpus, registered on first use."""
+        with self._lock:
+            found = self.db.execute(
+                "SELECT id FROM corpora WHERE org = ? AND project = ? AND corpus = ?",
+                [key.org, key.project, key.corpus],
+            ).fetchone()
+            if found is not None:
+                return int(found[0])
+            row = self.db.execute("SELECT coalesce(max(id), 0) + 1 FROM corpora").fetchone()
+            assert row is not None
+            self.db.execute(
+                "INSERT INTO corpora VALUES (?, ?, ?, ?, NULL, 0)",
+                [row[0], key.org, key.project, key.corpus],
+            )
+            return int(row[0])
+
+    def cursor(self, corpus_id: int) -> Cursor | None:
+        """Where the corpus's reading stopped (None: from its latest compaction)."""
+        with self._lock:
+            row = self.db.execute("SELECT cursor FROM corpora WHERE id = ?", [corpus_id]).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return check_cursor(loads(row[0]))
+
+    def reset(self, corpus_id: int) -> None:
+        """Forget a corpus's rows and cursor (its history expired under the cursor)."""
+        with self._lock, self._transaction():
+            self.db.execute("DELETE FROM records WHERE corpus_id = ?", [corpus_id])
+            self.db.execute("UPDATE corpora SET cursor = NULL, lines = 0 WHERE id = ?", [corpus_id])
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # -- ingest (one writer thread) ------------------------------------------------------
+
+    def ingest(self, corpus_id: int, lines: list[bytes], cursor: Cursor) -> None:
+        """Take a verified object's lines and the cursor after them (see the module)."""
+        with self._lock:
+            if not lines:
+                self.db.execute(
+                    "UPDATE corpora SET cursor = ? WHERE id = ?",
+                    [dumps(cursor).decode(), corpus_id],
+                )
+                return
+            # 1. The bodies.
+            segment, offset = self.segments.append(b"".join(lines))
+            # 2. The batch file: each line with its place in front.
+            parts = []
+            for n, line in enumerate(lines):
+                if not line.startswith(b"{") or line.startswith(b"{}"):
+                    raise IndexError_(f"line {n} of a batch is not a record")
+                parts.append(b'{"_i":%d,"_o":%d,"_n":%d,%b' % (n, offset, len(line) - 1,
+                                                             line[1:]))  # fmt: skip
+                offset += len(line)
+            self._batch_file.write_bytes(b"".join(parts))
+            seq = self._seq
+            try:
+                self._apply(corpus_id, segment, seq, cursor, len(lines))
+            except duckdb.Error as exc:
+                raise IndexError_(f"DuckDB could not take the batch: {exc}") from exc
+            finally:
+                self._batch_file.unlink(missing_ok=True)
+            self._seq = seq + len(lines)
+
+    def _apply(self, corpus_id: int, segment: int, seq: int, cursor: Cursor, count: int) -> None:
+        columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _COLUMNS.items()) + "}"
+        source = (
+            f"read_json('{self._batch_file}', format = 'newline_delimited', "
+            f"columns = {columns}, maximum_object_size = 268435456)"
+        )
+        db = self.db
+        with self._transaction():
+            # 3. The best line per trace, the rows it replaces, the traces that have none.
+            db.execute(
+                f"CREATE OR REPLACE TEMP TABLE batch AS SELECT * FROM (SELECT {_EXTRACT} "
+                f"FROM {source}) QUALIFY row_number() OVER (PARTITION BY trace_id "
+                "ORDER BY revision DESC, deleted DESC, _i) = 1"
+            )
+            db.execute(
+                "DELETE FROM records USING batch b WHERE records.corpus_id = ? "
+                "AND records.trace_id = b.trace_id AND (b.revision > records.revision OR "
+                "(b.revision = records.revision AND b.deleted AND NOT records.deleted))",
+                [corpus_id],
+            )
+            db.execute(
+                "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
+                "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
+                "pass_dims, labelers, skipped_by, ? + _i, CASE WHEN deleted THEN NULL ELSE ? END, "
+                "_o, _n FROM batch b WHERE NOT EXISTS (SELECT 1 FROM records r "
+                "WHERE r.corpus_id = ? AND r.trace_id = b.trace_id)",
+                [corpus_id, seq, segment, corpus_id],
+            )
+            db.execute(
+                "UPDATE corpora SET cursor = ?, lines = lines + ? WHERE id = ?",
+                [dumps(cursor).decode(), count, corpus_id],
+            )
+            db.execute("DROP TABLE batch")
+
+    def collect_segments(self) -> list[int]:
+        """Delete the segments no row points into; return them."""
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT DISTINCT seg FROM records WHERE seg IS NOT NULL"
+            ).fetchall()
+            return self.segments.remove({int(r[0]) for r in rows})
+
+    # -- queries (any thread) ------------------------------------------------------------
+
+    def _reader(self) -> duckdb.DuckDBPyConnection:
+        cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
+        if cursor is None:
+            cursor = self._local.cursor = self.db.cursor()
+        return cursor
+
+    def live_counts(self) -> dict[int, int]:
+        """Live records per corpus id."""
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT corpus_id, count(*) FILTER (WHERE NOT deleted) FROM records GROUP BY ALL"
+            )
+            .fetchall()
+        )
+        return {int(c): int(n) for c, n in rows}
+
+    def _matching(self, corpus_id: int, filters: Filters) -> tuple[str, list[Any]]:
+        """A subquery of the corpus's records that pass the filters (``limit`` in seq order)."""
+        where, params = filter_sql(filters)
+        sql = f"SELECT * FROM records WHERE corpus_id = ? AND {where}"
+        if filters.limit is not None:
+            sql += " ORDER BY seq LIMIT ?"
+            return sql, [corpus_id, *params, filters.limit]
+        return sql, [corpus_id, *params]
+
+    def stats(self, corpus_id: int, filters: Filters, bins: int = 10) -> Stats:
+        """What :class:`~rl_export.export.stats.StatsAccumulator` gives over the matches."""
+        sql, params = self._matching(corpus_id, filters)
+        row = (
+            self._reader()
+            .execute(
+                "SELECT count(*), count(reward), coalesce(sum(reward), 0), count(passed), "
+                "coalesce(count_if(passed), 0), coalesce(count_if(labels_count > 0), 0), "
+                "histogram(least(greatest(floor(reward * ?)::BIGINT, 0), ? - 1)) "
+                "FILTER (WHERE reward IS NOT NULL) "
+                f"FROM ({sql})",
+                [bins, bins, *params],
+            )
+            .fetchone()
+        )
+        assert row is not None
+        counts = [0] * bins
+        for b, n in (row[6] or {}).items():
+            counts[int(b)] = int(n)
+        return Stats(
+            records=int(row[0]), rewarded=int(row[1]), reward_sum=float(row[2]),
+            judged=int(row[3]), passed=int(row[4]), human_labeled=int(row[5]),
+            histogram=counts,
+        )  # fmt: skip
+
+    def preview(self, corpus_id: int, filters: Filters, limit: int, offset: int = 0) -> list[bytes]:
+        """The bodies of matching records in read order, from ``offset``."""
+        sql, params = self._matching(corpus_id, filters.model_copy(update={"limit": None}))
+        end = filters.limit
+        if end is not None:
+            limit = max(min(limit, end - offset), 0)
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT seg, off, len FROM ({sql}) ORDER BY seq LIMIT ? OFFSET ?",
+                [*params, limit, offset],
+            )
+            .fetchall()
+        )
+        return self._bodies(rows)
+
+    def _bodies(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
+        return self.segments.read_many([(int(s), int(o), int(n)) for s, o, n in rows])
+
+    def _queue_where(self, ask: QueueAsk) -> tuple[str, list[Any]]:
+        where = (
+            "corpus_id = ? AND NOT deleted AND NOT list_contains(skipped_by, ?) "
+            "AND (NOT list_contains(labelers, ?) OR list_contains(?::VARCHAR[], trace_id)) "
+            "AND NOT list_contains(?::VARCHAR[], trace_id)"
+        )
+        return where, [ask.labeler, ask.labeler, list(ask.returned), list(ask.hidden)]
+
+    def queue(self, corpus_id: int, ask: QueueAsk) -> tuple[list[bytes], int]:
+        """The oldest traces the labeler has neither labeled nor skipped, and how many."""
+        where, params = self._queue_where(ask)
+        db = self._reader()
+        rows = db.execute(
+            f"SELECT seg, off, len FROM records WHERE {where} "
+            "ORDER BY completed_at, trace_id LIMIT ?",
+            [corpus_id, *params, ask.limit],
+        ).fetchall()
+        total = db.execute(f"SELECT count(*) FROM records WHERE {where}", [corpus_id, *params])
+        counted = total.fetchone()
+        return self._bodies(rows), int(counted[0]) if counted else 0
+
+    def has_trace(self, corpus_id: int, trace_id: str) -> bool:
+        """Whether the corpus holds a live record of the trace."""
+        sql = "SELECT 1 FROM records WHERE corpus_id = ? AND trace_id = ? AND NOT deleted"
+        row = self._reader().execute(sql + " LIMIT 1", [corpus_id, trace_id]).fetchone()
+        return row is not None
