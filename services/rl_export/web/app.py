@@ -89,7 +89,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _BodyTooLarge
+                    raise _BodyTooLarge(self.limit)
             return message
 
         async def watch(message: Message) -> None:
@@ -105,8 +105,11 @@ class BodyLimit:
                 await too_large(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised while the body is read (FastAPI lets HTTP exceptions from there through)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is over {limit} bytes")
 
 
 class RequestMetrics:
@@ -185,7 +188,7 @@ def create_app(services: Services) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        names = {404: "not_found", 405: "method_not_allowed"}
+        names = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
         return _error(exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail))
 
     @app.exception_handler(Exception)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
@@ -111,7 +111,9 @@ class LabelsFollower:
 
     async def _consume(self, stop: asyncio.Event) -> None:
         topic = self.settings.topic_labels
+        # Without a group every partition of the topic is assigned to this consumer.
         consumer = AIOKafkaConsumer(
+            topic,
             bootstrap_servers=self.settings.kafka_bootstrap,
             group_id=None,
             enable_auto_commit=False,
@@ -119,17 +121,14 @@ class LabelsFollower:
         )
         await consumer.start()
         try:
-            partitions = consumer.partitions_for_topic(topic)
-            for _ in range(50):
-                if partitions:
+            for _ in range(100):
+                if consumer.assignment():
                     break
-                await consumer.force_metadata_update()
-                partitions = consumer.partitions_for_topic(topic)
-                await asyncio.sleep(0.2)
-            if not partitions:
-                raise KafkaError(f"topic {topic} has no partitions (yet)")
-            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(assigned)
+                await asyncio.sleep(0.1)
+            assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+            if not assigned:
+                raise KafkaError(f"no partition of {topic} was assigned (does it exist?)")
+            # From one TTL ago: a new instance knows what the corpora may not show yet.
             since_ms = int((time.time() - self.overlay.ttl_s) * 1000)
             offsets = await consumer.offsets_for_times(dict.fromkeys(assigned, since_ms))
             for tp in assigned:
