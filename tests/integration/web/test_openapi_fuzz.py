@@ -48,8 +48,12 @@ def test_generated_requests_get_documented_answers(
     token = stack.tokens["fuzz"]
 
     @given(case=operation.as_strategy())
-    @settings(max_examples=30, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
+    @settings(
+        max_examples=30,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     def check(case: Any) -> None:
         case.call_and_validate(
             headers={"Authorization": f"Bearer {token}"}, excluded_checks=EXCLUDED
