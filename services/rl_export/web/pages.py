@@ -19,10 +19,24 @@ from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rl_export import __version__
+from rl_export.common.records import EvaluationView, RubricMean
 from rl_export.common.specs import SAFE_NAME
+from rl_export.export.columns import METADATA_COLUMNS, RECORD_FIELDS
 from rl_export.web.services import Services
 
 HERE = Path(__file__).parent
+
+# What the columns dialog offers: the record's fields, and the keys of its fixed objects (the
+# keys of evaluator_scores are the evaluators', read from the records themselves).
+COLUMNS = {
+    "fields": list(RECORD_FIELDS),
+    "metadata_columns": list(METADATA_COLUMNS),
+    "nested": {
+        "rubric": list(RubricMean.model_fields),
+        "evaluation": list(EvaluationView.model_fields),
+        "evaluation.report": ["outcomes", "classifications"],
+    },
+}
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 router = APIRouter(include_in_schema=False)
 
@@ -43,16 +57,17 @@ Svc = Annotated[Services, Depends(_services)]
 async def rl_export_page(request: Request, org: str, project: str, svc: Svc) -> Response:
     if not (SAFE_NAME.match(org) and SAFE_NAME.match(project)):
         return HTMLResponse("<h1>Not found</h1>", status_code=404)
+    config = {
+        "org": org,
+        "project": project,
+        "pass_threshold": svc.settings.human_pass_threshold,
+        "sync_export_max_records": svc.settings.web_sync_export_max_records,
+        **COLUMNS,
+    }
     return templates.TemplateResponse(
         request,
         "rl_export.html",
-        {
-            "org": org,
-            "project": project,
-            "version": __version__,
-            "sync_export_max_records": svc.settings.web_sync_export_max_records,
-            "pass_threshold": svc.settings.human_pass_threshold,
-        },
+        {"org": org, "project": project, "version": __version__, "config": config},
     )
 
 
