@@ -97,6 +97,9 @@ async def make_tokens(settings: Settings) -> tuple[dict[str, str], dict[str, str
         "queue": ("acme", "bot", "flo", ("label",)),
         "undo": ("acme", "bot", "gus", ("label",)),
         "fuzz": ("acme", "bot", "hal", ("label", "export")),
+        "page": ("acme", "bot", "pat", ("label", "export")),
+        "undo-page": ("acme", "bot", "uma", ("label", "export")),
+        "xss": ("acme", "bot", "xen", ("label", "export")),
     }
     out: dict[str, str] = {}
     ids: dict[str, str] = {}

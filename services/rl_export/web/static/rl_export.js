@@ -103,7 +103,9 @@
     }
     history.replaceState(null, "", `#${name}`);
     if (name === "export") refreshExport();
-    if (name === "label") focusDimension(label.focused);
+    // From the tab list the focus stays on the tab (the shortcuts work from there); a click
+    // takes it to the ratings.
+    if (name === "label" && !focus) focusDimension(label.focused);
   }
 
   for (const tab of tabs) {
