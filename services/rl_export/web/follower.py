@@ -2,13 +2,15 @@
 
 It runs in a thread of its own with its own event loop and object-store client, so reading
 and ingesting shards (verifying checksums, DuckDB's JSON parsing) never blocks the API's event
-loop. Per corpus (:meth:`Indexer.follow`, thread-safe, idempotent):
+loop; every write to the index goes through one more thread, the writer, so reading the next
+object (its checksum, in C) overlaps ingesting the last one (in DuckDB, without the GIL).
+Per corpus (:meth:`Indexer.follow`, thread-safe, idempotent):
 
 1. Register the corpus in the index and load its saved cursor (none: start from the latest
    compaction).
 2. Follow it with the corpora's reader (:meth:`CorpusReader.follow_objects`), one verified
-   object at a time; each object's lines and the cursor after them go into the index in one
-   transaction, so a restart resumes exactly there.
+   object at a time; each object's lines and the cursor after them go into the index, so a
+   restart resumes there (lines ingested twice change nothing).
 3. After each pass over the chains, note when it began: the index then holds every commit
    made before that moment (the lag). The first pass releases the requests waiting for it.
 4. When the chains no longer continue at the cursor (history expired under it), forget the
@@ -23,7 +25,10 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from rl_export.common.errors import StoreError
 from rl_export.common.metrics import WebMetrics
@@ -34,6 +39,7 @@ from rl_export.web.index import CorpusKey, IndexError_, QueryIndex
 
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 60.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,6 +84,7 @@ class Indexer:
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-writer")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -103,10 +110,14 @@ class Indexer:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), GC_INTERVAL_S)
-            with contextlib.suppress(Exception):  # a failed collection is tried again later
-                removed = self.index.collect_segments()
-                if removed:
-                    log.info("index: removed %d segments no record points into", len(removed))
+            try:  # on the writer thread: never between a segment and its rows
+                loop = asyncio.get_running_loop()
+                removed = await loop.run_in_executor(self._writer, self.index.collect_segments)
+            except Exception as exc:  # a failed collection is tried again later
+                log.warning("index: collecting segments failed: %s", exc)
+                continue
+            if removed:
+                log.info("index: removed %d segments no record points into", len(removed))
         tasks = [f.task for f in self.followed.values() if f.task is not None]
         for task in tasks:
             task.cancel()
@@ -117,6 +128,7 @@ class Indexer:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(30)
+        self._writer.shutdown(wait=True)
 
     # -- following -----------------------------------------------------------------------
 
@@ -155,48 +167,75 @@ class Indexer:
 
     async def _follow(self, followed: Followed) -> None:
         key = followed.key
-        cid = followed.corpus_id = self.index.corpus_id(key)
+        loop = asyncio.get_running_loop()
+
+        def write(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+            return loop.run_in_executor(self._writer, fn, *args)
+
+        cid = followed.corpus_id = await write(self.index.corpus_id, key)
         reader = CorpusReader(
             self.store, CorpusRef(key.org, key.project, key.corpus),
             poll_interval_s=self.poll_interval_s,
         )  # fmt: skip
         ingested = self.metrics.index_ingested.labels(key.corpus)
         assert self._stop is not None
-
+        pending: asyncio.Future[None] | None = None
         counted = -1  # lines read when ``live`` was last counted
+        settling: set[asyncio.Task[None]] = set()
+
+        async def settle(began: float) -> None:
+            nonlocal counted
+            with contextlib.suppress(Exception):  # a failed ingest is the loop's to report
+                if pending is not None:
+                    await pending
+                followed.caught_up_at = began
+                followed.passes += 1
+                followed.error = None
+                if counted != followed.lines:
+                    live = await write(self.index.live_counts)
+                    followed.live, counted = live.get(cid, 0), followed.lines
+                self._released(followed)
 
         def caught_up(began: float) -> None:
-            nonlocal counted
-            followed.caught_up_at = began
-            followed.passes += 1
-            followed.error = None
-            if counted != followed.lines:
-                followed.live = self.index.live_counts().get(cid, 0)
-                counted = followed.lines
-            self._released(followed)
+            task = loop.create_task(settle(began))
+            settling.add(task)
+            task.add_done_callback(settling.discard)
 
         while not self._stop.is_set():
             # 1. Where the index stopped.
-            cursor = self.index.cursor(cid)
+            cursor = await write(self.index.cursor, cid)
             try:
-                # 2. and 3.
+                # 2. and 3.: the next object is read while the last one is ingested.
                 async for item in reader.follow_objects(cursor, stop=self._stop,
                                                         caught_up=caught_up):  # fmt: skip
-                    self.index.ingest(cid, item.lines, reader.cursor)
+                    if pending is not None:
+                        await pending
+                    pending = write(self.index.ingest, cid, item.lines, reader.cursor)
                     followed.lines += len(item.lines)
                     ingested.inc(len(item.lines))
+                if pending is not None:
+                    await pending
             except ChainError as exc:
                 # 4. The chains moved on without us: start again from the latest compaction.
                 log.warning("index: %s: %s; reading it again from its latest compaction",
                             key.name, exc)  # fmt: skip
-                self.index.reset(cid)
+                await self._drain(pending)
+                await write(self.index.reset, cid)
                 followed.error = str(exc)
             except (StoreError, IndexError_, OSError) as exc:
                 log.error("index: %s: %s; retrying", key.name, exc)
+                await self._drain(pending)
                 followed.error = str(exc)
                 self._released(followed)  # answer from what there is, do not wait
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.poll_interval_s * 5)
+            pending = None
+
+    @staticmethod
+    async def _drain(pending: asyncio.Future[None] | None) -> None:
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await pending
 
     # -- metrics -------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ stats are aggregates over every matching record, and SQLite answered them in 240
 (a row at a time), DuckDB in 20 to 30 ms (a column at a time); the queue's "oldest traces
 this labeler has not seen" is a top-N that DuckDB answers in about 5 ms. DuckDB is slow to
 store large strings (about 23 µs a record for the bodies, against 4 µs for the columns), so
-the bodies stay out of it: each corpus line is appended to a local segment file
-(:mod:`rl_export.web.segments`) and the index keeps where it is.
+the bodies stay out of it, in local segment files (:mod:`rl_export.web.segments`), and the
+index keeps where each one is.
 
 One row per (corpus, trace): the columns the filters need (DESIGN.md section 4: reward,
 passed, labels, agent version, scenario, updated_at, the worst severity and the report types
@@ -14,14 +14,17 @@ that passed), ``labelers`` and ``skipped_by`` for the queue, ``seq`` (the order 
 read, for previews), and the body's location. A tombstone keeps its row (``deleted``) so an
 older revision read later cannot bring the trace back.
 
-How a batch of lines is ingested (:meth:`QueryIndex.ingest`; one writer thread):
+How verified corpus lines are ingested (:meth:`QueryIndex.ingest`; one writer thread), in
+slices of at most ``SLICE`` lines:
 
-1. Append the lines to the current segment; note each line's offset and length.
-2. Write them to a batch file with those three numbers put in front (``{"_i":..,"_o":..,
-   "_n":.., ...``) and let DuckDB's JSON reader extract the columns (C++, no Python parse).
-3. In one transaction: keep the best line per trace of the batch (greatest revision, a
+1. Write the slice as a new segment, each line with its location in front.
+2. Let DuckDB's JSON reader read that segment and extract the columns (C++: no line is
+   parsed in Python).
+3. In one transaction: keep the best line per trace of the slice (greatest revision, a
    tombstone on a tie, else the first read: the reader's rule), delete the rows it replaces,
-   insert the traces that have no row, save the corpus's cursor.
+   insert the traces that have no row, and save the corpus's cursor with the last slice.
+   Ingesting a line twice changes nothing, so a crash between slices only means reading
+   them again.
 """
 
 from __future__ import annotations
@@ -41,10 +44,10 @@ from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
 from rl_export.web.segments import Segments
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # bumped when the index or its segments change: rebuilt from the corpora
 
+SLICE = 20_000
 _COLUMNS = {
-    "_i": "BIGINT",
     "_o": "BIGINT",
     "_n": "BIGINT",
     "trace_id": "VARCHAR",
@@ -66,7 +69,7 @@ _COLUMNS = {
 # (Filters.matches, pass-dimension); the worst severity counts an absent one as 0.
 _OUTCOMES = "evaluation.report.outcomes"
 _EXTRACT = f"""
-    _i, _o, _n, trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
+    _o, _n, trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
     labels_count, agent_version, scenario,
     try_cast(updated_at AS TIMESTAMPTZ) AS updated_at,
     try_cast(completed_at AS TIMESTAMPTZ) AS completed_at,
@@ -166,7 +169,6 @@ class QueryIndex:
     def __init__(self, directory: Path, *, threads: int = 2, memory: str = "1GB") -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self._batch_file = directory / "batch.jsonl"
         self.db = self._open(threads, memory)
         if not self._consistent():
             # A cache: when it does not match its segments (a crash before the bytes were
@@ -177,8 +179,6 @@ class QueryIndex:
                 (directory / name).unlink(missing_ok=True)
             self.db = self._open(threads, memory)
         self.segments = Segments(directory / "segments")
-        row = self.db.execute("SELECT coalesce(max(seq), 0) FROM records").fetchone()
-        self._seq = int(row[0]) + 1 if row else 1
         self._local = threading.local()
         self._lock = threading.Lock()  # the writer's connection is used by one thread at once
 
@@ -209,7 +209,7 @@ class QueryIndex:
     def _consistent(self) -> bool:
         rows = self.db.execute(
             "SELECT seg, max(off + len + 1) FROM records WHERE seg IS NOT NULL GROUP BY seg"
-        ).fetchall()
+        ).fetchall()  # the end of a record's line: its body, then the newline
         folder = self.directory / "segments"
         for seg, end in rows:
             path = folder / f"{int(seg):08d}.jsonl"
@@ -218,7 +218,6 @@ class QueryIndex:
         return True
 
     def close(self) -> None:
-        self.segments.close()
         self.db.close()
 
     # -- corpora -------------------------------------------------------------------------
@@ -267,7 +266,7 @@ class QueryIndex:
     # -- ingest (one writer thread) ------------------------------------------------------
 
     def ingest(self, corpus_id: int, lines: list[bytes], cursor: Cursor) -> None:
-        """Take a verified object's lines and the cursor after them (see the module)."""
+        """Take verified corpus lines and the cursor after them (see the module)."""
         with self._lock:
             if not lines:
                 self.db.execute(
@@ -275,58 +274,64 @@ class QueryIndex:
                     [dumps(cursor).decode(), corpus_id],
                 )
                 return
-            # 1. The bodies.
-            segment, offset = self.segments.append(b"".join(lines))
-            # 2. The batch file: each line with its place in front.
-            parts = []
-            for n, line in enumerate(lines):
-                if not line.startswith(b"{") or line.startswith(b"{}"):
-                    raise IndexError_(f"line {n} of a batch is not a record")
-                parts.append(b'{"_i":%d,"_o":%d,"_n":%d,%b' % (n, offset, len(line) - 1,
-                                                             line[1:]))  # fmt: skip
-                offset += len(line)
-            self._batch_file.write_bytes(b"".join(parts))
-            seq = self._seq
-            try:
-                self._apply(corpus_id, segment, seq, cursor, len(lines))
-            except duckdb.Error as exc:
-                raise IndexError_(f"DuckDB could not take the batch: {exc}") from exc
-            finally:
-                self._batch_file.unlink(missing_ok=True)
-            self._seq = seq + len(lines)
+            for start in range(0, len(lines), SLICE):
+                part = lines[start : start + SLICE]
+                last = start + SLICE >= len(lines)
+                # 1. The segment.
+                try:
+                    segment, path = self.segments.write(part)
+                except ValueError as exc:
+                    raise IndexError_(str(exc)) from None
+                # 2. and 3.
+                try:
+                    self._apply(corpus_id, segment, path, cursor if last else None, len(part))
+                except duckdb.Error as exc:
+                    path.unlink(missing_ok=True)
+                    raise IndexError_(f"DuckDB could not take the batch: {exc}") from exc
 
-    def _apply(self, corpus_id: int, segment: int, seq: int, cursor: Cursor, count: int) -> None:
+    def _apply(
+        self, corpus_id: int, segment: int, path: Path, cursor: Cursor | None, count: int
+    ) -> None:
         columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _COLUMNS.items()) + "}"
         source = (
-            f"read_json('{self._batch_file}', format = 'newline_delimited', "
+            f"read_json('{path}', format = 'newline_delimited', "
             f"columns = {columns}, maximum_object_size = 268435456)"
         )
         db = self.db
         with self._transaction():
             # 3. The best line per trace, the rows it replaces, the traces that have none.
-            db.execute(
-                f"CREATE OR REPLACE TEMP TABLE batch AS SELECT * FROM (SELECT {_EXTRACT} "
-                f"FROM {source}) QUALIFY row_number() OVER (PARTITION BY trace_id "
-                "ORDER BY revision DESC, deleted DESC, _i) = 1"
-            )
+            db.execute(f"CREATE OR REPLACE TEMP TABLE batch AS SELECT {_EXTRACT} FROM {source}")
+            repeated = db.execute("SELECT count(*) - count(DISTINCT trace_id) FROM batch")
+            row = repeated.fetchone()
+            if row is not None and row[0]:  # a trace twice in the slice: keep its best line
+                db.execute(
+                    "DELETE FROM batch WHERE _o NOT IN (SELECT _o FROM batch QUALIFY "
+                    "row_number() OVER (PARTITION BY trace_id ORDER BY revision DESC, "
+                    "deleted DESC, _o) = 1)"
+                )
             db.execute(
                 "DELETE FROM records USING batch b WHERE records.corpus_id = ? "
                 "AND records.trace_id = b.trace_id AND (b.revision > records.revision OR "
                 "(b.revision = records.revision AND b.deleted AND NOT records.deleted))",
                 [corpus_id],
             )
+            # seq: the segment's number, then the place in it: the order lines were read.
             db.execute(
                 "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
                 "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
-                "pass_dims, labelers, skipped_by, ? + _i, CASE WHEN deleted THEN NULL ELSE ? END, "
-                "_o, _n FROM batch b WHERE NOT EXISTS (SELECT 1 FROM records r "
-                "WHERE r.corpus_id = ? AND r.trace_id = b.trace_id)",
-                [corpus_id, seq, segment, corpus_id],
+                "pass_dims, labelers, skipped_by, (?::BIGINT << 40) + _o, "
+                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n FROM batch b "
+                "WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.corpus_id = ? "
+                "AND r.trace_id = b.trace_id)",
+                [corpus_id, segment, segment, corpus_id],
             )
-            db.execute(
-                "UPDATE corpora SET cursor = ?, lines = lines + ? WHERE id = ?",
-                [dumps(cursor).decode(), count, corpus_id],
-            )
+            if cursor is None:
+                db.execute("UPDATE corpora SET lines = lines + ? WHERE id = ?", [count, corpus_id])
+            else:
+                db.execute(
+                    "UPDATE corpora SET cursor = ?, lines = lines + ? WHERE id = ?",
+                    [dumps(cursor).decode(), count, corpus_id],
+                )
             db.execute("DROP TABLE batch")
 
     def collect_segments(self) -> list[int]:

@@ -1,10 +1,16 @@
-"""The query index's record bodies: corpus lines copied to local append-only segment files.
+"""The query index's record bodies: each ingested batch of corpus lines is one local file.
 
-The index (DuckDB) holds the columns the filters need and, per record, where its line is:
-``(segment, offset, length)``. Segments are ``<index dir>/segments/<n:08d>.jsonl``, one
-written at a time, a new one after ``max_bytes``. Lines are written as read from the corpus
-(verified there), so a body is the record's exact JSON. A segment no live record points into
-is deleted (:meth:`Segments.remove`); readers that opened it before keep reading it (POSIX).
+A segment (``<index dir>/segments/<n:08d>.jsonl``) is a batch's lines, each with its own
+location put in front, in fixed width (JSON allows the spaces)::
+
+    {"_o":        1234,"_n":      3920,"trace_id":"tr-1","org":...}
+
+``_o`` is where the rest of the line (after its opening brace) starts in the file and ``_n``
+how many bytes it has before the newline. DuckDB reads the segment once to extract the
+columns the filters need (so the lines are written once and never parsed in Python), and a
+body is read back as ``{`` plus those bytes: the corpus line, byte for byte. A segment no
+live record points into is deleted (:meth:`Segments.remove`); readers that opened it before
+keep reading it (POSIX).
 """
 
 from __future__ import annotations
@@ -12,20 +18,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SEGMENT_BYTES = 256 * 1024 * 1024
+PREFIX = b'{"_o":%12d,"_n":%10d,'
+PREFIX_BYTES = len(PREFIX % (0, 0))
 
 
 class Segments:
-    """Append lines, read them back by location. Appends come from one thread."""
+    """Write batches, read bodies back by location. Batches come from one thread."""
 
-    def __init__(self, directory: Path, max_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
         existing = self.numbers()
-        self.current = (existing[-1] + 1) if existing else 1  # never append to an old one
-        self._size = 0
-        self._out: int | None = None
+        self.next = (existing[-1] + 1) if existing else 1  # never reuse a number
 
     def path(self, number: int) -> Path:
         return self.directory / f"{number:08d}.jsonl"
@@ -33,38 +37,36 @@ class Segments:
     def numbers(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.jsonl") if p.stem.isdigit())
 
-    def size(self, number: int) -> int:
-        try:
-            return self.path(number).stat().st_size
-        except FileNotFoundError:
-            return 0
+    def write(self, lines: list[bytes]) -> tuple[int, Path]:
+        """Write a batch of lines (each ``{...}\\n``) as a new segment; return it.
 
-    def append(self, data: bytes) -> tuple[int, int]:
-        """Write ``data`` (whole lines); return (segment, offset of its first byte).
-
-        The bytes reach the OS before this returns (not the disk: the index is a cache that
-        is rebuilt from the corpora when a segment turns out shorter than it should be).
+        The bytes reach the OS, not the disk, before this returns: the index is a cache, and
+        one whose segments turn out shorter than it says is rebuilt from the corpora.
         """
-        if self._out is None or (self._size and self._size + len(data) > self.max_bytes):
-            self._rotate()
-        assert self._out is not None
-        offset = self._size
-        view = memoryview(data)
-        while view:
-            written = os.write(self._out, view)
-            view = view[written:]
-        self._size += len(data)
-        return self.current, offset
-
-    def _rotate(self) -> None:
-        if self._out is not None:
-            os.close(self._out)
-            self.current += 1
-        self._out = os.open(self.path(self.current), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._size = os.fstat(self._out).st_size
+        pieces: list[bytes | memoryview] = []
+        position = 0
+        for line in lines:
+            if not line.startswith(b"{") or line.startswith(b"{}") or not line.endswith(b"\n"):
+                raise ValueError(
+                    "a segment holds JSON objects with at least one field, a line each"
+                )
+            pieces.append(PREFIX % (position + PREFIX_BYTES, len(line) - 2))
+            pieces.append(memoryview(line)[1:])
+            position += PREFIX_BYTES + len(line) - 1
+        number = self.next
+        self.next += 1
+        path = self.path(number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(b"".join(pieces))
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        return number, path
 
     def read_many(self, locations: list[tuple[int, int, int]]) -> list[bytes]:
-        """The bytes at each (segment, offset, length), in order; FileNotFoundError when a
+        """The bodies at each (segment, offset, length), in order; FileNotFoundError when a
         segment is gone (removed after the query that found it: ask again)."""
         fds: dict[int, int] = {}
         try:
@@ -76,23 +78,17 @@ class Segments:
                 data = os.pread(fd, length, offset)
                 if len(data) != length:
                     raise FileNotFoundError(f"segment {number} is shorter than the index says")
-                out.append(data)
+                out.append(b"{" + data)
             return out
         finally:
             for fd in fds.values():
                 os.close(fd)
 
     def remove(self, keep: set[int]) -> list[int]:
-        """Delete every segment not in ``keep`` but the one being written; return them."""
+        """Delete every segment not in ``keep``; return them. Call between batches."""
         removed = []
         for number in self.numbers():
-            if number in keep or number == self.current:
-                continue
-            self.path(number).unlink(missing_ok=True)
-            removed.append(number)
+            if number not in keep:
+                self.path(number).unlink(missing_ok=True)
+                removed.append(number)
         return removed
-
-    def close(self) -> None:
-        if self._out is not None:
-            os.close(self._out)
-            self._out = None
