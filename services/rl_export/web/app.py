@@ -158,7 +158,7 @@ def create_app(services: Services) -> FastAPI:
         version=__version__,
         summary="Label trajectories and export evaluator-scored traces for fine-tuning and RLHF.",
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        docs_url=None,  # Swagger UI loads from a CDN: the document itself is enough
         redoc_url=None,
         lifespan=lifespan,
         responses=ERROR_RESPONSES,

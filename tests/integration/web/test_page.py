@@ -55,17 +55,6 @@ def latest(stack: Stack, corpus: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def web(stack: Stack) -> Iterator[WebProcess]:
-    """An instance of its own: exports of more than 5 records run as background jobs."""
-    process = WebProcess(stack.settings, "web-page", RL_EXPORT_WEB_SYNC_EXPORT_MAX_RECORDS="5")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if CHROMIUM is None:
         pytest.skip(MISSING)
@@ -80,6 +69,18 @@ def browser() -> Iterator[Browser]:
             yield launched
         finally:
             launched.close()
+
+
+@pytest.fixture(scope="module")
+def web(browser: Browser, stack: Stack) -> Iterator[WebProcess]:
+    """An instance of its own: exports of more than 5 records run as background jobs (after
+    the browser: without one there is nothing to start)."""
+    process = WebProcess(stack.settings, "web-page", RL_EXPORT_WEB_SYNC_EXPORT_MAX_RECORDS="5")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 @pytest.fixture
@@ -322,7 +323,8 @@ def test_a_transcript_holding_markup_shows_it_as_text(
     assert page.evaluate("window.pwned") is None
 
 
-def test_the_page_shell_needs_no_token_and_holds_no_data(stack: Stack, web: WebProcess) -> None:
+def test_the_page_shell_needs_no_token_and_holds_no_data(stack: Stack) -> None:
+    web = stack.web
     html = httpx.get(f"{web.base}/acme/bot/rl-export").text
     assert "<title>RL Export" in html
     assert "Label trajectories or export evaluator-scored traces as JSONL" in html
