@@ -209,6 +209,7 @@ class Candidate:
     group: bytes  # digest of the prompt (and the pair-by values)
     reward: float
     trace_id: str
+    position: int = -1  # where the export found it (its place in the latest view)
 
 
 def preference_group(
@@ -242,7 +243,8 @@ def pair_candidates(
     Within a group, trajectories are taken from the highest reward down (ties by
     ``trace_id``); each is paired with the lowest-reward trajectories still free, while the
     reward gap is at least ``margin`` and not zero (equal rewards never pair), until it is in
-    ``max_pairs`` pairs. Two trajectories pair at most once. Groups come out in digest order.
+    ``max_pairs`` pairs. Two trajectories pair at most once (a trajectory takes its lows
+    once, in one pass). Groups come out in digest order.
     """
     if max_pairs < 1:
         raise ValueError(f"max_pairs must be at least 1, got {max_pairs}")
@@ -254,7 +256,6 @@ def pair_candidates(
     for group in sorted(groups):
         members = sorted(groups[group], key=lambda c: (c.reward, c.trace_id))
         left = [max_pairs] * len(members)
-        paired: set[tuple[int, int]] = set()
         start = 0  # lows before it have no pairs left
         for high in range(len(members) - 1, -1, -1):
             if not left[high]:
@@ -266,9 +267,8 @@ def pair_candidates(
                 gap = top - members[low].reward
                 if gap <= 0 or gap < margin:
                     break  # the lows after it are closer still
-                if not left[low] or (low, high) in paired:
+                if not left[low]:
                     continue
-                paired.add((low, high))
                 left[low] -= 1
                 left[high] -= 1
                 yield members[high], members[low]

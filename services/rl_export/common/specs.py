@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from rl_export.common.codec import dumps_line
 from rl_export.common.errors import FilterError
@@ -77,7 +77,10 @@ class CorpusSpec(BaseModel):
     format: str = "trajectory"
     filter: Filters = Field(default_factory=Filters)
     equals: dict[str, Any] = Field(default_factory=dict, exclude=True)
-    _everything: bool = PrivateAttr(default=True)
+    # Derived (no filter at all); a plain field, not a private attribute: the sink reads it
+    # for every snapshot and corpus, and pydantic serves private attributes through
+    # __getattr__, several times slower than a field in the instance's __dict__.
+    everything: bool = Field(default=True, exclude=True, repr=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -114,7 +117,7 @@ class CorpusSpec(BaseModel):
                 f"format {self.format!r} cannot be a corpus{hint}; corpus formats: "
                 f"{', '.join(CORPUS_FORMATS)}"
             )
-        self._everything = self.filter.is_empty() and not self.equals
+        object.__setattr__(self, "everything", self.filter.is_empty() and not self.equals)
         return self
 
     @field_serializer("filter")
@@ -122,14 +125,9 @@ class CorpusSpec(BaseModel):
         """The filter as it is written in ``RL_EXPORT_CORPORA`` (read back the same)."""
         return {**value.to_params(sep="-"), **self.equals}
 
-    @property
-    def matches_everything(self) -> bool:
-        """True when the spec has no filter."""
-        return self._everything
-
     def matches(self, record: Mapping[str, Any]) -> bool:
         """True when the record passes the filter (and every old equality test)."""
-        if self._everything:
+        if self.everything:
             return True
         return self.filter.matches(record) and all(
             record.get(k) == v for k, v in self.equals.items()
@@ -157,7 +155,7 @@ class CorpusSpec(BaseModel):
         source = self.source
         if not snapshot.ready(source):
             return False
-        return self._everything or self.matches(_RecordView(snapshot, source))
+        return self.everything or self.matches(_RecordView(snapshot, source))
 
     def line(self, snapshot: SnapshotLines) -> bytes | None:
         """The JSON Lines line of :meth:`record_for` when it is a row, else None.

@@ -309,7 +309,7 @@ def seed_source(specs: Sequence[CorpusSpec]) -> CorpusSpec | None:
     """The corpus new corpora are backfilled from: the first that holds every trace's latest
     snapshot (no reward source, ``trajectory`` format, no filter), ``traces`` by default."""
     for spec in specs:
-        if spec.source is None and spec.format == "trajectory" and spec.matches_everything:
+        if spec.source is None and spec.format == "trajectory" and spec.everything:
             return spec
     return None
 

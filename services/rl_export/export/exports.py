@@ -16,14 +16,11 @@ Public interface::
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv",
                            progress=None) -> ExportSummary
-    def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
+    async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
+    async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
+                      margin=0.0, max_pairs=1) -> list[dict]
+        # the first rows of a JSON Lines format, as dicts (the API's GET records)
 
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
 :data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
@@ -56,12 +53,15 @@ How an export travels:
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import math
 import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from array import array
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
@@ -103,6 +103,7 @@ _CONTENT_TYPES = {
 }
 _EXTENSIONS = {"csv": ".csv", "json": ".json", "parquet": ".parquet", "zip": ".zip"}
 _CHUNK = 1 << 20  # bytes gathered before a chunk is yielded
+PREFERENCE_RUN = 200_000  # preference candidates sorted in memory before a run is spilled
 
 
 @dataclass
@@ -284,6 +285,51 @@ async def _jsonl(
             return
 
 
+class _CandidateRuns:
+    """Preference candidates sorted by group on disk (runs of ``run_size``), merged back one
+    group at a time: memory holds one run, or one group, never every candidate."""
+
+    def __init__(self, run_size: int | None = None) -> None:
+        self.run_size = run_size or PREFERENCE_RUN
+        self.pending: list[Candidate] = []
+        self.files: list[IO[bytes]] = []
+
+    def add(self, candidate: Candidate) -> None:
+        self.pending.append(candidate)
+        if len(self.pending) >= self.run_size:
+            self._spill()
+
+    def _spill(self) -> None:
+        fh = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        self.pending.sort(key=lambda c: c.group)
+        fh.write(b"".join(
+            dumps([c.group.hex(), c.reward, c.trace_id, c.position]) + b"\n"
+            for c in self.pending
+        ))  # fmt: skip
+        fh.seek(0)
+        self.files.append(fh)
+        self.pending = []
+
+    @staticmethod
+    def _read(fh: IO[bytes]) -> Iterator[Candidate]:
+        for line in fh:
+            group, reward, trace_id, position = loads(line)
+            yield Candidate(bytes.fromhex(group), reward, trace_id, position)
+
+    def groups(self) -> Iterator[list[Candidate]]:
+        """Every group's candidates, groups in digest order."""
+        self.pending.sort(key=lambda c: c.group)
+        streams = [self._read(fh) for fh in self.files]
+        merged = heapq.merge(*streams, iter(self.pending), key=lambda c: c.group)
+        for _, group in itertools.groupby(merged, key=lambda c: c.group):
+            yield list(group)
+
+    def close(self) -> None:
+        for fh in self.files:
+            fh.close()
+        self.files = []
+
+
 async def _preference(
     store: ObjectStore,
     ref: CorpusRef,
@@ -295,52 +341,69 @@ async def _preference(
     limit: int | None,
     summary: ExportSummary,
 ) -> AsyncGenerator[bytes, None]:
-    # Pass 1: each record's group and reward (positions in view order).
-    candidates: list[Candidate] = []
-    position: dict[str, int] = {}
-    n = 0
-    async for batch in scan.lines():
+    """Step 3 of the module docstring, in bounded memory: candidates sorted by group on
+    disk, pairs written to a temporary file, the paired halves spilled and found again by
+    their position in the view (two integers per record)."""
+    runs = _CandidateRuns()
+    position = 0
+    async for batch in scan.lines():  # pass 1: each record's group and reward
         for _, record in batch:
             grouped = preference_group(record, pair_by)
             if grouped is None:
                 summary.skipped += 1
-                continue
-            candidates.append(Candidate(grouped[0], float(record["reward"]), record["trace_id"]))
-            position[record["trace_id"]] = n
-            n += 1
-    pairs = list(_pair_candidates(candidates, margin=margin, max_pairs=max_pairs))
-    if limit is not None:
-        pairs = pairs[:limit]
-    del candidates
-    if not pairs:
-        return
-    needed = {c.trace_id for pair in pairs for c in pair}
-    # Pass 2: spill the paired records' prompt and rest to a temporary file.
-    offsets: dict[str, tuple[int, int]] = {}
-    with tempfile.TemporaryFile() as spill:
+            else:
+                runs.add(Candidate(grouped[0], float(record["reward"]), record["trace_id"],
+                                   position))  # fmt: skip
+            position += 1
+    needed = bytearray((position + 7) // 8)
+    pairs = 0
+    with tempfile.TemporaryFile() as pair_file, tempfile.TemporaryFile() as spill:
+        try:
+            for members in runs.groups():
+                for chosen, rejected in _pair_candidates(
+                    members, margin=margin, max_pairs=max_pairs
+                ):
+                    if limit is not None and pairs >= limit:
+                        break
+                    pair_file.write(dumps([
+                        [chosen.reward, chosen.trace_id, chosen.position],
+                        [rejected.reward, rejected.trace_id, rejected.position],
+                    ]) + b"\n")  # fmt: skip
+                    for c in (chosen, rejected):
+                        needed[c.position >> 3] |= 1 << (c.position & 7)
+                    pairs += 1
+        finally:
+            runs.close()
+        if not pairs:
+            return
+        # Pass 2: the paired records' prompt and rest, spilled; found by view position.
+        offsets = array("q", bytes(16 * position))
         second = _Scan(LatestView(store, ref), scan.filters, ExportSummary(), None)
         await second.view.open()
+        n = 0
         async for batch in second.lines():
             for _, record in batch:
-                trace_id = record["trace_id"]
-                if trace_id in needed and trace_id not in offsets:
+                if needed[n >> 3] & (1 << (n & 7)):
                     grouped = preference_group(record, pair_by)
-                    if grouped is None:
-                        continue
-                    data = dumps([grouped[1], grouped[2]])
-                    offsets[trace_id] = (spill.tell(), len(data))
-                    spill.write(data)
+                    if grouped is not None:
+                        data = dumps([grouped[1], grouped[2]])
+                        offsets[2 * n], offsets[2 * n + 1] = spill.tell(), len(data)
+                        spill.write(data)
+                n += 1
 
-        def halves(trace_id: str) -> list[Any]:
-            start, size = offsets[trace_id]
-            spill.seek(start)
-            value: list[Any] = loads(spill.read(size))
+        def halves(at: int) -> list[Any]:
+            spill.seek(offsets[2 * at])
+            value: list[Any] = loads(spill.read(offsets[2 * at + 1]))
             return value
 
+        pair_file.seek(0)
         out: list[bytes] = []
-        for chosen, rejected in pairs:
-            prompt, chosen_rest = halves(chosen.trace_id)
-            _, rejected_rest = halves(rejected.trace_id)
+        for line in pair_file:
+            (c_reward, c_id, c_at), (r_reward, r_id, r_at) = loads(line)
+            prompt, chosen_rest = halves(c_at)
+            _, rejected_rest = halves(r_at)
+            chosen = Candidate(b"", c_reward, c_id, c_at)
+            rejected = Candidate(b"", r_reward, r_id, r_at)
             out.append(dumps_line(preference_row(prompt, chosen, chosen_rest, rejected,
                                                  rejected_rest)))  # fmt: skip
             summary.records += 1
@@ -553,6 +616,29 @@ async def write_export(
             os.unlink(temporary)
         raise
     return summary
+
+
+async def preview(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    format: str,
+    filters: Filters | None = None,
+    limit: int = 20,
+    pair_by: Sequence[str] = (),
+    margin: float = 0.0,
+    max_pairs: int = 1,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
+    if format not in JSONL_FORMATS:
+        raise ExportError("format", f"{format!r} is not a JSON Lines format (preview: "
+                          f"{', '.join(JSONL_FORMATS)})")  # fmt: skip
+    filters = (filters or Filters()).model_copy(update={"limit": limit})
+    data = b"".join(
+        [c async for c in iter_export(store, ref, format=format, filters=filters,
+                                      pair_by=pair_by, margin=margin, max_pairs=max_pairs)]
+    )  # fmt: skip
+    return [loads(line) for line in data.splitlines()]
 
 
 def _umask() -> int:

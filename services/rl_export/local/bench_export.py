@@ -10,9 +10,13 @@
    production. Its latest view holds exactly ``--records`` live records.
 2. Export it with ``rl-export export`` in a child process, per case: ``trajectory`` JSON
    Lines, ``messages`` with ``--passed true``, and CSV with chosen columns (and, with
-   ``--all``, Parquet and ``executions``). Wall time, records/s and the child's peak RSS
-   (``wait4``) are measured.
+   ``--all``, ``executions``, Parquet and ``preference``). Wall time, records/s, CPU time
+   and the child's peak RSS (its own VmHWM) are measured.
 3. Profile each case once more under cProfile and report where the time goes.
+4. Backfill (``--backfill``): a ``traces`` corpus whose one chain holds the history of
+   ``--history`` traces (one partition's share of a large deployment; built once through
+   replay and cached), then, in a child process, a new corpus (``messages`` of passed
+   evaluator trajectories) seeded from it as the sink seeds it: seconds, records/s, peak RSS.
 
 Results are printed and written as JSON to ``var/bench/export-<time>.json``.
 """
@@ -138,6 +142,7 @@ CASES: dict[str, list[str]] = {
 MORE_CASES: dict[str, list[str]] = {
     "executions": ["--format", "executions"],
     "parquet (8 columns)": ["--format", "parquet", "--columns", CSV_COLUMNS],
+    "preference --pair-by scenario": ["--format", "preference", "--pair-by", "scenario"],
 }
 
 
@@ -208,6 +213,74 @@ def profile(store: Path, args: list[str], out: Path, where: Path) -> list[dict[s
     return rows
 
 
+async def build_history(directory: Path, traces: int, seed: int) -> dict[str, Any]:
+    """Step 4's seed corpus (cached): ``traces`` with one chain of ``traces`` traces."""
+    done = directory / "done.json"
+    if done.exists():
+        info: dict[str, Any] = json.loads(done.read_text())
+        return info
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    settings = load_settings(
+        partitions=1, shard_max_records=10_000, corpora=(CorpusSpec(name="traces", source=None),)
+    )
+    started = time.monotonic()
+    report = await replay(settings, LocalStore(directory / "store"),
+                          _events(0, traces, seed), run_id="history")  # fmt: skip
+    info = {"traces": traces, "events": report.lines, "snapshots": report.snapshots,
+            "build_s": time.monotonic() - started}  # fmt: skip
+    done.write_text(json.dumps(info, indent=2))
+    log(f"history built: {info}")
+    return info
+
+
+async def _seed_once(store_dir: Path) -> dict[str, Any]:
+    """One seed of a new corpus from the history (run in a child process)."""
+    from rl_export.corpora.backfill import seed_chain
+    from rl_export.corpora.layout import ChainState
+
+    store = LocalStore(store_dir)
+    name = f"sft-{os.getpid()}"
+    spec = CorpusSpec.model_validate(
+        {"name": name, "source": "evaluator", "format": "messages", "filter": {"passed": True}}
+    )
+    started = time.monotonic()
+    state = await seed_chain(
+        store, CorpusRef(ORG, PROJECT, name), spec, CorpusRef(ORG, PROJECT, "traces"),
+        ChainState(), stream="replay-history-0", belongs=lambda _: True,
+        keep=lambda _state, _t, _r, deleted: not deleted, compression="none", writer="bench",
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    keys = await store.list(f"{ORG}/{PROJECT}/{name}/")
+    commit = json.loads(await store.get(next(k for k in keys if "/_manifest/" in k)))
+    for key in keys:
+        await store.delete(key)
+    return {"seconds": elapsed, "head": state.head, "records": commit["records"],
+            "bytes": commit["bytes"]}  # fmt: skip
+
+
+def measure_backfill(base: Path, history: int, seed: int) -> dict[str, Any]:
+    """Step 4."""
+    directory = base / f"export-history-t{history}-s{seed}-v{VERSION}"
+    info = asyncio.run(build_history(directory, history, seed))
+    code = (
+        "import asyncio, json, sys\n"
+        "from pathlib import Path\n"
+        "from rl_export.local.bench_export import _seed_once\n"
+        "result = asyncio.run(_seed_once(Path(sys.argv[1])))\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+        "result['peak_rss_mib'] = int(hwm[0].split()[1]) / 1024\n"
+        "print(json.dumps(result))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(directory / "store")], check=True,
+                         capture_output=True)  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    result["history_traces"] = info["traces"]
+    result["history_records_per_s"] = info["snapshots"] / result["seconds"]
+    return result
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(args.dir)
     directory = corpus_dir(base, args.records, args.seed, args.partitions)
@@ -230,10 +303,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["profile"] = profile(store, case, out, out_dir / "profile.out")
         results[name] = result
         out.unlink(missing_ok=True)
+    backfill = measure_backfill(base, args.history, args.seed) if args.backfill else None
     return {
         "at": datetime.now(UTC).isoformat(),
         "corpus": corpus,
         "cases": results,
+        "backfill": backfill,
         "targets": {"trajectory_records_per_s": 100_000, "peak_rss_mib": 200},
     }
 
@@ -259,6 +334,13 @@ def print_table(result: dict[str, Any], path: Path) -> None:
             print(f"where the time goes, {name} (own time, top 5):")
             for p in r["profile"][:5]:
                 print(f"  {p['own_share']:6.1%}  {p['function']}")
+    backfill = result.get("backfill")
+    if backfill:
+        print(f"backfill: a new messages corpus seeded from a traces chain of "
+              f"{backfill['history_traces']:,} traces in {backfill['seconds']:.1f} s "
+              f"({backfill['history_records_per_s']:,.0f} history records/s, "
+              f"{backfill['records']:,} rows, "
+              f"peak RSS {backfill['peak_rss_mib']:.0f} MiB)")  # fmt: skip
     print(f"written to {path}")
 
 
@@ -268,10 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=1, help="runs per case (median reported)")
-    parser.add_argument("--all", action="store_true", help="also executions and parquet")
+    parser.add_argument("--all", action="store_true", help="also executions, parquet, preference")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--dir", default="var/bench")
     parser.add_argument("--build-only", action="store_true", help="only build the corpus")
+    parser.add_argument("--backfill", action="store_true", help="also measure a backfill")
+    parser.add_argument("--history", type=int, default=125_000, help="--backfill's traces")
     args = parser.parse_args(argv)
     if args.build_only:
         directory = corpus_dir(Path(args.dir), args.records, args.seed, args.partitions)

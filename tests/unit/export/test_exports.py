@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import iter_lines
+from rl_export.common.codec import dumps_line, iter_lines
 from rl_export.common.errors import ExportError, NoDataError
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import FORMAT_COLUMNS, JSONL_FORMATS
@@ -392,3 +392,43 @@ async def test_hugging_face_datasets_loads_every_json_lines_format(
             assert {"role", "content"} <= set(conversational[0]), fmt
         if fmt == "kto":
             assert loaded.features["label"].dtype == "bool"
+
+
+async def test_preview_gives_the_first_rows_as_dicts(story: MemoryStore) -> None:
+    from rl_export.export import preview
+
+    rows = await preview(story, EVALUATOR, format="kto", limit=2)
+    assert len(rows) == 2
+    assert all(set(r) == {"prompt", "completion", "label"} for r in rows)
+    everything, _ = await export(story, EVALUATOR, "kto")
+    assert rows == check_jsonl(everything)[:2]
+    with pytest.raises(ExportError, match="not a JSON Lines format"):
+        await preview(story, EVALUATOR, format="csv")
+
+
+@pytest.mark.parametrize("run", [1, 2, 200_000])
+async def test_preference_in_bounded_memory_is_the_in_memory_pairing(
+    run: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rl_export.common.formats import preference_pairs
+    from rl_export.export import exports
+    from tests.records import conversation, trace_events
+
+    monkeypatch.setattr(exports, "PREFERENCE_RUN", run)
+    store = MemoryStore()
+    await build_story(store)
+    events: list[dict[str, Any]] = []
+    for n in range(10, 30):  # two prompts, many rewards, some equal
+        messages = conversation(n)
+        if n % 3 == 0:
+            messages[1] = {"role": "user", "content": "Another question"}
+        events += trace_events(n, score=round((n * 37 % 11) / 10, 1), passed=n % 2 == 0,
+                               messages=messages, minute=30 + n)  # fmt: skip
+    from tests.exportdata import replay_events
+
+    await replay_events(store, events, "more")
+    trajectory, _ = await export(store, EVALUATOR, "trajectory")
+    in_memory = list(preference_pairs(check_jsonl(trajectory), max_pairs=2, margin=0.1))
+    data, summary = await export(store, EVALUATOR, "preference", max_pairs=2, margin=0.1)
+    assert data == b"".join(dumps_line(r) for r in in_memory)
+    assert summary.records == len(in_memory) > 5
