@@ -112,6 +112,9 @@ class Indexer:
                 await asyncio.wait_for(stop.wait(), GC_INTERVAL_S)
             try:  # on the writer thread: never between a segment and its rows
                 loop = asyncio.get_running_loop()
+                merged = await loop.run_in_executor(self._writer, self.index.compact_segments)
+                if merged:
+                    log.info("index: merged %d small or mostly dead segments", merged)
                 removed = await loop.run_in_executor(self._writer, self.index.collect_segments)
             except Exception as exc:  # a failed collection is tried again later
                 log.warning("index: collecting segments failed: %s", exc)

@@ -342,6 +342,60 @@ class QueryIndex:
             ).fetchall()
             return self.segments.remove({int(r[0]) for r in rows})
 
+    def compact_segments(self, *, small_bytes: int = 8 << 20, min_segments: int = 8) -> int:
+        """Rewrite the live bodies of a corpus's small or mostly dead segments into new ones;
+        return how many segments were merged (then :meth:`collect_segments` removes them).
+
+        Following a corpus writes a segment per object read, and new revisions leave dead
+        bodies behind: without this, files and dead bytes pile up. Per corpus, once at least
+        ``min_segments`` segments are under ``small_bytes`` or less than half live, their live
+        lines (in read order) become new segments, and the rows point there, in one
+        transaction. A reader that found a row in an old segment asks again.
+        """
+        merged = 0
+        with self._lock:
+            live = self.db.execute(
+                "SELECT corpus_id, seg, sum(len + 2) FROM records WHERE seg IS NOT NULL "
+                "GROUP BY ALL ORDER BY corpus_id, seg"
+            ).fetchall()
+            chosen: dict[int, list[int]] = {}
+            for corpus_id, seg, live_bytes in live:
+                size = self.segments.size(int(seg))
+                if size < small_bytes or int(live_bytes) * 2 < size:
+                    chosen.setdefault(int(corpus_id), []).append(int(seg))
+            for corpus_id, segs in chosen.items():
+                if len(segs) >= min_segments:
+                    self._merge(corpus_id, segs)
+                    merged += len(segs)
+        return merged
+
+    def _merge(self, corpus_id: int, segs: list[int]) -> None:
+        rows = self.db.execute(
+            "SELECT seg, off, len FROM records WHERE corpus_id = ? AND list_contains(?, seg) "
+            "ORDER BY seq",
+            [corpus_id, segs],
+        ).fetchall()
+        for start in range(0, len(rows), SLICE):
+            part = rows[start : start + SLICE]
+            lines = [body + b"\n" for body in self._bodies(part)]
+            segment, path = self.segments.write(lines)
+            source = (
+                f"read_json('{path}', format = 'newline_delimited', columns = "
+                "{'_o': 'BIGINT', '_n': 'BIGINT', 'trace_id': 'VARCHAR'}, "
+                "maximum_object_size = 268435456)"
+            )
+            try:
+                with self._transaction():
+                    self.db.execute(
+                        f"UPDATE records SET seg = ?, off = b._o, len = b._n FROM {source} b "
+                        "WHERE records.corpus_id = ? AND records.trace_id = b.trace_id "
+                        "AND list_contains(?, records.seg)",
+                        [segment, corpus_id, segs],
+                    )
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+
     # -- queries (any thread) ------------------------------------------------------------
 
     def _reader(self) -> duckdb.DuckDBPyConnection:

@@ -37,6 +37,12 @@ class Segments:
     def numbers(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.jsonl") if p.stem.isdigit())
 
+    def size(self, number: int) -> int:
+        try:
+            return self.path(number).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def write(self, lines: list[bytes]) -> tuple[int, Path]:
         """Write a batch of lines (each ``{...}\\n``) as a new segment; return it.
 

@@ -222,3 +222,22 @@ def test_sql_filters_and_stats_agree_with_the_export_package(
     else:
         assert math.isclose(stats.reward_sum / stats.rewarded, want["avg_reward"])
     assert stats.histogram == [b["count"] for b in accumulator.histogram()]
+
+
+def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
+    other = index.corpus_id(CorpusKey("acme", "bot", "human"))
+    for n in range(6):  # six objects: six segments; each supersedes half the last one
+        index.ingest(cid, [line(record(f"t{n}", revision=1)), line(record(f"t{n - 1}", revision=2,
+                     reward=0.1 * n))], {"s-0": n})  # fmt: skip
+    index.ingest(other, [line(record("h", revision=1))], {"s-0": 1})
+    before = index.preview(cid, Filters(), 100)
+    stats = index.stats(cid, Filters())
+    count = len(index.segments.numbers())
+    assert index.compact_segments(min_segments=100) == 0  # not enough of them yet
+    assert index.compact_segments(min_segments=3) == 6
+    assert index.collect_segments()
+    assert len(index.segments.numbers()) < count
+    assert index.preview(cid, Filters(), 100) == before
+    assert index.stats(cid, Filters()) == stats
+    assert len(index.preview(other, Filters(), 10)) == 1
