@@ -681,7 +681,7 @@
       const table = h("table", {},
         h("thead", {}, h("tr", {}, preview.columns.map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, preview.items.map((row) => h("tr", {},
-          preview.columns.map((c) => h("td", {}, cell(row[c])))))));
+          preview.columns.map((c) => h("td", { title: cell(row[c]).slice(0, 2000) }, cell(row[c])))))));
       box.append(table);
       return;
     }
