@@ -57,6 +57,7 @@ JobPath = Annotated[str, Path(description="The job's id (32 hex digits).")]
 
 PREVIEW_MAX = 100
 PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching records
+PREVIEW_SCAN = 5_000  # records a preview reads at most looking for rows of its format
 
 
 def _checked(fmt: str, columns: str | list[str] | None) -> Any:
@@ -108,8 +109,9 @@ async def _preview(
         return list(preference_pairs(sample))[:size]
     rows: list[dict[str, Any]] = []
     offset = 0
-    while len(rows) < size:
-        # Some records have no row in a format (kto without a verdict): read on until enough.
+    while len(rows) < size and offset < PREVIEW_SCAN:
+        # Some records have no row in a format (kto without a verdict): read on until enough,
+        # within bounds (a format no record fits must not read the whole corpus).
         batch = _records(await query(index.preview, corpus_id, filters, size * 2, offset))
         if not batch:
             break
