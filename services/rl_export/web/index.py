@@ -44,9 +44,10 @@ from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
 from rl_export.web.segments import Segments
 
-SCHEMA_VERSION = "2"  # bumped when the index or its segments change: rebuilt from the corpora
+SCHEMA_VERSION = "3"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
+BINS = 10  # the reward histogram's bins over 0..1 (the export package's stats use ten)
 _COLUMNS = {
     "_o": "BIGINT",
     "_n": "BIGINT",
@@ -81,14 +82,21 @@ _EXTRACT = f"""
         lambda t: NOT list_contains(list_transform(
             list_filter({_OUTCOMES}, lambda o: o.decision = false), lambda o: o.type), t)
     ), []) AS pass_dims,
-    coalesce(labelers, []) AS labelers, coalesce(skipped_by, []) AS skipped_by
+    coalesce(labelers, []) AS labelers, coalesce(skipped_by, []) AS skipped_by,
+    coalesce(labels_count, 0) > 0 AS labeled,
+    CASE WHEN reward IS NOT NULL THEN least(greatest(floor(reward * {BINS}), 0), {BINS} - 1)
+        END::UTINYINT AS bucket,
+    epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us
 """
+# ``bucket`` is the reward's histogram bin and ``labeled`` whether a human label counts,
+# computed once at ingest: as expressions in the stats query they cost it three times over.
 _RECORD_COLUMNS = (
     "corpus_id INTEGER, trace_id VARCHAR, revision BIGINT, deleted BOOLEAN, reward DOUBLE, "
     "passed BOOLEAN, labels_count BIGINT, agent_version VARCHAR, scenario VARCHAR, "
     "updated_at TIMESTAMPTZ, completed_at TIMESTAMPTZ, max_severity BIGINT, "
     "pass_dims VARCHAR[], labelers VARCHAR[], skipped_by VARCHAR[], seq BIGINT, "
-    "seg INTEGER, off BIGINT, len BIGINT"
+    "seg INTEGER, off BIGINT, len BIGINT, labeled BOOLEAN, bucket UTINYINT, "
+    "completed_us BIGINT"
 )
 
 
@@ -196,13 +204,17 @@ class QueryIndex:
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is not None and row[0] != SCHEMA_VERSION:
-            db.execute("DROP TABLE IF EXISTS records")
-            db.execute("DROP TABLE IF EXISTS corpora")
+            for table in ("records", "corpora", "seen"):
+                db.execute(f"DROP TABLE IF EXISTS {table}")
         db.execute(
             "CREATE TABLE IF NOT EXISTS corpora (id INTEGER PRIMARY KEY, org VARCHAR, "
             "project VARCHAR, corpus VARCHAR, cursor VARCHAR, lines BIGINT)"
         )
         db.execute(f"CREATE TABLE IF NOT EXISTS records ({_RECORD_COLUMNS})")
+        # Who labeled or skipped which live trace: the queue's count of what is left.
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS seen (corpus_id INTEGER, labeler VARCHAR, trace_id VARCHAR)"
+        )
         db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", [SCHEMA_VERSION])
         return db
 
@@ -251,6 +263,7 @@ class QueryIndex:
         """Forget a corpus's rows and cursor (its history expired under the cursor)."""
         with self._lock, self._transaction():
             self.db.execute("DELETE FROM records WHERE corpus_id = ?", [corpus_id])
+            self.db.execute("DELETE FROM seen WHERE corpus_id = ?", [corpus_id])
             self.db.execute("UPDATE corpora SET cursor = NULL, lines = 0 WHERE id = ?", [corpus_id])
 
     @contextlib.contextmanager
@@ -320,10 +333,23 @@ class QueryIndex:
                 "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
                 "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
                 "pass_dims, labelers, skipped_by, (?::BIGINT << 40) + _o, "
-                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n FROM batch b "
-                "WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.corpus_id = ? "
+                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us "
+                "FROM batch b WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.corpus_id = ? "
                 "AND r.trace_id = b.trace_id)",
                 [corpus_id, segment, segment, corpus_id],
+            )
+            # The rows this slice made (its seq range) decide who has seen those traces.
+            first, after = segment << 40, (segment + 1) << 40
+            db.execute(
+                "DELETE FROM seen WHERE corpus_id = ? AND trace_id IN (SELECT trace_id FROM "
+                "records WHERE corpus_id = ? AND seq >= ? AND seq < ?)",
+                [corpus_id, corpus_id, first, after],
+            )
+            db.execute(
+                "INSERT INTO seen SELECT corpus_id, unnest(list_distinct(labelers || "
+                "skipped_by)), trace_id FROM records WHERE corpus_id = ? AND seq >= ? "
+                "AND seq < ? AND NOT deleted",
+                [corpus_id, first, after],
             )
             if cursor is None:
                 db.execute("UPDATE corpora SET lines = lines + ? WHERE id = ?", [count, corpus_id])
@@ -424,28 +450,29 @@ class QueryIndex:
             return sql, [corpus_id, *params, filters.limit]
         return sql, [corpus_id, *params]
 
-    def stats(self, corpus_id: int, filters: Filters, bins: int = 10) -> Stats:
+    def stats(self, corpus_id: int, filters: Filters) -> Stats:
         """What :class:`~rl_export.export.stats.StatsAccumulator` gives over the matches."""
         sql, params = self._matching(corpus_id, filters)
-        row = (
+        rows = (
             self._reader()
             .execute(
-                "SELECT count(*), count(reward), coalesce(sum(reward), 0), count(passed), "
-                "coalesce(count_if(passed), 0), coalesce(count_if(labels_count > 0), 0), "
-                "histogram(least(greatest(floor(reward * ?)::BIGINT, 0), ? - 1)) "
-                "FILTER (WHERE reward IS NOT NULL) "
-                f"FROM ({sql})",
-                [bins, bins, *params],
+                "SELECT bucket, count(*), count(reward), coalesce(sum(reward), 0), "
+                "count(passed), coalesce(count_if(passed), 0), coalesce(count_if(labeled), 0) "
+                f"FROM ({sql}) GROUP BY bucket",
+                params,
             )
-            .fetchone()
+            .fetchall()
         )
-        assert row is not None
-        counts = [0] * bins
-        for b, n in (row[6] or {}).items():
-            counts[int(b)] = int(n)
+        counts = [0] * BINS
+        totals = [0, 0, 0.0, 0, 0, 0]
+        for bucket, *values in rows:
+            if bucket is not None:
+                counts[int(bucket)] = int(values[0])
+            for n, value in enumerate(values):
+                totals[n] += value
         return Stats(
-            records=int(row[0]), rewarded=int(row[1]), reward_sum=float(row[2]),
-            judged=int(row[3]), passed=int(row[4]), human_labeled=int(row[5]),
+            records=int(totals[0]), rewarded=int(totals[1]), reward_sum=float(totals[2]),
+            judged=int(totals[3]), passed=int(totals[4]), human_labeled=int(totals[5]),
             histogram=counts,
         )  # fmt: skip
 
@@ -468,26 +495,64 @@ class QueryIndex:
     def _bodies(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
         return self.segments.read_many([(int(s), int(o), int(n)) for s, o, n in rows])
 
-    def _queue_where(self, ask: QueueAsk) -> tuple[str, list[Any]]:
-        where = (
-            "corpus_id = ? AND NOT deleted AND NOT list_contains(skipped_by, ?) "
-            "AND (NOT list_contains(labelers, ?) OR list_contains(?::VARCHAR[], trace_id)) "
-            "AND NOT list_contains(?::VARCHAR[], trace_id)"
-        )
-        return where, [ask.labeler, ask.labeler, list(ask.returned), list(ask.hidden)]
-
     def queue(self, corpus_id: int, ask: QueueAsk) -> tuple[list[bytes], int]:
-        """The oldest traces the labeler has neither labeled nor skipped, and how many."""
-        where, params = self._queue_where(ask)
+        """The oldest traces the labeler has neither labeled nor skipped, and how many.
+
+        Most labelers have seen few of the oldest traces, so the oldest ``4 * limit`` (and as
+        many more as the labeler's fresh actions) are fetched and filtered here; when that is
+        not enough, the labeler's seen traces are left out in SQL. The count is the corpus's
+        live traces less the ones the labeler has seen (the ``seen`` table), corrected by
+        their fresh actions.
+        """
         db = self._reader()
+        hidden, returned = set(ask.hidden), set(ask.returned)
+        order = "ORDER BY completed_us, trace_id"
         rows = db.execute(
-            f"SELECT seg, off, len FROM records WHERE {where} "
-            "ORDER BY completed_at, trace_id LIMIT ?",
-            [corpus_id, *params, ask.limit],
+            "SELECT trace_id, labelers, skipped_by, seg, off, len FROM records "
+            f"WHERE corpus_id = ? AND NOT deleted {order} LIMIT ?",
+            [corpus_id, 4 * ask.limit + len(hidden)],
         ).fetchall()
-        total = db.execute(f"SELECT count(*) FROM records WHERE {where}", [corpus_id, *params])
-        counted = total.fetchone()
-        return self._bodies(rows), int(counted[0]) if counted else 0
+
+        def visible(trace_id: str, labelers: list[str], skipped_by: list[str]) -> bool:
+            if trace_id in hidden or ask.labeler in skipped_by:
+                return False
+            return ask.labeler not in labelers or trace_id in returned
+
+        found = [r[3:] for r in rows if visible(r[0], r[1], r[2])][: ask.limit]
+        if len(found) < ask.limit and len(rows) == 4 * ask.limit + len(hidden):
+            found = db.execute(
+                "SELECT seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
+                "AND NOT list_contains(skipped_by, ?) AND (NOT list_contains(labelers, ?) "
+                "OR list_contains(?::VARCHAR[], trace_id)) AND NOT list_contains(?::VARCHAR[], "
+                f"trace_id) {order} LIMIT ?",
+                [corpus_id, ask.labeler, ask.labeler, list(returned), list(hidden), ask.limit],
+            ).fetchall()
+        return self._bodies(found), self._remaining(corpus_id, ask)
+
+    def _remaining(self, corpus_id: int, ask: QueueAsk) -> int:
+        db = self._reader()
+        live = db.execute(
+            "SELECT count(*) FROM records WHERE corpus_id = ? AND NOT deleted", [corpus_id]
+        ).fetchone()
+        seen = db.execute(
+            "SELECT count(*) FROM seen WHERE corpus_id = ? AND labeler = ?",
+            [corpus_id, ask.labeler],
+        ).fetchone()
+        remaining = (live[0] if live else 0) - (seen[0] if seen else 0)
+        fresh = [*ask.hidden, *ask.returned]
+        if fresh:  # what the corpus says of the traces the labeler acted on since
+            hidden, returned = set(ask.hidden), set(ask.returned)
+            for trace_id, labelers, skipped_by in db.execute(
+                "SELECT trace_id, labelers, skipped_by FROM records WHERE corpus_id = ? "
+                "AND NOT deleted AND trace_id IN (SELECT unnest(?::VARCHAR[]))",
+                [corpus_id, fresh],
+            ).fetchall():
+                already = ask.labeler in labelers or ask.labeler in skipped_by
+                if trace_id in hidden and not already:
+                    remaining -= 1
+                elif trace_id in returned and already and ask.labeler not in skipped_by:
+                    remaining += 1
+        return max(int(remaining), 0)
 
     def has_trace(self, corpus_id: int, trace_id: str) -> bool:
         """Whether the corpus holds a live record of the trace."""

@@ -241,3 +241,27 @@ def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: Quer
     assert index.preview(cid, Filters(), 100) == before
     assert index.stats(cid, Filters()) == stats
     assert len(index.preview(other, Filters(), 10)) == 1
+
+
+def test_queue_past_many_seen_traces_and_the_seen_table_follows_revisions(
+    index: QueryIndex,
+) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+
+    def trace(n: int, revision: int = 1, labelers: tuple[str, ...] = ()) -> bytes:
+        value = record(f"t{n:02d}", source=None, reward=None, passed=None, revision=revision)
+        value["completed_at"] = f"2026-01-01T00:{n:02d}:00Z"
+        value["labelers"] = list(labelers)
+        return line(value)
+
+    # ana labeled the twelve oldest of twenty: more than the first candidates hold.
+    index.ingest(cid, [trace(n, labelers=("ana",) if n < 12 else ()) for n in range(20)], {})
+    found, remaining = index.queue(cid, QueueAsk("ana", 2))
+    assert [r["trace_id"] for r in bodies(found)] == ["t12", "t13"]
+    assert remaining == 8
+    # A later revision without her label (retracted) brings t03 back; deleting t12 drops it.
+    index.ingest(cid, [trace(3, revision=2), line(tombstone("t12", 2))], {})
+    found, remaining = index.queue(cid, QueueAsk("ana", 2))
+    assert [r["trace_id"] for r in bodies(found)] == ["t03", "t13"]
+    assert remaining == 8
+    assert index.queue(cid, QueueAsk("bo", 1))[1] == 19

@@ -32,7 +32,7 @@ from rl_export.web.api.deps import (
     query,
 )
 from rl_export.web.errors import Invalid, NotFound
-from rl_export.web.index import QueryIndex
+from rl_export.web.index import BINS, QueryIndex
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
 from rl_export.web.models import (
     ExportIn,
@@ -74,12 +74,12 @@ async def get_stats(
     filters: FiltersQuery,
 ) -> StatsOut:  # fmt: skip
     followed = await corpus(svc, org, project, source)
-    bins = 10
+    bins = BINS
     counts = [0] * bins
     records = rewarded = judged = passed = labeled = 0
     reward_sum = 0.0
     if followed.corpus_id is not None:
-        stats = await query(svc.index.stats, followed.corpus_id, filters, bins)
+        stats = await query(svc.index.stats, followed.corpus_id, filters)
         records, rewarded, reward_sum = stats.records, stats.rewarded, stats.reward_sum
         judged, passed, labeled, counts = (stats.judged, stats.passed, stats.human_labeled,
                                            stats.histogram)  # fmt: skip
