@@ -42,9 +42,10 @@ from rl_export.corpora.layout import (
     Compaction,
     CorpusRef,
     Part,
+    block_lines,
     chain_keys,
     latest_compaction,
-    object_lines,
+    object_blocks,
     parse_stream,
     read_commit,
     read_compaction,
@@ -205,15 +206,23 @@ class _Latest:
 
 @dataclass(frozen=True)
 class ObjectLines:
-    """One verified object of a corpus, its lines unparsed (newline included).
+    """One verified object of a corpus, its lines unparsed, as the object's bytes.
 
-    ``key`` is the object's store key (a compaction part or a commit's shard); ``lines`` are
-    the ones after the cursor, in order, checked against the object's sha256 and record count
-    before they are handed out.
+    ``key`` is the object's store key (a compaction part or a commit's shard); ``data`` its
+    lines after the cursor, in order, each ending with a newline (``count`` of them), checked
+    against the object's sha256 and record count before they are handed out. Kept as one
+    buffer, not a list of lines: a consumer that stores them as they are (the web service's
+    index) never copies a line.
     """
 
     key: str
-    lines: list[bytes]
+    data: bytes
+    count: int
+
+    @property
+    def lines(self) -> list[bytes]:
+        """The lines, newline included (a copy of each)."""
+        return block_lines(self.data) if self.data else []
 
 
 class CorpusReader:
@@ -351,14 +360,15 @@ class CorpusReader:
             if skip >= done + part.records:
                 done += part.records
                 continue
-            lines = await _object_lines(self.store, part)
-            fresh = lines[max(skip - done, 0) :]
+            data = await _object_data(self.store, part)
+            fresh = _drop_lines(data, max(skip - done, 0))
+            count = part.records - max(skip - done, 0)
             done += part.records
             if n + 1 == len(parts):
                 self._cursor = dict(positions)
             else:
                 self._cursor[CURSOR_GENERATION_SKIP] = done
-            yield ObjectLines(part.key, fresh)
+            yield ObjectLines(part.key, fresh, count)
         self._cursor = dict(positions)
         self._compaction = None
 
@@ -377,10 +387,10 @@ class CorpusReader:
             part = Part(
                 self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression
             )
-            lines = await _object_lines(self.store, part)
+            data = await _object_data(self.store, part)
             position = commit.last_offset + 1
             self._advance(stream, position)
-            yield ObjectLines(part.key, lines[skip:])
+            yield ObjectLines(part.key, _drop_lines(data, skip), commit.records - skip)
             skip = 0
         later = sorted(offset for offset in by_offset if offset > position)
         if later:
@@ -485,9 +495,16 @@ class CorpusReader:
         self._cursor[stream] = position
 
 
-async def _object_lines(store: ObjectStore, part: Part) -> list[bytes]:
-    """Every line of an object, verified (sha256 and count) before any is returned."""
-    lines: list[bytes] = []
-    async for batch in object_lines(store, part):
-        lines.extend(batch)
-    return lines
+async def _object_data(store: ObjectStore, part: Part) -> bytes:
+    """Every line of an object as one buffer, verified (sha256 and count) before it is
+    returned."""
+    blocks = [block async for block, _ in object_blocks(store, part)]
+    return blocks[0] if len(blocks) == 1 else b"".join(blocks)
+
+
+def _drop_lines(data: bytes, count: int) -> bytes:
+    """``data`` without its first ``count`` lines."""
+    start = 0
+    for _ in range(count):
+        start = data.index(b"\n", start) + 1
+    return data[start:] if start else data

@@ -213,9 +213,9 @@ class Indexer:
                                                         caught_up=caught_up):  # fmt: skip
                     if pending is not None:
                         await pending
-                    pending = write(self.index.ingest, cid, item.lines, reader.cursor)
-                    followed.lines += len(item.lines)
-                    ingested.inc(len(item.lines))
+                    pending = write(self.index.ingest, cid, item.data, reader.cursor)
+                    followed.lines += item.count
+                    ingested.inc(item.count)
                 if pending is not None:
                     await pending
             except ChainError as exc:

@@ -17,9 +17,12 @@ older revision read later cannot bring the trace back.
 How verified corpus lines are ingested (:meth:`QueryIndex.ingest`; one writer thread), in
 slices of at most ``SLICE`` lines:
 
-1. Write the slice as a new segment, each line with its location in front.
+1. Write the slice's bytes as they are, as a new segment; find where each line starts (the
+   newlines, found in C).
 2. Let DuckDB's JSON reader read that segment and extract the columns (C++: no line is
-   parsed in Python).
+   parsed or copied in Python). Its rows keep the file's order (``preserve_insertion_order``,
+   DuckDB's default), so the n-th row is the n-th line: the row count must match, and a few
+   rows' trace ids are checked against the bytes at their offsets before anything is kept.
 3. In one transaction: keep the best line per trace of the slice (greatest revision, a
    tombstone on a tie, else the first read: the reader's rule), delete the rows it replaces,
    insert the traces that have no row, and save the corpus's cursor with the last slice.
@@ -30,6 +33,8 @@ slices of at most ``SLICE`` lines:
 from __future__ import annotations
 
 import contextlib
+import itertools
+import re
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 
 from rl_export.common.codec import dumps, loads
 from rl_export.common.filters import Filters
@@ -47,10 +53,9 @@ from rl_export.web.segments import Segments
 SCHEMA_VERSION = "3"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
+CHECKED_ROWS = 64  # rows per slice whose trace id is checked against the segment's bytes
 BINS = 10  # the reward histogram's bins over 0..1 (the export package's stats use ten)
 _COLUMNS = {
-    "_o": "BIGINT",
-    "_n": "BIGINT",
     "trace_id": "VARCHAR",
     "revision": "BIGINT",
     "deleted": "BOOLEAN",
@@ -70,7 +75,7 @@ _COLUMNS = {
 # (Filters.matches, pass-dimension); the worst severity counts an absent one as 0.
 _OUTCOMES = "evaluation.report.outcomes"
 _EXTRACT = f"""
-    _o, _n, trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
+    trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
     labels_count, agent_version, scenario,
     try_cast(updated_at AS TIMESTAMPTZ) AS updated_at,
     try_cast(completed_at AS TIMESTAMPTZ) AS completed_at,
@@ -98,6 +103,19 @@ _RECORD_COLUMNS = (
     "seg INTEGER, off BIGINT, len BIGINT, labeled BOOLEAN, bucket UTINYINT, "
     "completed_us BIGINT"
 )
+
+
+_NEWLINE = re.compile(b"\n")
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """Where a slice's lines are: offsets and lengths in its segment, and its bytes."""
+
+    offsets: list[int]
+    lengths: list[int]
+    data: bytes
+    begin: int  # where the slice starts in ``data``
 
 
 class IndexError_(Exception):
@@ -278,42 +296,63 @@ class QueryIndex:
 
     # -- ingest (one writer thread) ------------------------------------------------------
 
-    def ingest(self, corpus_id: int, lines: list[bytes], cursor: Cursor) -> None:
-        """Take verified corpus lines and the cursor after them (see the module)."""
+    def ingest(self, corpus_id: int, data: bytes, cursor: Cursor) -> None:
+        """Take verified corpus lines (one buffer, each line ending with a newline) and the
+        cursor after them (see the module)."""
         with self._lock:
-            if not lines:
+            if not data:
                 self.db.execute(
                     "UPDATE corpora SET cursor = ? WHERE id = ?",
                     [dumps(cursor).decode(), corpus_id],
                 )
                 return
-            for start in range(0, len(lines), SLICE):
-                part = lines[start : start + SLICE]
-                last = start + SLICE >= len(lines)
-                # 1. The segment.
+            if not data.endswith(b"\n"):
+                raise IndexError_("the lines do not end with a newline")
+            # 1. Where every line starts (and, last, where the data ends).
+            starts = [0, *(m.end() for m in _NEWLINE.finditer(data))]
+            view = memoryview(data)
+            lines = len(starts) - 1
+            for first in range(0, lines, SLICE):
+                last = min(first + SLICE, lines)
+                begin, end = starts[first], starts[last]
+                segment, path = self.segments.write(view[begin:end])
+                offsets = [start - begin for start in starts[first:last]]
+                lengths = [b - a - 1 for a, b in itertools.pairwise(starts[first : last + 1])]
                 try:
-                    segment, path = self.segments.write(part)
-                except ValueError as exc:
-                    raise IndexError_(str(exc)) from None
-                # 2. and 3.
-                try:
-                    self._apply(corpus_id, segment, path, cursor if last else None, len(part))
+                    self._apply(corpus_id, segment, path, _Slice(offsets, lengths, data, begin),
+                                cursor if last == lines else None)  # fmt: skip
                 except duckdb.Error as exc:
                     path.unlink(missing_ok=True)
                     raise IndexError_(f"DuckDB could not take the batch: {exc}") from exc
+                except IndexError_:
+                    path.unlink(missing_ok=True)
+                    raise
 
     def _apply(
-        self, corpus_id: int, segment: int, path: Path, cursor: Cursor | None, count: int
+        self, corpus_id: int, segment: int, path: Path, lines: _Slice, cursor: Cursor | None
     ) -> None:
         columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _COLUMNS.items()) + "}"
         source = (
             f"read_json('{path}', format = 'newline_delimited', "
             f"columns = {columns}, maximum_object_size = 268435456)"
         )
+        count = len(lines.offsets)
         db = self.db
         with self._transaction():
+            # 2. The columns, a row per line in the file's order; then where each line is.
+            # In a transaction the new rows' rowids start at a base of its own, in the order
+            # they were inserted: rowid - base is the line's place in the slice.
+            db.execute(f"CREATE OR REPLACE TEMP TABLE lines AS SELECT {_EXTRACT} FROM {source}")
+            first = db.execute("SELECT min(rowid) FROM lines").fetchone()
+            db.execute(
+                "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n FROM lines l "
+                "JOIN (SELECT unnest(?::BIGINT[]) AS _o, unnest(?::BIGINT[]) AS _n, "
+                "generate_subscripts(?::BIGINT[], 1) - 1 + ? AS row) o ON l.rowid = o.row",
+                [lines.offsets, lines.lengths, lines.offsets, first[0] if first else 0],
+            )
+            self._check_order(lines)
+            db.execute("DROP TABLE lines")
             # 3. The best line per trace, the rows it replaces, the traces that have none.
-            db.execute(f"CREATE OR REPLACE TEMP TABLE batch AS SELECT {_EXTRACT} FROM {source}")
             repeated = db.execute("SELECT count(*) - count(DISTINCT trace_id) FROM batch")
             row = repeated.fetchone()
             if row is not None and row[0]:  # a trace twice in the slice: keep its best line
@@ -360,6 +399,30 @@ class QueryIndex:
                 )
             db.execute("DROP TABLE batch")
 
+    def _check_order(self, lines: _Slice) -> None:
+        """Step 2's guard: DuckDB read as many rows as there are lines, each got a place, and
+        rows taken across the slice name the trace their line starts with (a record's first
+        key): were the rows not in the file's order, the lines would not match."""
+        count = len(lines.offsets)
+        found = self.db.execute("SELECT (SELECT count(*) FROM lines), count(*) FROM batch")
+        counts = found.fetchone()
+        if counts is None or counts[0] != count or counts[1] != count:
+            raise IndexError_(f"DuckDB read {counts} rows from a slice of {count} lines")
+        picks = sorted({0, count - 1, *range(0, count, max(count // CHECKED_ROWS, 1))})
+        rows = self.db.execute(
+            "SELECT _o, trace_id FROM batch WHERE list_contains(?::BIGINT[], _o)",
+            [[lines.offsets[n] for n in picks]],
+        ).fetchall()
+        if len(rows) != len(picks):
+            raise IndexError_(f"{len(rows)} of {len(picks)} checked rows found in the slice")
+        for offset, trace_id in rows:
+            start = lines.begin + int(offset)
+            head = b'{"trace_id":' + orjson.dumps(trace_id)
+            if lines.data[start : start + len(head)] != head:
+                raise IndexError_(
+                    f"the row at offset {offset} is not its line (DuckDB changed the order?)"
+                )
+
     def collect_segments(self) -> list[int]:
         """Delete the segments no row points into; return them."""
         with self._lock:
@@ -397,27 +460,25 @@ class QueryIndex:
 
     def _merge(self, corpus_id: int, segs: list[int]) -> None:
         rows = self.db.execute(
-            "SELECT seg, off, len FROM records WHERE corpus_id = ? AND list_contains(?, seg) "
-            "ORDER BY seq",
+            "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? "
+            "AND list_contains(?, seg) ORDER BY seq",
             [corpus_id, segs],
         ).fetchall()
         for start in range(0, len(rows), SLICE):
             part = rows[start : start + SLICE]
-            lines = [body + b"\n" for body in self._bodies(part)]
-            segment, path = self.segments.write(lines)
-            source = (
-                f"read_json('{path}', format = 'newline_delimited', columns = "
-                "{'_o': 'BIGINT', '_n': 'BIGINT', 'trace_id': 'VARCHAR'}, "
-                "maximum_object_size = 268435456)"
-            )
+            bodies = self._bodies([r[1:] for r in part])
+            offsets = list(itertools.accumulate((len(b) + 1 for b in bodies[:-1]), initial=0))
+            segment, path = self.segments.write(b"\n".join(bodies) + b"\n")
             try:
                 with self._transaction():
                     self.db.execute(
-                        f"UPDATE records SET seg = ?, off = b._o, len = b._n FROM {source} b "
-                        "WHERE records.corpus_id = ? AND records.trace_id = b.trace_id "
-                        "AND list_contains(?, records.seg)",
-                        [segment, corpus_id, segs],
-                    )
+                        "UPDATE records SET seg = ?, off = o.off, len = o.len FROM (SELECT "
+                        "unnest(?::VARCHAR[]) AS trace_id, unnest(?::BIGINT[]) AS off, "
+                        "unnest(?::BIGINT[]) AS len) o WHERE records.corpus_id = ? AND "
+                        "records.trace_id = o.trace_id AND list_contains(?, records.seg)",
+                        [segment, [r[0] for r in part], offsets, [len(b) for b in bodies],
+                         corpus_id, segs],
+                    )  # fmt: skip
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise

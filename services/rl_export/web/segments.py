@@ -1,25 +1,17 @@
-"""The query index's record bodies: each ingested batch of corpus lines is one local file.
+"""The query index's record bodies: each ingested slice of corpus lines is one local file.
 
-A segment (``<index dir>/segments/<n:08d>.jsonl``) is a batch's lines, each with its own
-location put in front, in fixed width (JSON allows the spaces)::
-
-    {"_o":        1234,"_n":      3920,"trace_id":"tr-1","org":...}
-
-``_o`` is where the rest of the line (after its opening brace) starts in the file and ``_n``
-how many bytes it has before the newline. DuckDB reads the segment once to extract the
-columns the filters need (so the lines are written once and never parsed in Python), and a
-body is read back as ``{`` plus those bytes: the corpus line, byte for byte. A segment no
-live record points into is deleted (:meth:`Segments.remove`); readers that opened it before
-keep reading it (POSIX).
+A segment (``<index dir>/segments/<n:08d>.jsonl``) holds a slice's lines exactly as the
+corpus has them (verified by the reader), written with one system call and never copied line
+by line. DuckDB reads it once to extract the columns the filters need; the index keeps each
+record's offset and length in it, and a body is read back with one ``pread``: the corpus
+line, byte for byte. A segment no live record points into is deleted
+(:meth:`Segments.remove`); readers that opened it before keep reading it (POSIX).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-PREFIX = b'{"_o":%12d,"_n":%10d,'
-PREFIX_BYTES = len(PREFIX % (0, 0))
 
 
 class Segments:
@@ -43,28 +35,18 @@ class Segments:
         except FileNotFoundError:
             return 0
 
-    def write(self, lines: list[bytes]) -> tuple[int, Path]:
-        """Write a batch of lines (each ``{...}\\n``) as a new segment; return it.
+    def write(self, data: bytes | memoryview) -> tuple[int, Path]:
+        """Write a slice of lines as a new segment; return its number and path.
 
         The bytes reach the OS, not the disk, before this returns: the index is a cache, and
         one whose segments turn out shorter than it says is rebuilt from the corpora.
         """
-        pieces: list[bytes | memoryview] = []
-        position = 0
-        for line in lines:
-            if not line.startswith(b"{") or line.startswith(b"{}") or not line.endswith(b"\n"):
-                raise ValueError(
-                    "a segment holds JSON objects with at least one field, a line each"
-                )
-            pieces.append(PREFIX % (position + PREFIX_BYTES, len(line) - 2))
-            pieces.append(memoryview(line)[1:])
-            position += PREFIX_BYTES + len(line) - 1
         number = self.next
         self.next += 1
         path = self.path(number)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(b"".join(pieces))
+            view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
         finally:
@@ -84,7 +66,7 @@ class Segments:
                 data = os.pread(fd, length, offset)
                 if len(data) != length:
                     raise FileNotFoundError(f"segment {number} is shorter than the index says")
-                out.append(b"{" + data)
+                out.append(data)
             return out
         finally:
             for fd in fds.values():

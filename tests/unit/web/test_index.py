@@ -45,14 +45,16 @@ def bodies(raw: list[bytes]) -> list[dict[str, Any]]:
 
 def test_latest_revision_per_trace_and_tombstones_hide_older_ones(index: QueryIndex) -> None:
     cid = index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
-    index.ingest(cid, [line(record("a", revision=2, reward=0.1)),
+    index.ingest(cid, b"".join([line(record("a", revision=2, reward=0.1)),
                        line(record("b", revision=1)),
                        line(record("a", revision=5, reward=0.5)),
-                       line(record("a", revision=4, reward=0.4))], {"s-0": 4})  # fmt: skip
-    index.ingest(cid, [line(record("a", revision=3, reward=0.3)),
+                       line(record("a", revision=4, reward=0.4))]), {"s-0": 4})  # fmt: skip
+    index.ingest(cid, b"".join([line(record("a", revision=3, reward=0.3)),
                        line(tombstone("b", 1)),
-                       line(record("c", revision=1))], {"s-0": 7})  # fmt: skip
-    index.ingest(cid, [line(record("b", revision=1))], {"s-0": 8})  # older than its tombstone
+                       line(record("c", revision=1))]), {"s-0": 7})  # fmt: skip
+    index.ingest(
+        cid, b"".join([line(record("b", revision=1))]), {"s-0": 8}
+    )  # older than its tombstone
     got = bodies(index.preview(cid, Filters(), 10))
     assert [(r["trace_id"], r["revision"], r["reward"]) for r in got] == [
         ("a", 5, 0.5),
@@ -70,8 +72,8 @@ def test_corpora_are_apart_and_the_cursor_survives_a_restart(tmp_path: Path) -> 
     first = QueryIndex(tmp_path / "i", threads=1)
     human = first.corpus_id(CorpusKey("acme", "bot", "human"))
     traces = first.corpus_id(CorpusKey("acme", "bot", "traces"))
-    first.ingest(human, [line(record("a"))], {"t-0": 1})
-    first.ingest(traces, [line(record("a")), line(record("b"))], {"t-0": 2})
+    first.ingest(human, b"".join([line(record("a"))]), {"t-0": 1})
+    first.ingest(traces, b"".join([line(record("a")), line(record("b"))]), {"t-0": 2})
     first.close()
     again = QueryIndex(tmp_path / "i", threads=1)
     try:
@@ -86,7 +88,7 @@ def test_corpora_are_apart_and_the_cursor_survives_a_restart(tmp_path: Path) -> 
 def test_an_index_whose_segments_are_short_is_rebuilt(tmp_path: Path) -> None:
     first = QueryIndex(tmp_path / "i", threads=1)
     cid = first.corpus_id(CorpusKey("acme", "bot", "human"))
-    first.ingest(cid, [line(record("a")), line(record("b"))], {"t-0": 2})
+    first.ingest(cid, b"".join([line(record("a")), line(record("b"))]), {"t-0": 2})
     first.close()
     segment = next((tmp_path / "i" / "segments").glob("*.jsonl"))
     segment.write_bytes(segment.read_bytes()[:100])
@@ -112,7 +114,7 @@ def test_queue_is_oldest_first_without_what_the_labeler_labeled_or_skipped(
         )
         value["labelers"], value["skipped_by"] = labelers, skipped
         rows.append(line(value))
-    index.ingest(cid, rows, {"t-0": 6})
+    index.ingest(cid, b"".join(rows), {"t-0": 6})
 
     def ids(ask: QueueAsk) -> tuple[list[str], int]:
         found, remaining = index.queue(cid, ask)
@@ -202,7 +204,7 @@ def test_sql_filters_and_stats_agree_with_the_export_package(
 ) -> None:
     # Each example is a corpus of its own in one index (a DuckDB file per example is slow).
     cid = shared.corpus_id(CorpusKey("acme", "bot", f"c{next(_EXAMPLES)}"))
-    shared.ingest(cid, [line(r) for r in rows], {"s-0": len(rows)})
+    shared.ingest(cid, b"".join(line(r) for r in rows), {"s-0": len(rows)})
     expected = [r for r in rows if filters.matches(r)]
     if filters.limit is not None:
         expected = expected[: filters.limit]
@@ -228,9 +230,9 @@ def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: Quer
     cid = index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
     other = index.corpus_id(CorpusKey("acme", "bot", "human"))
     for n in range(6):  # six objects: six segments; each supersedes half the last one
-        index.ingest(cid, [line(record(f"t{n}", revision=1)), line(record(f"t{n - 1}", revision=2,
-                     reward=0.1 * n))], {"s-0": n})  # fmt: skip
-    index.ingest(other, [line(record("h", revision=1))], {"s-0": 1})
+        fresh, newer = record(f"t{n}", revision=1), record(f"t{n - 1}", revision=2, reward=n / 10)
+        index.ingest(cid, line(fresh) + line(newer), {"s-0": n})
+    index.ingest(other, b"".join([line(record("h", revision=1))]), {"s-0": 1})
     before = index.preview(cid, Filters(), 100)
     stats = index.stats(cid, Filters())
     count = len(index.segments.numbers())
@@ -255,12 +257,14 @@ def test_queue_past_many_seen_traces_and_the_seen_table_follows_revisions(
         return line(value)
 
     # ana labeled the twelve oldest of twenty: more than the first candidates hold.
-    index.ingest(cid, [trace(n, labelers=("ana",) if n < 12 else ()) for n in range(20)], {})
+    index.ingest(
+        cid, b"".join([trace(n, labelers=("ana",) if n < 12 else ()) for n in range(20)]), {}
+    )
     found, remaining = index.queue(cid, QueueAsk("ana", 2))
     assert [r["trace_id"] for r in bodies(found)] == ["t12", "t13"]
     assert remaining == 8
     # A later revision without her label (retracted) brings t03 back; deleting t12 drops it.
-    index.ingest(cid, [trace(3, revision=2), line(tombstone("t12", 2))], {})
+    index.ingest(cid, b"".join([trace(3, revision=2), line(tombstone("t12", 2))]), {})
     found, remaining = index.queue(cid, QueueAsk("ana", 2))
     assert [r["trace_id"] for r in bodies(found)] == ["t03", "t13"]
     assert remaining == 8
