@@ -378,17 +378,17 @@ class QueryIndex:
                 [corpus_id, segment, segment, corpus_id],
             )
             # The rows this slice made (its seq range) decide who has seen those traces.
-            first, after = segment << 40, (segment + 1) << 40
+            low, high = segment << 40, (segment + 1) << 40
             db.execute(
                 "DELETE FROM seen WHERE corpus_id = ? AND trace_id IN (SELECT trace_id FROM "
                 "records WHERE corpus_id = ? AND seq >= ? AND seq < ?)",
-                [corpus_id, corpus_id, first, after],
+                [corpus_id, corpus_id, low, high],
             )
             db.execute(
                 "INSERT INTO seen SELECT corpus_id, unnest(list_distinct(labelers || "
                 "skipped_by)), trace_id FROM records WHERE corpus_id = ? AND seq >= ? "
                 "AND seq < ? AND NOT deleted",
-                [corpus_id, first, after],
+                [corpus_id, low, high],
             )
             if cursor is None:
                 db.execute("UPDATE corpora SET lines = lines + ? WHERE id = ?", [count, corpus_id])
