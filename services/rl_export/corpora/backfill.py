@@ -53,6 +53,7 @@ from rl_export.corpora.layout import (
     CorpusRef,
     Part,
     block_lines,
+    check_count,
     encode_lines,
     follow_chain,
     latest_compaction,
@@ -120,8 +121,10 @@ async def seed_chain(
     latest: dict[str, tuple[int, bool, int]] = {}
     for number, parts in enumerate(segments):
         for part in parts:
-            async for block, _ in object_blocks(store, part):
-                for trace_id, revision, deleted in block_identities(block):
+            count = 0
+            async for block in object_blocks(store, part):
+                for trace_id, revision, deleted in block_identities(*block):
+                    count += 1
                     if number == 0 and compacted and not belongs(trace_id):
                         continue  # another partition's trace
                     current = latest.get(trace_id)
@@ -131,14 +134,15 @@ async def seed_chain(
                         or (revision == current[0] and deleted)
                     ):
                         latest[trace_id] = (revision, deleted, number)
+            check_count(part, count)
 
     # 3. Each latest live record, as this corpus's row.
     lines: list[bytes] = []
     stamps: list[str] = []
     for number, parts in enumerate(segments):
         for part in parts:
-            async for block, _ in object_blocks(store, part):
-                identities = block_identities(block)
+            async for block in object_blocks(store, part, verify=False):  # verified above
+                identities = block_identities(*block)
                 for line, (trace_id, revision, deleted) in zip(
                     block_lines(block), identities, strict=True
                 ):

@@ -27,9 +27,6 @@ class Identity(NamedTuple):
     deleted: bool
 
 
-_HEAD_BYTES = 512  # the identity is in a line's first bytes (else: parsed in full)
-
-
 class NotARecordError(ValueError):
     """A line that is not a JSON object with a string ``trace_id`` and integer ``revision``."""
 
@@ -47,27 +44,42 @@ def line_identity(line: bytes) -> Identity:
     return _parsed(line)
 
 
-def block_identities(block: bytes) -> Iterator[Identity]:
-    """The identity of every line of a block of whole lines, without copying the lines: only
-    each line's head is looked at (and its end, for the tombstone's last key)."""
-    start, size = 0, len(block)
-    find, match, search = block.find, _HEAD.match, _REVISION.search
+_KEY = b'{"trace_id":"'
+_REVISION_KEY = b'"revision":'
+_HEAD_BYTES = 512  # where a line's identity is looked for (else: parsed in full)
+
+
+def block_identities(block: bytes, start: int = 0, size: int | None = None) -> Iterator[Identity]:
+    """The identity of every line of ``block[start:size]`` (whole lines), without copying
+    the lines: only each line's head is looked at (a few ``find`` calls), and its end for
+    the tombstone's last key; a line whose head is not the project's key order is parsed in
+    full."""
+    size = len(block) if size is None else size
+    find, endswith, startswith = block.find, block.endswith, block.startswith
     while start < size:
-        end = find(b"\n", start)
+        end = find(b"\n", start, size)
         if end < 0:
             end = size
-        head = match(block, start, min(end, start + _HEAD_BYTES))
-        found = None
-        if head is not None:
-            found = search(block, head.end(), min(end, start + _HEAD_BYTES))
-        if found is None or head is None or _nested(block, head.end(), found.start()):
-            yield _parsed(block[start:end])
-        else:
-            raw = head.group(1)
-            trace_id = raw.decode() if b"\\" not in raw else orjson.loads(b'"' + raw + b'"')
-            yield Identity(
-                trace_id, int(found.group(1)), block.endswith(_TOMBSTONE_END, start, end)
-            )
+        if startswith(_KEY, start):
+            quote = find(b'"', start + 13, end)
+            limit = min(end, start + _HEAD_BYTES)
+            at = find(_REVISION_KEY, quote, limit) if quote > 0 else -1
+            stop = find(b",", at + 11, at + 31) if at > 0 else -1
+            if (
+                stop > 0
+                and find(b"\\", start + 13, quote) < 0
+                and find(b"{", quote, at) < 0
+                and find(b"[", quote, at) < 0
+                and block[at + 11 : stop].isdigit()
+            ):
+                yield Identity(
+                    block[start + 13 : quote].decode(),
+                    int(block[at + 11 : stop]),
+                    endswith(_TOMBSTONE_END, start, end),
+                )
+                start = end + 1
+                continue
+        yield _parsed(block[start:end])
         start = end + 1
 
 

@@ -52,6 +52,7 @@ How an export travels:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import itertools
@@ -242,11 +243,12 @@ class _Scan:
             if out:
                 yield out
 
-    async def raw(self) -> AsyncIterator[tuple[bytes, int]]:
+    async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Blocks of whole lines and their counts, unparsed: only when no filter is set."""
         async for block, count in self.view.blocks():
-            self.summary.matched += count
-            self._advance(count)
+            if count:
+                self.summary.matched += count
+                self._advance(count)
             yield block, count
 
 
@@ -266,7 +268,7 @@ async def _open_view(store: ObjectStore, ref: CorpusRef, progress: Progress | No
 
 async def _jsonl(
     scan: _Scan, fmt: str, limit: int | None, summary: ExportSummary
-) -> AsyncGenerator[bytes, None]:
+) -> AsyncGenerator[bytes | memoryview, None]:
     if fmt == "trajectory" and scan.filters.is_empty():
         # The corpus's lines are already strict JSON Lines: copied as they are.
         async for block, count in scan.raw():
@@ -502,6 +504,9 @@ async def _zip(
         await fetcher.close()
 
 
+Chunk = bytes | memoryview
+
+
 async def iter_export(
     store: ObjectStore,
     ref: CorpusRef,
@@ -517,6 +522,31 @@ async def iter_export(
     summary: ExportSummary | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The export's bytes, in chunks (see the module docstring)."""
+    chunks = _export_chunks(
+        store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, progress=progress,
+        summary=summary,
+    )  # fmt: skip
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            yield chunk if isinstance(chunk, bytes) else chunk.tobytes()
+
+
+async def _export_chunks(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    format: str,
+    filters: Filters | None,
+    columns: str | Sequence[str] | None,
+    pair_by: Sequence[str],
+    margin: float,
+    max_pairs: int,
+    zip_data: str,
+    progress: Progress | None,
+    summary: ExportSummary | None,
+) -> AsyncGenerator[Chunk, None]:
+    """:func:`iter_export`'s chunks; large ones may be views of what was read (no copy)."""
     filters = filters or Filters()
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
@@ -536,10 +566,11 @@ async def iter_export(
                 data: ZipData = "json" if zip_data == "json" else "csv"
                 await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data)
             built.seek(0)
-            while chunk := built.read(_CHUNK):
-                summary.bytes += len(chunk)
-                yield chunk
+            while piece := built.read(_CHUNK):
+                summary.bytes += len(piece)
+                yield piece
         return
+    chunks: AsyncGenerator[Chunk, None]
     if format == "preference":
         chunks = _preference(
             store, ref, scan, pair_by=tuple(pair_by), margin=margin, max_pairs=max_pairs,
@@ -550,20 +581,25 @@ async def iter_export(
         chunks = _tabular_chunks(scan, format, picked, limit, summary)
     else:
         chunks = _jsonl(scan, format, limit, summary)
-    pending: list[bytes] = []
+    pending: list[Chunk] = []
     size = 0
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
             if not chunk:
                 continue
+            summary.bytes += len(chunk)
+            if len(chunk) >= _CHUNK:  # large enough on its own: passed on as it is
+                if pending:
+                    yield b"".join(pending)
+                    pending, size = [], 0
+                yield chunk
+                continue
             pending.append(chunk)
             size += len(chunk)
             if size >= _CHUNK:
-                summary.bytes += size
                 yield b"".join(pending)
                 pending, size = [], 0
     if pending:
-        summary.bytes += size
         yield b"".join(pending)
 
 
@@ -583,7 +619,7 @@ async def write_export(
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary."""
     summary = ExportSummary()
-    chunks = iter_export(
+    chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, progress=progress,
         summary=summary,
@@ -604,9 +640,18 @@ async def write_export(
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    fh.write(chunk)
+            # Each write runs in a thread while the next chunk is made (one at a time, in
+            # order): on two cores reading and writing overlap.
+            writing: asyncio.Future[int] | None = None
+            try:
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        if writing is not None:
+                            await writing
+                        writing = asyncio.ensure_future(asyncio.to_thread(fh.write, chunk))
+            finally:
+                if writing is not None:
+                    await writing
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600
             os.fsync(fh.fileno())

@@ -8,43 +8,48 @@ How a view is made (:class:`LatestView`; the steps match the code):
    chain as the reader does (a gap is a :class:`~rl_export.corpora.layout.ChainError`).
 2. Index the tail: number its lines in read order and keep, per trace, the best line
    (greatest revision; on an equal revision a tombstone; else the first read, as the
-   reader's latest view does) as ``trace_id -> (revision, deleted, line number)``. Only the
-   line's head is read (:mod:`rl_export.corpora.identity`). Past ``spill_at`` traces the
-   index is sorted and written to a temporary run file, and a new one starts, so memory
-   holds at most ``spill_at`` entries whatever the corpus size.
+   reader's latest view does) as ``trace_id -> one int`` (revision, tombstone flag and line
+   number packed so that the best line is the greatest: :func:`_pack`). Only each line's
+   head is read (:mod:`rl_export.corpora.identity`). Past ``spill_at`` traces the index is
+   sorted and pickled to a temporary run file, and a new one starts, so memory holds at
+   most ``spill_at`` entries whatever the corpus size.
 3. Merge the compaction's identities (in ``trace_id`` order) with the runs (merged in
    ``trace_id`` order): a compaction line survives unless the tail has a later revision (or
    a tombstone of the same one); a tail line survives when it is its trace's best, live,
    and not older than the compaction's. Survivors are bits in two bitmaps (one bit a line).
-4. :meth:`LatestView.lines` reads the compaction and the tail again and yields the surviving
-   lines, verbatim: compaction lines first (by ``trace_id``), then the tail's in chain order.
+4. :meth:`LatestView.blocks` reads the compaction and the tail again and passes the
+   surviving lines on, verbatim, as views of what was read: compaction lines first (by
+   ``trace_id``), then the tail's in chain order. An object whose lines all survive goes
+   out whole; from others the runs of surviving lines are cut out.
 
-Every object is read in chunks (:meth:`ObjectStore.chunks`), its sha256 and line count
-checked when it ends; a mismatch raises ChainError (an export then fails, and leaves no
-file). Memory: the index (at most ``spill_at`` entries), one bit per line, one chunk.
+Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.layout.object_blocks`); in
+steps 2 and 3 its sha256 (hashed in a thread, beside the work on the chunk) and line count
+are checked when it ends, and a mismatch raises ChainError (an export then fails, and leaves
+no file); step 4 does not hash again. Memory: the index (at most ``spill_at`` entries, one
+str and one int each), one bit per line, a chunk or two.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import os
+import pickle
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import IO, NamedTuple
-
-import orjson
+from typing import IO
 
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
 from rl_export.corpora.identity import Identity, NotARecordError, block_identities
 from rl_export.corpora.layout import (
+    Block,
     ChainError,
     Compaction,
     CorpusRef,
     Part,
     block_lines,
     chain_keys,
+    check_count,
     latest_compaction,
     object_blocks,
     read_commit,
@@ -55,16 +60,9 @@ from rl_export.corpora.store import ObjectStore
 SPILL_AT = 200_000
 
 
-class _Entry(NamedTuple):
-    trace_id: str
-    revision: int
-    deleted: bool
-    row: int
-
-
-def _identities(part: Part, block: bytes) -> Iterator[Identity]:
+def _identities(part: Part, block: Block) -> Iterator[Identity]:
     try:
-        yield from block_identities(block)
+        yield from block_identities(*block)
     except NotARecordError as exc:
         raise ChainError(f"{part.key}: {exc}") from None
 
@@ -79,45 +77,66 @@ def _all_set(bits: bytearray, start: int, count: int) -> bool:
     return value & mask == mask
 
 
-def _better(revision: int, deleted: bool, current: tuple[int, bool, int]) -> bool:
-    """Whether a line read later replaces the best so far (the reader's rule)."""
-    return revision > current[0] or (revision == current[0] and deleted and not current[1])
+_ROW_BITS = 40  # line numbers below 2**40
+_ROW_MASK = (1 << _ROW_BITS) - 1
+
+
+def _pack(revision: int, deleted: bool, row: int) -> int:
+    """One int per index entry, ordered as the reader's rule orders lines: a greater
+    revision wins, then a tombstone, then the line read first (the row is stored inverted)."""
+    return (revision << (_ROW_BITS + 1)) | (deleted << _ROW_BITS) | (_ROW_MASK - row)
+
+
+_RUN_CHUNK = 8192  # entries per pickled slice of a run
 
 
 class _Runs:
-    """Sorted runs of the tail index on disk, merged back in ``trace_id`` order."""
+    """Sorted runs of the tail index on disk, merged back in ``trace_id`` order.
+
+    A run is the index sorted and pickled in slices (fast to write and to read back, and a
+    reader holds one slice of each run); the merge compares packed entries, so the best
+    line of a trace is simply the greatest value."""
 
     def __init__(self, directory: str | None) -> None:
         self.directory = directory
         self.files: list[IO[bytes]] = []
 
-    def spill(self, index: dict[str, tuple[int, bool, int]]) -> None:
+    def spill(self, index: dict[str, int]) -> None:
         fh = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - closed in close()
-        fh.write(
-            b"".join(orjson.dumps([t, r, d, n]) + b"\n" for t, (r, d, n) in sorted(index.items()))
-        )
+        items = sorted(index.items())
+        for start in range(0, len(items), _RUN_CHUNK):
+            pickle.dump(items[start : start + _RUN_CHUNK], fh, protocol=pickle.HIGHEST_PROTOCOL)
         fh.seek(0)
         self.files.append(fh)
 
     @staticmethod
-    def _read(fh: IO[bytes]) -> Iterator[_Entry]:
-        for line in fh:
-            t, r, d, n = orjson.loads(line)
-            yield _Entry(t, r, d, n)
+    def _read(fh: IO[bytes]) -> Iterator[tuple[str, int]]:
+        fh.seek(0)
+        while True:
+            try:
+                chunk: list[tuple[str, int]] = pickle.load(fh)
+            except EOFError:
+                return
+            yield from chunk
 
-    def merged(self, index: dict[str, tuple[int, bool, int]]) -> Iterator[_Entry]:
+    def merged(self, index: dict[str, int]) -> Iterator[tuple[str, int]]:
         """The best entry per trace over every run and ``index``, in ``trace_id`` order."""
-        last = (_Entry(t, r, d, n) for t, (r, d, n) in sorted(index.items()))
+        last = sorted(index.items())
         if not self.files:
             yield from last
             return
-        for fh in self.files:
-            fh.seek(0)
         streams = [self._read(fh) for fh in self.files]
-        merged = heapq.merge(*streams, last, key=lambda e: e.trace_id)
-        for _, group in itertools.groupby(merged, key=lambda e: e.trace_id):
-            best = max(group, key=lambda e: (e.revision, e.deleted, -e.row))
-            yield best
+        current: tuple[str, int] | None = None
+        for entry in heapq.merge(*streams, last):
+            if current is not None and entry[0] == current[0]:
+                if entry[1] > current[1]:
+                    current = entry
+                continue
+            if current is not None:
+                yield current
+            current = entry
+        if current is not None:
+            yield current
 
     def close(self) -> None:
         for fh in self.files:
@@ -220,56 +239,71 @@ class LatestView:
                     f"later ones (a gap, or history the chain no longer holds)"
                 )
 
-    async def _index(self, runs: _Runs) -> dict[str, tuple[int, bool, int]]:
+    async def _index(self, runs: _Runs) -> dict[str, int]:
         """Step 2."""
-        index: dict[str, tuple[int, bool, int]] = {}
+        index: dict[str, int] = {}
+        get = index.get
         row = 0
         for part in self.tail:
-            async for block, _ in object_blocks(self.store, part):
+            first = row
+            async for block in object_blocks(self.store, part):
                 for trace_id, revision, deleted in _identities(part, block):
-                    current = index.get(trace_id)
-                    if current is None or _better(revision, deleted, current):
-                        index[trace_id] = (revision, deleted, row)
+                    packed = _pack(revision, deleted, row)
+                    if packed > get(trace_id, -1):
+                        index[trace_id] = packed
                     row += 1
                 if len(index) >= self.spill_at:
                     runs.spill(index)
                     self.runs += 1
                     index = {}
+            check_count(part, row - first)
         self.tail_lines = row
         return index
 
-    async def _merge(self, winners: Iterator[_Entry]) -> None:
-        """Step 3."""
+    async def _merge(self, merged: Iterator[tuple[str, int]]) -> None:
+        """Step 3 (entries packed: see :func:`_pack`)."""
         keep_tail = bytearray((self.tail_lines + 7) // 8)
         records = self.compaction.records if self.compaction is not None else 0
         keep_compaction = bytearray((records + 7) // 8)
-        best = next(winners, None)
+        shift, flag, mask = _ROW_BITS + 1, 1 << _ROW_BITS, _ROW_MASK
+
+        def keep(packed: int) -> None:
+            if not packed & flag:  # the best line is live: it survives
+                row = mask - (packed & mask)
+                keep_tail[row >> 3] |= 1 << (row & 7)
+
+        best = next(merged, None)
         n = 0
         previous: str | None = None
         for part in self.compaction_parts:
-            async for block, _ in object_blocks(self.store, part):
+            first = n
+            async for block in object_blocks(self.store, part):
                 for trace_id, revision, deleted in _identities(part, block):
                     if previous is not None and trace_id <= previous:
                         raise ChainError(f"{part.key}: compaction not sorted by trace_id")
                     previous = trace_id
-                    while best is not None and best.trace_id < trace_id:
-                        if not best.deleted:
-                            _set(keep_tail, best.row)
-                        best = next(winners, None)
+                    while best is not None and best[0] < trace_id:
+                        keep(best[1])
+                        best = next(merged, None)
                     survives = not deleted
-                    if best is not None and best.trace_id == trace_id:
-                        if best.revision > revision or (best.revision == revision and best.deleted):
+                    if best is not None and best[0] == trace_id:
+                        tail_revision = best[1] >> shift
+                        if tail_revision > revision or (
+                            tail_revision == revision and best[1] & flag
+                        ):
                             survives = False
-                            if not best.deleted:
-                                _set(keep_tail, best.row)
-                        best = next(winners, None)
+                            keep(best[1])
+                        best = next(merged, None)
                     if survives and n < records:
                         _set(keep_compaction, n)
                     n += 1
-        while best is not None:
-            if not best.deleted:
-                _set(keep_tail, best.row)
-            best = next(winners, None)
+            check_count(part, n - first)
+        if best is not None:
+            keep(best[1])
+        for _, packed in merged:  # the tail's traces after the compaction's last
+            if not packed & flag:
+                row = mask - (packed & mask)
+                keep_tail[row >> 3] |= 1 << (row & 7)
         if n != records:
             raise ChainError(
                 f"{self.ref.compaction_key(self.compaction.generation if self.compaction else 0)}"
@@ -277,28 +311,47 @@ class LatestView:
             )
         self._keep_compaction, self._keep_tail = keep_compaction, keep_tail
 
-    async def blocks(self) -> AsyncIterator[tuple[bytes, int]]:
-        """Step 4: the surviving lines as blocks of whole lines, with their counts. A block
-        whose lines all survive is the object's block itself, never split into lines."""
+    async def blocks(self) -> AsyncIterator[tuple[memoryview, int]]:
+        """Step 4: the surviving lines, as views of what was read (never copied), and how
+        many lines each adds. An object whose lines all survive is passed on as it is read
+        (its count comes with an empty view after it); in others the runs of surviving
+        lines are cut out between line ends. Objects are not hashed again: steps 2 and 3
+        verified each of them."""
         if not self._opened:
             await self.open()
         for parts, bits in ((self.compaction_parts, self._keep_compaction),
                             (self.tail, self._keep_tail)):  # fmt: skip
             n = 0
             for part in parts:
-                async for block, count in object_blocks(self.store, part):
-                    if _all_set(bits, n, count):
-                        yield block, count
-                    else:
-                        out = []
-                        for k, line in enumerate(block_lines(block), start=n):
-                            if bits[k >> 3] & (1 << (k & 7)):
-                                out.append(line)
-                        if out:
-                            yield b"".join(out), len(out)
-                    n += count
+                whole = _all_set(bits, n, part.records)
+                async for data, start, end in object_blocks(self.store, part, verify=False):
+                    view = memoryview(data)
+                    if whole:
+                        yield view[start:end], 0
+                        continue
+                    find = data.find
+                    run_start, kept = -1, 0
+                    position = start
+                    while position < end:
+                        stop = find(b"\n", position, end) + 1
+                        if bits[n >> 3] & (1 << (n & 7)):
+                            if run_start < 0:
+                                run_start = position
+                            kept += 1
+                        elif run_start >= 0:
+                            yield view[run_start:position], kept
+                            run_start, kept = -1, 0
+                        n += 1
+                        position = stop
+                    if run_start >= 0:
+                        yield view[run_start:end], kept
+                if whole:
+                    n += part.records
+                    yield memoryview(b""), part.records
 
     async def lines(self) -> AsyncIterator[list[bytes]]:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
-        async for block, _ in self.blocks():
-            yield block_lines(block)
+        async for view, _ in self.blocks():
+            if view:
+                data = view.tobytes()
+                yield block_lines((data, 0, len(data)))

@@ -287,6 +287,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = asyncio.run(build_corpus(directory, args.records, args.seed, args.partitions))
     store = directory / "store"
     cases = dict(CASES) | (MORE_CASES if args.all else {})
+    if args.only:
+        cases = {k: v for k, v in cases.items() if k.split()[0] in args.only}
     results: dict[str, Any] = {}
     out_dir = base / "export-out"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -352,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs per case (median reported)")
     parser.add_argument("--all", action="store_true", help="also executions, parquet, preference")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--only", nargs="*", help="only these cases (first word: trajectory ...)")
     parser.add_argument("--dir", default="var/bench")
     parser.add_argument("--build-only", action="store_true", help="only build the corpus")
     parser.add_argument("--backfill", action="store_true", help="also measure a backfill")
