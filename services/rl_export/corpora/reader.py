@@ -44,6 +44,7 @@ from rl_export.corpora.layout import (
     Part,
     block_lines,
     chain_keys,
+    check_count,
     latest_compaction,
     object_blocks,
     parse_stream,
@@ -222,7 +223,7 @@ class ObjectLines:
     @property
     def lines(self) -> list[bytes]:
         """The lines, newline included (a copy of each)."""
-        return block_lines(self.data) if self.data else []
+        return block_lines((self.data, 0, len(self.data))) if self.data else []
 
 
 class CorpusReader:
@@ -498,8 +499,13 @@ class CorpusReader:
 async def _object_data(store: ObjectStore, part: Part) -> bytes:
     """Every line of an object as one buffer, verified (sha256 and count) before it is
     returned."""
-    blocks = [block async for block, _ in object_blocks(store, part)]
-    return blocks[0] if len(blocks) == 1 else b"".join(blocks)
+    blocks = [block async for block in object_blocks(store, part)]
+    if len(blocks) == 1 and blocks[0][1] == 0 and blocks[0][2] == len(blocks[0][0]):
+        joined = blocks[0][0]
+    else:
+        joined = b"".join(memoryview(chunk)[start:end] for chunk, start, end in blocks)
+    check_count(part, joined.count(b"\n"))
+    return joined
 
 
 def _drop_lines(data: bytes, count: int) -> bytes:
