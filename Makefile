@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench bench-export profile
+.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-export bench-web profile
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,7 +27,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install rl-export with the dev tools (idempotent)
+install: $(STAMP) browser ## create .venv and install rl-export with the dev tools (idempotent)
+
+# The page's end-to-end tests drive Debian's chromium (Playwright never downloads a browser
+# here). Installed with apt-get when missing and we are root (CI is); otherwise the browser
+# tests are skipped, with one line in pytest's summary that says so.
+browser: ## Debian's chromium for the browser tests (apt-get install when missing, as root)
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium with apt-get for the browser tests ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	    || { echo "make: apt-get could not install chromium" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: chromium is missing and cannot be installed here (needs root and apt-get): the browser tests will be skipped" >&2; \
+	fi
 
 run: install ## start the embedded stack (Kafka, every stage, synthetic traffic); data in var/
 	$(BIN)/rl-export dev
@@ -60,12 +73,16 @@ test: lint typecheck ## the whole suite: lint, types, unit and integration tests
 clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), then bench-export
+bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), bench-export, bench-web
 	$(BIN)/python -m rl_export.local.bench
 	$(BIN)/python -m rl_export.local.bench_export
+	$(BIN)/python -m rl_export.local.bench_web
 
 bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
 	$(BIN)/python -m rl_export.local.bench_export
+
+bench-web: install ## web benchmark: index catch-up and query latency on 1,000,000 records, label to visible
+	$(BIN)/python -m rl_export.local.bench_web
 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
 	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,15 @@ async def check_store_contract(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFoundError):
         _ = [c async for c in store.chunks("acme/bot/missing.json")]
     await store.delete("acme/bot/human/data/t-0/big.jsonl")
+
+    with tempfile.TemporaryDirectory() as folder:  # put_file: from a file, replacing
+        path = Path(folder) / "export.csv"
+        path.write_bytes(big)
+        await store.put_file("_exports/acme/bot/j/export.csv", path)
+        path.write_bytes(b"again")
+        await store.put_file("_exports/acme/bot/j/export.csv", path)
+    assert await store.get("_exports/acme/bot/j/export.csv") == b"again"
+    await store.delete("_exports/acme/bot/j/export.csv")
 
     await store.delete("acme/bot/evaluator/x.json")
     await store.delete("acme/bot/evaluator/x.json")  # deleting twice is fine

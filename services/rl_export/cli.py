@@ -306,6 +306,60 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True, metavar="human|evaluator|traces")
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    from rl_export.web.main import run_web
+
+    settings = _settings(args, web_port="port", kafka_bootstrap="bootstrap", store_url="store")
+    return run_web(settings)
+
+
+def cmd_tokens(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from rl_export.web.tokens import TokenError, TokenStore, parse_scopes
+
+    settings = _settings(args, store_url="store")
+
+    async def run() -> int:
+        store = _open(args.store, settings)
+        tokens = TokenStore(store)
+        now = datetime.now(UTC)
+        try:
+            if args.action == "create":
+                for flag in ("org", "project", "subject", "scopes"):
+                    if not getattr(args, flag):
+                        raise ConfigError(f"--{flag}", "is required for tokens create")
+                record, token = await tokens.create(
+                    args.org, args.project, args.subject, parse_scopes(args.scopes), now
+                )
+                print(f"token {record.id} for {record.subject} on {record.org}/{record.project}, "
+                      f"scopes {','.join(record.scopes)}; only its hash is stored, in "
+                      f"{store.url}; this is the only time it is shown:")  # fmt: skip
+                print(token)
+            elif args.action == "list":
+                for record in await tokens.list():
+                    state = "revoked " + record.revoked_at.isoformat() if record.revoked_at else (
+                        "active")  # fmt: skip
+                    print(f"{record.id}  {record.org}/{record.project}  {record.subject}  "
+                          f"{','.join(record.scopes)}  created {record.created_at.isoformat()}  "
+                          f"{state}")  # fmt: skip
+            else:
+                if not args.id:
+                    raise ConfigError("ID", "tokens revoke needs the token's id (tokens list)")
+                record = await tokens.revoke(args.id, now)
+                print(
+                    f"token {record.id} of {record.subject} on {record.org}/{record.project} "
+                    "is revoked (web instances refuse it within RL_EXPORT_WEB_TOKEN_CACHE_S)"
+                )
+        except TokenError as exc:
+            raise ConfigError(f"tokens {args.action}", str(exc)) from None
+        finally:
+            await store.close()
+        return 0
+
+    return asyncio.run(run())
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from rl_export.local.dev import run_dev
 
@@ -340,6 +394,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=5.0, help="synthetic traces per second (0 for none)"
     )
     p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("web", help="the web service: the API, the RL Export page, export jobs")
+    p.add_argument("--port", type=int, help="HTTP port (default 8080)")
+    p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
+    p.add_argument("--store", metavar="URL", help="object store URL")
+    p.set_defaults(func=cmd_web)
+
+    p = sub.add_parser(
+        "tokens", help="create, list or revoke API tokens (kept hashed in the store)"
+    )
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("id", nargs="?", help="revoke: the token's id")
+    p.add_argument("--org", help="create: the org the token is for")
+    p.add_argument("--project", help="create: the project the token is for")
+    p.add_argument("--subject", help="create: who the token speaks for (the labeler)")
+    p.add_argument("--scopes", metavar="label,export[,admin]", help="create: what it may do")
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.set_defaults(func=cmd_tokens)
 
     p = sub.add_parser("worker", help="a stream-processing worker (the join)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")

@@ -206,3 +206,85 @@ class SinkMetrics:
             "Messages on the trajectories topic that are not snapshots (skipped).",
             registry=registry,
         )
+
+
+_WEB_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class WebMetrics:
+    """The web service's metrics: requests, export jobs, labels and the query index.
+
+    ``route`` is the route's template (``/api/v1/{org}/{project}/stats``), never the path
+    itself, and requests that match no route are counted under ``other``; ``corpus`` is the
+    corpus name (``human``, ``evaluator``, ``traces``), summed over orgs and projects: every
+    label has a bounded set of values.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "rl_export_web_requests_total",
+            "HTTP requests answered, by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "rl_export_web_request_duration_seconds",
+            "Time to answer an HTTP request (to its last body byte), by route template.",
+            ["route", "method"],
+            buckets=_WEB_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.auth_failures = Counter(
+            "rl_export_web_auth_failures_total",
+            "Requests refused by the token check, by reason (missing, unknown, revoked, "
+            "project, scope).",
+            ["reason"],
+            registry=registry,
+        )
+        self.published = Counter(
+            "rl_export_web_events_published_total",
+            "Label events acknowledged by the broker, by event type.",
+            ["event_type"],
+            registry=registry,
+        )
+        self.publish_failures = Counter(
+            "rl_export_web_publish_failures_total",
+            "Label events the broker did not acknowledge in time (answered 503).",
+            registry=registry,
+        )
+        self.jobs = Counter(
+            "rl_export_web_export_jobs_total",
+            "Background export jobs of this instance, by outcome (started, ready, failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.jobs_running = Gauge(
+            "rl_export_web_export_jobs_running",
+            "Background export jobs running in this instance's export processes.",
+            registry=registry,
+        )
+        self.index_records = Gauge(
+            "rl_export_web_index_records",
+            "Live records (latest revision per trace) in this instance's query index, by corpus.",
+            ["corpus"],
+            registry=registry,
+        )
+        self.index_ingested = Counter(
+            "rl_export_web_index_lines_total",
+            "Corpus lines (records and tombstones) the query index has read, by corpus.",
+            ["corpus"],
+            registry=registry,
+        )
+        self.index_lag = Gauge(
+            "rl_export_web_index_lag_seconds",
+            "Worst over the followed corpora: seconds since the index last saw the head of "
+            "every chain of the corpus (0 while it is caught up), by corpus.",
+            ["corpus"],
+            registry=registry,
+        )
+        self.index_corpora = Gauge(
+            "rl_export_web_index_corpora",
+            "Corpora this instance's query index follows.",
+            registry=registry,
+        )

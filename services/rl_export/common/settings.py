@@ -110,6 +110,57 @@ class Settings(BaseSettings):
     web_host: str = Field("127.0.0.1", description="Address the HTTP servers bind to.")
     log_level: str = Field("warn", pattern=r"^(crit|error|warn|info|debug)$")
 
+    # The web service (``rl-export web``)
+    web_index_dir: Path | None = Field(
+        None,
+        description="Where the web service keeps its query index (default "
+        "<data_dir>/web-index/<web_port>: one per instance, never shared).",
+    )
+    web_index_poll_s: float = Field(
+        1.0, gt=0, description="How often the index looks for new commits of a corpus."
+    )
+    web_index_wait_s: float = Field(
+        10.0,
+        ge=0,
+        description="How long the first request for a corpus waits for the index to catch "
+        "up before it answers from what is indexed so far.",
+    )
+    web_index_threads: int = Field(2, ge=1, le=64, description="DuckDB threads of the index.")
+    web_index_memory: str = Field(
+        "1GB", pattern=r"^\d+(\.\d+)?\s*[KMGT]i?B$", description="DuckDB memory limit."
+    )
+    web_token_cache_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a web instance trusts a token it has checked: a revocation "
+        "takes effect everywhere within this time.",
+    )
+    web_max_body_bytes: int = Field(MIB, ge=1024, description="Larger request bodies get 413.")
+    web_publish_timeout_s: float = Field(
+        10.0, gt=0, description="How long a label waits for the broker's acknowledgement."
+    )
+    web_overlay_ttl_s: float = Field(
+        900.0,
+        gt=0,
+        description="How long the web service hides a trace its labeler just labeled or "
+        "skipped from their queue while the corpora catch up.",
+    )
+    web_export_processes: int = Field(
+        1, ge=1, le=16, description="Processes that run background export jobs per instance."
+    )
+    web_export_retention_s: float = Field(
+        DAY_S, gt=0, description="How long finished export jobs and their files are kept."
+    )
+    web_export_heartbeat_s: float = Field(
+        2.0, gt=0, description="How often a running export job writes its progress."
+    )
+    web_sync_export_max_records: int = Field(
+        10_000,
+        ge=0,
+        description="The page downloads exports of up to this many records directly and runs "
+        "larger ones as background jobs.",
+    )
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _check_bootstrap(cls, value: str) -> str:
@@ -123,6 +174,13 @@ class Settings(BaseSettings):
     def _check_store_url(cls, value: str) -> str:
         parse_store_url(value)  # raises ValueError with the reason
         return value
+
+    @property
+    def index_dir(self) -> Path:
+        """The web service's index folder (one per instance: see ``web_index_dir``)."""
+        if self.web_index_dir is not None:
+            return self.web_index_dir
+        return self.data_dir / "web-index" / str(self.web_port)
 
     @property
     def input_topics(self) -> tuple[str, str, str]:
@@ -177,6 +235,8 @@ def child_env(settings: Settings, base: Mapping[str, str], **extra: str) -> dict
     """
     env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
     for name, value in settings.model_dump(mode="json").items():
+        if value is None:  # unset optional settings stay unset (the child's default)
+            continue
         env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
     env.update(extra)
     return env

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rl_export.common.codec import dumps, loads
@@ -39,8 +41,12 @@ from rl_export.corpora.layout import (
     Commit,
     Compaction,
     CorpusRef,
+    Part,
+    block_lines,
     chain_keys,
+    check_count,
     latest_compaction,
+    object_blocks,
     parse_stream,
     read_commit,
     read_compaction,
@@ -199,6 +205,27 @@ class _Latest:
 # --- the reader -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ObjectLines:
+    """One verified object of a corpus, its lines unparsed, as the object's bytes.
+
+    ``key`` is the object's store key (a compaction part or a commit's shard); ``data`` its
+    lines after the cursor, in order, each ending with a newline (``count`` of them), checked
+    against the object's sha256 and record count before they are handed out. Kept as one
+    buffer, not a list of lines: a consumer that stores them as they are (the web service's
+    index) never copies a line.
+    """
+
+    key: str
+    data: bytes
+    count: int
+
+    @property
+    def lines(self) -> list[bytes]:
+        """The lines, newline included (a copy of each)."""
+        return block_lines((self.data, 0, len(self.data))) if self.data else []
+
+
 class CorpusReader:
     """Stream one corpus's records; not safe for two iterations of one reader at once."""
 
@@ -267,7 +294,111 @@ class CorpusReader:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_interval_s)
 
+    async def follow_objects(
+        self,
+        cursor: Cursor | None = None,
+        *,
+        stop: asyncio.Event | None = None,
+        caught_up: Callable[[float], None] | None = None,
+    ) -> AsyncGenerator[ObjectLines, None]:
+        """Like :meth:`follow`, one whole verified object at a time, its lines unparsed.
+
+        For consumers that parse lines their own way (the web service's index hands them to
+        DuckDB): the cursor moves past an object before it is handed out, so a saved cursor
+        is always at an object's boundary (a cursor saved by :meth:`records` in the middle
+        of an object is honoured: the object's first lines are dropped). After each pass
+        over the chains, ``caught_up(t)`` is called with the ``time.monotonic()`` at which
+        the pass began: everything committed before ``t`` has been handed out.
+        """
+        await self._begin(cursor)
+        while True:
+            stopping = stop is not None and stop.is_set()
+            began = time.monotonic()
+            async with contextlib.aclosing(self._read_objects()) as objects:
+                async for item in objects:
+                    yield item
+            if caught_up is not None:
+                caught_up(began)
+            if stopping:
+                return
+            if stop is None:
+                await asyncio.sleep(self.poll_interval_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+
     # -- steps ---------------------------------------------------------------------------
+
+    async def _read_objects(self) -> AsyncGenerator[ObjectLines, None]:
+        """:meth:`_read` one object at a time, lines unparsed."""
+        if CURSOR_GENERATION in self._cursor:
+            async with contextlib.aclosing(self._compaction_objects()) as objects:
+                async for item in objects:
+                    yield item
+        for stream in await list_streams(self.store, self.ref):
+            async with contextlib.aclosing(self._chain_objects(stream)) as objects:
+                async for item in objects:
+                    yield item
+
+    async def _compaction_objects(self) -> AsyncGenerator[ObjectLines, None]:
+        generation = self._cursor[CURSOR_GENERATION]
+        skip = self._cursor.get(CURSOR_GENERATION_SKIP, 0)
+        compaction = self._compaction
+        if compaction is None or compaction.generation != generation:
+            compaction = await self._load_generation(generation)
+        positions = check_cursor(compaction.positions)
+        parts = [
+            Part(self.ref.key(p["shard"]), p["sha256"], p["records"], p["compression"])
+            for p in compaction.parts
+        ]
+        if skip > sum(p.records for p in parts):
+            raise ChainError(
+                f"{self.ref.compaction_key(generation)}: the cursor skips {skip} records, "
+                f"it has {sum(p.records for p in parts)}"
+            )
+        done = 0
+        for n, part in enumerate(parts):
+            if skip >= done + part.records:
+                done += part.records
+                continue
+            data = await _object_data(self.store, part)
+            fresh = _drop_lines(data, max(skip - done, 0))
+            count = part.records - max(skip - done, 0)
+            done += part.records
+            if n + 1 == len(parts):
+                self._cursor = dict(positions)
+            else:
+                self._cursor[CURSOR_GENERATION_SKIP] = done
+            yield ObjectLines(part.key, fresh, count)
+        self._cursor = dict(positions)
+        self._compaction = None
+
+    async def _chain_objects(self, stream: str) -> AsyncGenerator[ObjectLines, None]:
+        skip_key = stream + SKIP_SUFFIX
+        position = self._cursor.get(stream, 0)
+        skip = self._cursor.get(skip_key, 0)
+        by_offset = dict(await chain_keys(self.store, self.ref, stream))
+        while position in by_offset:
+            commit = await _checked_commit(self.store, by_offset[position], stream, position)
+            if skip > commit.records:
+                raise ChainError(
+                    f"{by_offset[position]}: the cursor skips {skip} records, "
+                    f"it has {commit.records}"
+                )
+            part = Part(
+                self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression
+            )
+            data = await _object_data(self.store, part)
+            position = commit.last_offset + 1
+            self._advance(stream, position)
+            yield ObjectLines(part.key, _drop_lines(data, skip), commit.records - skip)
+            skip = 0
+        later = sorted(offset for offset in by_offset if offset > position)
+        if later:
+            raise ChainError(
+                f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
+                f"commits from {later[0]} on (a gap, or history the chain no longer holds)"
+            )
 
     async def _begin(self, cursor: Cursor | None) -> None:
         self._compaction = None
@@ -363,3 +494,23 @@ class CorpusReader:
     def _advance(self, stream: str, position: int) -> None:
         self._cursor.pop(stream + SKIP_SUFFIX, None)
         self._cursor[stream] = position
+
+
+async def _object_data(store: ObjectStore, part: Part) -> bytes:
+    """Every line of an object as one buffer, verified (sha256 and count) before it is
+    returned."""
+    blocks = [block async for block in object_blocks(store, part)]
+    if len(blocks) == 1 and blocks[0][1] == 0 and blocks[0][2] == len(blocks[0][0]):
+        joined = blocks[0][0]
+    else:
+        joined = b"".join(memoryview(chunk)[start:end] for chunk, start, end in blocks)
+    check_count(part, joined.count(b"\n"))
+    return joined
+
+
+def _drop_lines(data: bytes, count: int) -> bytes:
+    """``data`` without its first ``count`` lines."""
+    start = 0
+    for _ in range(count):
+        start = data.index(b"\n", start) + 1
+    return data[start:] if start else data

@@ -9,7 +9,9 @@ what the sink, compaction and the reader need, no more:
   wins, and a later writer gets :class:`ObjectExistsError` instead of overwriting it;
 * ``get``, ``list``, ``delete`` and ``check`` (a readiness probe);
 * ``chunks`` reads an object as a stream of byte chunks, so an export holds one chunk of a
-  large compaction part at a time, never the whole object.
+  large compaction part at a time, never the whole object;
+* ``put_file`` writes or replaces an object from a local file without holding it in memory
+  (S3: a multipart upload), for the web service's export jobs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -48,6 +51,7 @@ class ObjectStore(Protocol):
     async def put_if_absent(self, key: str, data: bytes) -> None: ...
     async def get(self, key: str) -> bytes: ...
     def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]: ...
+    async def put_file(self, key: str, path: Path) -> None: ...
     async def list(self, prefix: str = "") -> list[str]: ...
     async def delete(self, key: str) -> None: ...
     async def check(self) -> None: ...
@@ -63,6 +67,9 @@ class MemoryStore:
 
     async def put(self, key: str, data: bytes) -> None:
         self.objects[check_key(key)] = bytes(data)
+
+    async def put_file(self, key: str, path: Path) -> None:
+        self.objects[check_key(key)] = await asyncio.to_thread(path.read_bytes)
 
     async def put_if_absent(self, key: str, data: bytes) -> None:
         if check_key(key) in self.objects:
@@ -133,6 +140,19 @@ class LocalStore:
         os.replace(tmp, final)
         _fsync_dir(final.parent)
 
+    def _put_file(self, key: str, path: Path) -> None:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f"{self._TMP}-{final.name}-{uuid.uuid4().hex}"
+        try:
+            shutil.copyfile(path, tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(final.parent)
+
     def _put_if_absent(self, key: str, data: bytes) -> None:
         final = self._path(key)
         tmp = self._write_tmp(final, data)
@@ -194,6 +214,9 @@ class LocalStore:
 
     async def put_if_absent(self, key: str, data: bytes) -> None:
         await self._io(self._put_if_absent, key, data)
+
+    async def put_file(self, key: str, path: Path) -> None:
+        await self._io(self._put_file, key, path)
 
     async def get(self, key: str) -> bytes:
         return await self._io(self._get, key)
@@ -280,6 +303,13 @@ class S3Store:
             await client.put_object(Bucket=self.bucket, Key=full, Body=data)
         except Exception as exc:
             raise self._wrap(exc, f"put {key}") from exc
+
+    async def put_file(self, key: str, path: Path) -> None:
+        full, client = self._key(key), await self._c()
+        try:
+            await client.upload_file(str(path), self.bucket, full)  # multipart when large
+        except Exception as exc:
+            raise self._wrap(exc, f"upload {key}") from exc
 
     async def put_if_absent(self, key: str, data: bytes) -> None:
         full, client = self._key(key), await self._c()

@@ -2,9 +2,12 @@
 
 1. start the local Kafka broker (data under ``<data_dir>/kafka``);
 2. create the topics;
-3. start every stage that exists as its own process, pointed at that broker and the store;
-4. publish synthetic traffic at a steady rate;
-5. on Ctrl-C or SIGTERM, stop everything in reverse order.
+3. start every stage as its own process, pointed at that broker and the store: the worker
+   (join and sink) and the web service;
+4. create a development token with every scope for the synthetic org/project (with
+   ``rl-export tokens create``, as anyone would) and print where the page is;
+5. publish synthetic traffic at a steady rate;
+6. on Ctrl-C or SIGTERM, stop everything in reverse order.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from rl_export.common.errors import LocalStackError
 from rl_export.common.events import FAMILY_OF_TYPE
 from rl_export.common.settings import Settings, env_name
 from rl_export.common.storeurl import parse_store_url
@@ -46,12 +53,45 @@ class Stage(ManagedProcess):
         return self
 
 
-def stages(settings: Settings) -> list[tuple[str, list[str]]]:
-    """Return the stages the embedded stack runs, as (name, rl-export arguments).
+SYNTHETIC_ORG, SYNTHETIC_PROJECT = "acme", "support-bot"  # what local.synthetic writes
 
-    Stages are added here as they are built (the sink and the web service come next).
-    """
-    return [("worker", ["worker", "--web-port", str(settings.worker_web_port)])]
+
+def stages(settings: Settings) -> list[tuple[str, list[str]]]:
+    """Return the stages the embedded stack runs, as (name, rl-export arguments)."""
+    return [
+        ("worker", ["worker", "--web-port", str(settings.worker_web_port)]),
+        ("web", ["web", "--port", str(settings.web_port)]),
+    ]
+
+
+def web_url(settings: Settings) -> str:
+    return f"http://{settings.web_host}:{settings.web_port}"
+
+
+def wait_until_up(url: str, timeout_s: float = 60.0) -> bool:
+    """Whether ``url`` answers 200 within the time (the web service has started)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def dev_token(env: dict[str, str]) -> str:
+    """A token with every scope for the synthetic org/project, from ``rl-export tokens``."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rl_export.cli", "tokens", "create", "--org", SYNTHETIC_ORG,
+         "--project", SYNTHETIC_PROJECT, "--subject", "dev", "--scopes", "admin"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise LocalStackError(f"could not create a development token: {result.stderr.strip()}")
+    return result.stdout.strip().splitlines()[-1]
 
 
 async def _traffic(settings: Settings, rate: float, stop: asyncio.Event) -> None:
@@ -102,12 +142,27 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
         env[env_name("data_dir")] = str(data)
         for name, argv in stages(settings):
             running.append(Stage(name, argv, data / "logs" / f"{name}.log", env).start())
+        token = dev_token(env)
+        up = wait_until_up(web_url(settings) + "/readyz")
         print("rl-export dev: the embedded stack is up")
         print(f"  Kafka broker       {broker.bootstrap}  (data {broker.data_dir})")
         print(f"  object store       {store}")
         for stage in running:
             print(f"  {stage.name:<18} pid {stage.pid}  (log {stage.log_path})")
         print(f"  worker metrics     http://127.0.0.1:{settings.worker_web_port}/metrics")
+        print(
+            f"  web service        {web_url(settings)}  (API {web_url(settings)}/api/v1, "
+            f"metrics {web_url(settings)}/metrics)" + ("" if up else "  NOT UP: see its log")
+        )
+        print(
+            f"  RL Export page     {web_url(settings)}/{SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}"
+            "/rl-export"
+        )
+        print(f"  development token  {token}")
+        print(
+            f"                     (every scope, {SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}; the page "
+            "asks for it once)"
+        )
         asyncio.run(_serve(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
                            traffic_rate))  # fmt: skip
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps
+from rl_export.common.codec import dumps, loads
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
     ChainError,
@@ -409,3 +409,71 @@ def test_load_cursor_rejects_what_is_not_a_cursor(text: str) -> None:
 async def test_records_rejects_a_bad_cursor() -> None:
     with pytest.raises(ValueError, match="offset"):
         await collect(CorpusReader(MemoryStore(), REF), {S0: -3})
+
+
+# --- whole objects, lines unparsed (the web service's index) --------------------------------
+
+
+async def objects_until_caught_up(
+    reader: CorpusReader, cursor: dict[str, int] | None = None
+) -> tuple[list[tuple[str, list[tuple[str, int]]]], list[dict[str, int]]]:
+    """One pass of follow_objects: (key, identities) per object and the cursor after each."""
+    stop = asyncio.Event()
+    got: list[tuple[str, list[tuple[str, int]]]] = []
+    cursors: list[dict[str, int]] = []
+    async with asyncio.timeout(10):
+        async for item in reader.follow_objects(cursor, stop=stop,
+                                                caught_up=lambda _: stop.set()):  # fmt: skip
+            rows = [loads(line) for line in item.lines]
+            assert all(line.endswith(b"\n") for line in item.lines)
+            got.append((item.key, ids(rows)))
+            cursors.append(reader.cursor)
+    return got, cursors
+
+
+async def test_follow_objects_hands_out_whole_verified_objects_with_their_cursor() -> None:
+    store = MemoryStore()
+    await commit_shard(store, REF, TOPIC, 0, 0, 4, [record("a", 1), record("b", 1)])
+    await write_compaction(store, REF, 1, {S0: 5}, [record("a", 1), record("b", 1)])
+    await commit_shard(store, REF, TOPIC, 0, 5, 9, [record("a", 2)], "gzip")
+    await commit_shard(store, REF, TOPIC, 1, 0, 0, [record("z", 1)])
+    got, cursors = await objects_until_caught_up(CorpusReader(store, REF, poll_interval_s=0.01))
+    assert [rows for _, rows in got] == [[("a", 1), ("b", 1)], [("a", 2)], [("z", 1)]]
+    assert "_compacted" in got[0][0]
+    assert cursors == [{S0: 5}, {S0: 10}, {S0: 10, S1: 1}]
+    # Resuming from any of those cursors gives exactly the rest.
+    for n, cursor in enumerate(cursors):
+        rest, _ = await objects_until_caught_up(CorpusReader(store, REF), cursor)
+        assert [rows for _, rows in rest] == [rows for _, rows in got[n + 1 :]]
+
+
+async def test_follow_objects_honours_a_cursor_inside_an_object_and_notes_each_pass() -> None:
+    store = MemoryStore()
+    await commit_shard(store, REF, TOPIC, 0, 0, 4, [record("a", 1), record("b", 1)])
+    reader = CorpusReader(store, REF)
+    async for _ in reader.records({}):
+        break  # a cursor inside the first shard: one record handed out
+    rest, _ = await objects_until_caught_up(CorpusReader(store, REF), reader.cursor)
+    assert [rows for _, rows in rest] == [[("b", 1)]]
+    passes: list[float] = []
+    stop = asyncio.Event()
+    following = CorpusReader(store, REF, poll_interval_s=0.01)
+
+    def caught_up(began: float) -> None:
+        passes.append(began)
+        if len(passes) == 3:
+            stop.set()
+
+    async with asyncio.timeout(10):
+        items = [i async for i in following.follow_objects({}, stop=stop, caught_up=caught_up)]
+    assert len(items) == 1
+    assert passes == sorted(passes)
+    assert len(passes) == 4  # the pass that sees stop set is the last: it is noted too
+
+
+async def test_follow_objects_refuses_a_shard_that_does_not_match_its_commit() -> None:
+    store = MemoryStore()
+    bad = await commit_shard(store, REF, TOPIC, 0, 0, 4, [record("x", 1), record("y", 1)])
+    store.objects[REF.key(bad.shard)] = store.objects[REF.key(bad.shard)].replace(b"x", b"q")
+    with pytest.raises(ChainError, match="sha256"):
+        await objects_until_caught_up(CorpusReader(store, REF))

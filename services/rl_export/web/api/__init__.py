@@ -1,0 +1,1 @@
+"""The HTTP API under ``/api/v1/{org}/{project}/`` (DESIGN.md section 7)."""

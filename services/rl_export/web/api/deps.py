@@ -1,0 +1,144 @@
+"""The API's dependencies: the services, the caller (token, org/project, scope), the filters.
+
+A route states what it needs in its signature: ``caller: LabelCaller`` checks the bearer token
+(401), that it is for the path's org/project (403) and that it holds the ``label`` scope
+(403), and gives the caller, whose subject is the labeler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Path, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from rl_export.common.errors import FilterError, StoreError
+from rl_export.common.filters import Filters, parse_filters
+from rl_export.common.specs import SAFE_NAME
+from rl_export.web.errors import Forbidden, Invalid, Unauthorized, Unavailable
+from rl_export.web.follower import Followed
+from rl_export.web.index import CorpusKey
+from rl_export.web.models import IndexState
+from rl_export.web.services import Services
+from rl_export.web.tokens import Caller, Scope, TokenRejected
+
+T = TypeVar("T")
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An API token from `rl-export tokens create` (rlx_...).",
+)
+
+OrgPath = Annotated[str, Path(pattern=SAFE_NAME.pattern, description="The organisation.")]
+ProjectPath = Annotated[str, Path(pattern=SAFE_NAME.pattern, description="The project.")]
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+Svc = Annotated[Services, Depends(services)]
+
+
+async def caller(
+    *,
+    org: OrgPath,
+    project: ProjectPath,
+    svc: Svc,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+) -> Caller:
+    """The token's caller, for this org/project; 401 or 403 otherwise."""
+    failures = svc.metrics.auth_failures
+    if credentials is None:
+        failures.labels("missing").inc()
+        raise Unauthorized("a bearer token is required (Authorization: Bearer rlx_...)")
+    try:
+        found = await svc.tokens.verify(credentials.credentials)
+    except TokenRejected as exc:
+        failures.labels(exc.reason).inc()
+        raise Unauthorized(exc.detail) from None
+    except StoreError:
+        raise Unavailable("the object store holding the tokens did not answer; retry") from None
+    if (found.org, found.project) != (org, project):
+        failures.labels("project").inc()
+        raise Forbidden(f"this token is for {found.org}/{found.project}, not {org}/{project}")
+    return found
+
+
+def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
+    async def check(who: Annotated[Caller, Depends(caller)], svc: Svc) -> Caller:
+        if not who.allows(scope):
+            svc.metrics.auth_failures.labels("scope").inc()
+            raise Forbidden(
+                f"this token has the scopes {', '.join(who.scopes)}; this needs {scope} (or admin)"
+            )
+        return who
+
+    return check
+
+
+LabelCaller = Annotated[Caller, Depends(require("label"))]
+ExportCaller = Annotated[Caller, Depends(require("export"))]
+
+_Text = Annotated[str | None, Query()]
+
+
+def filters(
+    *,
+    passed: Annotated[str | None, Query(description="true or false")] = None,
+    min_reward: Annotated[str | None, Query(description="reward >= this (0..1)")] = None,
+    max_reward: Annotated[str | None, Query(description="reward <= this (0..1)")] = None,
+    pass_dimension: Annotated[
+        list[str] | None,
+        Query(description="Repeatable: every decided outcome of this report type is true."),
+    ] = None,
+    max_severity: Annotated[str | None, Query(description="Worst severity <= N")] = None,
+    agent_version: _Text = None,
+    scenario: _Text = None,
+    since: Annotated[str | None, Query(description="updated_at >= (RFC 3339)")] = None,
+    until: Annotated[str | None, Query(description="updated_at < (RFC 3339)")] = None,
+    labeled: Annotated[str | None, Query(description="At least one human label")] = None,
+    limit: Annotated[str | None, Query(description="At most N records")] = None,
+) -> Filters:
+    """The filters of DESIGN.md section 4 from the query string; 422 naming a bad one."""
+    values: dict[str, str | list[str]] = {
+        name: value
+        for name, value in {
+            "passed": passed, "min_reward": min_reward, "max_reward": max_reward,
+            "pass_dimension": pass_dimension, "max_severity": max_severity,
+            "agent_version": agent_version, "scenario": scenario, "since": since,
+            "until": until, "labeled": labeled, "limit": limit,
+        }.items()
+        if value is not None
+    }  # fmt: skip
+    try:
+        return parse_filters(values)
+    except FilterError as exc:
+        raise Invalid(str(exc)) from None
+
+
+FiltersQuery = Annotated[Filters, Depends(filters)]
+
+
+async def corpus(svc: Services, org: str, project: str, name: str) -> Followed:
+    """The corpus in this instance's index, after its first pass (or the wait's end)."""
+    key = CorpusKey(org, project, name)
+    return await svc.indexer.ready(key, svc.settings.web_index_wait_s)
+
+
+def index_state(followed: Followed, now: float) -> IndexState:
+    return IndexState(
+        ready=followed.passes > 0, lag_s=round(followed.lag_s(now), 3), indexed=followed.live,
+        error=followed.error,
+    )  # fmt: skip
+
+
+async def query(fn: Callable[..., T], *args: Any) -> T:
+    """Run an index query off the event loop; once more if a segment went away under it."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except FileNotFoundError:
+        return await asyncio.to_thread(fn, *args)

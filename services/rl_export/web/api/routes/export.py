@@ -1,0 +1,278 @@
+"""The Export tab's routes (scope ``export``): stats, the preview, exports and export jobs.
+
+Stats and the preview are queries on this instance's index of the source's corpus; a direct
+export streams from the corpora (the same code as ``rl-export export``) on a thread of its
+own; a background export is a job (:mod:`rl_export.web.jobs`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import orjson
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
+
+from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
+from rl_export.common.filters import Filters, parse_filters
+from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
+from rl_export.corpora.store import ObjectStore
+from rl_export.export import check_export, content_type, file_name, iter_export, source_ref
+from rl_export.web.api.deps import (
+    ExportCaller,
+    FiltersQuery,
+    OrgPath,
+    ProjectPath,
+    Svc,
+    corpus,
+    index_state,
+    query,
+)
+from rl_export.web.errors import Invalid, NotFound
+from rl_export.web.index import BINS, QueryIndex
+from rl_export.web.jobs import JobRequest, JobStatus, file_key
+from rl_export.web.models import (
+    ExportIn,
+    Format,
+    HistogramBin,
+    JobOut,
+    RecordsOut,
+    Source,
+    StatsOut,
+)
+from rl_export.web.services import Services
+from rl_export.web.streaming import ThreadStream
+
+router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
+
+SourceQuery = Annotated[Source, Query(description="human, evaluator or traces")]
+FormatQuery = Annotated[Format, Query(description="A JSON Lines or tabular format")]
+ColumnsQuery = Annotated[
+    str | None, Query(description="Tabular formats: PATH[:HEADER],... in order")
+]
+JobPath = Annotated[str, Path(description="The job's id (32 hex digits).")]
+
+PREVIEW_MAX = 100
+PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching records
+PREVIEW_SCAN = 5_000  # records a preview reads at most looking for rows of its format
+
+
+def _checked(fmt: str, columns: str | list[str] | None) -> Any:
+    try:
+        return check_export(fmt, columns=columns)
+    except ExportError as exc:
+        raise Invalid(str(exc)) from None
+
+
+@router.get("/stats", summary="Stats of a source's latest records, with a reward histogram")
+async def get_stats(
+    *,
+    org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
+    filters: FiltersQuery,
+) -> StatsOut:  # fmt: skip
+    followed = await corpus(svc, org, project, source)
+    bins = BINS
+    counts = [0] * bins
+    records = rewarded = judged = passed = labeled = 0
+    reward_sum = 0.0
+    if followed.corpus_id is not None:
+        stats = await query(svc.index.stats, followed.corpus_id, filters)
+        records, rewarded, reward_sum = stats.records, stats.rewarded, stats.reward_sum
+        judged, passed, labeled, counts = (stats.judged, stats.passed, stats.human_labeled,
+                                           stats.histogram)  # fmt: skip
+    return StatsOut(
+        records=records,
+        avg_reward=reward_sum / rewarded if rewarded else None,
+        pass_rate=passed / judged if judged else None,
+        human_labeled=labeled,
+        reward_histogram=[
+            HistogramBin(lo=round(n / bins, 10), hi=round((n + 1) / bins, 10), count=c)
+            for n, c in enumerate(counts)
+        ],
+        index=index_state(followed, time.monotonic()),
+    )
+
+
+def _records(bodies: list[bytes]) -> list[dict[str, Any]]:
+    return [orjson.loads(b) for b in bodies]
+
+
+async def _preview(
+    index: QueryIndex, corpus_id: int, filters: Filters, *, fmt: str, columns: Any, size: int
+) -> list[dict[str, Any]]:
+    """The first ``size`` rows of the format over the matching records, in read order."""
+    if fmt == "preference":
+        sample = _records(await query(index.preview, corpus_id, filters, PAIRING_SAMPLE))
+        return list(preference_pairs(sample))[:size]
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    while len(rows) < size and offset < PREVIEW_SCAN:
+        # Some records have no row in a format (kto without a verdict): read on until enough,
+        # within bounds (a format no record fits must not read the whole corpus).
+        batch = _records(await query(index.preview, corpus_id, filters, size * 2, offset))
+        if not batch:
+            break
+        offset += len(batch)
+        for record in batch:
+            if fmt in TABULAR_FORMATS:
+                rows.append({c.header: c.value(record) for c in columns})
+            else:
+                row = render_row(fmt, record)
+                if row is not None:
+                    rows.append(row)
+            if len(rows) >= size:
+                break
+    return rows
+
+
+@router.get("/records", summary="The first records of an export (the preview)")
+async def get_records(
+    *,
+    org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
+    filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
+) -> RecordsOut:  # fmt: skip
+    picked = _checked(format, columns)
+    size = filters.limit if filters.limit is not None else 10
+    if not 1 <= size <= PREVIEW_MAX:
+        raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
+    followed = await corpus(svc, org, project, source)
+    items: list[dict[str, Any]] = []
+    if followed.corpus_id is not None:
+        items = await _preview(
+            svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size
+        )
+    return RecordsOut(
+        items=items,
+        columns=[c.header for c in picked] if picked is not None else None,
+        index=index_state(followed, time.monotonic()),
+    )
+
+
+def _disposition(name: str) -> str:
+    return f"attachment; filename=\"{name}\"; filename*=UTF-8''{quote(name)}"
+
+
+_EXPORT_CONTENT: dict[str, dict[str, Any]] = {
+    "application/x-ndjson": {}, "text/csv": {}, "application/json": {}, "application/zip": {},
+    "application/vnd.apache.parquet": {},
+}  # fmt: skip
+
+
+@router.get(
+    "/export",
+    summary="Stream an export (JSON Lines, CSV, JSON, Parquet or zip)",
+    response_class=StreamingResponse,
+    responses={200: {"content": _EXPORT_CONTENT, "description": "The export's file."}},
+)
+async def get_export(
+    *,
+    org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
+    filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
+) -> StreamingResponse:  # fmt: skip
+    _checked(format, columns)
+    ref = source_ref(org, project, source)
+
+    def make(store: ObjectStore) -> AsyncIterator[bytes]:
+        return iter_export(store, ref, format=format, filters=filters, columns=columns)
+
+    stream = ThreadStream(make, svc.settings.store_url)
+    try:
+        # The first chunk before the answer starts: a corpus with no data is a 404, not a
+        # broken 200.
+        first = await stream.next()
+    except NoDataError as exc:
+        stream.close()
+        raise NotFound(str(exc)) from None
+    except ExportError as exc:
+        stream.close()
+        raise Invalid(str(exc)) from None
+    except BaseException:
+        stream.close()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            chunk = first
+            while chunk is not None:
+                yield chunk
+                chunk = await stream.next()
+        finally:
+            stream.close()
+
+    return StreamingResponse(
+        body(),
+        media_type=content_type(format),
+        headers={"Content-Disposition": _disposition(file_name(ref, format))},
+    )
+
+
+def _job_out(status: JobStatus) -> JobOut:
+    download = None
+    if status.status == "ready":
+        download = f"/api/v1/{status.org}/{status.project}/exports/{status.id}/download"
+    return JobOut(
+        id=status.id, status=status.status, progress=status.progress, records=status.records,
+        error=status.error, file_name=status.file_name, download=download,
+    )  # fmt: skip
+
+
+@router.post("/exports", status_code=202, summary="Start an export as a background job")
+async def post_exports(
+    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, body: ExportIn
+) -> JobOut:
+    columns = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
+    _checked(body.format, columns)
+    try:
+        parse_filters(body.filters)
+    except FilterError as exc:
+        raise Invalid(str(exc)) from None
+    request = JobRequest(source=body.source, format=body.format, filters=body.filters,
+                         columns=columns)  # fmt: skip
+    return _job_out(await svc.jobs.start(org, project, request))
+
+
+async def _job(svc: Services, org: str, project: str, job_id: str) -> JobStatus:
+    status = await svc.jobs.get(org, project, job_id)
+    if status is None:
+        raise NotFound(f"no export job {job_id!r} in {org}/{project} (or it has expired)")
+    return status
+
+
+@router.get("/exports/{job_id}", summary="A background export's status and progress")
+async def get_job(
+    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, job_id: JobPath
+) -> JobOut:
+    return _job_out(await _job(svc, org, project, job_id))
+
+
+@router.get(
+    "/exports/{job_id}/download",
+    summary="A finished background export's file",
+    response_class=StreamingResponse,
+    responses={200: {"content": _EXPORT_CONTENT, "description": "The export's file."}},
+)
+async def get_job_download(
+    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, job_id: JobPath
+) -> StreamingResponse:
+    status = await _job(svc, org, project, job_id)
+    if status.status != "ready":
+        raise NotFound(f"export job {job_id} is {status.status}: it has no file to download")
+    chunks = svc.store.chunks(file_key(status))
+    try:
+        first = await anext(chunks, b"")
+    except ObjectNotFoundError:
+        raise NotFound(f"the file of export job {job_id} is gone (expired?)") from None
+
+    async def body() -> AsyncIterator[bytes]:
+        yield first
+        async for chunk in chunks:
+            yield chunk
+
+    return StreamingResponse(
+        body(),
+        media_type=status.content_type,
+        headers={"Content-Disposition": _disposition(status.file_name)},
+    )

@@ -1,0 +1,201 @@
+"""The FastAPI application: routes, error answers, the body limit and request metrics.
+
+Every error is JSON ``{error, detail}`` (:class:`~rl_export.web.models.ErrorOut`) with the
+status of DESIGN.md section 7; bad input of any kind is a 4xx, never a 500: a body over
+``web_max_body_bytes`` is 413 before it is read, a body or parameter that does not validate
+is 422 naming the field, and a broker or store that does not answer is 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rl_export import __version__
+from rl_export.common.errors import ConfigError, StoreError
+from rl_export.common.metrics import WebMetrics
+from rl_export.web.api.routes import export, label
+from rl_export.web.errors import ApiError
+from rl_export.web.models import ErrorOut
+from rl_export.web.pages import router as pages_router
+from rl_export.web.pages import static_files
+from rl_export.web.services import Services
+
+log = logging.getLogger(__name__)
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "A missing, unknown or revoked token."},
+    403: {"model": ErrorOut, "description": "A token of another org/project or scope."},
+    404: {"model": ErrorOut, "description": "An unknown trace or job."},
+    413: {"model": ErrorOut, "description": "A request body over the limit."},
+    422: {"model": ErrorOut, "description": "A body or parameter that cannot be accepted."},
+    503: {"model": ErrorOut, "description": "The broker or the store did not answer."},
+}
+
+
+def _error(status: int, error: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            message = "is not a field of this request"
+            if where.endswith("labeler"):
+                message += " (the labeler is always the token's subject)"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts) or "invalid request"
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413, by Content-Length or while reading."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, "too_large", f"the request body is over {self.limit} bytes")
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.limit:
+                    await too_large(scope, receive, send)
+                    return
+        seen = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge(self.limit)
+            return message
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, watch)
+        except _BodyTooLarge:
+            if not started:
+                await too_large(scope, receive, send)
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised while the body is read (FastAPI lets HTTP exceptions from there through)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is over {limit} bytes")
+
+
+class RequestMetrics:
+    """Count and time requests by route template (``other`` when no route matched)."""
+
+    def __init__(self, app: ASGIApp, metrics: WebMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "other"
+            method = scope.get("method", "GET")
+            self.metrics.requests.labels(template, method, str(status)).inc()
+            self.metrics.latency.labels(template, method).observe(time.perf_counter() - began)
+
+
+def create_app(services: Services) -> FastAPI:
+    """The application over a services container (started and stopped with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await services.start()
+        try:
+            yield
+        finally:
+            await services.stop()
+
+    app = FastAPI(
+        title="rl-export",
+        version=__version__,
+        summary="Label trajectories and export evaluator-scored traces for fine-tuning and RLHF.",
+        openapi_url="/api/v1/openapi.json",
+        docs_url=None,  # Swagger UI loads from a CDN: the document itself is enough
+        redoc_url=None,
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+    )
+    app.state.services = services
+    app.include_router(export.router)
+    app.include_router(label.router)
+    app.include_router(pages_router)
+    app.mount("/static", static_files(), name="static")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.error, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid", _validation_detail(exc))
+
+    @app.exception_handler(ConfigError)
+    async def bad_parameter(request: Request, exc: ConfigError) -> JSONResponse:
+        return _error(422, "invalid", str(exc))
+
+    @app.exception_handler(StoreError)
+    async def store_down(request: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error on %s: %s", request.url.path, exc)
+        return _error(503, "unavailable", "the object store did not answer; retry")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        names = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        return _error(exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _error(500, "internal", "an unexpected error (logged on the server)")
+
+    app.add_middleware(BodyLimit, limit=services.settings.web_max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=services.metrics)
+    return app

@@ -1,0 +1,44 @@
+"""``rl-export web``: the web service's process (uvicorn serving the FastAPI app)."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from rl_export.common.settings import Settings
+from rl_export.web.app import create_app
+from rl_export.web.services import build_services
+
+_LEVELS = {"crit": "critical", "error": "error", "warn": "warning", "info": "info",
+           "debug": "debug"}  # fmt: skip
+
+
+def run_web(settings: Settings) -> int:
+    """Serve the API and the page until SIGINT or SIGTERM; return the exit code."""
+    logging.basicConfig(
+        level=_LEVELS[settings.log_level].upper(),
+        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+        force=True,
+    )
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    services = build_services(settings)
+    app = create_app(services)
+    config = uvicorn.Config(
+        app,
+        host=settings.web_host,
+        port=settings.web_port,
+        log_level=_LEVELS[settings.log_level],
+        # Access lines name paths and query strings, never headers: tokens stay out of logs.
+        access_log=settings.log_level in ("info", "debug"),
+        timeout_graceful_shutdown=10,
+        server_header=False,
+    )
+    print(
+        f"rl-export web: http://{settings.web_host}:{settings.web_port}  (store "
+        f"{settings.store_url}, index {settings.index_dir})",
+        flush=True,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1

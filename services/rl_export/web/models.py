@@ -1,0 +1,113 @@
+"""The HTTP API's request and response bodies (DESIGN.md section 7), as pydantic models.
+
+The OpenAPI document at ``/api/v1/openapi.json`` is generated from these and the routes'
+signatures. Request bodies forbid unknown fields: a ``labeler`` in a label is a 422, since the
+labeler is always the token's subject.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl_export.common.events import Rubric
+from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
+from rl_export.export import SOURCES
+
+Source = Literal["human", "evaluator", "traces"]
+Format = Literal[
+    "trajectory", "prompt_completion", "messages", "kto", "preference", "executions",
+    "csv", "json", "parquet", "zip",
+]  # fmt: skip
+# The API's enums are the export package's lists (the OpenAPI document needs literals).
+assert set(get_args(Format)) == set(JSONL_FORMATS + TABULAR_FORMATS)
+assert set(get_args(Source)) == set(SOURCES)
+
+TRACE_ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+TraceId = Field(min_length=1, max_length=512, pattern=TRACE_ID_PATTERN)
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ErrorOut(BaseModel):
+    """Every error: a short code and a sentence for people."""
+
+    error: str = Field(examples=["invalid"])
+    detail: str = Field(examples=["min-reward: 'abc' is not a number"])
+
+
+class HistogramBin(BaseModel):
+    lo: float
+    hi: float
+    count: int
+
+
+class IndexState(BaseModel):
+    """How current the answer is: this instance's index of the corpus."""
+
+    ready: bool = Field(description="The index has read the corpus at least once.")
+    lag_s: float = Field(description="Commits made within this many seconds may be missing.")
+    indexed: int = Field(description="Live records the index holds for the corpus.")
+    error: str | None = Field(None, description="The last problem reading the corpus, if any.")
+
+
+class StatsOut(BaseModel):
+    records: int
+    avg_reward: float | None
+    pass_rate: float | None
+    human_labeled: int
+    reward_histogram: list[HistogramBin]
+    index: IndexState
+
+
+class RecordsOut(BaseModel):
+    items: list[dict[str, Any]]
+    columns: list[str] | None = Field(
+        None, description="The headers of a tabular format's rows, in order."
+    )
+    index: IndexState
+
+
+class QueueOut(BaseModel):
+    items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
+    remaining: int = Field(description="Traces left in the caller's queue, these included.")
+    index: IndexState
+
+
+class LabelIn(_In):
+    trace_id: str = TraceId
+    rubric: Rubric
+    comment: str | None = Field(None, max_length=10_000)
+
+
+class SkipIn(_In):
+    trace_id: str = TraceId
+
+
+class AcceptedOut(BaseModel):
+    event_id: str = Field(description="The published event's id (a UUID).")
+
+
+class ExportIn(_In):
+    source: Source
+    format: Format
+    filters: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        description='Filters as the query parameters spell them: {"min_reward": "0.5"}.',
+    )
+    columns: str | list[str] | None = Field(
+        None, description="Tabular formats: PATH[:HEADER] items, in order."
+    )
+
+
+class JobOut(BaseModel):
+    id: str
+    status: Literal["processing", "ready", "failed"]
+    progress: float = Field(ge=0, le=1)
+    records: int | None = None
+    error: str | None = None
+    file_name: str | None = None
+    download: str | None = Field(None, description="Where the finished file is (ready only).")

@@ -1,0 +1,92 @@
+"""The page shell, its static files, and the health and metrics pages.
+
+``/{org}/{project}/rl-export`` is server-rendered HTML (Jinja2, autoescaped) that holds no
+data and needs no token: the page's script asks for a token once, keeps it in the browser
+(localStorage) and calls ``/api/v1``. The script and the style sheet ship in the package
+(``web/static``); nothing comes from a CDN and nothing is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rl_export import __version__
+from rl_export.common.records import EvaluationView, RubricMean
+from rl_export.common.specs import SAFE_NAME
+from rl_export.export.columns import METADATA_COLUMNS, RECORD_FIELDS
+from rl_export.web.services import Services
+
+HERE = Path(__file__).parent
+
+# What the columns dialog offers: the record's fields, and the keys of its fixed objects (the
+# keys of evaluator_scores are the evaluators', read from the records themselves).
+COLUMNS = {
+    "fields": list(RECORD_FIELDS),
+    "metadata_columns": list(METADATA_COLUMNS),
+    "nested": {
+        "rubric": list(RubricMean.model_fields),
+        "evaluation": list(EvaluationView.model_fields),
+        "evaluation.report": ["outcomes", "classifications"],
+    },
+}
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+router = APIRouter(include_in_schema=False)
+
+
+def static_files() -> StaticFiles:
+    return StaticFiles(directory=str(HERE / "static"))
+
+
+def _services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+Svc = Annotated[Services, Depends(_services)]
+
+
+@router.get("/{org}/{project}/rl-export", response_class=HTMLResponse)
+async def rl_export_page(request: Request, org: str, project: str, svc: Svc) -> Response:
+    if not (SAFE_NAME.match(org) and SAFE_NAME.match(project)):
+        return HTMLResponse("<h1>Not found</h1>", status_code=404)
+    config = {
+        "org": org,
+        "project": project,
+        "pass_threshold": svc.settings.human_pass_threshold,
+        "sync_export_max_records": svc.settings.web_sync_export_max_records,
+        **COLUMNS,
+    }
+    return templates.TemplateResponse(
+        request,
+        "rl_export.html",
+        {"org": org, "project": project, "version": __version__, "config": config},
+    )
+
+
+@router.get("/healthz")
+async def healthz() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(svc: Svc) -> JSONResponse:
+    """Ready when the object store answers (the broker only matters to labels: a 503 there)."""
+    try:
+        await asyncio.wait_for(svc.store.check(), 5)
+    except Exception as exc:  # any failure means not ready; the reason is in the answer
+        return JSONResponse({"ready": False, "store": str(exc)}, status_code=503)
+    return JSONResponse({"ready": True})
+
+
+@router.get("/metrics")
+async def metrics(svc: Svc) -> Response:
+    svc.indexer.update_metrics()
+    return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,83 @@
+"""Publishing label events: acks=all, and the API's 202 only once the broker acknowledged.
+
+One idempotent producer per web process (``make_producer``: the configured partitioner, so a
+label meets its trace's other events in one partition). It is started on first use and again
+after a failure; an event the broker does not acknowledge within ``web_publish_timeout_s``
+is :class:`~rl_export.web.errors.Unavailable` (503), and the caller retries: a label is never
+acknowledged without being on the broker. A retry after a timeout may publish the label
+twice (the first send can still land); the join keeps the latest of a labeler's labels, so
+the second only replaces the first with the same rubric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from rl_export.common.errors import RlExportError
+from rl_export.common.metrics import WebMetrics
+from rl_export.common.settings import Settings
+from rl_export.stream.produce import make_producer
+from rl_export.stream.topics import ensure_service_topics
+from rl_export.web.errors import Unavailable
+from rl_export.web.labels import LabelEvent, encode
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    """Sends label events to the labels topic and waits for the acknowledgement."""
+
+    def __init__(self, settings: Settings, metrics: WebMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+
+    async def _ready(self) -> AIOKafkaProducer:
+        async with self._lock:
+            if self._producer is None:
+                await ensure_service_topics(self.settings)  # creates or checks the topics
+                producer = make_producer(self.settings)
+                try:
+                    await producer.start()
+                except BaseException:
+                    await producer.stop()
+                    raise
+                self._producer = producer
+            return self._producer
+
+    async def publish(self, event: LabelEvent) -> None:
+        """Publish and wait for the broker's acknowledgement; Unavailable when it does not."""
+        timeout = self.settings.web_publish_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                producer = await self._ready()
+                sent = await producer.send(
+                    self.settings.topic_labels, encode(event), key=event.trace_id.encode()
+                )
+                await sent
+        except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
+            self.metrics.publish_failures.inc()
+            await self._reset()
+            why = f"no acknowledgement within {timeout:g} s" if isinstance(exc, TimeoutError) else (
+                f"{type(exc).__name__}: {exc}")  # fmt: skip
+            raise Unavailable(
+                f"Kafka at {self.settings.kafka_bootstrap} did not acknowledge the "
+                f"{event.event_type} event ({why}): it may not be recorded, retry (a repeated "
+                "label replaces the earlier one)"
+            ) from None
+        self.metrics.published.labels(event.event_type).inc()
+
+    async def _reset(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 5)
+
+    async def close(self) -> None:
+        await self._reset()

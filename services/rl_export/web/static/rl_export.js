@@ -1,0 +1,923 @@
+// RL Export page: the Label and Export tabs over /api/v1. No framework, no build step.
+// Every piece of data is put on the page as text (textContent / text nodes), never as HTML:
+// transcripts are untrusted.
+"use strict";
+
+(() => {
+  const config = JSON.parse(document.getElementById("rl-config").textContent);
+  const API = `/api/v1/${encodeURIComponent(config.org)}/${encodeURIComponent(config.project)}/`;
+  const TOKEN_KEY = `rl-export-token:${config.org}/${config.project}`;
+  const $ = (id) => document.getElementById(id);
+
+  // --- DOM helper: attributes, events and text children only --------------------------
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") el.className = value;
+      else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  function toast(text) {
+    const box = $("toast");
+    box.textContent = text;
+    box.hidden = false;
+    clearTimeout(toast.timer);
+    toast.timer = setTimeout(() => { box.hidden = true; }, 4000);
+  }
+
+  // --- the token: asked for once, kept in this browser ---------------------------------
+  let token = localStorage.getItem(TOKEN_KEY);
+
+  class ApiError extends Error {
+    constructor(status, detail) {
+      super(detail);
+      this.status = status;
+    }
+  }
+
+  async function api(path, { method = "GET", body, raw = false } = {}) {
+    const headers = { Authorization: `Bearer ${token}` };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(API + path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (!response.ok) {
+      let detail = response.statusText;
+      try {
+        const answer = await response.json();
+        detail = answer.detail || answer.error || detail;
+      } catch (_) { /* not JSON: keep the status text */ }
+      if (response.status === 401) askToken(`The token was not accepted: ${detail}`);
+      throw new ApiError(response.status, detail);
+    }
+    return raw ? response : response.json();
+  }
+
+  function askToken(message) {
+    $("token-panel").hidden = false;
+    $("panel-label").hidden = true;
+    $("panel-export").hidden = true;
+    $("who").hidden = true;
+    const error = $("token-error");
+    error.hidden = !message;
+    error.textContent = message || "";
+    $("token-input").value = "";
+    $("token-input").focus();
+  }
+
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token-input").value.trim();
+    if (!value) return;
+    token = value;
+    localStorage.setItem(TOKEN_KEY, value);
+    start();
+  });
+
+  $("forget-token").addEventListener("click", () => {
+    localStorage.removeItem(TOKEN_KEY);
+    token = null;
+    askToken("");
+  });
+
+  // --- tabs ------------------------------------------------------------------------------
+  const tabs = [$("tab-label"), $("tab-export")];
+  let activeTab = location.hash === "#export" ? "export" : "label";
+
+  function selectTab(name, focus) {
+    activeTab = name;
+    for (const tab of tabs) {
+      const selected = tab.id === `tab-${name}`;
+      tab.setAttribute("aria-selected", String(selected));
+      tab.tabIndex = selected ? 0 : -1;
+      $(tab.getAttribute("aria-controls")).hidden = !selected || !token;
+      if (selected && focus) tab.focus();
+    }
+    history.replaceState(null, "", `#${name}`);
+    if (name === "export") refreshExport();
+    // From the tab list the focus stays on the tab (the shortcuts work from there); a click
+    // takes it to the ratings.
+    if (name === "label" && !focus) focusDimension(label.focused);
+  }
+
+  for (const tab of tabs) {
+    tab.addEventListener("click", () => selectTab(tab.id.slice(4), false));
+    tab.addEventListener("keydown", (event) => {
+      if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+        event.preventDefault();
+        event.stopPropagation();
+        selectTab(activeTab === "label" ? "export" : "label", true);
+      }
+    });
+  }
+
+  // =====================================================================================
+  // Label tab
+  // =====================================================================================
+  const DIMENSIONS = [
+    ["correctness", "Correctness"], ["helpfulness", "Helpfulness"],
+    ["efficiency", "Efficiency"], ["safety", "Safety"],
+  ];
+  const label = {
+    queue: [], remaining: 0, current: null, ratings: {}, focused: 0, lastSaved: null,
+    busy: false, done: new Set(),
+  };
+
+  function buildDimensions() {
+    const box = $("dimensions");
+    box.replaceChildren();
+    DIMENSIONS.forEach(([key, name], index) => {
+      const scale = h("div", { class: "scale", role: "radiogroup", "aria-label": name });
+      for (let value = 1; value <= 5; value += 1) {
+        scale.append(h("button", {
+          type: "button", role: "radio", "aria-checked": "false", tabindex: "-1",
+          "data-dim": key, "data-value": String(value), "aria-label": `${name} ${value}`,
+          onclick: () => { rate(index, value); },
+        }, String(value)));
+      }
+      box.append(h("div", { class: "dimension", "data-index": String(index) },
+        h("span", { class: "dim-name" }, name), scale));
+    });
+  }
+
+  function focusDimension(index) {
+    label.focused = Math.max(0, Math.min(DIMENSIONS.length - 1, index));
+    const rows = $("dimensions").querySelectorAll(".dimension");
+    rows.forEach((row, n) => row.classList.toggle("focused", n === label.focused));
+    if (activeTab !== "label" || !label.current || $("panel-label").hidden) return;
+    const row = rows[label.focused];
+    if (!row) return;
+    const key = DIMENSIONS[label.focused][0];
+    const chosen = label.ratings[key] || 1;
+    const target = row.querySelector(`button[data-value="${chosen}"]`);
+    row.querySelectorAll("button").forEach((b) => { b.tabIndex = b === target ? 0 : -1; });
+    target.focus({ preventScroll: true });
+  }
+
+  function rate(index, value) {
+    const key = DIMENSIONS[index][0];
+    label.ratings[key] = value;
+    const row = $("dimensions").querySelectorAll(".dimension")[index];
+    row.querySelectorAll("button").forEach((b) => {
+      b.setAttribute("aria-checked", String(Number(b.dataset.value) === value));
+    });
+    $("rate-error").hidden = true;
+    showReward();
+    focusDimension(index < DIMENSIONS.length - 1 ? index + 1 : index);
+  }
+
+  function threshold() {
+    const record = label.current;
+    return record && typeof record.pass_threshold === "number"
+      ? record.pass_threshold : config.pass_threshold;
+  }
+
+  function showReward() {
+    const values = DIMENSIONS.map(([key]) => label.ratings[key]);
+    const verdict = $("reward-verdict");
+    if (values.some((v) => !v)) {
+      const given = values.filter(Boolean).length;
+      $("reward-value").textContent = "–";
+      verdict.className = "verdict";
+      verdict.textContent = `rate all four (${given}/4)`;
+      return;
+    }
+    const sum = values.reduce((a, b) => a + b, 0);
+    const reward = sum / 20;
+    const passed = reward >= threshold();
+    $("reward-value").textContent = reward.toFixed(2);
+    verdict.className = `verdict ${passed ? "pass" : "fail"}`;
+    verdict.textContent = `${passed ? "Pass" : "Fail"} (threshold ${threshold().toFixed(2)})`;
+  }
+
+  function resetRating(prefill) {
+    label.ratings = { ...(prefill || {}) };
+    $("dimensions").querySelectorAll(".scale button").forEach((b) => {
+      b.setAttribute("aria-checked", String(label.ratings[b.dataset.dim] === Number(b.dataset.value)));
+    });
+    $("comment").value = "";
+    $("rate-error").hidden = true;
+    showReward();
+  }
+
+  // --- the transcript ------------------------------------------------------------------
+  const LONG_CHARS = 700;
+  const LONG_LINES = 10;
+
+  function textBlock(text) {
+    const block = h("div", { class: "text" }, text);
+    if (text.length <= LONG_CHARS && text.split("\n").length <= LONG_LINES) return block;
+    block.classList.add("collapsed");
+    const toggle = h("button", { type: "button", class: "link toggle", "aria-expanded": "false" },
+      "Show all");
+    toggle.addEventListener("click", () => {
+      const open = block.classList.toggle("collapsed") === false;
+      toggle.setAttribute("aria-expanded", String(open));
+      toggle.textContent = open ? "Show less" : "Show all";
+    });
+    return h("div", {}, block, toggle);
+  }
+
+  function jsonBlock(value) {
+    return h("pre", { class: "json" }, JSON.stringify(value, null, 2));
+  }
+
+  function maybeJson(text) {
+    if (typeof text !== "string") return null;
+    const trimmed = text.trim();
+    if (!(trimmed.startsWith("{") || trimmed.startsWith("["))) return null;
+    try { return JSON.parse(trimmed); } catch (_) { return null; }
+  }
+
+  function contentNodes(content) {
+    if (content === null || content === undefined) return [];
+    if (typeof content === "string") {
+      const parsed = maybeJson(content);
+      return [parsed !== null && content.length < 4000 ? jsonBlock(parsed) : textBlock(content)];
+    }
+    if (Array.isArray(content)) {
+      return content.map((part) => {
+        if (part && typeof part === "object" && typeof part.text === "string") {
+          return h("div", { class: "part" }, textBlock(part.text));
+        }
+        const kind = part && typeof part === "object" && part.type ? String(part.type) : typeof part;
+        return h("div", { class: "part" }, h("span", { class: "part-kind" }, kind), jsonBlock(part));
+      });
+    }
+    return [jsonBlock(content)];
+  }
+
+  function toolCallNodes(calls) {
+    if (!Array.isArray(calls)) return [];
+    return calls.map((call) => {
+      const fn = (call && call.function) || {};
+      const name = fn.name || (call && call.name) || "tool call";
+      const args = fn.arguments !== undefined ? fn.arguments : call && call.arguments;
+      const parsed = typeof args === "string" ? maybeJson(args) : args;
+      return h("div", { class: "tool-call" },
+        h("div", {}, h("span", { class: "part-kind" }, "calls "), h("span", { class: "fn" }, name),
+          call && call.id ? h("span", { class: "msg-name" }, `  ${call.id}`) : null),
+        parsed !== null && parsed !== undefined ? jsonBlock(parsed)
+          : args !== undefined ? textBlock(String(args)) : null);
+    });
+  }
+
+  const KNOWN = new Set(["role", "content", "name", "tool_calls", "tool_call_id"]);
+
+  function renderMessages(messages) {
+    const list = $("messages");
+    list.replaceChildren();
+    (Array.isArray(messages) ? messages : []).forEach((message, index) => {
+      const m = message && typeof message === "object" ? message : { role: "?", content: message };
+      const role = String(m.role || "?");
+      const head = h("div", { class: "msg-head" },
+        h("span", { class: `role role-${role}` }, role === "tool" ? "tool result" : role),
+        m.name ? h("span", { class: "msg-name" }, String(m.name)) : null,
+        m.tool_call_id ? h("span", { class: "msg-name" }, `for ${m.tool_call_id}`) : null);
+      const body = [...contentNodes(m.content), ...toolCallNodes(m.tool_calls)];
+      if (!body.length) body.push(h("div", { class: "muted" }, "(no content)"));
+      const extra = Object.keys(m).filter((k) => !KNOWN.has(k));
+      if (extra.length) {
+        const rest = {};
+        for (const key of extra) rest[key] = m[key];
+        body.push(h("details", {}, h("summary", { class: "muted" }, `other fields: ${extra.join(", ")}`),
+          jsonBlock(rest)));
+      }
+      list.append(h("li", { class: `msg ${role}`, "aria-label": `message ${index + 1}, ${role}` },
+        head, ...body));
+    });
+  }
+
+  function renderEvaluator(record) {
+    const box = $("evaluator");
+    box.replaceChildren();
+    const evaluation = record.evaluation;
+    const results = evaluation && Array.isArray(evaluation.results) ? evaluation.results : [];
+    if (!results.length) {
+      box.append(h("p", { class: "muted" }, "Not evaluated yet."));
+    } else {
+      const passed = results.every((r) => r.passed === true);
+      const mean = results.reduce((a, r) => a + Number(r.score || 0), 0) / results.length;
+      box.append(h("div", { class: "eval-summary" },
+        h("span", {}, "Mean score ", h("span", { class: "score" }, mean.toFixed(2))),
+        h("span", { class: `badge ${passed ? "pass" : "fail"}` }, passed ? "PASS" : "FAIL")));
+      for (const result of results) {
+        box.append(h("div", { class: "eval-row" },
+          h("span", { class: "eval-name" }, String(result.evaluator)),
+          h("span", {}, h("span", { class: "score" }, Number(result.score).toFixed(2)), " ",
+            h("span", { class: `badge ${result.passed ? "pass" : "fail"}` }, result.passed ? "pass" : "fail"))));
+        if (result.reasoning) box.append(h("p", { class: "reasoning" }, String(result.reasoning)));
+      }
+      const outcomes = evaluation.report && Array.isArray(evaluation.report.outcomes)
+        ? evaluation.report.outcomes : [];
+      if (outcomes.length) {
+        box.append(h("p", { class: "reasoning" }, outcomes.map((o) => {
+          const decision = o.decision === null || o.decision === undefined ? "undecided"
+            : o.decision ? "yes" : "no";
+          return `${o.type}: ${decision}${o.severity ? ` (severity ${o.severity})` : ""}`;
+        }).join(" · ")));
+      }
+    }
+    const labels = record.labels_count || 0;
+    box.append(h("p", { class: "reasoning" }, labels
+      ? `${labels} human label${labels === 1 ? "" : "s"} so far`
+      : "No human label yet."));
+  }
+
+  function showCurrent() {
+    const record = label.current;
+    $("queue-count").textContent = `${label.remaining} left in your queue`;
+    if (!record) {
+      $("label-work").hidden = true;
+      $("label-empty").hidden = false;
+      $("queue-count").textContent = "0 left in your queue";
+      return;
+    }
+    $("label-empty").hidden = true;
+    $("label-work").hidden = false;
+    const meta = $("trace-meta");
+    meta.replaceChildren(
+      h("span", { class: "tag", title: "trace id" }, record.trace_id),
+      h("span", { class: "tag" }, record.scenario),
+      h("span", { class: "tag" }, record.agent_version));
+    $("trace-title").textContent = "Trajectory";
+    renderMessages(record.messages);
+    renderEvaluator(record);
+    resetRating(label.prefill);
+    label.prefill = null;
+    focusDimension(0);
+  }
+
+  async function loadQueue() {
+    try {
+      const body = await api("queue?limit=20");
+      label.queue = body.items.filter((r) => !label.done.has(r.trace_id));
+      label.remaining = body.remaining;
+    } catch (error) {
+      if (error.status === 403) {
+        $("queue-count").textContent = "This token cannot label (no label scope)";
+        $("label-work").hidden = true;
+        return;
+      }
+      if (error.status !== 401) toast(`Could not load the queue: ${error.message}`);
+      return;
+    }
+    label.current = label.queue.shift() || null;
+    showCurrent();
+  }
+
+  async function next() {
+    label.current = label.queue.shift() || null;
+    if (!label.current) {
+      await loadQueue();
+      return;
+    }
+    showCurrent();
+  }
+
+  async function save() {
+    if (label.busy || !label.current) return;
+    const rubric = {};
+    for (const [key, name] of DIMENSIONS) {
+      if (!label.ratings[key]) {
+        const error = $("rate-error");
+        error.textContent = `Rate ${name} first (1–5).`;
+        error.hidden = false;
+        focusDimension(DIMENSIONS.findIndex(([k]) => k === key));
+        return;
+      }
+      rubric[key] = label.ratings[key];
+    }
+    const record = label.current;
+    const comment = $("comment").value.trim();
+    label.busy = true;
+    try {
+      await api("labels", { method: "POST", body: { trace_id: record.trace_id, rubric, ...(comment ? { comment } : {}) } });
+      label.done.add(record.trace_id);
+      label.lastSaved = { record, rubric };
+      label.remaining = Math.max(0, label.remaining - 1);
+      $("undo-text").textContent = `Saved ${record.trace_id} (reward ${(Object.values(rubric).reduce((a, b) => a + b, 0) / 20).toFixed(2)}).`;
+      $("undo-line").hidden = false;
+      await next();
+    } catch (error) {
+      if (error.status !== 401) showRateError(error);
+    } finally {
+      label.busy = false;
+    }
+  }
+
+  function showRateError(error) {
+    const box = $("rate-error");
+    box.textContent = error.status === 503
+      ? `Not saved: ${error.message}`
+      : `Could not save: ${error.message}`;
+    box.hidden = false;
+  }
+
+  async function skip() {
+    if (label.busy || !label.current) return;
+    const record = label.current;
+    label.busy = true;
+    try {
+      await api("skips", { method: "POST", body: { trace_id: record.trace_id } });
+      label.done.add(record.trace_id);
+      label.remaining = Math.max(0, label.remaining - 1);
+      await next();
+    } catch (error) {
+      if (error.status !== 401) showRateError(error);
+    } finally {
+      label.busy = false;
+    }
+  }
+
+  async function undo() {
+    const saved = label.lastSaved;
+    if (label.busy || !saved) return;
+    label.busy = true;
+    try {
+      await api(`labels/${encodeURIComponent(saved.record.trace_id)}`, { method: "DELETE" });
+      label.done.delete(saved.record.trace_id);
+      if (label.current) label.queue.unshift(label.current);
+      label.current = saved.record;
+      label.remaining += 1;
+      label.lastSaved = null;
+      label.prefill = saved.rubric;
+      $("undo-line").hidden = true;
+      showCurrent();
+      toast(`Label of ${saved.record.trace_id} retracted: rate it again or skip it.`);
+    } catch (error) {
+      if (error.status !== 401) showRateError(error);
+    } finally {
+      label.busy = false;
+    }
+  }
+
+  $("rate-form").addEventListener("submit", (event) => { event.preventDefault(); save(); });
+  $("skip").addEventListener("click", skip);
+  $("undo").addEventListener("click", undo);
+  $("queue-refresh").addEventListener("click", loadQueue);
+
+  document.addEventListener("keydown", (event) => {
+    if (activeTab !== "label" || $("panel-label").hidden || !label.current) return;
+    if (document.querySelector("dialog[open]")) return;
+    if (event.altKey || event.metaKey) return;
+    const target = event.target;
+    const typing = target instanceof HTMLTextAreaElement || target instanceof HTMLInputElement
+      || target instanceof HTMLSelectElement;
+    if (typing) {
+      if (target.id === "comment" && event.key === "Enter" && event.ctrlKey) {
+        event.preventDefault();
+        save();
+      } else if (target.id === "comment" && event.key === "Escape") {
+        focusDimension(label.focused);
+      }
+      return;
+    }
+    if (event.ctrlKey) return;
+    if (/^[1-5]$/.test(event.key)) {
+      event.preventDefault();
+      rate(label.focused, Number(event.key));
+    } else if (event.key === "ArrowDown" || event.key === "ArrowRight") {
+      if (target.getAttribute && target.getAttribute("role") === "tab") return;
+      event.preventDefault();
+      focusDimension(label.focused + 1);
+    } else if (event.key === "ArrowUp" || event.key === "ArrowLeft") {
+      if (target.getAttribute && target.getAttribute("role") === "tab") return;
+      event.preventDefault();
+      focusDimension(label.focused - 1);
+    } else if (event.key === "Enter") {
+      const isScale = target.closest && target.closest(".scale");
+      if (target instanceof HTMLButtonElement && !isScale) return; // the button's own action
+      event.preventDefault();
+      save();
+    } else if (event.key === "s" || event.key === "S") {
+      event.preventDefault();
+      skip();
+    } else if (event.key === "u" || event.key === "U") {
+      event.preventDefault();
+      undo();
+    }
+  });
+
+  // =====================================================================================
+  // Export tab
+  // =====================================================================================
+  const SOURCES = [["human", "Human labels"], ["evaluator", "Evaluator score"]];
+  const JSONL = [
+    ["trajectory", "Trajectory"], ["prompt_completion", "Prompt/completion"],
+    ["messages", "Messages"], ["kto", "KTO"], ["preference", "Preference"],
+    ["executions", "Executions"],
+  ];
+  const TABULAR = [["csv", "CSV"], ["json", "JSON"], ["parquet", "Parquet"], ["zip", "ZIP"]];
+  const EXTENSIONS = { csv: ".csv", json: ".json", parquet: ".parquet", zip: ".zip" };
+  const exp = { source: "human", format: "trajectory", columns: null, stats: null, seq: 0 };
+
+  function segmented(box, groups, current, onPick) {
+    box.replaceChildren();
+    const buttons = [];
+    for (const [title, items] of groups) {
+      const group = h("span", { class: "segmented" });
+      if (title) group.append(h("span", { class: "group-label" }, title));
+      box.append(group);
+      for (const [value, name] of items) {
+        const button = h("button", {
+          type: "button", role: "radio", "aria-checked": String(value === current),
+          "data-value": value, tabindex: value === current ? "0" : "-1",
+        }, name);
+        button.addEventListener("click", () => pick(value));
+        buttons.push(button);
+        group.append(button);
+      }
+    }
+    function pick(value, focus) {
+      for (const b of buttons) {
+        const on = b.dataset.value === value;
+        b.setAttribute("aria-checked", String(on));
+        b.tabIndex = on ? 0 : -1;
+        if (on && focus) b.focus();
+      }
+      onPick(value);
+    }
+    box.addEventListener("keydown", (event) => {
+      const index = buttons.findIndex((b) => b.getAttribute("aria-checked") === "true");
+      if (event.key === "ArrowRight" || event.key === "ArrowDown") {
+        event.preventDefault();
+        pick(buttons[(index + 1) % buttons.length].dataset.value, true);
+      } else if (event.key === "ArrowLeft" || event.key === "ArrowUp") {
+        event.preventDefault();
+        pick(buttons[(index - 1 + buttons.length) % buttons.length].dataset.value, true);
+      }
+    });
+  }
+
+  segmented($("source"), [["", SOURCES]], exp.source, (value) => {
+    exp.source = value;
+    refreshExport();
+  });
+  segmented($("format"), [["JSON Lines", JSONL], ["Tabular", TABULAR]], exp.format, (value) => {
+    exp.format = value;
+    $("columns-open").hidden = !isTabular();
+    refreshExport();
+  });
+
+  function isTabular() { return TABULAR.some(([value]) => value === exp.format); }
+
+  function filterValues() {
+    const values = {};
+    for (const field of $("filters").querySelectorAll("input, select")) {
+      const raw = field.value.trim();
+      if (!raw) continue;
+      if (field.name === "pass_dimension") {
+        values.pass_dimension = raw.split(",").map((s) => s.trim()).filter(Boolean);
+      } else if (field.type === "datetime-local") {
+        const when = new Date(raw);
+        if (!Number.isNaN(when.getTime())) values[field.name] = when.toISOString();
+      } else {
+        values[field.name] = raw;
+      }
+    }
+    return values;
+  }
+
+  function columnsText() {
+    if (!isTabular() || !exp.columns) return null;
+    return exp.columns.map((c) => (c.header && c.header !== c.path ? `${c.path}:${c.header}` : c.path)).join(",");
+  }
+
+  function query(extra) {
+    const params = new URLSearchParams({ source: exp.source, ...extra });
+    for (const [key, value] of Object.entries(filterValues())) {
+      if (Array.isArray(value)) value.forEach((v) => params.append(key, v));
+      else params.set(key, value);
+    }
+    return params;
+  }
+
+  function summaryOfFilters() {
+    const count = Object.keys(filterValues()).length;
+    $("filters-summary").textContent = count ? `(${count} set)` : "";
+  }
+
+  let refreshTimer = null;
+  function refreshExport() {
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(loadExport, 200);
+  }
+
+  async function loadExport() {
+    if (!token || activeTab !== "export") return;
+    summaryOfFilters();
+    const seq = ++exp.seq;
+    const error = $("export-error");
+    error.hidden = true;
+    const previewParams = query({ format: exp.format });
+    const columns = columnsText();
+    if (columns) previewParams.set("columns", columns);
+    const limit = Number(previewParams.get("limit") || 0);
+    previewParams.set("limit", String(limit && limit < 5 ? limit : 5));
+    try {
+      const [stats, preview] = await Promise.all([
+        api(`stats?${query({})}`),
+        api(`records?${previewParams}`),
+      ]);
+      if (seq !== exp.seq) return; // a newer request is on its way
+      exp.stats = stats;
+      renderStats(stats);
+      renderPreview(preview, stats);
+    } catch (err) {
+      if (seq !== exp.seq || err.status === 401) return;
+      error.textContent = err.status === 403
+        ? "This token cannot export (it has no export scope)."
+        : err.message;
+      error.hidden = false;
+    }
+  }
+
+  function renderStats(stats) {
+    $("stat-records").textContent = stats.records.toLocaleString();
+    $("stat-avg").textContent = stats.avg_reward === null ? "–" : stats.avg_reward.toFixed(3);
+    $("stat-pass").textContent = stats.pass_rate === null ? "–" : `${(stats.pass_rate * 100).toFixed(1)}%`;
+    $("stat-labeled").textContent = stats.human_labeled.toLocaleString();
+    const box = $("histogram");
+    box.replaceChildren();
+    const max = Math.max(1, ...stats.reward_histogram.map((b) => b.count));
+    const described = [];
+    for (const bin of stats.reward_histogram) {
+      described.push(`${bin.lo.toFixed(1)}–${bin.hi.toFixed(1)}: ${bin.count}`);
+      box.append(h("div", { class: "hbar", title: `reward ${bin.lo.toFixed(1)}–${bin.hi.toFixed(1)}: ${bin.count}` },
+        h("span", { class: "count" }, bin.count ? String(bin.count) : ""),
+        h("div", { class: "fill", style: `height:${(bin.count / max) * 80}%` }),
+        h("span", { class: "lo" }, bin.lo.toFixed(1))));
+    }
+    box.setAttribute("aria-label", `Reward histogram: ${described.join(", ")}`);
+  }
+
+  function cell(value) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "object") return JSON.stringify(value);
+    return String(value);
+  }
+
+  function renderPreview(preview, stats) {
+    const box = $("preview");
+    box.replaceChildren();
+    const shown = preview.items.length;
+    $("preview-note").textContent = stats.index && !stats.index.ready
+      ? "(indexing…)"
+      : `(first ${shown} of ${stats.records.toLocaleString()} records)`;
+    if (!shown) {
+      box.append(h("p", { class: "muted" }, "Nothing matches: no record of this source passes the filters (yet)."));
+      return;
+    }
+    if (preview.columns) {
+      const table = h("table", {},
+        h("thead", {}, h("tr", {}, preview.columns.map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, preview.items.map((row) => h("tr", {},
+          preview.columns.map((c) => h("td", { title: cell(row[c]).slice(0, 2000) }, cell(row[c])))))));
+      box.append(table);
+      return;
+    }
+    for (const item of preview.items) box.append(h("pre", {}, JSON.stringify(item, null, 2)));
+  }
+
+  $("filters").addEventListener("input", refreshExport);
+  $("filters").addEventListener("change", refreshExport);
+  $("filters-clear").addEventListener("click", () => {
+    for (const field of $("filters").querySelectorAll("input, select")) field.value = "";
+    refreshExport();
+  });
+
+  // --- downloads ---------------------------------------------------------------------------
+  function fileName(response) {
+    const header = response.headers.get("Content-Disposition") || "";
+    const match = /filename="([^"]+)"/.exec(header);
+    if (match) return match[1];
+    const ext = EXTENSIONS[exp.format] || ".jsonl";
+    return `${config.org}-${config.project}-${exp.source}-${exp.format}${ext}`;
+  }
+
+  async function saveResponse(response) {
+    const blob = await response.blob();
+    const url = URL.createObjectURL(blob);
+    const link = h("a", { href: url, download: fileName(response) });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 30000);
+  }
+
+  async function download() {
+    const button = $("download");
+    const records = exp.stats ? exp.stats.records : Infinity;
+    const filters = filterValues();
+    const limit = filters.limit ? Number(filters.limit) : Infinity;
+    if (Math.min(records, limit) > config.sync_export_max_records) {
+      await startJob(filters);
+      return;
+    }
+    button.disabled = true;
+    try {
+      const params = query({ format: exp.format });
+      const columns = columnsText();
+      if (columns) params.set("columns", columns);
+      await saveResponse(await api(`export?${params}`, { raw: true }));
+    } catch (err) {
+      if (err.status !== 401) toast(`Download failed: ${err.message}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+  $("download").addEventListener("click", download);
+
+  // The floating indicator of background exports (bottom right).
+  const job = { id: null, timer: null, seen: [] };
+
+  function showJob(state, title, body, progress) {
+    const box = $("job");
+    box.hidden = false;
+    box.className = `job ${state}`;
+    $("job-title").textContent = title;
+    $("job-body").textContent = body;
+    $("job-progress-wrap").hidden = state !== "processing";
+    $("job-progress").style.width = `${Math.round((progress || 0) * 100)}%`;
+    $("job-download").hidden = state !== "ready";
+    if (job.seen[job.seen.length - 1] !== state) job.seen.push(state);
+    box.dataset.states = job.seen.join(",");
+  }
+
+  async function startJob(filters) {
+    clearTimeout(job.timer);
+    job.seen = [];
+    const body = { source: exp.source, format: exp.format, filters };
+    const columns = columnsText();
+    if (columns) body.columns = columns;
+    try {
+      const started = await api("exports", { method: "POST", body });
+      job.id = started.id;
+      showJob("processing", "Processing", `${started.file_name} · 0%`, 0);
+      job.timer = setTimeout(pollJob, 700);
+    } catch (err) {
+      if (err.status !== 401) showJob("failed", "Failed", err.message, 0);
+    }
+  }
+
+  async function pollJob() {
+    if (!job.id) return;
+    try {
+      const status = await api(`exports/${job.id}`);
+      if (status.status === "processing") {
+        showJob("processing", "Processing", `${status.file_name} · ${Math.round(status.progress * 100)}%`, status.progress);
+        job.timer = setTimeout(pollJob, 700);
+      } else if (status.status === "ready") {
+        showJob("ready", "Export ready", `${status.file_name} · ${(status.records || 0).toLocaleString()} rows`, 1);
+        job.download = status.download;
+      } else {
+        showJob("failed", "Failed", status.error || "the export failed", 0);
+      }
+    } catch (err) {
+      if (err.status !== 401) showJob("failed", "Failed", err.message, 0);
+    }
+  }
+
+  $("job-download").addEventListener("click", async () => {
+    if (!job.download) return;
+    try {
+      const response = await fetch(job.download, { headers: { Authorization: `Bearer ${token}` } });
+      if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+      await saveResponse(response);
+    } catch (err) {
+      toast(`Download failed: ${err.message}`);
+    }
+  });
+  $("job-close").addEventListener("click", () => {
+    clearTimeout(job.timer);
+    job.id = null;
+    $("job").hidden = true;
+  });
+
+  // --- the columns dialog of tabular exports ----------------------------------------------
+  function defaultColumns() {
+    const meta = config.metadata_columns;
+    const rest = config.fields.filter((f) => !meta.includes(f));
+    return [...meta, ...rest].map((path) => ({ path, header: path, on: true }));
+  }
+
+  let draft = [];
+
+  async function evaluatorNames() {
+    try {
+      const sample = await api(`records?${new URLSearchParams({ source: exp.source, format: "trajectory", limit: "20" })}`);
+      const names = new Set();
+      for (const r of sample.items) for (const k of Object.keys(r.evaluator_scores || {})) names.add(k);
+      return [...names].sort();
+    } catch (_) {
+      return [];
+    }
+  }
+
+  function nestedKeys(path, evaluators) {
+    if (path === "evaluator_scores") return evaluators;
+    return config.nested[path] || [];
+  }
+
+  async function openColumns() {
+    const evaluators = await evaluatorNames();
+    const applied = exp.columns || defaultColumns();
+    draft = applied.map((c) => ({ ...c, on: true }));
+    for (const column of defaultColumns()) {
+      if (!draft.some((c) => c.path === column.path)) draft.push({ ...column, on: false });
+    }
+    draft.evaluators = evaluators;
+    renderColumns();
+    $("columns-dialog").showModal();
+    const first = $("columns-list").querySelector("input");
+    if (first) first.focus();
+  }
+
+  function renderColumns() {
+    const list = $("columns-list");
+    list.replaceChildren();
+    draft.forEach((column, index) => {
+      const nested = column.path.includes(".");
+      const keys = nestedKeys(column.path, draft.evaluators || []);
+      const box = h("input", { type: "checkbox", "aria-label": `include ${column.path}` });
+      box.checked = column.on;
+      box.addEventListener("change", () => { column.on = box.checked; });
+      const header = h("input", { type: "text", value: column.header, "aria-label": `header of ${column.path}` });
+      header.addEventListener("input", () => { column.header = header.value.replace(/,/g, " "); });
+      const up = h("button", { type: "button", class: "move", "aria-label": `move ${column.path} up` }, "↑");
+      const down = h("button", { type: "button", class: "move", "aria-label": `move ${column.path} down` }, "↓");
+      up.disabled = index === 0;
+      down.disabled = index === draft.length - 1;
+      up.addEventListener("click", () => move(index, -1));
+      down.addEventListener("click", () => move(index, 1));
+      const expand = keys.length && !nested
+        ? h("button", { type: "button", class: "expand", "aria-label": `keys of ${column.path}` }, "keys ▸")
+        : h("span", {});
+      if (keys.length && !nested) expand.addEventListener("click", () => addKeys(index, keys));
+      list.append(h("li", { class: `col-item${nested ? " nested" : ""}`, "data-path": column.path },
+        box, h("span", { class: "path" }, column.path), header, expand, h("span", {}, up, down)));
+    });
+  }
+
+  function move(index, delta) {
+    const to = index + delta;
+    if (to < 0 || to >= draft.length) return;
+    const [item] = draft.splice(index, 1);
+    draft.splice(to, 0, item);
+    renderColumns();
+    const row = $("columns-list").children[to];
+    const button = row && row.querySelectorAll(".move")[delta < 0 ? 0 : 1];
+    if (button && !button.disabled) button.focus();
+    else if (row) row.querySelector("input").focus();
+  }
+
+  function addKeys(index, keys) {
+    const parent = draft[index].path;
+    const fresh = keys.map((k) => `${parent}.${k}`).filter((p) => !draft.some((c) => c.path === p));
+    draft.splice(index + 1, 0, ...fresh.map((path) => ({ path, header: path, on: true })));
+    draft[index].on = false; // the keys replace the whole object by default
+    renderColumns();
+    const row = $("columns-list").children[index + 1];
+    if (row) row.querySelector("input").focus();
+  }
+
+  $("columns-open").addEventListener("click", openColumns);
+  $("columns-reset").addEventListener("click", () => {
+    draft = defaultColumns().map((c) => ({ ...c }));
+    draft.evaluators = [];
+    renderColumns();
+  });
+  $("columns-dialog").addEventListener("close", () => {
+    if ($("columns-dialog").returnValue !== "apply") return;
+    const chosen = draft.filter((c) => c.on).map((c) => ({ path: c.path, header: c.header.trim() || c.path }));
+    exp.columns = chosen.length ? chosen : null;
+    refreshExport();
+  });
+
+  // --- start -------------------------------------------------------------------------------
+  async function start() {
+    if (!token) {
+      askToken("");
+      return;
+    }
+    $("token-panel").hidden = true;
+    $("who").hidden = false;
+    const id = /^rlx_([0-9a-f]{12})_/.exec(token);
+    $("who-text").textContent = id ? `token ${id[1]}` : "token set";
+    selectTab(activeTab, false);
+    await loadQueue();
+    if (activeTab === "label") focusDimension(0);
+  }
+
+  buildDimensions();
+  start();
+})();

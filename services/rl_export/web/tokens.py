@@ -1,0 +1,236 @@
+"""API tokens: created and revoked by ``rl-export tokens``, checked by every web instance.
+
+A token is ``rlx_<id>_<secret>``: ``id`` (12 hex digits) names its record, ``secret`` (32
+random bytes, URL-safe base64) proves it. The record lives in the object store under
+``_tokens/<id>.json``, so every instance sees it, and holds the token's subject, org,
+project and scopes and the SHA-256 of the secret, never the secret: a plain hash is enough
+for 256 random bits (nothing to guess), and a stolen store does not give working tokens.
+
+Checking a token (:class:`TokenVerifier`): split it, read the record (cached for
+``web_token_cache_s``; an unknown id is cached too, so a flood of made-up tokens does not
+reach the store), compare the secret's hash in constant time (``hmac.compare_digest``), and
+refuse a revoked record. A revocation rewrites the record; every instance stops accepting the
+token within the cache time. Tokens are never logged: errors name the token's id at most.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rl_export.common.codec import dumps, loads
+from rl_export.common.errors import ObjectNotFoundError
+from rl_export.common.events import UtcDatetime
+from rl_export.common.specs import SAFE_NAME
+from rl_export.corpora.store import ObjectStore
+
+Scope = Literal["label", "export", "admin"]
+SCOPES: tuple[Scope, ...] = ("label", "export", "admin")
+PREFIX = "_tokens/"
+_TOKEN = re.compile(r"^rlx_([0-9a-f]{12})_([A-Za-z0-9_\-]{43})$")
+_SUBJECT = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+
+
+class TokenError(ValueError):
+    """A token request that cannot be met (bad subject, scope, org or project)."""
+
+
+class TokenRecord(BaseModel):
+    """What the store keeps of a token."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=r"^[0-9a-f]{12}$")
+    org: str = Field(pattern=SAFE_NAME.pattern)
+    project: str = Field(pattern=SAFE_NAME.pattern)
+    subject: str = Field(pattern=_SUBJECT.pattern)
+    scopes: tuple[Scope, ...] = Field(min_length=1)
+    created_at: UtcDatetime
+    revoked_at: UtcDatetime | None = None
+    secret_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Caller(BaseModel):
+    """Who is calling: the token's subject, org/project and scopes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    token_id: str
+    subject: str
+    org: str
+    project: str
+    scopes: tuple[Scope, ...]
+
+    def allows(self, scope: Scope) -> bool:
+        """``admin`` holds both ``label`` and ``export``."""
+        return scope in self.scopes or "admin" in self.scopes
+
+
+def parse_scopes(text: str) -> tuple[Scope, ...]:
+    """``label,export`` -> ("label", "export"); TokenError for anything else."""
+    found: list[Scope] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        scope = next((s for s in SCOPES if s == item), None)
+        if scope is None:
+            raise TokenError(f"unknown scope {item!r} (scopes: {', '.join(SCOPES)})")
+        if scope not in found:
+            found.append(scope)
+    if not found:
+        raise TokenError(f"no scope given (scopes: {', '.join(SCOPES)})")
+    return tuple(found)
+
+
+def secret_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split_token(token: str) -> tuple[str, str] | None:
+    """(id, secret) of a well-formed token, else None."""
+    found = _TOKEN.match(token)
+    return (found.group(1), found.group(2)) if found else None
+
+
+def new_token(
+    org: str, project: str, subject: str, scopes: tuple[Scope, ...], now: datetime
+) -> tuple[TokenRecord, str]:
+    """A fresh token and its record (pure but for the randomness)."""
+    for kind, value in (("org", org), ("project", project)):
+        if not SAFE_NAME.match(value):
+            raise TokenError(f"{kind} {value!r} is not a valid name (letters, digits, . _ -)")
+    if not _SUBJECT.match(subject):
+        raise TokenError(f"subject {subject!r} must be 1 to 200 printable characters")
+    token_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    record = TokenRecord(
+        id=token_id, org=org, project=project, subject=subject, scopes=scopes,
+        created_at=now, secret_sha256=secret_hash(secret),
+    )  # fmt: skip
+    return record, f"rlx_{token_id}_{secret}"
+
+
+class TokenStore:
+    """Token records in the object store."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    @staticmethod
+    def key(token_id: str) -> str:
+        return f"{PREFIX}{token_id}.json"
+
+    async def create(
+        self, org: str, project: str, subject: str, scopes: tuple[Scope, ...], now: datetime
+    ) -> tuple[TokenRecord, str]:
+        record, token = new_token(org, project, subject, scopes, now)
+        await self.store.put_if_absent(self.key(record.id), dumps(record.model_dump(mode="json")))
+        return record, token
+
+    async def get(self, token_id: str) -> TokenRecord | None:
+        """The record, or None when there is none (or it is unreadable)."""
+        try:
+            data = await self.store.get(self.key(token_id))
+        except ObjectNotFoundError:
+            return None
+        try:
+            return TokenRecord.model_validate(loads(data))
+        except (ValueError, ValidationError):
+            return None
+
+    async def list(self) -> list[TokenRecord]:
+        out = []
+        for key in await self.store.list(PREFIX):
+            name = key[len(PREFIX) :]
+            if name.endswith(".json") and "/" not in name:
+                record = await self.get(name[: -len(".json")])
+                if record is not None:
+                    out.append(record)
+        return sorted(out, key=lambda r: (r.created_at, r.id))
+
+    async def revoke(self, token_id: str, now: datetime) -> TokenRecord:
+        """Mark the token revoked (the record stays, for the audit); TokenError if unknown."""
+        record = await self.get(token_id)
+        if record is None:
+            raise TokenError(f"no token with id {token_id!r}")
+        if record.revoked_at is None:
+            record = record.model_copy(update={"revoked_at": now})
+            await self.store.put(self.key(token_id), dumps(record.model_dump(mode="json")))
+        return record
+
+
+class TokenRejected(Exception):
+    """A token that does not grant access; ``reason`` is a metrics label, ``detail`` for people."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class TokenVerifier:
+    """Checks bearer tokens against the store, with a short cache (see the module)."""
+
+    def __init__(
+        self,
+        tokens: TokenStore,
+        cache_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tokens = tokens
+        self.cache_s = cache_s
+        self.clock = clock
+        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+
+    async def _record(self, token_id: str) -> TokenRecord | None:
+        now = self.clock()
+        cached = self._cache.get(token_id)
+        if cached is not None and now - cached[0] < self.cache_s:
+            return cached[1]
+        record = await self.tokens.get(token_id)  # StoreError goes up: the API answers 503
+        if len(self._cache) > 10_000:  # bounded: drop what has expired
+            self._cache = {k: v for k, v in self._cache.items() if now - v[0] < self.cache_s}
+        self._cache[token_id] = (now, record)
+        return record
+
+    async def verify(self, token: str) -> Caller:
+        """The caller a token names; :class:`TokenRejected` when it grants nothing."""
+        parts = split_token(token)
+        if parts is None:
+            raise TokenRejected("malformed", "the token is not an rl-export token (rlx_...)")
+        token_id, secret = parts
+        record = await self._record(token_id)
+        # Hash and compare even when there is no record, so timing says nothing either way.
+        expected = record.secret_sha256 if record is not None else "0" * 64
+        matches = hmac.compare_digest(secret_hash(secret), expected)
+        if record is None or not matches:
+            raise TokenRejected("unknown", "unknown token")
+        if record.revoked_at is not None:
+            raise TokenRejected("revoked", f"token {token_id} was revoked")
+        return Caller(
+            token_id=record.id, subject=record.subject, org=record.org, project=record.project,
+            scopes=record.scopes,
+        )  # fmt: skip
+
+
+__all__ = [
+    "SCOPES",
+    "Caller",
+    "Scope",
+    "TokenError",
+    "TokenRecord",
+    "TokenRejected",
+    "TokenStore",
+    "TokenVerifier",
+    "new_token",
+    "parse_scopes",
+    "split_token",
+]

@@ -1,0 +1,144 @@
+"""A running stack for the web service's tests: the real broker and SeaweedFS (session), then
+for this package a worker (join and sink) and a web service, on topics and a store prefix of
+their own, seeded with traces through Kafka, and API tokens in the store. Tests share it, so
+each labels its own traces under its own subject."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_export.common.settings import Settings
+from rl_export.corpora.store import open_store
+from rl_export.local.broker import LocalKafka
+from rl_export.local.seaweed import LocalS3
+from rl_export.web.tokens import Scope, TokenStore
+from tests.integration.conftest import unique
+from tests.integration.webproc import WebProcess, wait_for
+from tests.integration.workers import WorkerProcess, publish
+from tests.records import trace_events
+
+SCRIPT = "<script>window.pwned = true</script><img src=x onerror=alert(1)>"
+TRACES = 12
+
+
+def seed_events() -> list[dict[str, Any]]:
+    """tr-000 .. tr-011 of acme/bot: scored 0.05 .. 0.95, every third labeled by someone
+    else, tr-009's transcript holds markup, tr-010 and tr-011 are of another scenario."""
+    events: list[dict[str, Any]] = []
+    for n in range(TRACES):
+        messages = None
+        if n == 9:
+            messages = [
+                {"role": "system", "content": "You are a careful agent."},
+                {"role": "user", "content": f"Please echo this: {SCRIPT}"},
+                {"role": "assistant", "content": [{"type": "text", "text": SCRIPT}]},
+            ]
+        events += trace_events(
+            n, score=round(0.05 + n * 0.08, 2), passed=n >= 6, minute=n,
+            labels=({"correctness": 4, "helpfulness": 4, "efficiency": 3, "safety": 5},)
+            if n % 3 == 0 else (),
+            messages=messages, scenario="trip" if n >= 10 else "refund",
+        )  # fmt: skip
+    return events
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    worker: WorkerProcess
+    web: WebProcess
+    tokens: dict[str, str] = field(default_factory=dict)
+    token_ids: dict[str, str] = field(default_factory=dict)
+
+
+def stack_settings(kafka: LocalKafka, s3: LocalS3, data_dir: Path, **extra: Any) -> Settings:
+    run = unique("w")
+    return Settings(
+        kafka_bootstrap=kafka.bootstrap,
+        topic_traces=f"{run}.traces.completed",
+        topic_evaluations=f"{run}.evaluations.finished",
+        topic_labels=f"{run}.labels.submitted",
+        topic_trajectories=f"{run}.trajectories",
+        topic_dead_letter=f"{run}.dead-letter",
+        partitions=4,
+        app_id=f"{run}-join",
+        sink_group=f"{run}-sink",
+        data_dir=data_dir,
+        store_url=f"s3://{s3.bucket}/{run}",
+        state_store="memory://",
+        shard_max_age_s=1.0,
+        join_processes=1,
+        web_index_poll_s=0.25,
+        web_token_cache_s=0.5,
+        web_publish_timeout_s=5.0,
+        web_export_heartbeat_s=0.3,
+        **extra,
+    )
+
+
+async def make_tokens(settings: Settings) -> tuple[dict[str, str], dict[str, str]]:
+    store = open_store(settings.store_url)
+    tokens = TokenStore(store)
+    now = datetime.now(UTC)
+    wanted: dict[str, tuple[str, str, str, tuple[Scope, ...]]] = {
+        "admin": ("acme", "bot", "ana", ("admin",)),
+        "label": ("acme", "bot", "bo", ("label",)),
+        "export": ("acme", "bot", "cy", ("export",)),
+        "labeler": ("acme", "bot", "dee", ("label", "export")),
+        "other": ("acme", "other", "ana", ("admin",)),
+        "revoked": ("acme", "bot", "eve", ("admin",)),
+        "queue": ("acme", "bot", "flo", ("label",)),
+        "undo": ("acme", "bot", "gus", ("label",)),
+        "fuzz": ("acme", "bot", "hal", ("label", "export")),
+        "page": ("acme", "bot", "pat", ("label", "export")),
+        "undo-page": ("acme", "bot", "uma", ("label", "export")),
+        "xss": ("acme", "bot", "xen", ("label", "export")),
+    }
+    out: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    try:
+        for name, (org, project, subject, scopes) in wanted.items():
+            record, token = await tokens.create(org, project, subject, scopes, now)
+            out[name], ids[name] = token, record.id
+    finally:
+        await store.close()
+    return out, ids
+
+
+def start_stack(settings: Settings, **web_env: str) -> Stack:
+    worker = WorkerProcess(settings, "worker").start()
+    try:
+        asyncio.run(publish(settings, seed_events()))
+        web = WebProcess(settings, "web", **web_env).start()
+    except BaseException:
+        worker.stop()
+        raise
+    stack = Stack(settings, worker, web)
+    stack.tokens, stack.token_ids = asyncio.run(make_tokens(settings))
+    with web.client(stack.tokens["admin"]) as api:
+
+        def seeded() -> bool:
+            stats = api.get("stats", params={"source": "traces"}).json()
+            return bool(stats.get("records") == TRACES)
+
+        wait_for("the seeded traces in the index", seeded, timeout_s=120)
+    return stack
+
+
+@pytest.fixture(scope="package")
+def stack(kafka: LocalKafka, s3: LocalS3, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Stack]:  # fmt: skip
+    settings = stack_settings(kafka, s3, tmp_path_factory.mktemp("web"))
+    made = start_stack(settings)
+    try:
+        yield made
+    finally:
+        made.web.stop()
+        made.worker.stop()

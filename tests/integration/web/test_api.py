@@ -1,0 +1,518 @@
+"""The HTTP API of ``rl-export web`` against a running service, the real broker, SeaweedFS and
+a real worker: every route, auth, bad input, labels reaching the corpora and the stats, skips,
+retractions, exports and export jobs, read-your-writes across instances, a broker that is
+down, and the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from rl_export.common.codec import iter_lines
+from rl_export.common.net import free_port
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.reader import CorpusReader
+from rl_export.corpora.store import open_store
+from rl_export.web.tokens import TokenStore, split_token
+from tests.integration.web.conftest import TRACES, Stack
+from tests.integration.webproc import WebProcess, wait_for
+
+RUBRIC = {"correctness": 5, "helpfulness": 4, "efficiency": 4, "safety": 5}
+
+# Every route of DESIGN.md section 7: (method, path relative to /api/v1/acme/bot/, body).
+ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("GET", "stats?source=evaluator", None),
+    ("GET", "records?source=evaluator&format=trajectory&limit=2", None),
+    ("GET", "export?source=evaluator&format=trajectory", None),
+    ("POST", "exports", {"source": "evaluator", "format": "trajectory"}),
+    ("GET", f"exports/{'0' * 32}", None),
+    ("GET", f"exports/{'0' * 32}/download", None),
+    ("GET", "queue?limit=1", None),
+    ("POST", "labels", {"trace_id": "tr-000", "rubric": RUBRIC}),
+    ("POST", "skips", {"trace_id": "tr-000"}),
+    ("DELETE", "labels/tr-000", None),
+]
+EXPORT_ROUTES = ROUTES[:6]
+LABEL_ROUTES = ROUTES[6:]
+
+
+def call(client: httpx.Client, method: str, path: str, body: Any = None) -> httpx.Response:
+    return client.request(method, path, json=body)
+
+
+def assert_error(response: httpx.Response, status: int, error: str, *needles: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "detail"}, body
+    assert body["error"] == error, body
+    for needle in needles:
+        assert needle in body["detail"], body
+
+
+def latest(stack: Stack, corpus: str) -> dict[str, dict[str, Any]]:
+    """The corpus's latest record per trace, read with the trainers' reader."""
+
+    async def read() -> dict[str, dict[str, Any]]:
+        store = open_store(stack.settings.store_url)
+        try:
+            reader = CorpusReader(store, CorpusRef("acme", "bot", corpus))
+            return {r["trace_id"]: r async for r in reader.records(latest_only=True)}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def queue_ids(client: httpx.Client) -> list[str]:
+    response = client.get("queue", params={"limit": 100})
+    assert response.status_code == 200, response.text
+    return [r["trace_id"] for r in response.json()["items"]]
+
+
+@pytest.fixture
+def admin(stack: Stack) -> Iterator[httpx.Client]:
+    with stack.web.client(stack.tokens["admin"]) as client:
+        yield client
+
+
+# --- the OpenAPI document -----------------------------------------------------------------
+
+
+def test_openapi_document_needs_no_token_and_describes_every_route(stack: Stack) -> None:
+    response = httpx.get(stack.web.base + "/api/v1/openapi.json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    base = "/api/v1/{org}/{project}/"
+    expected = {
+        ("get", "stats"), ("get", "records"), ("get", "export"), ("post", "exports"),
+        ("get", "exports/{job_id}"), ("get", "exports/{job_id}/download"), ("get", "queue"),
+        ("post", "labels"), ("post", "skips"), ("delete", "labels/{trace_id}"),
+    }  # fmt: skip
+    documented = {(m, p.removeprefix(base)) for p, ops in paths.items() for m in ops}
+    assert expected <= documented
+    for method, path in expected:
+        operation = paths[base + path][method]
+        assert operation["security"], (method, path)
+        assert {"401", "403", "422"} <= set(operation["responses"]), (method, path)
+
+
+# --- auth ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES)
+def test_every_route_needs_a_token(stack: Stack, method: str, path: str, body: Any) -> None:
+    with stack.web.client() as anonymous:
+        assert_error(call(anonymous, method, path, body), 401, "unauthorized", "bearer token")
+    for bad in ("not-a-token", f"rlx_{'a' * 12}_{'b' * 43}"):
+        with stack.web.client(bad) as unknown:
+            assert_error(call(unknown, method, path, body), 401, "unauthorized")
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES)
+def test_a_token_of_another_project_is_refused(
+    stack: Stack, method: str, path: str, body: Any
+) -> None:
+    with stack.web.client(stack.tokens["other"]) as other:
+        assert_error(call(other, method, path, body), 403, "forbidden", "acme/other")
+
+
+@pytest.mark.parametrize(("method", "path", "body"), EXPORT_ROUTES)
+def test_export_routes_need_the_export_scope(
+    stack: Stack, method: str, path: str, body: Any
+) -> None:
+    with stack.web.client(stack.tokens["label"]) as labeler:
+        assert_error(call(labeler, method, path, body), 403, "forbidden", "needs export")
+    with stack.web.client(stack.tokens["export"]) as exporter:
+        assert call(exporter, method, path, body).status_code in (200, 202, 404)
+
+
+@pytest.mark.parametrize(("method", "path", "body"), LABEL_ROUTES)
+def test_label_routes_need_the_label_scope(stack: Stack, method: str, path: str, body: Any) -> None:
+    with stack.web.client(stack.tokens["export"]) as exporter:
+        assert_error(call(exporter, method, path, body), 403, "forbidden", "needs label")
+
+
+def test_admin_and_combined_scopes_reach_both_tabs(stack: Stack) -> None:
+    for name in ("admin", "labeler"):
+        with stack.web.client(stack.tokens[name]) as client:
+            assert client.get("queue").status_code == 200
+            assert client.get("stats", params={"source": "human"}).status_code == 200
+
+
+def test_a_revoked_token_stops_working_within_the_cache_time(stack: Stack) -> None:
+    with stack.web.client(stack.tokens["revoked"]) as client:
+        assert client.get("queue").status_code == 200
+
+        async def revoke() -> None:
+            store = open_store(stack.settings.store_url)
+            try:
+                await TokenStore(store).revoke(stack.token_ids["revoked"], datetime.now(UTC))
+            finally:
+                await store.close()
+
+        asyncio.run(revoke())
+        time.sleep(stack.settings.web_token_cache_s + 0.2)
+        assert_error(client.get("queue"), 401, "unauthorized", "revoked")
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("POST", "labels", {"trace_id": "tr-001", "rubric": RUBRIC | {"safety": 0}}, 422,
+         "rubric.safety"),
+        ("POST", "labels", {"trace_id": "tr-001", "rubric": RUBRIC | {"correctness": 6}}, 422,
+         "rubric.correctness"),
+        ("POST", "labels", {"trace_id": "tr-001", "rubric": RUBRIC | {"efficiency": "4"}}, 422,
+         "rubric.efficiency"),
+        ("POST", "labels", {"trace_id": "tr-001", "rubric": {"correctness": 4}}, 422, "rubric"),
+        ("POST", "labels", {"trace_id": "tr-001", "rubric": RUBRIC, "labeler": "mallory"}, 422,
+         "token's subject"),
+        ("POST", "labels", {"trace_id": "", "rubric": RUBRIC}, 422, "trace_id"),
+        ("POST", "labels", {"rubric": RUBRIC}, 422, "trace_id"),
+        ("POST", "skips", {"trace_id": "tr-001", "colour": "red"}, 422, "colour"),
+        ("GET", "stats?source=evaluator&min_reward=abc", None, 422, "min-reward: 'abc'"),
+        ("GET", "stats?source=evaluator&since=yesterday", None, 422, "since"),
+        ("GET", "stats?source=evaluator&passed=maybe", None, 422, "passed"),
+        ("GET", "stats?source=evaluator&min_reward=0.9&max_reward=0.1", None, 422, "above"),
+        ("GET", "stats?source=nowhere", None, 422, "source"),
+        ("GET", "stats", None, 422, "source"),
+        ("GET", "records?source=human&format=yaml", None, 422, "format"),
+        ("GET", "records?source=human&format=csv&columns=nope", None, 422, "nope"),
+        ("GET", "records?source=human&format=trajectory&columns=trace_id", None, 422, "columns"),
+        ("GET", "records?source=human&limit=500", None, 422, "limit"),
+        ("GET", "export?source=human&format=csv&columns=rubric.kindness", None, 422,
+         "rubric.kindness"),
+        ("GET", "export?source=human&format=parquet&max_severity=-1", None, 422,
+         "max-severity"),
+        ("GET", "queue?limit=0", None, 422, "limit"),
+        ("GET", "queue?limit=1000", None, 422, "limit"),
+        ("POST", "exports", {"source": "human", "format": "xml"}, 422, "format"),
+        ("POST", "exports", {"source": "human", "format": "csv", "columns": "nope"}, 422,
+         "nope"),
+        ("POST", "exports", {"source": "human", "format": "csv", "filters": {"colour": "red"}},
+         422, "colour"),
+        ("POST", "exports", {"source": "human", "format": "csv",
+                             "filters": {"min_reward": "x"}}, 422, "min-reward"),
+        ("POST", "labels", {"trace_id": "tr-999", "rubric": RUBRIC}, 404, "tr-999"),
+        ("POST", "skips", {"trace_id": "tr-999"}, 404, "tr-999"),
+        ("DELETE", "labels/tr-999", None, 404, "tr-999"),
+        ("GET", f"exports/{'f' * 32}", None, 404, "no export job"),
+        ("GET", "exports/not-a-job", None, 404, "no export job"),
+        ("GET", f"exports/{'f' * 32}/download", None, 404, "no export job"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_4xx_that_names_the_problem(
+    admin: httpx.Client, case: tuple[str, str, Any, int, str]
+) -> None:
+    method, path, body, status, needle = case
+    response = call(admin, method, path, body)
+    error = {404: "not_found", 422: "invalid"}[status]
+    assert_error(response, status, error, needle)
+
+
+def test_malformed_json_and_oversized_bodies_are_refused(admin: httpx.Client) -> None:
+    response = admin.post("labels", content=b'{"trace_id": "tr-001", "rubric": ',
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert_error(response, 422, "invalid")
+    big = {"trace_id": "tr-001", "rubric": RUBRIC, "comment": "x" * (1024 * 1024 + 10)}
+    assert_error(admin.post("labels", json=big), 413, "too_large")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted while read
+        yield b'{"trace_id": "tr-001", "comment": "'
+        for _ in range(80):
+            yield b"y" * 16384
+        yield b'"}'
+
+    response = admin.post("skips", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(response, 413, "too_large")
+
+
+# --- labels, skips and retractions --------------------------------------------------------
+
+
+def test_a_label_leaves_the_queue_at_once_and_reaches_the_corpora_and_the_stats(
+    stack: Stack, admin: httpx.Client
+) -> None:
+    before = admin.get("stats", params={"source": "human"}).json()
+    labeled_before = admin.get("stats", params={"source": "traces", "labeled": "true"}).json()
+    assert "tr-001" in queue_ids(admin)
+
+    response = admin.post("labels", json={"trace_id": "tr-001", "rubric": RUBRIC,
+                                          "comment": "clear and correct"})  # fmt: skip
+    assert response.status_code == 202, response.text
+    event_id = response.json()["event_id"]
+    assert uuid.UUID(event_id)
+    assert "tr-001" not in queue_ids(admin)  # read-your-writes: before the corpora know
+
+    def in_corpus() -> dict[str, Any] | None:
+        record = latest(stack, "human").get("tr-001")
+        return record if record and "ana" in record["labelers"] else None
+
+    record = wait_for("the label in the human corpus", in_corpus)
+    assert record["rubric"] == {k: float(v) for k, v in RUBRIC.items()}
+    assert record["reward"] == sum(RUBRIC.values()) / 20
+    assert record["passed"] is True
+
+    def counted() -> bool:
+        after = admin.get("stats", params={"source": "human"}).json()
+        labeled = admin.get("stats", params={"source": "traces", "labeled": "true"}).json()
+        return (after["records"] == before["records"] + 1
+                and after["human_labeled"] == before["human_labeled"] + 1
+                and labeled["records"] == labeled_before["records"] + 1)  # fmt: skip
+
+    wait_for("the label in the stats", counted)
+    preview = admin.get("records", params={"source": "human", "limit": 100}).json()["items"]
+    assert any(r["trace_id"] == "tr-001" and "ana" in r["labelers"] for r in preview)
+
+
+def test_a_skip_leaves_the_queue_and_reaches_the_traces_corpus(stack: Stack) -> None:
+    with stack.web.client(stack.tokens["label"]) as bo:
+        assert "tr-002" in queue_ids(bo)
+        response = bo.post("skips", json={"trace_id": "tr-002"})
+        assert response.status_code == 202, response.text
+        assert uuid.UUID(response.json()["event_id"])
+        assert "tr-002" not in queue_ids(bo)
+        wait_for("the skip in the traces corpus",
+                 lambda: "bo" in latest(stack, "traces")["tr-002"]["skipped_by"])  # fmt: skip
+        assert "tr-002" not in queue_ids(bo)  # and it stays out once the corpora know
+
+
+def test_a_retraction_brings_the_trace_back_and_removes_the_label(stack: Stack) -> None:
+    with stack.web.client(stack.tokens["undo"]) as gus:
+        response = gus.post("labels", json={"trace_id": "tr-004", "rubric": RUBRIC})
+        assert response.status_code == 202, response.text
+        assert "tr-004" not in queue_ids(gus)
+        wait_for("the label in the traces corpus",
+                 lambda: "gus" in latest(stack, "traces")["tr-004"]["labelers"])  # fmt: skip
+        response = gus.delete("labels/tr-004")
+        assert response.status_code == 202, response.text
+        assert "tr-004" in queue_ids(gus)  # at once
+        wait_for("the retraction in the traces corpus",
+                 lambda: "gus" not in latest(stack, "traces")["tr-004"]["labelers"])  # fmt: skip
+        assert "tr-004" in queue_ids(gus)
+
+
+def test_the_queue_is_oldest_first_with_what_is_left(stack: Stack) -> None:
+    with stack.web.client(stack.tokens["queue"]) as flo:
+        body = flo.get("queue", params={"limit": 3}).json()
+        items = body["items"]
+        assert len(items) == 3
+        assert body["remaining"] >= 3
+        completed = [r["completed_at"] for r in items]
+        assert completed == sorted(completed)
+        assert all(r["reward_source"] is None and r["messages"] for r in items)
+        assert body["index"]["ready"] is True
+
+
+# --- exports ------------------------------------------------------------------------------
+
+
+def jsonl(data: bytes) -> list[dict[str, Any]]:
+    rows = list(iter_lines(data))
+    assert all(isinstance(r, dict) for r in rows)
+    return rows
+
+
+def test_direct_exports_in_every_kind_of_format(admin: httpx.Client) -> None:
+    response = admin.get("export", params={"source": "evaluator", "format": "trajectory"})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/x-ndjson"
+    assert "acme-bot-evaluator-trajectory.jsonl" in response.headers["content-disposition"]
+    rows = jsonl(response.content)
+    assert len(rows) == TRACES
+    assert {r["trace_id"] for r in rows} == {f"tr-{n:03d}" for n in range(TRACES)}
+
+    response = admin.get("export", params={"source": "evaluator", "format": "prompt_completion",
+                                           "passed": "true"})  # fmt: skip
+    rows = jsonl(response.content)
+    assert rows
+    assert all(
+        set(r) == {"prompt", "completion", "reward", "passed", "trace_id"} and r["passed"]
+        for r in rows
+    )
+
+    response = admin.get(
+        "export",
+        params={
+            "source": "evaluator",
+            "format": "csv",
+            "columns": "trace_id:id,reward,scenario:kind",
+        },
+    )
+    assert response.headers["content-type"].startswith("text/csv")
+    table = list(csv.DictReader(io.StringIO(response.text)))
+    assert len(table) == TRACES
+    assert list(table[0]) == ["id", "reward", "kind"]
+
+    response = admin.get("export", params={"source": "evaluator", "format": "parquet",
+                                           "scenario": "trip"})  # fmt: skip
+    assert response.headers["content-type"] == "application/vnd.apache.parquet"
+    assert pq.read_table(io.BytesIO(response.content)).num_rows == 2
+
+
+def test_the_preview_follows_format_and_filters(admin: httpx.Client) -> None:
+    params = {"source": "evaluator", "limit": 3}
+    trajectories = admin.get("records", params=params).json()["items"]
+    assert len(trajectories) == 3
+    assert "messages" in trajectories[0]
+    rows = admin.get("records", params=params | {"format": "prompt_completion"}).json()["items"]
+    assert set(rows[0]) == {"prompt", "completion", "reward", "passed", "trace_id"}
+    table = admin.get(
+        "records", params=params | {"format": "csv", "columns": "trace_id:id,rubric.safety"}
+    ).json()
+    assert table["columns"] == ["id", "rubric.safety"]
+    assert set(table["items"][0]) == {"id", "rubric.safety"}
+    trip = admin.get("records", params=params | {"scenario": "trip"}).json()["items"]
+    assert {r["scenario"] for r in trip} == {"trip"}
+
+
+def test_an_export_job_goes_from_processing_to_ready_with_a_file_that_parses(
+    admin: httpx.Client,
+) -> None:
+    response = admin.post("exports", json={"source": "evaluator", "format": "messages",
+                                           "filters": {"passed": "true"}})  # fmt: skip
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["status"] == "processing"
+    assert job["progress"] == 0
+    seen = {job["status"]}
+
+    def finished() -> dict[str, Any] | None:
+        status = admin.get(f"exports/{job['id']}").json()
+        seen.add(status["status"])
+        return status if status["status"] != "processing" else None
+
+    done = wait_for("the job to finish", finished, every_s=0.1)
+    assert done["status"] == "ready", done
+    assert done["progress"] == 1.0
+    assert done["download"].endswith(f"/exports/{job['id']}/download")
+    response = httpx.get(str(admin.base_url.join(done["download"])), headers=admin.headers)
+    assert response.status_code == 200
+    assert "acme-bot-evaluator-messages.jsonl" in response.headers["content-disposition"]
+    rows = jsonl(response.content)
+    assert len(rows) == done["records"] == 6  # tr-006 .. tr-011 passed
+    assert all(set(r) == {"messages"} for r in rows)
+
+
+def test_a_job_that_matches_nothing_is_an_empty_file_and_a_failed_one_says_why(
+    stack: Stack, admin: httpx.Client
+) -> None:
+    def finish(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+        response = client.post("exports", json=body)
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+
+        def done() -> dict[str, Any] | None:
+            status = client.get(f"exports/{job_id}").json()
+            return status if status["status"] != "processing" else None
+
+        found: dict[str, Any] = wait_for("the job to finish", done, every_s=0.1)
+        return found
+
+    empty = finish(admin, {"source": "human", "format": "trajectory",
+                           "filters": {"scenario": "none"}})  # fmt: skip
+    assert empty["status"] == "ready"
+    assert empty["records"] == 0
+    assert admin.get(empty["download"].split("/bot/", 1)[1]).content == b""
+    # acme/other has no corpus at all: the job fails, and says so.
+    with stack.web.client(stack.tokens["other"], project="other") as other:
+        failed = finish(other, {"source": "human", "format": "csv"})
+        assert failed["status"] == "failed"
+        assert "no data for acme/other/human" in failed["error"]
+        assert failed["download"] is None
+        assert_error(other.get(f"exports/{failed['id']}/download"), 404, "not_found", "failed")
+
+
+# --- instances share nothing but Kafka and the store --------------------------------------
+
+
+def test_another_instance_hides_a_fresh_label_before_the_corpora_show_it(stack: Stack) -> None:
+    # Its index reads the corpora every 30 s: only the labels topic can tell it in time.
+    other = WebProcess(stack.settings, "web-2", RL_EXPORT_WEB_INDEX_POLL_S="30").start()
+    try:
+        with other.client(stack.tokens["queue"]) as there, \
+                stack.web.client(stack.tokens["queue"]) as here:  # fmt: skip
+            assert "tr-005" in queue_ids(there)
+            assert here.post("labels", json={"trace_id": "tr-005", "rubric": RUBRIC}
+                             ).status_code == 202  # fmt: skip
+            wait_for(
+                "the other instance to hide the label",
+                lambda: "tr-005" not in queue_ids(there),
+                timeout_s=5,
+                every_s=0.1,
+            )
+    finally:
+        other.stop()
+
+
+def test_a_broker_that_is_down_is_a_503_and_records_nothing(stack: Stack) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    other = WebProcess(stack.settings, "web-3", RL_EXPORT_KAFKA_BOOTSTRAP=dead,
+                       RL_EXPORT_WEB_PUBLISH_TIMEOUT_S="3").start()  # fmt: skip
+    try:
+        with other.client(stack.tokens["labeler"]) as dee:
+            assert dee.get("stats", params={"source": "human"}).status_code == 200
+            wait_for(
+                "the traces in the other index", lambda: dee.get("queue").json()["remaining"] > 0
+            )
+            started = time.monotonic()
+            response = dee.post("labels", json={"trace_id": "tr-007", "rubric": RUBRIC})
+            assert_error(response, 503, "unavailable", dead, "did not acknowledge", "retry")
+            assert time.monotonic() - started < 20
+            assert "tr-007" in queue_ids(dee)  # nothing was noted either
+    finally:
+        other.stop()
+    time.sleep(2)
+    assert "dee" not in latest(stack, "traces")["tr-007"]["labelers"]
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+
+def test_metrics_count_requests_by_route_and_report_the_index(
+    stack: Stack, admin: httpx.Client
+) -> None:
+    admin.get("stats", params={"source": "evaluator"})
+    with stack.web.client() as anonymous:
+        assert anonymous.get("queue").status_code == 401
+    text = stack.web.metrics()
+    assert ('rl_export_web_requests_total{method="GET",route="/api/v1/{org}/{project}/stats",'
+            'status="200"}') in text  # fmt: skip
+    assert 'rl_export_web_request_duration_seconds_bucket{le="0.1",method="GET",' in text
+    assert 'rl_export_web_index_records{corpus="evaluator"} 12.0' in text
+    assert 'rl_export_web_index_lag_seconds{corpus="traces"}' in text
+    assert 'rl_export_web_auth_failures_total{reason="missing"}' in text
+    assert "tr-0" not in text
+    assert "rlx_" not in text
+
+
+def test_nothing_logged_holds_a_token(stack: Stack) -> None:
+    log = stack.web.log_path.read_text()
+    assert "GET /api/v1/acme/bot/stats" in log  # the access log is on in these tests
+    for token in stack.tokens.values():
+        parts = split_token(token)
+        assert parts is not None
+        assert token not in log
+        assert parts[1] not in log  # the secret
+
+
+def test_the_jsonl_exports_are_strict(admin: httpx.Client) -> None:
+    data = admin.get("export", params={"source": "traces", "format": "trajectory"}).content
+    assert data.endswith(b"\n")
+    for line in data.splitlines():
+        assert orjson.loads(line)
+        assert b"\n" not in line

@@ -1,0 +1,333 @@
+"""The RL Export page end to end, in headless Chromium (Debian's, driven by Playwright),
+against the running services: broker, store, worker and web service.
+
+A keyboard-only label reaches the corpus, the Export tab's counts and its preview; skip and
+undo persist; the source and format toggles change the preview; downloads parse (JSON Lines,
+and CSV with chosen, renamed and reordered columns); a large export runs as a job behind the
+floating indicator; a transcript holding markup shows it as text. Each tab is photographed
+into docs/screenshots/ for the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from rl_export.common.codec import iter_lines
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.reader import CorpusReader
+from rl_export.corpora.store import open_store
+from tests.integration.web.conftest import SCRIPT, Stack
+from tests.integration.webproc import WebProcess, wait_for
+
+CHROMIUM = next(
+    (p for p in ("/usr/bin/chromium", shutil.which("chromium")) if p and Path(p).exists()), None
+)
+SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
+# Printed once by pytest's summary (identical skip reasons are grouped into one line).
+MISSING = ("BROWSER TESTS NOT RUN: Debian's chromium is not installed (make install installs it "
+           "with apt-get when run as root; CI does)")  # fmt: skip
+
+
+def latest(stack: Stack, corpus: str) -> dict[str, dict[str, Any]]:
+    async def read() -> dict[str, dict[str, Any]]:
+        store = open_store(stack.settings.store_url)
+        try:
+            reader = CorpusReader(store, CorpusRef("acme", "bot", corpus))
+            return {r["trace_id"]: r async for r in reader.records(latest_only=True)}
+        finally:
+            await store.close()
+
+    # Playwright's sync API keeps an event loop running on this thread: read on another.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, read()).result()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if CHROMIUM is None:
+        pytest.skip(MISSING)
+    with sync_playwright() as playwright:
+        # Never Playwright's own browser download: the system's chromium. launch() gives it a
+        # fresh temporary profile (user-data dir) of its own, removed when it closes.
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def web(browser: Browser, stack: Stack) -> Iterator[WebProcess]:
+    """An instance of its own: exports of more than 5 records run as background jobs (after
+    the browser: without one there is nothing to start)."""
+    process = WebProcess(stack.settings, "web-page", RL_EXPORT_WEB_SYNC_EXPORT_MAX_RECORDS="5")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 860}, accept_downloads=True)
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        yield opened
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def sign_in(page: Page, web: WebProcess, token: str) -> None:
+    """Open the page and give it the token, by keyboard: the page asks for it once."""
+    page.goto(f"{web.base}/acme/bot/rl-export")
+    expect(page.locator("#token-input")).to_be_focused()
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+
+
+def clear_queue_head(web: WebProcess, token: str, keep: Any) -> None:
+    """Skip (through the API) the traces at the head of this labeler's queue until the first
+    one ``keep(record)`` accepts."""
+    with web.client(token) as client:
+        for record in client.get("queue", params={"limit": 100}).json()["items"]:
+            if keep(record):
+                return
+            assert client.post("skips", json={"trace_id": record["trace_id"]}).status_code == 202
+    raise AssertionError("no trace in the queue fits")
+
+
+def current_trace(page: Page) -> str:
+    return page.locator("#trace-meta .tag").first.inner_text()
+
+
+def stat(page: Page, name: str) -> int:
+    return int(page.locator(f"#stat-{name}").inner_text().replace(",", ""))
+
+
+def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, page: Page) -> None:
+    token = stack.tokens["page"]
+    clear_queue_head(web, token, lambda r: r["labels_count"] == 0)
+    sign_in(page, web, token)
+    # The Export tab first, to see its numbers change: Tab to the tab list, arrow over.
+    expect(page.locator("#messages li").first).to_be_visible()
+    page.locator("#tab-label").focus()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#tab-export")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#preview-note")).to_contain_text("records")
+    labeled_before = stat(page, "labeled")
+    records_before = stat(page, "records")
+    page.keyboard.press("ArrowLeft")
+    expect(page.locator("#tab-label")).to_have_attribute("aria-selected", "true")
+
+    trace_id = current_trace(page)
+    left_before = page.locator("#queue-count").inner_text()
+    for key in ("4", "4", "3", "5"):  # the shortcuts work from the tab list too
+        page.keyboard.press(key)
+    expect(page.locator("#reward-value")).to_have_text("0.80")
+    expect(page.locator("#reward-verdict")).to_contain_text("Pass")
+    page.keyboard.press("ArrowUp")
+    page.keyboard.press("5")  # the focused dimension (efficiency) again: 4+4+5+5
+    expect(page.locator("#reward-value")).to_have_text("0.90")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "label.png"))
+    page.keyboard.press("Enter")
+    expect(page.locator("#undo-line")).to_contain_text(f"Saved {trace_id}")
+    expect(page.locator("#trace-meta .tag").first).not_to_have_text(trace_id)
+    assert page.locator("#queue-count").inner_text() != left_before
+
+    record = wait_for("the label in the human corpus",
+                      lambda: latest(stack, "human").get(trace_id))  # fmt: skip
+    assert record["labelers"] == ["pat"]
+    assert record["rubric"] == {"correctness": 4.0, "helpfulness": 4.0, "efficiency": 5.0,
+                                "safety": 5.0}  # fmt: skip
+    assert record["reward"] == 0.9
+
+    page.locator("#tab-label").focus()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#stat-labeled")).to_have_text(str(labeled_before + 1), timeout=30_000)
+    expect(page.locator("#stat-records")).to_have_text(str(records_before + 1))
+    expect(page.locator("#preview-note")).to_contain_text(f"of {records_before + 1} records")
+    # Only what changed in the last minutes: the new label is in the preview.
+    page.locator("#filters-box summary").click()
+    page.locator("input[name=scenario]").fill(record["scenario"])
+    since = datetime.now(UTC) - timedelta(minutes=5)
+    page.locator("input[name=since]").fill(since.strftime("%Y-%m-%dT%H:%M"))
+    expect(page.locator("#preview")).to_contain_text(trace_id)
+    expect(page.locator("#preview")).to_contain_text('"pat"')
+
+
+def test_skip_and_undo_persist(stack: Stack, web: WebProcess, page: Page) -> None:
+    token = stack.tokens["undo-page"]
+    sign_in(page, web, token)
+    expect(page.locator("#messages li").first).to_be_visible()
+    skipped = current_trace(page)
+    page.keyboard.press("s")
+    expect(page.locator("#trace-meta .tag").first).not_to_have_text(skipped)
+    wait_for("the skip in the traces corpus",
+             lambda: "uma" in latest(stack, "traces")[skipped]["skipped_by"])  # fmt: skip
+
+    rated = current_trace(page)
+    for key in ("2", "3", "2", "4"):
+        page.keyboard.press(key)
+    page.keyboard.press("Enter")
+    expect(page.locator("#trace-meta .tag").first).not_to_have_text(rated)
+    wait_for("the label in the traces corpus",
+             lambda: "uma" in latest(stack, "traces")[rated]["labelers"])  # fmt: skip
+    page.keyboard.press("u")
+    expect(page.locator("#trace-meta .tag").first).to_have_text(rated)
+    expect(page.locator("#reward-value")).to_have_text("0.55")  # the ratings come back
+    wait_for("the retraction in the traces corpus",
+             lambda: "uma" not in latest(stack, "traces")[rated]["labelers"])  # fmt: skip
+    with web.client(token) as client:
+        queue = [r["trace_id"] for r in client.get("queue", params={"limit": 100}).json()["items"]]
+    assert rated in queue
+    assert skipped not in queue
+
+
+def export_tab(page: Page, web: WebProcess, token: str) -> None:
+    sign_in(page, web, token)
+    page.locator("#tab-export").click()
+    expect(page.locator("#preview-note")).to_contain_text("records")
+
+
+def choose(page: Page, group: str, name: str) -> None:
+    page.locator(f"#{group} button", has_text=name).first.click()
+
+
+def test_source_and_format_toggles_change_the_preview(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Human labels")
+    expect(page.locator("#preview pre").first).to_contain_text('"reward_source": "human"')
+    human = page.locator("#preview").inner_text()
+    human_records = stat(page, "records")
+    choose(page, "source", "Evaluator score")
+    expect(page.locator("#preview pre").first).to_contain_text('"reward_source": "evaluator"')
+    assert page.locator("#preview").inner_text() != human
+    assert stat(page, "records") != human_records
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "export.png"))
+    choose(page, "format", "Prompt/completion")
+    expect(page.locator("#preview pre").first).to_contain_text('"prompt": [')
+    expect(page.locator("#preview pre").first).not_to_contain_text('"rubric"')
+    choose(page, "format", "KTO")
+    expect(page.locator("#preview pre").first).to_contain_text('"label": ')
+
+
+def test_download_gives_valid_json_lines(stack: Stack, web: WebProcess, page: Page) -> None:
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Evaluator score")
+    choose(page, "format", "Messages")
+    page.locator("#filters-box summary").click()
+    page.locator("input[name=scenario]").fill("trip")  # 2 records: a direct download
+    expect(page.locator("#stat-records")).to_have_text("2")
+    with page.expect_download() as download:
+        page.locator("#download").click()
+    assert download.value.suggested_filename == "acme-bot-evaluator-messages.jsonl"
+    data = Path(download.value.path()).read_bytes()
+    rows = list(iter_lines(data))
+    assert len(rows) == 2
+    assert all(set(r) == {"messages"} for r in rows)
+    expect(page.locator("#job")).to_be_hidden()
+
+
+def test_a_csv_with_chosen_renamed_and_reordered_columns(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Evaluator score")
+    choose(page, "format", "CSV")
+    page.locator("#filters-box summary").click()
+    page.locator("input[name=scenario]").fill("trip")
+    expect(page.locator("#stat-records")).to_have_text("2")
+    page.locator("#columns-open").click()
+    dialog = page.locator("#columns-dialog")
+    expect(dialog).to_be_visible()
+    for box in dialog.locator("input[type=checkbox]").all():
+        box.uncheck()
+    dialog.get_by_label("include trace_id").check()
+    dialog.get_by_label("include reward", exact=True).check()
+    dialog.get_by_label("header of reward", exact=True).fill("score")
+    dialog.get_by_label("move reward up").click()  # above trace_id, which comes first
+    for _ in range(12):
+        if dialog.locator(".col-item").first.get_attribute("data-path") == "reward":
+            break
+        dialog.get_by_label("move reward up").click()
+    dialog.get_by_label("keys of rubric").click()  # the keys replace the whole rubric
+    for key in ("correctness", "helpfulness", "efficiency"):
+        dialog.get_by_label(f"include rubric.{key}").uncheck()
+    expect(dialog.get_by_label("include rubric.safety")).to_be_checked()
+    dialog.get_by_label("header of rubric.safety").fill("safety")
+    page.locator("#columns-apply").click()
+    expect(page.locator("#preview th")).to_have_text(["score", "trace_id", "safety"])
+    with page.expect_download() as download:
+        page.locator("#download").click()
+    assert download.value.suggested_filename.endswith(".csv")
+    table = list(csv.reader(io.StringIO(Path(download.value.path()).read_text())))
+    assert table[0] == ["score", "trace_id", "safety"]
+    assert sorted(row[1] for row in table[1:]) == ["tr-010", "tr-011"]
+
+
+def test_a_large_export_runs_as_a_job_behind_the_floating_indicator(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Evaluator score")
+    choose(page, "format", "Trajectory")
+    expect(page.locator("#preview pre").first).to_contain_text('"reward_source": "evaluator"')
+    records = stat(page, "records")
+    assert records > 5  # over this instance's direct-download limit
+    page.locator("#download").click()
+    indicator = page.locator("#job")
+    expect(indicator).to_be_visible()
+    expect(page.locator("#job-title")).to_have_text("Export ready", timeout=60_000)
+    assert indicator.get_attribute("data-states") == "processing,ready"
+    expect(page.locator("#job-body")).to_contain_text(f"{records} rows")
+    with page.expect_download() as download:
+        page.locator("#job-download").click()
+    rows = list(iter_lines(Path(download.value.path()).read_bytes()))
+    assert len(rows) == records
+    assert {r["reward_source"] for r in rows} == {"evaluator"}
+
+
+def test_a_transcript_holding_markup_shows_it_as_text(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    token = stack.tokens["xss"]
+    clear_queue_head(web, token, lambda r: r["trace_id"] == "tr-009")
+    sign_in(page, web, token)
+    expect(page.locator("#trace-meta .tag").first).to_have_text("tr-009")
+    messages = page.locator("#messages")
+    expect(messages).to_contain_text(SCRIPT)
+    assert messages.locator("script, img").count() == 0
+    assert page.evaluate("window.pwned") is None
+
+
+def test_the_page_shell_needs_no_token_and_holds_no_data(stack: Stack) -> None:
+    web = stack.web
+    html = httpx.get(f"{web.base}/acme/bot/rl-export").text
+    assert "<title>RL Export" in html
+    assert "Label trajectories or export evaluator-scored traces as JSONL" in html
+    assert "tr-0" not in html
+    assert httpx.get(f"{web.base}/static/rl_export.js").status_code == 200
+    assert httpx.get(f"{web.base}/acme/bot/rl-export/../../x").status_code == 404

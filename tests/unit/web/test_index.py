@@ -1,0 +1,271 @@
+"""The query index: ingest, latest revision per trace, and queries that agree with the
+Python filters and stats of the export package on random records."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rl_export.common.codec import dumps_line
+from rl_export.common.filters import Filters
+from rl_export.export.stats import StatsAccumulator
+from rl_export.web.index import CorpusKey, QueryIndex, QueueAsk
+from tests.records import record
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def line(value: dict[str, Any]) -> bytes:
+    return dumps_line(value)
+
+
+def tombstone(trace_id: str, revision: int) -> dict[str, Any]:
+    return {"trace_id": trace_id, "org": "acme", "project": "bot", "reward_source": "evaluator",
+            "revision": revision, "deleted": True}  # fmt: skip
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Any:
+    made = QueryIndex(tmp_path / "index", threads=1)
+    yield made
+    made.close()
+
+
+def bodies(raw: list[bytes]) -> list[dict[str, Any]]:
+    return [orjson.loads(b) for b in raw]
+
+
+def test_latest_revision_per_trace_and_tombstones_hide_older_ones(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
+    index.ingest(cid, b"".join([line(record("a", revision=2, reward=0.1)),
+                       line(record("b", revision=1)),
+                       line(record("a", revision=5, reward=0.5)),
+                       line(record("a", revision=4, reward=0.4))]), {"s-0": 4})  # fmt: skip
+    index.ingest(cid, b"".join([line(record("a", revision=3, reward=0.3)),
+                       line(tombstone("b", 1)),
+                       line(record("c", revision=1))]), {"s-0": 7})  # fmt: skip
+    index.ingest(
+        cid, b"".join([line(record("b", revision=1))]), {"s-0": 8}
+    )  # older than its tombstone
+    got = bodies(index.preview(cid, Filters(), 10))
+    assert [(r["trace_id"], r["revision"], r["reward"]) for r in got] == [
+        ("a", 5, 0.5),
+        ("c", 1, 0.8),
+    ]
+    assert index.cursor(cid) == {"s-0": 8}
+    assert index.live_counts() == {cid: 2}
+    assert index.has_trace(cid, "a")
+    assert not index.has_trace(cid, "b")
+    # The body is the corpus line, byte for byte.
+    assert index.preview(cid, Filters(), 1)[0] + b"\n" == line(record("a", revision=5, reward=0.5))
+
+
+def test_corpora_are_apart_and_the_cursor_survives_a_restart(tmp_path: Path) -> None:
+    first = QueryIndex(tmp_path / "i", threads=1)
+    human = first.corpus_id(CorpusKey("acme", "bot", "human"))
+    traces = first.corpus_id(CorpusKey("acme", "bot", "traces"))
+    first.ingest(human, b"".join([line(record("a"))]), {"t-0": 1})
+    first.ingest(traces, b"".join([line(record("a")), line(record("b"))]), {"t-0": 2})
+    first.close()
+    again = QueryIndex(tmp_path / "i", threads=1)
+    try:
+        assert again.corpus_id(CorpusKey("acme", "bot", "traces")) == traces
+        assert again.cursor(human) == {"t-0": 1}
+        assert again.live_counts() == {human: 1, traces: 2}
+        assert len(again.preview(traces, Filters(), 10)) == 2
+    finally:
+        again.close()
+
+
+def test_an_index_whose_segments_are_short_is_rebuilt(tmp_path: Path) -> None:
+    first = QueryIndex(tmp_path / "i", threads=1)
+    cid = first.corpus_id(CorpusKey("acme", "bot", "human"))
+    first.ingest(cid, b"".join([line(record("a")), line(record("b"))]), {"t-0": 2})
+    first.close()
+    segment = next((tmp_path / "i" / "segments").glob("*.jsonl"))
+    segment.write_bytes(segment.read_bytes()[:100])
+    again = QueryIndex(tmp_path / "i", threads=1)
+    try:
+        assert again.live_counts() == {}
+        assert again.cursor(again.corpus_id(CorpusKey("acme", "bot", "human"))) is None
+    finally:
+        again.close()
+
+
+def test_queue_is_oldest_first_without_what_the_labeler_labeled_or_skipped(
+    index: QueryIndex,
+) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    rows = []
+    for n, (labelers, skipped) in enumerate(
+        [([], []), (["ana"], []), ([], ["ana"]), (["bo"], []), ([], []), (["ana"], ["bo"])]
+    ):
+        value = record(f"t{n}", source=None, reward=None, passed=None)
+        value["completed_at"] = (
+            (START + timedelta(minutes=10 - n)).isoformat().replace("+00:00", "Z")
+        )
+        value["labelers"], value["skipped_by"] = labelers, skipped
+        rows.append(line(value))
+    index.ingest(cid, b"".join(rows), {"t-0": 6})
+
+    def ids(ask: QueueAsk) -> tuple[list[str], int]:
+        found, remaining = index.queue(cid, ask)
+        return [r["trace_id"] for r in bodies(found)], remaining
+
+    assert ids(QueueAsk("ana", 10)) == (["t4", "t3", "t0"], 3)
+    assert ids(QueueAsk("ana", 2)) == (["t4", "t3"], 3)
+    assert ids(QueueAsk("bo", 10)) == (["t4", "t2", "t1", "t0"], 4)
+    # Read-your-writes: just labeled t4, just retracted the label of t1 (not t2: skipped).
+    assert ids(QueueAsk("ana", 10, hidden=["t4"], returned=["t1", "t2"])) == (
+        ["t3", "t1", "t0"],
+        3,
+    )
+
+
+# --- the SQL filters and stats agree with the Python ones --------------------------------
+
+DIMENSIONS = ("goal_met", "compliance", "tone")
+
+
+@st.composite
+def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
+    source = draw(st.sampled_from(["evaluator", "human", None]))
+    reward = None if source is None else draw(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 1.0]))
+    outcomes = draw(
+        st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(DIMENSIONS), "turn": st.just(1),
+                 "decision": st.sampled_from([True, False, None])},
+                optional={"severity": st.integers(0, 4)},
+            ),
+            max_size=4,
+        )
+    )  # fmt: skip
+    return record(
+        f"tr-{n}",
+        source=source,
+        reward=reward,
+        passed=None if reward is None else reward >= 0.5,
+        scenario=draw(st.sampled_from(["refund", "trip"])),
+        agent_version=draw(st.sampled_from(["v3", "v4"])),
+        updated_at=(START + timedelta(hours=draw(st.integers(0, 48))))
+        .isoformat()
+        .replace("+00:00", "Z"),
+        labels=draw(st.integers(0, 2)),
+        outcomes=outcomes if draw(st.booleans()) else None,
+    )
+
+
+@st.composite
+def corpus(draw: st.DrawFn) -> list[dict[str, Any]]:
+    count = draw(st.integers(0, 25))
+    return [draw(records(n)) for n in range(count)]
+
+
+filters_strategy = st.builds(
+    Filters,
+    passed=st.sampled_from([None, True, False]),
+    min_reward=st.sampled_from([None, 0.0, 0.25, 0.5]),
+    max_reward=st.sampled_from([None, 0.7, 1.0]),
+    pass_dimension=st.lists(st.sampled_from(DIMENSIONS), max_size=2).map(tuple),
+    max_severity=st.sampled_from([None, 0, 1, 3]),
+    agent_version=st.sampled_from([None, "v4"]),
+    scenario=st.sampled_from([None, "trip"]),
+    since=st.sampled_from([None, START + timedelta(hours=12)]),
+    until=st.sampled_from([None, START + timedelta(hours=36)]),
+    labeled=st.sampled_from([None, True, False]),
+    limit=st.sampled_from([None, 3]),
+)
+
+
+_EXAMPLES = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    made = QueryIndex(tmp_path_factory.mktemp("shared"), threads=1)
+    yield made
+    made.close()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(rows=corpus(), filters=filters_strategy)
+def test_sql_filters_and_stats_agree_with_the_export_package(
+    shared: QueryIndex, rows: list[dict[str, Any]], filters: Filters
+) -> None:
+    # Each example is a corpus of its own in one index (a DuckDB file per example is slow).
+    cid = shared.corpus_id(CorpusKey("acme", "bot", f"c{next(_EXAMPLES)}"))
+    shared.ingest(cid, b"".join(line(r) for r in rows), {"s-0": len(rows)})
+    expected = [r for r in rows if filters.matches(r)]
+    if filters.limit is not None:
+        expected = expected[: filters.limit]
+    got = bodies(shared.preview(cid, filters, 100))
+    assert [r["trace_id"] for r in got] == [r["trace_id"] for r in expected]
+
+    accumulator = StatsAccumulator(10)
+    for r in expected:
+        accumulator.add(r)
+    stats = shared.stats(cid, filters)
+    want = accumulator.result()
+    assert stats.records == want["records"]
+    assert stats.human_labeled == want["human_labeled"]
+    assert (stats.passed / stats.judged if stats.judged else None) == want["pass_rate"]
+    if want["avg_reward"] is None:
+        assert stats.rewarded == 0
+    else:
+        assert math.isclose(stats.reward_sum / stats.rewarded, want["avg_reward"])
+    assert stats.histogram == [b["count"] for b in accumulator.histogram()]
+
+
+def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
+    other = index.corpus_id(CorpusKey("acme", "bot", "human"))
+    for n in range(6):  # six objects: six segments; each supersedes half the last one
+        fresh, newer = record(f"t{n}", revision=1), record(f"t{n - 1}", revision=2, reward=n / 10)
+        index.ingest(cid, line(fresh) + line(newer), {"s-0": n})
+    index.ingest(other, b"".join([line(record("h", revision=1))]), {"s-0": 1})
+    before = index.preview(cid, Filters(), 100)
+    stats = index.stats(cid, Filters())
+    count = len(index.segments.numbers())
+    assert index.compact_segments(min_segments=100) == 0  # not enough of them yet
+    assert index.compact_segments(min_segments=3) == 6
+    assert index.collect_segments()
+    assert len(index.segments.numbers()) < count
+    assert index.preview(cid, Filters(), 100) == before
+    assert index.stats(cid, Filters()) == stats
+    assert len(index.preview(other, Filters(), 10)) == 1
+
+
+def test_queue_past_many_seen_traces_and_the_seen_table_follows_revisions(
+    index: QueryIndex,
+) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+
+    def trace(n: int, revision: int = 1, labelers: tuple[str, ...] = ()) -> bytes:
+        value = record(f"t{n:02d}", source=None, reward=None, passed=None, revision=revision)
+        value["completed_at"] = f"2026-01-01T00:{n:02d}:00Z"
+        value["labelers"] = list(labelers)
+        return line(value)
+
+    # ana labeled the twelve oldest of twenty: more than the first candidates hold.
+    index.ingest(
+        cid, b"".join([trace(n, labelers=("ana",) if n < 12 else ()) for n in range(20)]), {}
+    )
+    found, remaining = index.queue(cid, QueueAsk("ana", 2))
+    assert [r["trace_id"] for r in bodies(found)] == ["t12", "t13"]
+    assert remaining == 8
+    # A later revision without her label (retracted) brings t03 back; deleting t12 drops it.
+    index.ingest(cid, b"".join([trace(3, revision=2), line(tombstone("t12", 2))]), {})
+    found, remaining = index.queue(cid, QueueAsk("ana", 2))
+    assert [r["trace_id"] for r in bodies(found)] == ["t03", "t13"]
+    assert remaining == 8
+    assert index.queue(cid, QueueAsk("bo", 1))[1] == 19

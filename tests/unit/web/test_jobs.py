@@ -1,0 +1,91 @@
+"""Export jobs: run into the store, report progress and failure, go stale, expire."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from rl_export.common.codec import dumps_line
+from rl_export.common.metrics import WebMetrics
+from rl_export.common.settings import Settings
+from rl_export.corpora.layout import CorpusRef, encode_lines
+from rl_export.corpora.store import LocalStore, MemoryStore, open_store
+from rl_export.web.jobs import JobRequest, Jobs, _run, file_key, new_status, write_status
+from tests.records import record
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def seed(store: LocalStore, n: int) -> None:
+    """A one-commit evaluator corpus of n records (the layout the sink writes)."""
+    ref = CorpusRef("acme", "bot", "evaluator")
+    lines = [dumps_line(record(f"tr-{i}")) for i in range(n)]
+    shard = encode_lines(lines, [], "none")
+    key = ref.data_key("t-0", 0, shard.sha256, "none")
+    await store.put(key, shard.data)
+    commit = {"topic": "t", "partition": 0, "from_offset": 0, "last_offset": n - 1,
+              "shard": ref.relative(key), "records": n, "bytes": len(shard.data),
+              "sha256": shard.sha256, "compression": "none", "schema_version": 1,
+              "min_updated_at": None, "max_updated_at": None, "writer": "test",
+              "created_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    await store.put(ref.manifest_key("t-0", 0), dumps_line(commit))
+
+
+async def test_a_job_writes_its_file_and_says_ready(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    await seed(store, 5)
+    settings = Settings(store_url=str(tmp_path / "store"), web_export_heartbeat_s=0.05)
+    status = new_status("acme", "bot", JobRequest(source="evaluator", format="csv",
+                        columns="trace_id:id"), NOW)  # fmt: skip
+    assert await _run(settings, status) == "ready"
+    data = await store.get(file_key(status))
+    assert data.decode().splitlines() == ["id", *(f"tr-{i}" for i in range(5))]
+    jobs = Jobs(settings, open_store(settings.store_url), WebMetrics(CollectorRegistry()))
+    done = await jobs.get("acme", "bot", status.id)
+    assert done is not None
+    assert (done.status, done.progress, done.records) == ("ready", 1.0, 5)
+
+
+async def test_a_job_that_fails_says_why(tmp_path: Path) -> None:
+    settings = Settings(store_url=str(tmp_path / "store"))
+    status = new_status("acme", "nothing", JobRequest(source="human", format="trajectory"), NOW)
+    assert await _run(settings, status) == "failed"
+    jobs = Jobs(settings, open_store(settings.store_url), WebMetrics(CollectorRegistry()))
+    failed = await jobs.get("acme", "nothing", status.id)
+    assert failed is not None
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert "no data for acme/nothing/human" in failed.error
+
+
+async def test_stale_jobs_fail_and_finished_ones_expire() -> None:
+    store = MemoryStore()
+    settings = Settings(web_export_retention_s=3600, web_export_heartbeat_s=1)
+    jobs = Jobs(settings, store, WebMetrics(CollectorRegistry()))
+    now = datetime.now(UTC)
+    request = JobRequest(source="human", format="trajectory")
+    alive = new_status("acme", "bot", request, now - timedelta(seconds=5))
+    alive = alive.model_copy(update={"updated_at": now})
+    stale = new_status("acme", "bot", request, now - timedelta(minutes=5))
+    old = new_status("acme", "bot", request, now - timedelta(hours=3)).model_copy(
+        update={"status": "ready", "finished_at": now - timedelta(hours=2)}
+    )
+    fresh = new_status("acme", "bot", request, now).model_copy(
+        update={"status": "ready", "finished_at": now}
+    )
+    for status in (alive, stale, old, fresh):
+        await write_status(store, status)
+    await store.put(file_key(old), b"data")
+    assert (await jobs.get("acme", "bot", alive.id)).status == "processing"  # type: ignore[union-attr]
+    gone = await jobs.get("acme", "bot", stale.id)
+    assert gone is not None
+    assert gone.status == "failed"
+    assert "start it again" in (gone.error or "")
+    assert await jobs.sweep() == 1
+    assert await jobs.get("acme", "bot", old.id) is None
+    assert not [k for k in store.objects if old.id in k]
+    assert await jobs.get("acme", "bot", fresh.id) is not None
+    assert await jobs.get("acme", "other", fresh.id) is None  # jobs belong to their project
+    assert await jobs.get("acme", "bot", "../../_tokens") is None

@@ -1,0 +1,121 @@
+"""Tokens: only a hash is stored, checking is cached, revocation takes the cache time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from rl_export.common.codec import loads
+from rl_export.corpora.store import MemoryStore
+from rl_export.web.tokens import (
+    TokenError,
+    TokenRejected,
+    TokenStore,
+    TokenVerifier,
+    parse_scopes,
+    split_token,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    async def get(self, key: str) -> bytes:
+        self.gets += 1
+        return await super().get(key)
+
+
+def test_scopes_parse_and_admin_holds_both() -> None:
+    assert parse_scopes("label, export,label") == ("label", "export")
+    for bad in ("", "read", "label,write"):
+        with pytest.raises(TokenError):
+            parse_scopes(bad)
+
+
+async def test_the_store_holds_a_hash_never_the_token() -> None:
+    store = MemoryStore()
+    record, token = await TokenStore(store).create("acme", "bot", "ana", ("label",), NOW)
+    parts = split_token(token)
+    assert parts is not None
+    assert parts[0] == record.id
+    stored = store.objects[f"_tokens/{record.id}.json"]
+    assert parts[1].encode() not in stored
+    assert token.encode() not in stored
+    assert loads(stored)["secret_sha256"] == record.secret_sha256
+    assert [r.id for r in await TokenStore(store).list()] == [record.id]
+
+
+@pytest.mark.parametrize(
+    ("org", "subject"), [("a/b", "ana"), ("", "ana"), ("acme", ""), ("acme", "x\ny")]
+)
+async def test_bad_token_requests_are_refused(org: str, subject: str) -> None:
+    with pytest.raises(TokenError):
+        await TokenStore(MemoryStore()).create(org, "bot", subject, ("label",), NOW)
+
+
+async def test_verify_gives_the_caller_and_refuses_everything_else() -> None:
+    store = MemoryStore()
+    tokens = TokenStore(store)
+    _, token = await tokens.create("acme", "bot", "ana", ("label", "export"), NOW)
+    verifier = TokenVerifier(tokens, cache_s=5)
+    caller = await verifier.verify(token)
+    assert (caller.subject, caller.org, caller.project) == ("ana", "acme", "bot")
+    assert caller.allows("label")
+    assert caller.allows("export")
+    assert not caller.allows("admin")
+    token_id, secret = split_token(token) or ("", "")
+    wrong_secret = f"rlx_{token_id}_{'A' * 43}"
+    for bad, reason in [
+        ("nope", "malformed"),
+        (token + "x", "malformed"),
+        (wrong_secret, "unknown"),
+        (f"rlx_{'0' * 12}_{secret}", "unknown"),
+    ]:
+        with pytest.raises(TokenRejected) as caught:
+            await verifier.verify(bad)
+        assert caught.value.reason == reason
+        assert secret not in caught.value.detail  # fmt: skip
+
+
+async def test_checks_are_cached_and_a_revocation_lands_within_the_cache_time() -> None:
+    store = CountingStore()
+    tokens = TokenStore(store)
+    record, token = await tokens.create("acme", "bot", "ana", ("admin",), NOW)
+    clock = Clock()
+    verifier = TokenVerifier(tokens, cache_s=5, clock=clock)
+    for _ in range(10):
+        assert (await verifier.verify(token)).allows("label")
+    assert store.gets == 1
+    await tokens.revoke(record.id, NOW)
+    clock.now = 4.9
+    await verifier.verify(token)  # still cached
+    clock.now = 5.1
+    with pytest.raises(TokenRejected) as caught:
+        await verifier.verify(token)
+    assert caught.value.reason == "revoked"
+    listed = await tokens.list()
+    assert listed[0].revoked_at == NOW
+    with pytest.raises(TokenError):
+        await tokens.revoke("0" * 12, NOW)
+
+
+async def test_unknown_ids_are_cached_too() -> None:
+    store = CountingStore()
+    verifier = TokenVerifier(TokenStore(store), cache_s=5, clock=Clock())
+    for _ in range(5):
+        with pytest.raises(TokenRejected):
+            await verifier.verify(f"rlx_{'1' * 12}_{'B' * 43}")
+    assert store.gets == 1
