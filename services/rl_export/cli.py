@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import select
 import signal
 import sys
 import threading
@@ -274,7 +276,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # The reader of our output went away (`rl-export shards tail ... | head`): a normal
+        # end for a command line. Point stdout at /dev/null so that the interpreter's final
+        # flush does not fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return code
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":  # pragma: no cover
