@@ -43,7 +43,7 @@ def _settings(args: argparse.Namespace, **mapping: str) -> Settings:
 
 
 def _wait_for_signal() -> int:
-    """Block until SIGINT or SIGTERM; return the signal number."""
+    """Block until SIGINT, SIGTERM or SIGHUP (the terminal closed); return the signal number."""
     received: list[int] = []
     stop = threading.Event()
 
@@ -51,7 +51,7 @@ def _wait_for_signal() -> int:
         received.append(signum)
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
     stop.wait()
     return received[0]
