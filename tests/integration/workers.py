@@ -147,6 +147,7 @@ class TopicReader:
             group_id=None,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
+            isolation_level="read_committed",  # the join writes in transactions
         )
         await consumer.start()
         records: list[Any] = []

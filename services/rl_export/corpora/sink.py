@@ -464,6 +464,9 @@ class Sink:
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # The join writes snapshots in transactions: a fenced zombie's aborted ones
+            # must never reach a corpus.
+            isolation_level="read_committed",
             session_timeout_ms=int(self.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.session_timeout_s * 250),
             max_poll_records=5000,

@@ -11,7 +11,7 @@ import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -76,6 +76,8 @@ class Emitter(Protocol):
     ``forward`` sends an input event on to its trace's partition of the same topic, where
     the join takes it as it takes any event; ``messages_at`` is the snapshot's
     ``rl-export-messages-at`` header (:func:`rl_export.common.records.encode_snapshot`).
+    ``flush`` gets the input offsets the batch covers (``(topic, partition) -> next
+    offset``); an emitter that can commits them atomically with what it sends.
     """
 
     async def snapshot(
@@ -84,7 +86,7 @@ class Emitter(Protocol):
     ) -> None: ...  # fmt: skip
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
-    async def flush(self) -> None: ...
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None: ...
 
 
 class MemoryTable:
@@ -118,6 +120,16 @@ def dead_letter_headers(message: InMessage, rejection: EventRejection) -> list[t
         ("rl-export-source-partition", str(message.partition).encode()),
         ("rl-export-source-offset", str(message.offset).encode()),
     ]
+
+
+def consumed_offsets(messages: Iterable[InMessage]) -> dict[tuple[str, int], int]:
+    """The input offsets a batch covers: per (topic, partition), the offset after its last."""
+    out: dict[tuple[str, int], int] = {}
+    for m in messages:
+        where = (m.topic, m.partition)
+        if m.offset + 1 > out.get(where, 0):
+            out[where] = m.offset + 1
+    return out
 
 
 @dataclass
@@ -274,7 +286,7 @@ class JoinProcessor:
         warning = self._misroutes.report(clock)
         if warning is not None:
             log.warning("%s", warning)
-        await self.emitter.flush()  # delivered before the batch is acked
+        await self.emitter.flush(consumed_offsets(messages))  # delivered before it is acked
         self.metrics.table_keys.set(len(self.table))
         return result
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -243,15 +243,26 @@ class ChangelogTable:
 
 
 async def restore(
-    bootstrap: str, topic: str, stores: dict[int, PartitionStore], batch: int = 5000
+    bootstrap: str,
+    topic: str,
+    stores: dict[int, PartitionStore],
+    batch: int = 5000,
+    should_stop: Callable[[], bool] | None = None,
 ) -> int:
-    """Bring each store up to the end of its changelog partition; return records applied."""
+    """Bring each store up to the end of its changelog partition; return records applied.
+
+    Reads committed records only: the join writes its changelog in transactions, and an
+    aborted one (a fenced zombie's) must not come back. Each store's position moves with
+    what it applied, so a restore cut short by ``should_stop`` (checked between fetches:
+    the partitions are being revoked) continues from there next time.
+    """
     if not stores:
         return 0
     started = time.monotonic()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
+        isolation_level="read_committed",
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     await consumer.start()
@@ -259,7 +270,7 @@ async def restore(
     try:
         tps = {TopicPartition(topic, p): store for p, store in stores.items()}
         consumer.assign(list(tps))
-        ends = await consumer.end_offsets(list(tps))
+        ends = await consumer.end_offsets(list(tps))  # read committed: the stable offsets
         begins = await consumer.beginning_offsets(list(tps))
         todo: dict[TopicPartition, int] = {}
         for tp, store in tps.items():
@@ -277,7 +288,7 @@ async def restore(
                 todo[tp] = end
             else:
                 store.set_changelog_next(end)
-        while todo:
+        while todo and not (should_stop is not None and should_stop()):
             fetched = await consumer.getmany(*todo, timeout_ms=1000, max_records=batch)
             for tp, records in fetched.items():
                 store = tps[tp]
@@ -291,14 +302,18 @@ async def restore(
                     else:
                         store.put(record.key, record.value)
                     applied += 1
+            # Every partition, not only those that returned records: a fetch that held only
+            # transaction markers (or aborted records) moves the position and returns none.
+            for tp in list(todo):
                 position = await consumer.position(tp)
-                store.set_changelog_next(min(position, todo[tp]))
+                tps[tp].set_changelog_next(min(position, todo[tp]))
                 if position >= todo[tp]:
                     del todo[tp]
     finally:
         await consumer.stop()
     log.info(
-        "restored partitions %s from %s: %d records in %.1fs",
+        "restored partitions %s from %s: %d records in %.1fs%s",
         sorted(stores), topic, applied, time.monotonic() - started,
+        " (cut short: the partitions are being revoked)" if todo else "",
     )  # fmt: skip
     return applied

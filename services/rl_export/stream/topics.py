@@ -20,9 +20,27 @@ from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchErr
 from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
-# Topic-level limit above the event size limit, so the broker never refuses an event the
-# worker would accept (and the dead-letter copy of an oversized one still fits).
-_MESSAGE_BYTES_HEADROOM = 2
+_HEADERS_ROOM = 64 * 1024
+
+
+def topic_max_bytes(settings: Settings) -> int:
+    """``max.message.bytes`` of the topics we create (the dead-letter topic aside).
+
+    Twice the event size limit: the broker never refuses an event the worker would accept,
+    nor a snapshot of it; larger events reach the worker, which dead-letters them.
+    """
+    return settings.max_event_bytes * 2 + _HEADERS_ROOM
+
+
+def dead_letter_max_bytes(settings: Settings) -> int:
+    """``max.message.bytes`` of the dead-letter topic.
+
+    A dead letter is an input record's key and value, which together fit in
+    :func:`topic_max_bytes` (an event of any size the input topics accept), plus our
+    headers: a reason, at most 4 KiB of detail, the source topic (at most 249 characters),
+    partition and offset. 64 KiB more than an input record holds them all.
+    """
+    return topic_max_bytes(settings) + _HEADERS_ROOM
 
 
 @dataclass(frozen=True)
@@ -36,17 +54,16 @@ class TopicSpec:
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     """Return the specs of every topic the service needs."""
-    max_bytes = str(settings.max_event_bytes * _MESSAGE_BYTES_HEADROOM + 64 * 1024)
-    compacted = {"cleanup.policy": "compact"}
-    return [
-        TopicSpec(
-            name,
-            settings.partitions,
-            {"max.message.bytes": max_bytes}
-            | (compacted if name == settings.topic_changelog else {}),
-        )
-        for name in settings.all_topics
-    ]
+
+    def configs(name: str) -> dict[str, str]:
+        if name == settings.topic_dead_letter:
+            return {"max.message.bytes": str(dead_letter_max_bytes(settings))}
+        limit = {"max.message.bytes": str(topic_max_bytes(settings))}
+        if name == settings.topic_changelog:
+            return limit | {"cleanup.policy": "compact"}
+        return limit
+
+    return [TopicSpec(name, settings.partitions, configs(name)) for name in settings.all_topics]
 
 
 @contextlib.contextmanager

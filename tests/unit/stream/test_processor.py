@@ -8,6 +8,7 @@ checks the snapshots, dead letters, table writes, metrics and expiry (DESIGN.md 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,6 +51,7 @@ class CollectingEmitter:
         self.forwards: list[tuple[InMessage, bytes, int]] = []
         self.dead_letters: list[tuple[InMessage, EventRejection]] = []
         self.flushes = 0
+        self.consumed: list[dict[tuple[str, int], int]] = []
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
@@ -65,8 +67,9 @@ class CollectingEmitter:
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         self.dead_letters.append((message, rejection))
 
-    async def flush(self) -> None:
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None:
         self.flushes += 1
+        self.consumed.append(dict(consumed))
 
     def revisions(self, trace_id: str) -> list[int]:
         key = trace_id.encode()
