@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench
+.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,3 +62,6 @@ clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are 
 
 bench: install ## benchmark: one worker vs a bare consumer on 100k events, freshness, scaling
 	$(BIN)/python -m rl_export.local.bench
+
+soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
+	$(BIN)/python -m rl_export.local.soak $(if $(SEED),--seed $(SEED))

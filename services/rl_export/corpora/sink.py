@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rl_export.common.codec import dumps
@@ -45,6 +45,7 @@ from rl_export.common.records import (
     SnapshotLines,
     decode_snapshot,
 )
+from rl_export.common.retrying import start_when_reachable
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
@@ -472,7 +473,8 @@ class Sink:
             max_poll_records=5000,
         )
         consumer.subscribe([self.topic], listener=Listener())
-        await consumer.start()
+        if not await start_when_reachable(consumer.start, "sink consumer", stop, log):
+            return
         try:
             while not stop.is_set():
                 batch = await consumer.getmany(timeout_ms=200)
@@ -504,12 +506,18 @@ class Sink:
         self.metrics.store_errors.inc()
         log.error("%s-%d: store failed, reading the partition again: %s", *tp, exc)
         self.parts.pop(tp.partition, None)
-        if tp in consumer.assignment():
-            committed = await consumer.committed(tp)
+        while tp in consumer.assignment():
+            try:
+                committed = await consumer.committed(tp)
+            except KafkaError as kafka_down:  # the broker is away too: ask again
+                log.warning("%s-%d: cannot read the committed offset: %r", *tp, kafka_down)
+                await asyncio.sleep(1.0)
+                continue
             if committed is None:
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, committed)
+            break
         await asyncio.sleep(1.0)
 
     async def _flush_due(self, consumer: AIOKafkaConsumer) -> None:
@@ -546,8 +554,10 @@ class Sink:
                     for p, (_, o) in ready.items()
                 }
             )
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.warning("offset commit for partitions %s skipped: %s", sorted(ready), exc)
+        except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+            # Committed later, or read again by the next owner (and skipped: the chains
+            # already hold it).
+            log.warning("offset commit for partitions %s skipped: %r", sorted(ready), exc)
             return
         for part, offset in ready.values():
             part.committed = offset

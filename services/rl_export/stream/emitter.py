@@ -51,7 +51,7 @@ from rl_export.common.records import HEADER_EVENT_MS, HEADER_MESSAGES_AT
 from rl_export.common.settings import Settings
 from rl_export.stream.processor import InMessage, dead_letter_headers
 from rl_export.stream.statestore import ChangelogTable
-from rl_export.stream.topics import dead_letter_max_bytes
+from rl_export.stream.topics import dead_letter_max_bytes, topic_max_bytes
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +90,16 @@ class FlushError(Exception):
 
 
 def producer_limits(settings: Settings) -> dict[str, int]:
-    """The join producer's batch and request sizes: a maximum-size dead letter must fit.
+    """The join producer's batch and request sizes.
 
-    A dead letter is an input record's key and value (at most what the input topic
-    accepts) plus our headers: :func:`rl_export.stream.topics.dead_letter_max_bytes`. A
-    record larger than a batch goes in a batch of its own.
+    A batch never exceeds what the topics take (``max.message.bytes``, checked per batch by
+    the broker), and a record larger than a batch goes in a batch of its own: a
+    maximum-size dead letter, an input record's key and value plus our headers
+    (:func:`rl_export.stream.topics.dead_letter_max_bytes`), must fit in a request.
     """
-    request = dead_letter_max_bytes(settings) + 64 * 1024
-    return {"max_batch_size": 1024 * 1024, "max_request_size": request}
+    batch = min(1024 * 1024, topic_max_bytes(settings))
+    request = max(batch, dead_letter_max_bytes(settings)) + 64 * 1024
+    return {"max_batch_size": batch, "max_request_size": request}
 
 
 class KafkaEmitter:

@@ -33,6 +33,7 @@ store per partition, a compacted changelog, restore on assignment) with batches 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -44,6 +45,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from rl_export.common.events import EventFamily
 from rl_export.common.metrics import Metrics
+from rl_export.common.retrying import start_when_reachable
 from rl_export.common.settings import Settings
 from rl_export.stream.emitter import FlushError, KafkaEmitter
 from rl_export.stream.processor import InMessage, JoinProcessor
@@ -83,6 +85,7 @@ class JoinWorker:
         self.ready = asyncio.Event()
         self._last_scan = time.monotonic()
         self._locked: dict[int, tuple[float, float]] = {}  # partition -> (since, last log)
+        self._stop = asyncio.Event()
 
     @property
     def live(self) -> set[int]:
@@ -113,7 +116,9 @@ class JoinWorker:
                         worker.ready.set()  # than partitions is allowed, just idle
                     log.info("join assigned partitions %s", sorted(worker.assigned))
 
-        await self.emitter.start()
+        self._stop = stop
+        if not await start_when_reachable(self.emitter.start, "join producer", stop, log):
+            return
         session_ms = int(self.settings.session_timeout_s * 1000)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
@@ -137,7 +142,9 @@ class JoinWorker:
             rebalance_timeout_ms=max(60_000, session_ms),
         )
         consumer.subscribe(list(self.settings.input_topics), listener=Listener())
-        await consumer.start()
+        if not await start_when_reachable(consumer.start, "join consumer", stop, log):
+            await self.emitter.close()
+            return
         try:
             while not stop.is_set():
                 await self._step(consumer)
@@ -187,9 +194,11 @@ class JoinWorker:
                 for r in records
             ]
             if messages:
-                lost = await _process_until_done(self.processor, messages)
+                lost = await _process_until_done(self.processor, messages, self._stop)
                 self._record_positions()
-                if lost:
+                if lost and self._stop.is_set():  # stopping with these not committed
+                    await self._drop(lost)
+                elif lost:
                     await self._lose(consumer, lost)
                 if not self.emitter.transactional:  # exactly once: committed in the flush
                     await self._commit(consumer, fetched, lost)
@@ -210,6 +219,8 @@ class JoinWorker:
             # The group moved on (we were too slow, or paused): the partitions'
             # new owner reads these events again; the join treats them as repeats.
             log.warning("join commit refused, a rebalance is under way: %s", exc)
+        except KafkaError as exc:  # the broker is away: read again, as repeats
+            log.warning("join commit failed: %r", exc)
 
     async def _lose(self, consumer: AIOKafkaConsumer, lost: set[int]) -> None:
         """Our producer of these partitions was fenced: another member owns them now.
@@ -259,23 +270,28 @@ class JoinWorker:
            input partitions to the committed offsets, read after step 1.
         """
         partitions = sorted(self.to_restore)
-        await self.emitter.open_tasks(partitions)  # 1.
-        stores: dict[int, PartitionStore] = {}
-        for partition in partitions:  # 2.
-            try:
-                stores[partition] = self.table.open(partition)
-            except StoreLockedError:
-                self._wait_for_store(consumer, partition)
-        if stores:  # 3.
-            await restore(
-                self.settings.kafka_bootstrap, self.settings.topic_changelog, stores,
-                should_stop=lambda: self.revoking,
-            )  # fmt: skip
-            if self.revoking:  # cut short: the revocation closes them; restored next time
-                return set()
-            await self._seek_committed(consumer, set(stores))
-            self.to_restore -= set(stores)
-            self._rebuild_expiry(stores)
+        try:
+            await self.emitter.open_tasks(partitions)  # 1.
+            stores: dict[int, PartitionStore] = {}
+            for partition in partitions:  # 2.
+                try:
+                    stores[partition] = self.table.open(partition)
+                except StoreLockedError:
+                    self._wait_for_store(consumer, partition)
+            if stores:  # 3.
+                await restore(
+                    self.settings.kafka_bootstrap, self.settings.topic_changelog, stores,
+                    should_stop=lambda: self.revoking,
+                )  # fmt: skip
+                if self.revoking:  # cut short: the revocation closes them; restored next time
+                    return set()
+                await self._seek_committed(consumer, set(stores))
+        except (KafkaError, OSError) as exc:  # the broker is away: the next step tries again
+            log.warning("taking over partitions %s failed (%r); trying again", partitions, exc)
+            await asyncio.sleep(1.0)
+            return set()
+        self.to_restore -= set(stores)
+        self._rebuild_expiry(stores)
         if not self.to_restore:
             self.ready.set()
         return set(stores)
@@ -324,13 +340,16 @@ class JoinWorker:
         self.emitter.positions.clear()
 
 
-async def _process_until_done(processor: JoinProcessor, messages: list[InMessage]) -> set[int]:
+async def _process_until_done(
+    processor: JoinProcessor, messages: list[InMessage], stop: asyncio.Event
+) -> set[int]:
     """Retry a failed batch until it goes through; return the partitions lost meanwhile.
 
     Processing again is safe: events already merged are duplicates that re-send the same
     revision. When some partitions of the batch committed and others did not
     (:class:`FlushError`), only the others are processed again, and a partition another
-    member took over (lost) is not processed again at all.
+    member took over (lost) is not processed again at all. Stopping ends the retries: what
+    did not commit is read again by whoever owns the partitions next.
     """
     delay = 0.5
     lost: set[int] = set()
@@ -348,6 +367,10 @@ async def _process_until_done(processor: JoinProcessor, messages: list[InMessage
             log.error("join batch: %s; retrying %d events in %.1fs", exc, len(messages), delay)
         except Exception:
             log.exception("join batch of %d events failed; retrying in %.1fs", len(messages), delay)
-        await asyncio.sleep(delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            lost |= {m.partition for m in messages}  # not committed: let go of them as they are
+            return lost
         delay = min(delay * 2, 30.0)
     return lost

@@ -136,30 +136,41 @@ async def ensure_topics(
     """Create missing topics, then check every topic's partition count; return the counts."""
     admin = await _admin(bootstrap, timeout_s)
     try:
-        existing = set(await admin.list_topics())
-        missing = [s for s in specs if s.name not in existing]
-        if missing:
-            response = await admin.create_topics(
-                [
-                    NewTopic(s.name, s.partitions, replication_factor, topic_configs=s.configs)
-                    for s in missing
-                ]
-            )
-            for name, code, *rest in response.topic_errors:
-                # Another worker may have created it between our list and create: fine.
-                if code not in (0, TopicAlreadyExistsError.errno):
-                    detail = rest[0] if rest and rest[0] else f"error code {code}"
-                    raise RlExportError(f"could not create topic {name}: {detail}")
-        for _ in range(50):  # creation is asynchronous: wait until metadata shows them all
-            counts = await _counts(admin, [s.name for s in specs])
-            if len(counts) == len(specs):
-                break
-            await asyncio.sleep(0.1)
-        expected = {s.partitions for s in specs}
-        check_partition_counts(counts, expected.pop() if len(expected) == 1 else -1)
-        return counts
+        return await _ensure(admin, specs, replication_factor)
+    except (KafkaError, OSError) as exc:
+        raise BrokerUnavailableError(
+            f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the topics "
+            f"were checked ({type(exc).__name__}: {exc})"
+        ) from None
     finally:
         await admin.close()
+
+
+async def _ensure(
+    admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec], replication_factor: int
+) -> dict[str, int]:
+    existing = set(await admin.list_topics())
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        response = await admin.create_topics(
+            [
+                NewTopic(s.name, s.partitions, replication_factor, topic_configs=s.configs)
+                for s in missing
+            ]
+        )
+        for name, code, *rest in response.topic_errors:
+            # Another worker may have created it between our list and create: fine.
+            if code not in (0, TopicAlreadyExistsError.errno):
+                detail = rest[0] if rest and rest[0] else f"error code {code}"
+                raise RlExportError(f"could not create topic {name}: {detail}")
+    for _ in range(50):  # creation is asynchronous: wait until metadata shows them all
+        counts = await _counts(admin, [s.name for s in specs])
+        if len(counts) == len(specs):
+            break
+        await asyncio.sleep(0.1)
+    expected = {s.partitions for s in specs}
+    check_partition_counts(counts, expected.pop() if len(expected) == 1 else -1)
+    return counts
 
 
 async def ensure_service_topics(settings: Settings) -> dict[str, int]:
