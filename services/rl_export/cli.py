@@ -183,7 +183,12 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 from rl_export.corpora.compaction import compact_all
                 from rl_export.corpora.sink import writer_id
 
-                for compaction in await compact_all(store, args.prefix, writer=writer_id()):
+                written = await compact_all(
+                    store, args.prefix, writer=writer_id(),
+                    partitioning=(settings.partitioner, settings.partitions),
+                    tombstone_retention_s=settings.tombstone_retention_s,
+                )  # fmt: skip
+                for compaction in written:
                     print(f"generation {compaction.generation}: {compaction.records} records")
             elif args.action == "cat":
                 async for line in shards.cat(store, _ref(args), latest_only=args.latest):

@@ -53,7 +53,6 @@ from rl_export.corpora.layout import (
     Commit,
     Compression,
     CorpusRef,
-    Holding,
     encode_lines,
     load_chain_state,
     utc_now,
@@ -94,6 +93,7 @@ class Pending:
     trace_id: str
     revision: int
     deleted: bool  # the line is a tombstone
+    erased: bool  # the trace itself is deleted (trace.deleted)
     line: bytes  # the record as its JSON Lines line, encoded once
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
@@ -151,6 +151,7 @@ class ChainWriter:
                     partition_for(t.encode(), self.config.partitions, self.config.partitioner)
                     == self.partition
                 ),
+                partitioning=(self.config.partitioner, self.config.partitions),
             )
         return self.state
 
@@ -177,31 +178,37 @@ class ChainWriter:
             return  # already in a committed shard
         source = self.spec.source
         holds = self.spec.holds(snapshot)
-        if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds):
+        erased = bool(snapshot.snapshot["deleted"])
+        if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
+                      erased=erased):  # fmt: skip
             line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
             updated_at = snapshot.updated_at if holds else None
             self._append(
                 Pending(
-                    offset, snapshot.trace_id, snapshot.revision, not holds, line, updated_at,
-                    event_ms,
+                    offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
+                    updated_at, event_ms,
                 )
             )  # fmt: skip
 
-    def _keep(self, state: ChainState, trace_id: str, revision: int, *, deleted: bool) -> bool:
+    def _keep(
+        self, state: ChainState, trace_id: str, revision: int, *, deleted: bool, erased: bool
+    ) -> bool:
         """Whether a record (or, ``deleted``, no record) at a revision changes what the corpus
         holds; if so, hold it.
 
         A revision the corpus holds, or an older one, is a repeat. No record where the corpus
         holds none, or only a tombstone, changes nothing; where it holds a record, no record
-        means a tombstone.
+        means a tombstone. A deleted trace (``erased``) gets its tombstone even where the
+        corpus holds nothing: an older revision replayed later, on another chain, must find
+        the deletion and not bring the trace back.
         """
-        held = state.held.get(trace_id)
-        if held is not None and revision <= held.revision:
+        code = state.held.get(trace_id)  # revision * 2 + deleted (ChainState)
+        if code is not None and revision <= code >> 1:
             self.metrics.repeats.inc()
             return False
-        if deleted and (held is None or held.deleted):
+        if deleted and not erased and (code is None or code & 1):
             return False  # nothing held: nothing to hide
-        state.held[trace_id] = Holding(revision, deleted)
+        state.hold(trace_id, revision, deleted)
         return True
 
     def _append(self, pending: Pending) -> None:
@@ -288,7 +295,7 @@ class ChainWriter:
         )  # fmt: skip
         for p in waiting:
             if p.offset >= state.head and self._keep(
-                state, p.trace_id, p.revision, deleted=p.deleted
+                state, p.trace_id, p.revision, deleted=p.deleted, erased=p.erased
             ):
                 self._append(p)
         return state
