@@ -48,7 +48,7 @@ from rl_export.common.metrics import Metrics
 from rl_export.common.retrying import start_when_reachable
 from rl_export.common.settings import Settings
 from rl_export.stream.emitter import FlushError, KafkaEmitter
-from rl_export.stream.processor import InMessage, JoinProcessor
+from rl_export.stream.processor import InMessage, JoinProcessor, expiry_mark_of
 from rl_export.stream.statestore import ChangelogTable, PartitionStore, StoreLockedError, restore
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class JoinWorker:
                 if not self.emitter.transactional:  # exactly once: committed in the flush
                     await self._commit(consumer, fetched, lost)
             if time.monotonic() - self._last_scan >= self.settings.expiry_scan_interval_s:
-                self._rebuild_expiry(self.live)
+                self._load_expiry(self.live)  # drops entries of states that moved on
 
     async def _commit(
         self, consumer: AIOKafkaConsumer, fetched: dict[Any, list[Any]], lost: set[int]
@@ -281,7 +281,7 @@ class JoinWorker:
             if stores:  # 3.
                 await restore(
                     self.settings.kafka_bootstrap, self.settings.topic_changelog, stores,
-                    should_stop=lambda: self.revoking,
+                    should_stop=lambda: self.revoking, mark_of=expiry_mark_of,
                 )  # fmt: skip
                 if self.revoking:  # cut short: the revocation closes them; restored next time
                     return set()
@@ -291,7 +291,7 @@ class JoinWorker:
             await asyncio.sleep(1.0)
             return set()
         self.to_restore -= set(stores)
-        self._rebuild_expiry(stores)
+        self._load_expiry(stores)
         if not self.to_restore:
             self.ready.set()
         return set(stores)
@@ -323,14 +323,27 @@ class JoinWorker:
         for partition in partitions:
             self._locked.pop(partition, None)
 
-    def _rebuild_expiry(self, partitions: Iterable[int]) -> None:
+    def _load_expiry(self, partitions: Iterable[int]) -> None:
+        """The expiry index of these partitions, from their stores' (no state is read).
+
+        A store written before it kept the index is scanned once, and its index written.
+        """
         found = 0
         for partition in partitions:
             store = self.table.stores.get(partition)
-            if store is not None:
-                found += self.processor.rebuild_expiry(store.items(), partition=partition)
+            if store is None:
+                continue
+            if not store.indexed:
+                started = time.monotonic()
+                marks = self.processor.rebuild_expiry(store.items(), partition=partition)
+                store.write({}, dict[bytes, bytes | None](marks))
+                store.set_indexed()
+                took = time.monotonic() - started
+                log.info("partition %d: expiry index built once, from a scan of every state, "
+                         "in %.1fs", partition, took)  # fmt: skip
+            found += self.processor.load_expiry(store.marks(), partition)
         self._last_scan = time.monotonic()
-        log.info("expiry index rebuilt: %d states may expire", found)
+        log.info("expiry index loaded: %d states may expire", found)
 
     def _record_positions(self) -> None:
         for partition, end in self.emitter.positions.items():

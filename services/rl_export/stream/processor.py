@@ -61,11 +61,17 @@ class InMessage:
 
 
 class StateTable(Protocol):
-    """The join's state, keyed by ``trace_id`` bytes; ``at`` says which message is current."""
+    """The join's state, keyed by ``trace_id`` bytes; ``at`` says which message is current.
+
+    ``mark`` keeps the table's *expiry index* beside the states (:func:`expiry_mark`: why
+    and since when a state may expire; None removes it), written with them, so a restart
+    reads the index instead of every state.
+    """
 
     def get(self, key: bytes, at: InMessage) -> bytes | None: ...
     def put(self, key: bytes, value: bytes, at: InMessage) -> None: ...
     def delete(self, key: bytes, at: InMessage) -> None: ...
+    def mark(self, key: bytes, value: bytes | None, at: InMessage) -> None: ...
     def items(self) -> Iterable[tuple[bytes, bytes]]: ...
     def __len__(self) -> int: ...
 
@@ -94,6 +100,13 @@ class MemoryTable:
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
+        self.marks: dict[bytes, bytes] = {}
+
+    def mark(self, key: bytes, value: bytes | None, at: InMessage) -> None:
+        if value is None:
+            self.marks.pop(key, None)
+        else:
+            self.marks[key] = value
 
     def get(self, key: bytes, at: InMessage) -> bytes | None:
         return self.data.get(key)
@@ -154,11 +167,32 @@ def conversation_key(key: bytes) -> bytes:
     return CONVERSATION + key
 
 
+def expiry_mark(state: TraceState) -> bytes | None:
+    """The expiry index's entry for a state: why and since when it may expire, or None.
+
+    ``tombstone <deleted_at>`` or ``orphan <first_pending_at>``: the times, not deadlines,
+    so that changing a retention setting applies to states already stored.
+    """
+    if state.deleted and state.deleted_at is not None:
+        return f"tombstone {state.deleted_at!r}".encode()
+    if state.is_orphan and state.first_pending_at is not None:
+        return f"orphan {state.first_pending_at!r}".encode()
+    return None
+
+
+def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
+    """:func:`expiry_mark` of a stored state (a conversation key has none)."""
+    if key.startswith(CONVERSATION):
+        return None
+    return expiry_mark(load_state(value))
+
+
 @dataclass
 class _Touched:
     state: TraceState
     last: InMessage
     conversation: bytes | None  # as the table holds it
+    mark: bytes | None = None  # the expiry index's entry as the table holds it
     emit: bool = False
     repeated: bool = False  # a redelivered event: rewrite everything, the first write may be lost
     event_ms: int | None = None
@@ -236,11 +270,13 @@ class JoinProcessor:
                 outcomes[event_type_of(decoded), "forwarded"] += 1
                 continue
             entry = touched.get(key)
-            conversation = None
+            conversation = stored_mark = None
             if entry is not None:
                 state: TraceState | None = entry.state
             else:
                 state, conversation = self._read(key, message)
+                # Before the merge, which may change the state in place.
+                stored_mark = None if state is None else expiry_mark(state)
             raw = RawEvent(
                 message.value, message.topic, message.partition, message.offset,
                 message.timestamp_ms,
@@ -248,7 +284,7 @@ class JoinProcessor:
             merged = merge(state, decoded, raw, now=clock, config=self.config, build_snapshot=False)
             outcomes[event_type_of(decoded), merged.outcome] += 1
             if entry is None:
-                entry = touched[key] = _Touched(merged.state, message, conversation)
+                entry = touched[key] = _Touched(merged.state, message, conversation, stored_mark)
             else:
                 entry.state, entry.last = merged.state, message
             for item, rejection in merged.rejected:
@@ -263,7 +299,11 @@ class JoinProcessor:
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
             self._write(key, entry)
-            self._schedule(key, entry.state, entry.last.partition)
+            mark = expiry_mark(entry.state)
+            if mark != entry.mark:
+                self.table.mark(key, mark, entry.last)
+            if mark is not None:
+                self._schedule(key, mark, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
                 snapshot = current_snapshot(entry.state, self.config)
                 assert snapshot is not None  # emits only once the trace exists or is deleted
@@ -312,39 +352,53 @@ class JoinProcessor:
             else:
                 self.table.delete(conversation_key(key), entry.last)
 
-    def _deadline(self, state: TraceState) -> float | None:
-        if state.deleted and state.deleted_at is not None:
-            return state.deleted_at + self.settings.tombstone_retention_s
-        if state.is_orphan and state.first_pending_at is not None:
-            return state.first_pending_at + self.settings.orphan_retention_s
+    def _deadline(self, mark: bytes) -> float | None:
+        """When a state with this expiry mark may expire, under the current retentions."""
+        kind, _, since = mark.partition(b" ")
+        try:
+            start = float(since)
+        except ValueError:
+            return None
+        if kind == b"tombstone":
+            return start + self.settings.tombstone_retention_s
+        if kind == b"orphan":
+            return start + self.settings.orphan_retention_s
         return None
 
-    def _schedule(self, key: bytes, state: TraceState, partition: int) -> None:
-        deadline = self._deadline(state)
+    def _schedule(self, key: bytes, mark: bytes, partition: int) -> None:
+        deadline = self._deadline(mark)
         if deadline is not None:
             heapq.heappush(self._expiry.setdefault(partition, []), (deadline, key))
 
+    def load_expiry(self, marks: Iterable[tuple[bytes, bytes]], partition: int) -> int:
+        """Replace a partition's expiry index with the table's (its marks); return how many."""
+        self._expiry.pop(partition, None)
+        count = 0
+        for key, mark in marks:
+            self._schedule(key, mark, partition)
+            count += 1
+        return count
+
     def rebuild_expiry(
         self, items: Iterable[tuple[bytes, bytes]], partition: int | None = None
-    ) -> int:
-        """Rebuild the index of states that may expire from a scan; return how many.
+    ) -> dict[bytes, bytes]:
+        """Rebuild the expiry index from a scan of every state; return the marks found.
 
-        With ``partition``, ``items`` are that partition's and only its index is replaced.
+        For a table written before it kept its index (a one-time scan). With ``partition``,
+        ``items`` are that partition's and only its index is replaced.
         """
         if partition is None:
             self._expiry.clear()
         else:
             self._expiry.pop(partition, None)
-        count = 0
+        marks = {}
         for key, value in items:
-            if key.startswith(CONVERSATION):
-                continue
-            state = load_state(value)
-            if self._deadline(state) is not None:
+            mark = expiry_mark_of(key, value)
+            if mark is not None:
                 where = self._hash(key, self.settings.partitions)
-                self._schedule(key, state, where if partition is None else partition)
-                count += 1
-        return count
+                self._schedule(key, mark, where if partition is None else partition)
+                marks[key] = mark
+        return marks
 
     def forget_partition(self, partition: int) -> None:
         """Drop the expiry index of a partition this worker no longer owns."""
@@ -369,6 +423,7 @@ class JoinProcessor:
                 if kind is not None:  # the state may have moved on since it was indexed
                     self.table.delete(key, at)
                     self.table.delete(conversation_key(key), at)
+                    self.table.mark(key, None, at)
                     self.metrics.expired.labels(kind).inc()
                     dropped.append((key, kind))
         return dropped

@@ -605,7 +605,7 @@ async def test_rebuild_expiry_lets_a_fresh_processor_expire_stored_states() -> N
     )
 
     h = Harness(table=first.table)
-    assert h.processor.rebuild_expiry(h.table.items()) == 2
+    assert len(h.processor.rebuild_expiry(h.table.items())) == 2
 
     result = await h.run(label(trace_id=ELSEWHERE), now=NOW + TOMBSTONE_S + 1)
     assert result.expired == []  # another partition
@@ -618,6 +618,29 @@ async def test_rebuild_expiry_lets_a_fresh_processor_expire_stored_states() -> N
                                  ELSEWHERE.encode()}  # fmt: skip
     assert h.metric("rl_export_join_expired_total", kind="orphan") == 1
     assert h.metric("rl_export_join_expired_total", kind="tombstone") == 1
+
+
+async def test_the_table_keeps_an_expiry_index_of_what_may_expire() -> None:
+    h = Harness()
+    await h.run(
+        label(trace_id=ORPHAN),
+        trace(trace_id=OTHER),
+        event("trace.deleted", "d-1", trace_id=OTHER),
+        trace(trace_id=THIRD),  # live: never expires
+    )
+    assert set(h.table.marks) == {ORPHAN.encode(), OTHER.encode()}
+    assert h.table.marks[ORPHAN.encode()].startswith(b"orphan ")
+    assert h.table.marks[OTHER.encode()].startswith(b"tombstone ")
+
+    await h.run(trace(trace_id=ORPHAN), now=NOW + 10)  # its trace came: no longer an orphan
+    assert set(h.table.marks) == {OTHER.encode()}
+
+    # A fresh processor loads the index instead of reading every state, and expires.
+    fresh = Harness(table=h.table)
+    assert fresh.processor.load_expiry(h.table.marks.items(), partition_of(OTHER)) == 1
+    result = await fresh.run(label(trace_id=THIRD), now=NOW + TOMBSTONE_S + 1)
+    assert result.expired == [(OTHER.encode(), "tombstone")]
+    assert h.table.marks == {}
 
 
 async def test_every_batch_is_flushed_before_it_is_acked() -> None:
