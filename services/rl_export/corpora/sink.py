@@ -438,6 +438,7 @@ class Sink:
         self.writer = writer_id()
         self.parts: dict[int, PartitionSink] = {}
         self.assigned = asyncio.Event()
+        self.epoch = 0  # bumped by every rebalance
 
     def corpora_written(self) -> list[CorpusRef]:
         """The corpora this sink has written to (for periodic compaction)."""
@@ -461,11 +462,14 @@ class Sink:
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 # Pending records of a lost partition are read again by its next owner,
                 # from the group offset, which never passed them.
+                sink.epoch += 1
                 for tp in revoked:
                     sink.parts.pop(tp.partition, None)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
+                sink.epoch += 1
                 sink.assigned.set()
+                log.info("sink assigned partitions %s", sorted(tp.partition for tp in assigned))
 
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -484,22 +488,58 @@ class Sink:
             return
         try:
             while not stop.is_set():
+                epoch = self.epoch
                 batch = await consumer.getmany(timeout_ms=200)
                 for tp, records in batch.items():
+                    if self.epoch != epoch:
+                        break
                     try:
-                        await self._handle(consumer, tp, records)
+                        await self._handle(consumer, tp, records, epoch)
                     except StoreError as exc:
                         await self._rewind(consumer, tp, exc)
+                if self.epoch != epoch:
+                    await self._reread(consumer)
+                    continue
                 await self._flush_due(consumer)
         finally:
             await consumer.stop()
 
-    async def _handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any) -> None:
+    async def _reread(self, consumer: AIOKafkaConsumer) -> None:
+        """A rebalance came in while a batch was fetched or handled: start over from the
+        committed offsets, with fresh partition state.
+
+        The batch may hold records fetched before the rebalance, from positions past the
+        group offset (the records in between were pending in partition state the revocation
+        dropped). Handling them in fresh state would let a commit cover offsets whose
+        records it does not hold: a loss, which the soak found. Nothing pending here was
+        committed, so reading again from the group offset loses and repeats nothing.
+        """
+        for tp in list(consumer.assignment()):
+            if tp.topic != self.topic:
+                continue
+            self.parts.pop(tp.partition, None)
+            while tp in consumer.assignment():
+                try:
+                    committed = await consumer.committed(tp)
+                except KafkaError as exc:  # the broker is away: ask again
+                    log.warning("%s-%d: cannot read the committed offset: %r", *tp, exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                if committed is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, committed)
+                break
+
+    async def _handle(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any, epoch: int
+    ) -> None:
         """Step 2 for one partition's records, while the partition is still ours."""
         for r in records:
             # A rebalance can run while we await the store: a partition taken away mid-batch
-            # must not get a fresh PartitionSink from the rest of a stale batch.
-            if tp not in consumer.assignment():
+            # (even if given back) must not get a fresh PartitionSink from the rest of a
+            # stale batch; the caller reads it again.
+            if self.epoch != epoch or tp not in consumer.assignment():
                 self.parts.pop(tp.partition, None)
                 return
             await self._part(tp.partition).handle(r.offset, r.value, *_snapshot_headers(r.headers))

@@ -14,7 +14,7 @@ How a soak runs (the steps match :meth:`Soak.run`):
    reason are started again as well, and reported.
 3. When the load is done and every fault is over, wait until both consumer groups have
    nothing left to read (the join on the input topics, the sink on ``trajectories``).
-4. Check, from what the topics hold (read committed):
+4. Stop the workers, and check, from what the topics hold (read committed):
    a. every corpus's latest view equals the pure join folded over the valid input events
       (:mod:`rl_export.local.fold`);
    b. ``shards verify`` finds no problem (chains without gap or overlap, checksums, no
@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -504,6 +505,12 @@ class Soak:
             await asyncio.gather(load, *faults)
             self.report.seconds["load"] = time.monotonic() - self.t0
             await self._catch_up()
+            stop.set()  # the workers stop (their compaction and expiry with them)
+            await supervisor
+            supervisor = None
+            for slot in self.slots:
+                if slot.worker is not None:
+                    await _stop(slot.worker)
             started_checks = time.monotonic()
             await self._check()
             self.report.seconds["checks"] = time.monotonic() - started_checks
@@ -570,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.kills is not None:
         size = SoakSize(**{**asdict(size), "kills": args.kills})
     work = args.work / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-seed{seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(  # the clients' retries while the broker restarts: to a file
+        filename=work / "soak.log", level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )  # fmt: skip
     report = asyncio.run(Soak(seed, size, work, guarantee=args.guarantee).run())
     print()
     for line in report.lines():
