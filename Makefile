@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench soak
+.PHONY: help prereqs install run test unit integration lint typecheck format schemas clean bench soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -65,3 +65,6 @@ bench: install ## benchmark: one worker vs a bare consumer on 100k events, fresh
 
 soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
 	$(BIN)/python -m rl_export.local.soak $(if $(SEED),--seed $(SEED))
+
+bench-restart: install ## restart-to-ready and first commits of a worker on 1,000,000 traces (built once in var/)
+	$(BIN)/python -m rl_export.local.bench_restart

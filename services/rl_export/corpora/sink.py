@@ -480,7 +480,7 @@ class Sink:
             # must never reach a corpus.
             isolation_level="read_committed",
             session_timeout_ms=int(self.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(self.session_timeout_s * 250),
+            heartbeat_interval_ms=min(int(self.session_timeout_s * 250), 1000),
             max_poll_records=5000,
         )
         consumer.subscribe([self.topic], listener=Listener())

@@ -135,7 +135,9 @@ class JoinWorker:
             # partitions), and with three members of eight partitions it does not.
             partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=session_ms,
-            heartbeat_interval_ms=session_ms // 4,
+            # A member learns of a rebalance at its next heartbeat: every second, not every
+            # quarter session, so a worker's second join process joining costs one second.
+            heartbeat_interval_ms=min(session_ms // 4, 1000),
             # How long the group waits for us to finish a batch and let go of our partitions
             # when it rebalances (aiokafka's default is the session timeout): a batch stuck
             # behind a broker restart must not get us thrown out of the group.

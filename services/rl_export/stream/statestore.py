@@ -348,7 +348,9 @@ async def restore(
             else:
                 store.set_changelog_next(end)
         while todo and not (should_stop is not None and should_stop()):
-            fetched = await consumer.getmany(*todo, timeout_ms=1000, max_records=batch)
+            # Short waits: a partition whose rest is a transaction marker returns no record,
+            # and a long wait would only make every restore that much longer.
+            fetched = await consumer.getmany(*todo, timeout_ms=100, max_records=batch)
             for tp, records in fetched.items():
                 changes: Changes = {}
                 marks: Changes = {}
