@@ -5,7 +5,8 @@
    shuffled, with duplicates).
 2. Baseline: a bare aiokafka consumer that parses every event with orjson and writes JSONL.
 3. One ``rl-export worker`` (join processes and sink, RocksDB table) catches up on the same
-   backlog, until both its consumer groups have committed the end of every topic.
+   backlog, until both its consumer groups have committed the end of every topic; then the
+   same with ``processing_guarantee=at_least_once``, what the join's transactions cost.
 4. Two workers on the same backlog: the scaling.
    Steps 2 to 4 run ``--runs`` times (3), interleaved, each catch-up with fresh groups,
    output topics and store; the medians are reported, and every run. The machine is
@@ -45,6 +46,7 @@ from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings, child_env
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import child_pids, tail
+from rl_export.local.reads import unread
 from rl_export.local.synthetic import generate, trace_events
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
@@ -127,6 +129,14 @@ async def lag(settings: Settings, group: str, topics: list[str]) -> int:
     finally:
         await consumer.stop()
         await admin.close()
+
+
+async def left(settings: Settings) -> int:
+    """Records either group has not committed past, read (exact, markers aside)."""
+    bootstrap = settings.kafka_bootstrap
+    join = await unread(bootstrap, settings.app_id, settings.input_topics)
+    sink = await unread(bootstrap, settings.sink_group, [settings.topic_trajectories])
+    return len(join) + len(sink)
 
 
 def worker_env(settings: Settings, port: int, data_dir: Path, **extra: str) -> dict[str, str]:
@@ -236,7 +246,10 @@ async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str
             _check_running(procs, data_dir)
             join_lag = await lag(settings, settings.app_id, list(settings.input_topics))
             sink_lag = await lag(settings, settings.sink_group, [settings.topic_trajectories])
-            if join_lag == 0 and sink_lag == 0:
+            # A partition written in transactions ends with a commit marker past the last
+            # record a consumer can commit: at most one per partition. Then read what is left.
+            markers = settings.partitions
+            if join_lag <= markers and sink_lag <= markers and not await left(settings):
                 break
         elapsed = time.perf_counter() - started
         rss = [peak_rss_mib(p.pid) for p, _ in procs]
@@ -337,19 +350,26 @@ async def run(
         log(f"producing {len(events):,} events ({size / len(events) / 1024:.1f} KiB avg)")
         produce_s = await produce(base, events)
 
-        bare_rates, ones, twos = [], [], []
-        for run in range(runs):  # interleaved, so that drift in the machine hits all three
+        bare_rates, ones, twos, plain = [], [], [], []
+        for run in range(runs):  # interleaved, so that drift in the machine hits them all
             log(f"run {run + 1} of {runs}: bare aiokafka consumer, orjson parse, JSONL write")
             bare_s = await bare_consumer(base, len(events), work / "bare.jsonl", run)
             bare_rates.append(len(events) / bare_s)
             log(f"run {run + 1} of {runs}: one worker (join + sink) catching up")
             tag = f"one-{run}"
             ones.append(await catch_up(fresh(base, tag, work / f"store-{tag}"), 1, work / tag))
+            log(f"run {run + 1} of {runs}: one worker, at least once (no transactions)")
+            tag = f"alo-{run}"
+            unfenced = fresh(base, tag, work / f"store-{tag}").model_copy(
+                update={"processing_guarantee": "at_least_once"}
+            )
+            plain.append(await catch_up(unfenced, 1, work / tag))
             log(f"run {run + 1} of {runs}: two workers catching up on the same backlog")
             tag = f"two-{run}"
             twos.append(await catch_up(fresh(base, tag, work / f"store-{tag}"), 2, work / tag))
         one_rates = [len(events) / r["seconds"] for r in ones]
         two_rates = [len(events) / r["seconds"] for r in twos]
+        plain_rates = [len(events) / r["seconds"] for r in plain]
         bare_rate, one_rate, two_rate = (
             statistics.median(bare_rates), statistics.median(one_rates),
             statistics.median(two_rates),
@@ -383,6 +403,10 @@ async def run(
         "worker_events_per_s": one_rate,
         "worker_runs": one_rates,
         "worker_vs_bare": one_rate / bare_rate,
+        "processing_guarantee": base.processing_guarantee,
+        "at_least_once_events_per_s": statistics.median(plain_rates),
+        "at_least_once_runs": plain_rates,
+        "exactly_once_vs_at_least_once": one_rate / statistics.median(plain_rates),
         "worker_seconds": one["seconds"],
         "worker_start_seconds": one["start_seconds"],
         "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
@@ -410,6 +434,9 @@ def print_table(r: dict[str, Any], path: Path) -> None:
         (f"one worker, join + sink, median of {r['runs']}",
          f"{r['worker_events_per_s']:,.0f} events/s  ({runs('worker_runs')})"),
         ("  ratio to baseline", f"{r['worker_vs_bare']:.3f}"),
+        (f"one worker, at least once (no transactions), median of {r['runs']}",
+         f"{r['at_least_once_events_per_s']:,.0f} events/s  ({runs('at_least_once_runs')})"),
+        ("  exactly once / at least once", f"{r['exactly_once_vs_at_least_once']:.3f}"),
         ("  peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
         (f"two workers, median of {r['runs']}",
          f"{r['two_workers_events_per_s']:,.0f} events/s  ({runs('two_workers_runs')})"),
