@@ -222,9 +222,17 @@ class RocksPartition:
         self._open()
 
     def close(self) -> None:
-        # The column families' handles hold the database (and its lock) too.
-        self.meta.close()
+        """Flush and close: the states first, the changelog position last.
+
+        Closing a column family's handle flushes that column family alone, and the handles
+        hold the database (and its lock) too, so they are closed before it. A process killed
+        between two of these steps must never leave a position ahead of the states it
+        covers (the restore would then skip them: the soak lost states that way); states
+        ahead of their position are only applied again.
+        """
+        self.db.flush()
         self.expiry.close()
+        self.meta.close()
         self.db.close()
 
 
@@ -332,6 +340,7 @@ async def restore(
         ends = await consumer.end_offsets(list(tps))  # read committed: the stable offsets
         begins = await consumer.beginning_offsets(list(tps))
         todo: dict[TopicPartition, int] = {}
+        spans: list[str] = []
         for tp, store in tps.items():
             end, begin = ends[tp], begins[tp]
             has_data = store.count() > 0 or next(iter(store.items()), None) is not None
@@ -342,6 +351,7 @@ async def restore(
                 )  # fmt: skip
                 store.clear()
             start = max(store.changelog_next, begin)
+            spans.append(f"{tp.partition}: {start}..{end}")
             if start < end:
                 consumer.seek(tp, start)
                 todo[tp] = end
@@ -376,8 +386,8 @@ async def restore(
     finally:
         await consumer.stop()
     log.info(
-        "restored partitions %s from %s: %d records in %.1fs%s",
-        sorted(stores), topic, applied, time.monotonic() - started,
+        "restored partitions %s from %s (%s): %d records in %.1fs%s",
+        sorted(stores), topic, ", ".join(spans), applied, time.monotonic() - started,
         " (cut short: the partitions are being revoked)" if todo else "",
     )  # fmt: skip
     return applied
