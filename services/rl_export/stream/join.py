@@ -498,6 +498,23 @@ def load_state(data: bytes) -> TraceState:
     )
 
 
+def expiry_since(data: bytes) -> tuple[str, float] | None:
+    """Why, and since when, a stored state may expire (``tombstone``/``orphan``), or None.
+
+    What ``load_state(data)`` says through ``deleted_at`` and ``is_orphan`` /
+    ``first_pending_at``, read from the state's head alone: a restore asks it of every
+    state it applies.
+    """
+    head = orjson.loads(data.partition(b"\n")[0])
+    deleted_at = head.get("deleted_at")
+    if deleted_at is not None:
+        return "tombstone", float(deleted_at)
+    first_pending_at = head.get("first_pending_at")
+    if head.get("trace") is None and first_pending_at is not None:
+        return "orphan", float(first_pending_at)
+    return None
+
+
 def expired(
     st: TraceState, now: float, orphan_retention_s: float, tombstone_retention_s: float
 ) -> str | None:

@@ -34,6 +34,7 @@ from rl_export.stream.join import (
     current_snapshot,
     dump_state,
     expired,
+    expiry_since,
     load_state,
     merge,
 )
@@ -181,10 +182,11 @@ def expiry_mark(state: TraceState) -> bytes | None:
 
 
 def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
-    """:func:`expiry_mark` of a stored state (a conversation key has none)."""
+    """:func:`expiry_mark` of a stored state (a conversation key has none), from its head."""
     if key.startswith(CONVERSATION):
         return None
-    return expiry_mark(load_state(value))
+    since = expiry_since(value)
+    return None if since is None else f"{since[0]} {since[1]!r}".encode()
 
 
 @dataclass

@@ -29,6 +29,7 @@ from rl_export.stream.processor import (
     MemoryTable,
     conversation_key,
     dead_letter_headers,
+    expiry_mark_of,
 )
 from tests.factories import RUBRIC, event
 
@@ -631,6 +632,9 @@ async def test_the_table_keeps_an_expiry_index_of_what_may_expire() -> None:
     assert set(h.table.marks) == {ORPHAN.encode(), OTHER.encode()}
     assert h.table.marks[ORPHAN.encode()].startswith(b"orphan ")
     assert h.table.marks[OTHER.encode()].startswith(b"tombstone ")
+    # A restore reads the same from a stored state's head alone.
+    for key, value in h.table.data.items():
+        assert expiry_mark_of(key, value) == h.table.marks.get(key)
 
     await h.run(trace(trace_id=ORPHAN), now=NOW + 10)  # its trace came: no longer an orphan
     assert set(h.table.marks) == {OTHER.encode()}
