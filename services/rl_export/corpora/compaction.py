@@ -26,6 +26,7 @@ generations older than the kept ones.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import itertools
@@ -160,26 +161,31 @@ async def compact(
 
     ``partitioning`` (partitioner, partition count: the sink's) adds the holdings index.
     """
-    # 1. The base: the latest readable compaction, and its tombstones.
+    # 1. The base: the latest readable compaction.
     folders = await _generation_folders(store, ref)
     base = await latest_compaction(store, ref)
     latest = Latest()
     positions: dict[str, int] = dict(base.positions) if base else {}
-    if base is not None:
-        latest.apply(list(await read_compaction(store, ref, base)))
-        latest.apply(await read_tombstones(store, ref, base))
 
-    # 2. Every chain after the base.
-    read_any = False
+    # 2. Every chain after the base (read before the base's records: when nothing is new,
+    # those are never read).
+    new: list[tuple[str, list[dict[str, Any]]]] = []
     for stream in await _streams(store, ref):
         for commit, rows in await read_chain(store, ref, stream, positions.get(stream, 0)):
-            latest.apply(rows, deleted_at=commit.created_at)
+            new.append((commit.created_at, rows))
             positions[stream] = commit.last_offset + 1
-            read_any = True
 
     # 3. Nothing new.
-    if not read_any:
+    if not new:
         return None
+    # The heavy, CPU-bound steps run in a thread, so the worker's event loop (its consumers'
+    # heartbeats, /healthz) keeps its turn while a large corpus is compacted.
+    if base is not None:
+        rows = list(await read_compaction(store, ref, base))
+        await asyncio.to_thread(latest.apply, rows)
+        latest.apply(await read_tombstones(store, ref, base))
+    for created_at, rows in new:
+        latest.apply(rows, deleted_at=created_at)
 
     # A generation whose _compaction.json is unreadable still holds its name: skip past it,
     # or every later attempt would lose the create-only write to it.
@@ -187,10 +193,10 @@ async def compact(
     generation = max(generation, base.generation if base else 0) + 1
 
     # 4. Parts first, tombstones and holdings beside them ...
-    records = latest.records()
+    records = await asyncio.to_thread(latest.records)
     parts: list[dict[str, Any]] = []
-    for n, rows in enumerate(split(records, max_part_records)):
-        shard = encode_shard(rows, compression)
+    for n, part_rows in enumerate(split(records, max_part_records)):
+        shard = await asyncio.to_thread(encode_shard, part_rows, compression)
         key = part_key(ref, generation, n, shard.sha256, compression)
         await store.put(key, shard.data)
         parts.append(_described(ref, key, shard.data, shard.records, compression))
@@ -236,12 +242,17 @@ async def _write_holdings(
     partitioning: tuple[Partitioner, int],
 ) -> dict[str, Any]:
     partitioner, count = partitioning
-    by_partition: list[list[tuple[str, int]]] = [[] for _ in range(count)]
-    for row in records:
-        trace_id = row["trace_id"]
-        by_partition[partition_for(trace_id.encode(), count, partitioner)].append(
-            (trace_id, row["revision"])
-        )
+
+    def split_by_partition() -> list[list[tuple[str, int]]]:
+        by_partition: list[list[tuple[str, int]]] = [[] for _ in range(count)]
+        for row in records:
+            trace_id = row["trace_id"]
+            by_partition[partition_for(trace_id.encode(), count, partitioner)].append(
+                (trace_id, row["revision"])
+            )
+        return by_partition
+
+    by_partition = await asyncio.to_thread(split_by_partition)
     folder = f"{generation_prefix(ref, generation)}holdings/{partitioner}-{count}/"
     described = []
     for partition, entries in enumerate(by_partition):

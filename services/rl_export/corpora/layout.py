@@ -344,8 +344,8 @@ async def read_compaction(
     for part in compaction.parts:
         key = ref.key(part["shard"])
         raw = await read_object(store, ref, part)
-        try:
-            part_rows = list(iter_lines(raw))
+        try:  # a large part: parsed in a thread, the event loop keeps its turn
+            part_rows = await asyncio.to_thread(_parse_lines, raw)
         except ValueError as exc:
             raise ChainError(f"{key}: unreadable compaction part ({exc})") from None
         if len(part_rows) != part["records"]:
@@ -354,6 +354,10 @@ async def read_compaction(
             )
         rows.extend(part_rows)
     return iter(rows)
+
+
+def _parse_lines(data: bytes) -> list[dict[str, Any]]:
+    return list(iter_lines(data))
 
 
 async def read_tombstones(
