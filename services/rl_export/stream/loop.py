@@ -17,12 +17,17 @@ each one member of the join's consumer group. How an event travels (the steps ma
    changelog topic: :mod:`rl_export.stream.statestore`), and the last snapshot of each trace
    that emitted goes to the ``trajectories`` topic (revisions may skip numbers, which
    DESIGN.md allows). States due to expire (orphans, tombstones) in the batch's partitions
-   are deleted; the expiry index is rebuilt from the table whenever a partition is restored.
-5. The emitter (:mod:`rl_export.stream.emitter`) sends changelog, snapshots and dead letters
-   in producer batches and waits for their acknowledgement; only then are the batch's input
-   offsets committed: at least once. A redelivered event is a duplicate: it re-sends the
-   current snapshot with the same revision and rewrites the state (so a changelog write lost
-   in a crash is made good); the sink drops the repeat.
+   are deleted; the table keeps the index of what may expire beside the states, and a
+   restored partition loads it (no state is read for it).
+5. The emitter (:mod:`rl_export.stream.emitter`) sends changelog, snapshots, forwards and
+   dead letters in producer batches, in one Kafka transaction per partition per batch that
+   also commits that partition's input offsets: exactly once. A partition taken over is
+   fenced first (its producer is started, which fences any earlier owner), then its offsets
+   are read and its table restored (:meth:`JoinWorker._restore`). With
+   ``processing_guarantee=at_least_once`` the batch is sent, acknowledged, then its offsets
+   committed. A redelivered event (a producer's retry) is a duplicate: it re-sends the
+   current snapshot with the same revision and rewrites the state; the sink drops the
+   repeat.
 
 Why not Faust's agents and tables: faust-streaming delivers events one at a time through its
 streams, and an agent that did nothing but count topped out at about 4,700 events/s here,
