@@ -6,16 +6,19 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    :class:`PartitionSink` of its partition.
 2. For every corpus spec, the snapshot becomes that corpus's record (or tombstone, or
    nothing) and goes to the :class:`ChainWriter` of ``(org, project, corpus, partition)``.
-   A writer loads its chain head and holdings from the store when its first record arrives;
-   records at offsets its chain already covers are skipped, and revisions the corpus already
-   holds are dropped as repeats.
+   A writer loads its chain head, and what the corpus holds for its partition's traces (on
+   every chain: :func:`rl_export.corpora.layout.load_chain_state`), from the store when its
+   first record arrives; records at offsets its chain already covers are skipped, and
+   revisions the corpus already holds are dropped as repeats.
 3. When the partition's pending records reach the record, byte or age bound, every writer
    with pending records commits, in this fixed order: (a) the data object, named by its
    content hash; (b) the commit, create-only, covering ``head`` .. the last offset read;
    (c) once all writers of the partition committed, the Kafka offset after that record.
 4. A writer that loses the create-only race reloads its chain and keeps only what the
    winner did not cover. After any crash the group offset is at or before every chain head,
-   so records are read again and step 2 skips what is already committed.
+   so records are read again and step 2 skips what is already committed. A batch fetched or
+   handled across a rebalance is dropped, and every partition read again from its group
+   offset with fresh state (:meth:`Sink._reread`).
 """
 
 from __future__ import annotations
