@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-export bench-web profile
+.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-export bench-web profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -87,3 +87,9 @@ bench-web: install ## web benchmark: index catch-up and query latency on 1,000,0
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
 	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000
 	$(BIN)/python -m rl_export.local.profile --shape small --traces 24000
+
+soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
+	$(BIN)/python -m rl_export.local.soak $(if $(SEED),--seed $(SEED))
+
+bench-restart: install ## restart-to-ready and first commits of a worker on 1,000,000 traces (built once in var/)
+	$(BIN)/python -m rl_export.local.bench_restart

@@ -37,6 +37,24 @@ async def check_store_contract(store: ObjectStore) -> None:
         "acme/bot/human/_manifest/t-0/00000000000000000000.json"
     ]
 
+    # From a position on, and the folders one level down.
+    await store.put_if_absent("acme/bot/human/_manifest/t-0/00000000000000000007.json", b"w")
+    await store.put_if_absent("acme/bot/human/_manifest/t-1/00000000000000000000.json", b"w")
+    assert await store.list(
+        "acme/bot/human/_manifest/t-0/", "acme/bot/human/_manifest/t-0/00000000000000000000"
+    ) == [
+        "acme/bot/human/_manifest/t-0/00000000000000000000.json",
+        "acme/bot/human/_manifest/t-0/00000000000000000007.json",
+    ]
+    assert await store.list(
+        "acme/bot/human/_manifest/t-0/", "acme/bot/human/_manifest/t-0/00000000000000000000.json"
+    ) == ["acme/bot/human/_manifest/t-0/00000000000000000007.json"]
+    assert await store.folders("acme/bot/human/_manifest/") == ["t-0", "t-1"]
+    assert await store.folders("acme/bot/") == ["evaluator", "human"]
+    assert await store.folders("acme/none/") == []
+    await store.delete("acme/bot/human/_manifest/t-0/00000000000000000007.json")
+    await store.delete("acme/bot/human/_manifest/t-1/00000000000000000000.json")
+
     with pytest.raises(ObjectNotFoundError):
         await store.get("acme/bot/missing.json")
 

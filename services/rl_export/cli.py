@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import select
 import signal
 import sys
 import threading
@@ -41,7 +43,7 @@ def _settings(args: argparse.Namespace, **mapping: str) -> Settings:
 
 
 def _wait_for_signal() -> int:
-    """Block until SIGINT or SIGTERM; return the signal number."""
+    """Block until SIGINT, SIGTERM or SIGHUP (the terminal closed); return the signal number."""
     received: list[int] = []
     stop = threading.Event()
 
@@ -49,7 +51,7 @@ def _wait_for_signal() -> int:
         received.append(signum)
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
     stop.wait()
     return received[0]
@@ -180,7 +182,12 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 from rl_export.corpora.compaction import compact_all
                 from rl_export.corpora.sink import writer_id
 
-                for compaction in await compact_all(store, args.prefix, writer=writer_id()):
+                written = await compact_all(
+                    store, args.prefix, writer=writer_id(),
+                    partitioning=(settings.partitioner, settings.partitions),
+                    tombstone_retention_s=settings.tombstone_retention_s,
+                )  # fmt: skip
+                for compaction in written:
                     print(f"generation {compaction.generation}: {compaction.records} records")
             elif args.action == "cat":
                 async for line in shards.cat(store, _ref(args), latest_only=args.latest):
@@ -486,7 +493,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # The reader of our output went away (`rl-export shards tail ... | head`): a normal
+        # end for a command line. Point stdout at /dev/null so that the interpreter's final
+        # flush does not fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return code
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -115,3 +115,26 @@ def test_shards_cat_without_a_corpus_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(result, "--org", "required")
     result = run_cli("shards", "ls", "--store", "s3://")
     assert_one_line_error(result, "--store", "bucket")
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path: Path) -> None:
+    """`rl-export shards cat ... | head`: the reader goes away; exit 0, no traceback."""
+    from rl_export.local.synthetic import generate
+
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(dumps_lines(generate(200, seed=5)))
+    store = tmp_path / "store"
+    assert run_cli("replay", str(events), "--store", str(store)).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rl_export.cli", "shards", "cat", "--store", str(store),
+         "--org", "acme", "--project", "support-bot", "--corpus", "traces"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout.read(100).startswith(b'{"trace_id":')  # more than a pipe buffer follows
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(60) == 0, stderr
+    assert stderr == ""

@@ -1,13 +1,12 @@
-"""Run ``rl-export worker`` in child processes and read what they emit, for the tests."""
+"""Publish events, and read what the workers emit, for the tests.
+
+The worker process (:mod:`rl_export.local.workers`) and the expected results
+(:mod:`rl_export.local.fold`) live in the package, shared with the soak.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -15,95 +14,22 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.events import EVENT_ADAPTER, FAMILY_OF_TYPE
-from rl_export.common.net import free_port
+from rl_export.common.events import FAMILY_OF_TYPE
 from rl_export.common.records import decode_snapshot
-from rl_export.common.settings import Settings, child_env
+from rl_export.common.settings import Settings
 from rl_export.common.specs import DEFAULT_CORPORA
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import ObjectStore
-from rl_export.local.process import ManagedProcess
-from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
+from rl_export.local.fold import comparable, expected_corpora, expected_final, plain
+from rl_export.local.workers import WorkerProcess, settings_env
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
 
-
-def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """The environment that configures a child process exactly like ``settings``."""
-    return child_env(settings, os.environ, **extra)
-
-
-class WorkerProcess(ManagedProcess):
-    """One ``rl-export worker`` with its own data dir and web port."""
-
-    name = "rl-export worker"
-
-    def __init__(
-        self,
-        settings: Settings,
-        label: str,
-        *,
-        store: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.data_dir = settings.data_dir / label
-        super().__init__(self.data_dir / "worker.log")
-        self.web_port = free_port()
-        self.env = settings_env(
-            settings,
-            RL_EXPORT_DATA_DIR=str(self.data_dir),
-            RL_EXPORT_WORKER_WEB_PORT=str(self.web_port),
-            RL_EXPORT_LOG_LEVEL="info",
-            **({"RL_EXPORT_STATE_STORE": store} if store else {}),
-            **(env or {}),
-        )
-        self.returncode: int | None = None
-
-    def start(self, timeout_s: float = 90.0) -> WorkerProcess:
-        self._spawn([sys.executable, "-m", "rl_export.cli", "worker"], env=self.env)
-        self._wait_until(self.ready, timeout_s, "/readyz answered 200")
-        return self
-
-    def start_and_wait_for_exit(self, timeout_s: float) -> int:
-        """Run until the process exits by itself (a fault-injected crash); return its code."""
-        self._spawn([sys.executable, "-m", "rl_export.cli", "worker"], env=self.env)
-        assert self.proc is not None
-        try:
-            self.returncode = self.proc.wait(timeout_s)
-        finally:
-            self.stop()
-        return self.returncode
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url("/readyz"), timeout=1) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.web_port}{path}"
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Read one sample from the worker's /metrics (0 when absent)."""
-        with urllib.request.urlopen(self.url("/metrics"), timeout=5) as response:
-            text = response.read().decode()
-        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-                       if labels else "")  # fmt: skip
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(want + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no final commit or flush."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-            self.proc = None
+__all__ = [  # the tests import these from here
+    "TopicReader", "WorkerProcess", "comparable", "corpus_view", "expected_corpora",
+    "expected_final", "latest_by_trace", "plain", "publish", "settings_env", "snapshots",
+]  # fmt: skip
 
 
 async def publish(
@@ -147,6 +73,7 @@ class TopicReader:
             group_id=None,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
+            isolation_level="read_committed",  # the join writes in transactions
         )
         await consumer.start()
         records: list[Any] = []
@@ -163,11 +90,6 @@ class TopicReader:
         return records
 
 
-def plain(value: Any) -> Any:
-    """A snapshot or record as JSON gives it back (messages parsed, not RawJson)."""
-    return loads(dumps(value))
-
-
 def snapshots(records: list[Any]) -> list[dict[str, Any]]:
     return [plain(decode_snapshot(r.value)) for r in records]
 
@@ -179,46 +101,6 @@ def latest_by_trace(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         current = out.get(snap["trace_id"])
         if current is None or snap["revision"] >= current["revision"]:
             out[snap["trace_id"]] = snap
-    return out
-
-
-def expected_final(
-    events: list[dict[str, Any]], threshold: float = 0.7
-) -> dict[str, dict[str, Any]]:
-    """Fold the pure join over the events in the given order: the final snapshot per trace."""
-    states: dict[str, TraceState] = {}
-    config = JoinConfig(human_pass_threshold=threshold)
-    for value in events:
-        raw = orjson.dumps(value)
-        event = EVENT_ADAPTER.validate_json(raw)
-        result = merge(
-            states.get(event.trace_id), event, RawEvent(raw), now=time.time(), config=config
-        )
-        states[event.trace_id] = result.state
-    out = {}
-    for trace_id, state in states.items():
-        snap = current_snapshot(state, config)
-        if snap is not None:
-            out[trace_id] = plain(snap)
-    return out
-
-
-def comparable(snap: dict[str, Any]) -> dict[str, Any]:
-    """A tombstone's revision depends on arrival order (later events emit nothing)."""
-    return {k: v for k, v in snap.items() if not (snap["deleted"] and k == "revision")}
-
-
-def expected_corpora(events: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """corpus -> trace_id -> record, as a reader's latest-revision view must show them."""
-    finals = expected_final(events)
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for spec in DEFAULT_CORPORA:
-        rows = {}
-        for trace_id, snap in finals.items():
-            record = spec.record_for(snap)
-            if record is not None and not record.get("deleted"):
-                rows[trace_id] = record
-        out[spec.name] = rows
     return out
 
 

@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     producer_compression: Literal["", "gzip"] = Field(
         "", description="Compression of what the join produces (empty: none)."
     )
+    processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
+        "exactly_once",
+        description="exactly_once: each join partition writes its changelog, snapshots and "
+        "dead letters and commits its input offsets in one Kafka transaction, so a paused "
+        "'zombie' join is fenced; at_least_once: plain idempotent sends, then the commit.",
+    )
 
     # Object storage and shards
     store_url: str = Field("var/store", description="file:///abs/path, a path, or s3://bucket/p")
@@ -98,8 +104,10 @@ class Settings(BaseSettings):
     corpora: tuple[CorpusSpec, ...] = Field(
         DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
     )
-    crash_at: Literal["", "after_data", "after_commit"] = Field(
-        "", description="Fault injection for tests: SIGKILL the sink at this point."
+    crash_at: Literal["", "after_data", "after_commit", "join_pause_before_send"] = Field(
+        "",
+        description="Fault injection for tests: SIGKILL the sink at this point, or SIGSTOP a "
+        "join process once, after it wrote a batch to its table and before it sends it.",
     )
 
     # Local stack and servers

@@ -2,15 +2,20 @@
 
 How a generation is made (:func:`compact`):
 
-1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions)
-   and its records.
+1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions),
+   its records and the tombstones it keeps.
 2. For every chain of the corpus, follow the commits from the base position and read their
    shards (checksums verified). A later revision of a trace replaces an earlier one; on equal
    revisions the one read later wins; a tombstone hides the trace.
 3. Nothing new since the base: stop, no new generation.
 4. Write the surviving records, sorted by ``trace_id``, as part objects under
    ``_compacted/<g+1>/``, named by content hash so two compactors never overwrite each
-   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes).
+   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes). Beside them, for
+   the writers (:func:`rl_export.corpora.layout.load_chain_state`): the tombstones younger
+   than the tombstone retention (the parts leave deletions out; a writer must still know
+   them, or an older revision written later on another chain would bring the trace back),
+   and, when the partitioning is given, a holdings index per partition (the parts' trace
+   ids and revisions), so a writer starting up reads its partition's index, not the parts.
 5. Create ``_compacted/<g+1>/_compaction.json`` create-only. Whoever creates it first wins;
    a loser leaves the winner alone, and its parts are harmless leftovers.
 
@@ -21,12 +26,18 @@ generations older than the kept ones.
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import hashlib
 import itertools
-from datetime import datetime
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
-from rl_export.common.codec import dumps, loads
+from rl_export.common.codec import dumps, dumps_lines, loads
 from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError
+from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.corpora.layout import (
     OFFSET_WIDTH,
     SCHEMA_VERSION,
@@ -34,13 +45,14 @@ from rl_export.corpora.layout import (
     Compression,
     CorpusRef,
     chain_keys,
+    encode_holdings,
     encode_shard,
-    follow_chain,
     latest_compaction,
     list_corpora,
+    read_chain,
     read_commit,
     read_compaction,
-    read_shard,
+    read_tombstones,
     utc_now,
 )
 from rl_export.corpora.store import ObjectStore
@@ -49,21 +61,32 @@ from rl_export.corpora.store import ObjectStore
 
 
 class Latest:
-    """The latest revision per trace, tombstones included until :meth:`records`."""
+    """The latest revision per trace, tombstones included (with when they were written)."""
 
     def __init__(self) -> None:
         self._rows: dict[str, dict[str, Any]] = {}
 
-    def apply(self, rows: list[dict[str, Any]]) -> None:
+    def apply(self, rows: Iterable[dict[str, Any]], deleted_at: str | None = None) -> None:
+        """Rows in the order they were written; ``deleted_at`` stamps their tombstones."""
         for row in rows:
             current = self._rows.get(row["trace_id"])
             # ">=": on equal revisions the row read later wins.
             if current is None or row["revision"] >= current["revision"]:
+                if row.get("deleted") and deleted_at is not None and "deleted_at" not in row:
+                    row = {**row, "deleted_at": deleted_at}  # noqa: PLW2901
                 self._rows[row["trace_id"]] = row
 
     def records(self) -> list[dict[str, Any]]:
         """The live records, sorted by ``trace_id`` (tombstones dropped)."""
         return [self._rows[t] for t in sorted(self._rows) if not self._rows[t].get("deleted")]
+
+    def tombstones(self, since: str) -> list[dict[str, Any]]:
+        """The tombstones written at ``since`` or later (ISO 8601), sorted by ``trace_id``."""
+        return [
+            row
+            for t in sorted(self._rows)
+            if (row := self._rows[t]).get("deleted") and row.get("deleted_at", "") >= since
+        ]
 
 
 def split(records: list[dict[str, Any]], max_part_records: int) -> list[list[dict[str, Any]]]:
@@ -130,49 +153,64 @@ async def compact(
     writer: str,
     compression: Compression = "none",
     max_part_records: int = 100_000,
+    partitioning: tuple[Partitioner, int] | None = None,
+    tombstone_retention_s: float = 7 * 86400.0,
+    now: float | None = None,
 ) -> Compaction | None:
-    """Write the next generation of a corpus; None when nothing is new or another won."""
+    """Write the next generation of a corpus; None when nothing is new or another won.
+
+    ``partitioning`` (partitioner, partition count: the sink's) adds the holdings index.
+    """
     # 1. The base: the latest readable compaction.
     folders = await _generation_folders(store, ref)
     base = await latest_compaction(store, ref)
     latest = Latest()
     positions: dict[str, int] = dict(base.positions) if base else {}
-    if base is not None:
-        latest.apply(list(await read_compaction(store, ref, base)))
 
-    # 2. Every chain after the base.
-    read_any = False
+    # 2. Every chain after the base (read before the base's records: when nothing is new,
+    # those are never read).
+    new: list[tuple[str, list[dict[str, Any]]]] = []
     for stream in await _streams(store, ref):
-        for commit in await follow_chain(store, ref, stream, positions.get(stream, 0)):
-            latest.apply(await read_shard(store, ref, commit))
+        for commit, rows in await read_chain(store, ref, stream, positions.get(stream, 0)):
+            new.append((commit.created_at, rows))
             positions[stream] = commit.last_offset + 1
-            read_any = True
 
     # 3. Nothing new.
-    if not read_any:
+    if not new:
         return None
+    # The heavy, CPU-bound steps run in a thread, so the worker's event loop (its consumers'
+    # heartbeats, /healthz) keeps its turn while a large corpus is compacted.
+    if base is not None:
+        rows = list(await read_compaction(store, ref, base))
+        await asyncio.to_thread(latest.apply, rows)
+        latest.apply(await read_tombstones(store, ref, base))
+    for created_at, rows in new:
+        latest.apply(rows, deleted_at=created_at)
 
     # A generation whose _compaction.json is unreadable still holds its name: skip past it,
     # or every later attempt would lose the create-only write to it.
     generation = max((g for g, keys in folders.items() if ref.compaction_key(g) in keys), default=0)
     generation = max(generation, base.generation if base else 0) + 1
 
-    # 4. Parts first ...
-    records = latest.records()
+    # 4. Parts first, tombstones and holdings beside them ...
+    records = await asyncio.to_thread(latest.records)
     parts: list[dict[str, Any]] = []
-    for n, rows in enumerate(split(records, max_part_records)):
-        shard = encode_shard(rows, compression)
+    for n, part_rows in enumerate(split(records, max_part_records)):
+        shard = await asyncio.to_thread(encode_shard, part_rows, compression)
         key = part_key(ref, generation, n, shard.sha256, compression)
         await store.put(key, shard.data)
-        parts.append(
-            {
-                "shard": ref.relative(key),
-                "records": shard.records,
-                "bytes": len(shard.data),
-                "sha256": shard.sha256,
-                "compression": compression,
-            }
-        )
+        parts.append(_described(ref, key, shard.data, shard.records, compression))
+    clock = time.time() if now is None else now
+    kept = latest.tombstones(since=_iso(clock - tombstone_retention_s))
+    tombstones = None
+    if kept:
+        data = gzip.compress(dumps_lines(kept), compresslevel=6, mtime=0)
+        key = f"{generation_prefix(ref, generation)}tombstones-{_sha(data)[:16]}.jsonl.gz"
+        await store.put(key, data)
+        tombstones = _described(ref, key, data, len(kept), "gzip")
+    holdings = None
+    if partitioning is not None:
+        holdings = await _write_holdings(store, ref, generation, records, partitioning)
 
     # 5. ... then the create-only manifest of the generation.
     compaction = Compaction(
@@ -183,14 +221,68 @@ async def compact(
         schema_version=SCHEMA_VERSION,
         created_at=utc_now(),
         writer=writer,
+        tombstones=tombstones,
+        holdings=holdings,
     )
     try:
         await store.put_if_absent(
-            ref.compaction_key(generation), dumps(compaction.model_dump(mode="json"))
+            ref.compaction_key(generation),
+            dumps(compaction.model_dump(mode="json", exclude_none=True)),
         )
     except ObjectExistsError:
         return None
     return compaction
+
+
+async def _write_holdings(
+    store: ObjectStore,
+    ref: CorpusRef,
+    generation: int,
+    records: list[dict[str, Any]],
+    partitioning: tuple[Partitioner, int],
+) -> dict[str, Any]:
+    partitioner, count = partitioning
+
+    def split_by_partition() -> list[list[tuple[str, int]]]:
+        by_partition: list[list[tuple[str, int]]] = [[] for _ in range(count)]
+        for row in records:
+            trace_id = row["trace_id"]
+            by_partition[partition_for(trace_id.encode(), count, partitioner)].append(
+                (trace_id, row["revision"])
+            )
+        return by_partition
+
+    by_partition = await asyncio.to_thread(split_by_partition)
+    folder = f"{generation_prefix(ref, generation)}holdings/{partitioner}-{count}/"
+    described = []
+    for partition, entries in enumerate(by_partition):
+        data = encode_holdings(entries)
+        key = f"{folder}{partition:05d}-{_sha(data)[:16]}.json.gz"
+        await store.put(key, data)
+        described.append(
+            {"partition": partition} | _described(ref, key, data, len(entries), "gzip")
+        )
+    return {"partitioner": partitioner, "partitions": count, "parts": described}
+
+
+def _described(
+    ref: CorpusRef, key: str, data: bytes, records: int, compression: Compression
+) -> dict[str, Any]:
+    return {
+        "shard": ref.relative(key),
+        "records": records,
+        "bytes": len(data),
+        "sha256": _sha(data),
+        "compression": compression,
+    }
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
 
 
 async def compact_all(
@@ -200,6 +292,8 @@ async def compact_all(
     writer: str,
     compression: Compression = "none",
     max_part_records: int = 100_000,
+    partitioning: tuple[Partitioner, int] | None = None,
+    tombstone_retention_s: float = 7 * 86400.0,
 ) -> list[Compaction]:
     """Compact every corpus under ``prefix``; the generations written."""
     written = []
@@ -210,6 +304,8 @@ async def compact_all(
             writer=writer,
             compression=compression,
             max_part_records=max_part_records,
+            partitioning=partitioning,
+            tombstone_retention_s=tombstone_retention_s,
         )
         if compaction is not None:
             written.append(compaction)

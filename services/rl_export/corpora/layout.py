@@ -6,12 +6,30 @@ org/project. Under the store root::
     <org>/<project>/<corpus>/data/<topic>-<partition>/<from_offset:020d>-<sha256[:16]>.jsonl[.gz]
     <org>/<project>/<corpus>/_manifest/<topic>-<partition>/<from_offset:020d>.json
     <org>/<project>/<corpus>/_compacted/<generation:020d>/part-<n:05d>-<sha256[:16]>.jsonl[.gz]
+    <org>/<project>/<corpus>/_compacted/<generation:020d>/tombstones-<sha256[:16]>.jsonl.gz
+    <org>/<project>/<corpus>/_compacted/<generation:020d>/holdings/<partitioner>-<partitions>/<p:05d>-<sha256[:16]>.json.gz
     <org>/<project>/<corpus>/_compacted/<generation:020d>/_compaction.json
 
 Per corpus and ``<topic>-<partition>`` the commits form a *chain*: a commit covers
 ``from_offset`` .. ``last_offset`` (inclusive) of the topic, the first commit starts at 0, and
 each next one starts at the previous ``last_offset + 1``. A commit is created only after its
 data object, with create-only semantics, so whoever creates ``<from_offset>.json`` first wins.
+
+What a corpus holds (per trace: the latest revision and whether it is a tombstone) spans all
+its chains: the stream's (``trajectories-<p>``) and any replay's (``replay-<run id>-<p>``,
+partitioned the same way). A writer learns it when it starts (:func:`load_chain_state`):
+
+1. from the latest compaction: its *holdings index* for the writer's partition (what the
+   parts hold, as trace ids and revisions, written with the compaction, so no part is read),
+   or, when there is no index for this partitioning, its parts; and its *tombstones*
+   (deletions the parts leave out, kept until the tombstone retention ends, so that a
+   deleted trace stays deleted whichever chain its older revisions are in);
+2. then every chain of the writer's partition number from the compaction's positions on.
+
+So a replay over events already streamed, and a stream over events already replayed, write
+no ``(trace_id, revision)`` the corpus holds. Two writers of one partition running at once
+on different chains (a replay while the stream writes the same traces) do not see each
+other's new commits; ``shards verify`` reports the repeats that may then appear.
 """
 
 from __future__ import annotations
@@ -27,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rl_export.common.codec import dumps_lines, iter_lines, loads
+from rl_export.common.codec import dumps, dumps_lines, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
 from rl_export.corpora.store import ObjectStore
 
@@ -53,6 +71,9 @@ class CorpusRef:
 
     def stream(self, topic: str, partition: int) -> str:
         return f"{topic}-{partition}"
+
+    def manifest_root(self) -> str:
+        return f"{self.root}/_manifest/"
 
     def manifest_prefix(self, stream: str) -> str:
         return f"{self.root}/_manifest/{stream}/"
@@ -303,27 +324,43 @@ async def read_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list
     return rows
 
 
-async def chain_keys(store: ObjectStore, ref: CorpusRef, stream: str) -> list[tuple[int, str]]:
-    """The commit keys of one chain, as (from_offset, key), in offset order."""
+async def chain_keys(
+    store: ObjectStore, ref: CorpusRef, stream: str, start: int = 0
+) -> list[tuple[int, str]]:
+    """The commit keys of one chain from ``start`` on, as (from_offset, key), in offset order."""
     out = []
     prefix = ref.manifest_prefix(stream)
-    for key in await store.list(prefix):
+    after = ref.manifest_key(stream, start - 1) if start > 0 else ""
+    for key in await store.list(prefix, after):
         name = key[len(prefix) :]
         if name.endswith(".json") and name[:-5].isdigit():
             out.append((int(name[:-5]), key))
     return sorted(out)
 
 
-async def follow_chain(store: ObjectStore, ref: CorpusRef, stream: str, start: int) -> list[Commit]:
+async def follow_chain(
+    store: ObjectStore, ref: CorpusRef, stream: str, start: int, concurrency: int = 16
+) -> list[Commit]:
     """The commits of a chain from ``start`` on, following from_offset -> last_offset + 1.
 
     Stops at the first gap (a later commit that does not continue the chain is not read).
+    The commits after ``start`` are fetched concurrently, then followed.
     """
-    by_offset = dict(await chain_keys(store, ref, stream))
+    keys = await chain_keys(store, ref, stream, start)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def read(key: str) -> Commit | None:
+        async with gate:
+            try:
+                return await read_commit(store, key)
+            except ObjectNotFoundError:  # expired while we listed
+                return None
+
+    fetched = await asyncio.gather(*(read(key) for _, key in keys))
+    by_offset = {offset: c for (offset, _), c in zip(keys, fetched, strict=True)}
     commits = []
     position = start
-    while position in by_offset:
-        commit = await read_commit(store, by_offset[position])
+    while (commit := by_offset.get(position)) is not None:
         commits.append(commit)
         position = commit.last_offset + 1
     return commits
@@ -333,7 +370,13 @@ async def follow_chain(store: ObjectStore, ref: CorpusRef, stream: str, start: i
 
 
 class Compaction(BaseModel):
-    """A generation of a corpus: the latest revision per trace up to ``positions``."""
+    """A generation of a corpus: the latest revision per trace up to ``positions``.
+
+    ``parts`` hold the live records. ``tombstones`` (one object of tombstone rows, each
+    with the ``deleted_at`` of the commit it came from) and ``holdings`` (per partition of
+    the writers' partitioning: the trace ids and revisions of the parts) are for writers;
+    generations written before them have neither.
+    """
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
@@ -344,6 +387,22 @@ class Compaction(BaseModel):
     schema_version: int
     created_at: str
     writer: str
+    tombstones: dict[str, Any] | None = None  # {shard, records, bytes, sha256, compression}
+    holdings: dict[str, Any] | None = None  # {partitioner, partitions, parts: [{partition, ...}]}
+
+    def holdings_part(self, partitioning: tuple[str, int] | None, partition: int) -> Any:
+        """The holdings index part of ``partition`` if written for ``partitioning``."""
+        if partitioning is None or self.holdings is None:
+            return None
+        partitioner, partitions = partitioning
+        if (self.holdings.get("partitioner"), self.holdings.get("partitions")) != (
+            partitioner, partitions,
+        ):  # fmt: skip
+            return None
+        for part in self.holdings.get("parts", []):
+            if part.get("partition") == partition:
+                return part
+        return None
 
 
 async def latest_compaction(store: ObjectStore, ref: CorpusRef) -> Compaction | None:
@@ -363,6 +422,18 @@ async def latest_compaction(store: ObjectStore, ref: CorpusRef) -> Compaction | 
     return None
 
 
+async def read_object(store: ObjectStore, ref: CorpusRef, part: dict[str, Any]) -> bytes:
+    """A compaction object (``{shard, sha256, compression}``), checksum verified, decompressed."""
+    key = ref.key(part["shard"])
+    data = await store.get(key)
+    if hashlib.sha256(data).hexdigest() != part["sha256"]:
+        raise ChainError(f"{key}: sha256 does not match its compaction")
+    try:
+        return gzip.decompress(data) if part.get("compression") == "gzip" else data
+    except (OSError, EOFError) as exc:
+        raise ChainError(f"{key}: unreadable ({exc})") from None
+
+
 async def read_compaction(
     store: ObjectStore, ref: CorpusRef, compaction: Compaction
 ) -> Iterator[dict[str, Any]]:
@@ -370,12 +441,10 @@ async def read_compaction(
     rows: list[dict[str, Any]] = []
     for part in compaction.parts:
         key = ref.key(part["shard"])
-        data = await store.get(key)
-        if hashlib.sha256(data).hexdigest() != part["sha256"]:
-            raise ChainError(f"{key}: sha256 does not match its compaction")
-        try:
-            part_rows = decode_shard(data, part["compression"])
-        except (ValueError, OSError, EOFError) as exc:
+        raw = await read_object(store, ref, part)
+        try:  # a large part: parsed in a thread, the event loop keeps its turn
+            part_rows = await asyncio.to_thread(_parse_lines, raw)
+        except ValueError as exc:
             raise ChainError(f"{key}: unreadable compaction part ({exc})") from None
         if len(part_rows) != part["records"]:
             raise ChainError(
@@ -385,9 +454,45 @@ async def read_compaction(
     return iter(rows)
 
 
+def _parse_lines(data: bytes) -> list[dict[str, Any]]:
+    return list(iter_lines(data))
+
+
+async def read_tombstones(
+    store: ObjectStore, ref: CorpusRef, compaction: Compaction
+) -> list[dict[str, Any]]:
+    """The tombstones a compaction keeps (rows with ``deleted_at``); none if it has none."""
+    if compaction.tombstones is None:
+        return []
+    try:
+        return list(iter_lines(await read_object(store, ref, compaction.tombstones)))
+    except ValueError as exc:
+        raise ChainError(f"{compaction.tombstones['shard']}: unreadable ({exc})") from None
+
+
+def encode_holdings(entries: list[tuple[str, int]]) -> bytes:
+    """A holdings index part: the trace ids and revisions of one partition, gzipped JSON."""
+    body = {"trace_id": [t for t, _ in entries], "revision": [r for _, r in entries]}
+    return gzip.compress(dumps(body), compresslevel=6, mtime=0)
+
+
+async def read_holdings(
+    store: ObjectStore, ref: CorpusRef, part: dict[str, Any]
+) -> tuple[list[str], list[int]]:
+    """A holdings index part: (trace ids, revisions)."""
+    try:
+        body = loads(await read_object(store, ref, part))
+        traces, revisions = body["trace_id"], body["revision"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ChainError(f"{part.get('shard')}: unreadable holdings ({exc})") from None
+    if len(traces) != len(revisions) or len(traces) != part.get("records"):
+        raise ChainError(f"{part.get('shard')}: holdings do not match their compaction")
+    return traces, revisions
+
+
 @dataclass
 class Holding:
-    """What a chain (plus its base compaction) holds for one trace."""
+    """What a corpus holds for one trace."""
 
     revision: int
     deleted: bool
@@ -395,16 +500,37 @@ class Holding:
 
 @dataclass
 class ChainState:
-    """The head of one chain and what it holds per trace (rebuilt from the store)."""
+    """The head of one chain and what its corpus holds per trace (rebuilt from the store).
+
+    ``held`` maps a trace id to ``revision * 2 + deleted``: at a million traces a plain int
+    per trace instead of an object keeps the writers' memory down.
+    """
 
     head: int = 0
-    held: dict[str, Holding] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+
+    def holding(self, trace_id: str) -> Holding | None:
+        code = self.held.get(trace_id)
+        return None if code is None else Holding(code >> 1, bool(code & 1))
+
+    def hold(self, trace_id: str, revision: int, deleted: bool) -> None:
+        self.held[trace_id] = revision * 2 + deleted
 
     def apply(self, rows: Iterable[dict[str, Any]]) -> None:
+        held = self.held
         for row in rows:
-            current = self.held.get(row["trace_id"])
-            if current is None or row["revision"] >= current.revision:
-                self.held[row["trace_id"]] = Holding(row["revision"], bool(row.get("deleted")))
+            current = held.get(row["trace_id"])
+            revision = row["revision"]
+            if current is None or revision >= current >> 1:
+                held[row["trace_id"]] = revision * 2 + bool(row.get("deleted"))
+
+    def apply_holdings(self, traces: list[str], revisions: list[int]) -> None:
+        """A holdings index part: live records (nothing held yet may be newer)."""
+        held = self.held
+        for trace_id, revision in zip(traces, revisions, strict=True):
+            current = held.get(trace_id)
+            if current is None or revision >= current >> 1:
+                held[trace_id] = revision * 2
 
 
 async def load_chain_state(
@@ -412,18 +538,54 @@ async def load_chain_state(
     ref: CorpusRef,
     stream: str,
     belongs: Callable[[str], bool] | None = None,
+    partitioning: tuple[str, int] | None = None,
 ) -> ChainState:
-    """Rebuild a chain's head and holdings: the latest compaction, then every commit after.
+    """Rebuild a chain's head and what its corpus holds for the chain's traces.
 
-    ``belongs(trace_id) -> bool`` keeps only the compaction's traces of this stream.
+    ``belongs(trace_id) -> bool`` says which traces are this chain's (its partition's);
+    ``partitioning`` (partitioner, partition count) picks the compaction's holdings index.
+    See the module docstring for the steps.
     """
     state = ChainState()
+    _, partition = parse_stream(stream)
     compaction = await latest_compaction(store, ref)
+    positions: dict[str, int] = {}
     if compaction is not None:
-        state.head = compaction.positions.get(stream, 0)
-        rows = await read_compaction(store, ref, compaction)
-        state.apply(r for r in rows if belongs is None or belongs(r["trace_id"]))
-    for commit in await follow_chain(store, ref, stream, state.head):
-        state.apply(await read_shard(store, ref, commit))
-        state.head = commit.last_offset + 1
+        positions = compaction.positions
+        state.head = positions.get(stream, 0)
+        index = compaction.holdings_part(partitioning, partition)
+        if index is not None:
+            state.apply_holdings(*await read_holdings(store, ref, index))
+        else:
+            base = await read_compaction(store, ref, compaction)
+            state.apply(r for r in base if belongs is None or belongs(r["trace_id"]))
+        tombstones = await read_tombstones(store, ref, compaction)
+        state.apply(r for r in tombstones if belongs is None or belongs(r["trace_id"]))
+    for chain in await store.folders(ref.manifest_root()):
+        try:
+            if parse_stream(chain)[1] != partition:
+                continue  # another partition's traces
+        except ValueError:
+            continue
+        for commit, rows in await read_chain(store, ref, chain, positions.get(chain, 0)):
+            if chain == stream:
+                state.apply(rows)
+                state.head = commit.last_offset + 1
+            else:
+                state.apply(r for r in rows if belongs is None or belongs(r["trace_id"]))
     return state
+
+
+async def read_chain(
+    store: ObjectStore, ref: CorpusRef, stream: str, start: int, concurrency: int = 16
+) -> list[tuple[Commit, list[dict[str, Any]]]]:
+    """The commits of a chain from ``start`` on and their shards, fetched concurrently."""
+    commits = await follow_chain(store, ref, stream, start, concurrency)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def shard(commit: Commit) -> list[dict[str, Any]]:
+        async with gate:
+            return await read_shard(store, ref, commit)
+
+    shards = await asyncio.gather(*(shard(c) for c in commits))
+    return list(zip(commits, shards, strict=True))

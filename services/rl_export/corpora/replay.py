@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -81,7 +81,7 @@ class _Collector:
         where = self.where.get((message.topic, message.partition, message.offset), "?")
         self.report.reject(where, rejection.reason.value, rejection.detail)
 
-    async def flush(self) -> None:
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None:
         return None
 
 

@@ -13,7 +13,9 @@
 5. every ``_compaction.json`` is readable and matches its folder; its parts exist (only the
    latest generation must be complete: expiry deletes an old generation parts first) and
    match size, sha256 and record counts; it holds one record per trace; the latest
-   generation's positions fall on commit boundaries, so a reader can continue from them.
+   generation's positions fall on commit boundaries, so a reader can continue from them;
+   the latest generation's tombstones are tombstones of traces its parts do not hold, and
+   its holdings index names exactly the parts' traces and revisions, each in its partition.
 
 Data objects no commit names, and parts no compaction names, are counted as ``orphans``: a
 crash between a data upload and its commit, or a lost commit race, leaves them; they are
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rl_export.common.codec import dumps_line, loads
-from rl_export.common.errors import ObjectNotFoundError
+from rl_export.common.errors import ObjectNotFoundError, StoreError
+from rl_export.common.partitioning import partition_for
 from rl_export.corpora.layout import (
     ChainError,
     Commit,
@@ -40,6 +43,9 @@ from rl_export.corpora.layout import (
     decode_shard,
     latest_compaction,
     read_commit,
+    read_compaction,
+    read_holdings,
+    read_tombstones,
 )
 from rl_export.corpora.reader import CorpusReader, end_cursor, stream_order
 from rl_export.corpora.store import ObjectStore
@@ -195,6 +201,7 @@ class _CommitCheck:
     problems: list[str] = field(default_factory=list)
     records: int = 0
     ids: list[tuple[str, int]] | None = None
+    missing: bool = False  # the commit or its shard went while we read (expiry, if covered)
 
 
 @dataclass
@@ -250,6 +257,7 @@ async def _check_commit(store: ObjectStore, ref: CorpusRef, key: str) -> _Commit
         return check
     except ObjectNotFoundError:
         check.problems.append(f"{key}: listed but gone while verifying")
+        check.missing = True
         return check
     check.commit = commit
     if commit.stream != stream:
@@ -270,6 +278,7 @@ async def _check_commit(store: ObjectStore, ref: CorpusRef, key: str) -> _Commit
     data = await _get(store, shard_key)
     if isinstance(data, str):
         check.problems.append(f"{data} (the shard of {key})")
+        check.missing = True
         return check
     if len(data) != commit.bytes:
         check.problems.append(f"{shard_key}: {len(data)} bytes, {key} says {commit.bytes}")
@@ -307,7 +316,8 @@ def _check_chain(
     for n, link in enumerate(links):
         if n and link.from_offset <= end:
             problems.append(f"{link.key}: overlaps {end_key} (which reaches offset {end})")
-        elif n and exact and link.from_offset > end + 1:
+        elif n and exact and link.from_offset > max(end + 1, covered_by_compaction):
+            # (A gap a compaction covers is history that expired: readers start there.)
             problems.append(
                 f"{link.key}: gap in chain {stream}, offsets {end + 1}..{link.from_offset - 1} "
                 f"are in no commit (previous: {end_key})"
@@ -391,7 +401,58 @@ async def _check_compactions(
             report.problems.append(
                 f"{manifest}: parts hold {total} records, it says {compaction.records}"
             )
+        extras = [compaction.tombstones or {}, *((compaction.holdings or {}).get("parts", []))]
+        named.update(ref.key(x["shard"]) for x in extras if isinstance(x.get("shard"), str))
+        if compaction.generation == newest:
+            await _check_compaction_extras(store, ref, manifest, compaction, report)
     return [c for _, c in readable], named
+
+
+async def _check_compaction_extras(
+    store: ObjectStore, ref: CorpusRef, manifest: str, compaction: Compaction, report: VerifyReport
+) -> None:
+    """The latest generation's tombstones and holdings index against its parts."""
+    try:
+        parts = {
+            (r["trace_id"], r["revision"]) for r in await read_compaction(store, ref, compaction)
+        }
+        tombstones = await read_tombstones(store, ref, compaction)
+    except (ChainError, ObjectNotFoundError, ValueError, KeyError, TypeError):
+        return  # the parts' own problems are reported above
+    except StoreError as exc:
+        report.problems.append(f"{manifest}: tombstones unreadable ({exc})")
+        return
+    live = {trace for trace, _ in parts}
+    for row in tombstones:
+        if not row.get("deleted") or row.get("trace_id") in live:
+            report.problems.append(
+                f"{manifest}: tombstone of {row.get('trace_id')!r} is no tombstone of a trace "
+                "the parts leave out"
+            )
+    holdings = compaction.holdings
+    if holdings is None:
+        return
+    indexed: set[tuple[str, int]] = set()
+    for part in holdings.get("parts", []):
+        try:
+            traces, revisions = await read_holdings(store, ref, part)
+        except (StoreError, ValueError) as exc:
+            report.problems.append(f"{manifest}: holdings of partition {part.get('partition')}: "
+                                   f"{exc}")  # fmt: skip
+            continue
+        for trace in traces:
+            home = partition_for(trace.encode(), holdings["partitions"], holdings["partitioner"])
+            if home != part.get("partition"):
+                report.problems.append(
+                    f"{manifest}: {trace!r} is indexed in partition {part.get('partition')}, "
+                    f"its partition is {home}"
+                )
+        indexed.update(zip(traces, revisions, strict=True))
+    if indexed != parts:
+        report.problems.append(
+            f"{manifest}: its holdings index names {len(indexed - parts)} (trace, revision) "
+            f"the parts do not hold and misses {len(parts - indexed)}"
+        )
 
 
 async def _verify_corpus(
@@ -411,9 +472,14 @@ async def _verify_corpus(
     chains: dict[str, list[_Link]] = {}
     seen: dict[tuple[str, int], str] = {}
     for check in checks:
-        report.problems.extend(check.problems)
         if check.stream is None or check.offset is None:
+            report.problems.extend(check.problems)
             continue
+        if check.missing and check.offset < reach.get(check.stream, 0):
+            # A compaction covers it: expiry deleted it while we read (a live store).
+            report.notes += [f"{p} (covered by a compaction: expired)" for p in check.problems]
+            continue
+        report.problems.extend(check.problems)
         report.commits += 1
         report.records += check.records
         commit = check.commit

@@ -6,16 +6,19 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    :class:`PartitionSink` of its partition.
 2. For every corpus spec, the snapshot becomes that corpus's record (or tombstone, or
    nothing) and goes to the :class:`ChainWriter` of ``(org, project, corpus, partition)``.
-   A writer loads its chain head and holdings from the store when its first record arrives;
-   records at offsets its chain already covers are skipped, and revisions the corpus already
-   holds are dropped as repeats.
+   A writer loads its chain head, and what the corpus holds for its partition's traces (on
+   every chain: :func:`rl_export.corpora.layout.load_chain_state`), from the store when its
+   first record arrives; records at offsets its chain already covers are skipped, and
+   revisions the corpus already holds are dropped as repeats.
 3. When the partition's pending records reach the record, byte or age bound, every writer
    with pending records commits, in this fixed order: (a) the data object, named by its
    content hash; (b) the commit, create-only, covering ``head`` .. the last offset read;
    (c) once all writers of the partition committed, the Kafka offset after that record.
 4. A writer that loses the create-only race reloads its chain and keeps only what the
    winner did not cover. After any crash the group offset is at or before every chain head,
-   so records are read again and step 2 skips what is already committed.
+   so records are read again and step 2 skips what is already committed. A batch fetched or
+   handled across a rebalance is dropped, and every partition read again from its group
+   offset with fresh state (:meth:`Sink._reread`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rl_export.common.codec import dumps
@@ -45,6 +48,7 @@ from rl_export.common.records import (
     SnapshotLines,
     decode_snapshot,
 )
+from rl_export.common.retrying import start_when_reachable, stop_quietly
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.backfill import seed_chain
 from rl_export.corpora.layout import (
@@ -53,7 +57,6 @@ from rl_export.corpora.layout import (
     Commit,
     Compression,
     CorpusRef,
-    Holding,
     encode_lines,
     load_chain_state,
     utc_now,
@@ -94,6 +97,7 @@ class Pending:
     trace_id: str
     revision: int
     deleted: bool  # the line is a tombstone
+    erased: bool  # the trace itself is deleted (trace.deleted)
     line: bytes  # the record as its JSON Lines line, encoded once
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
@@ -153,12 +157,18 @@ class ChainWriter:
         """The chain's head and holdings from the store; a new chain is seeded first
         (:mod:`rl_export.corpora.backfill`)."""
         if self.state is None:
-            state = await load_chain_state(self.store, self.ref, self.stream, self._belongs)
+            state = await load_chain_state(
+                self.store,
+                self.ref,
+                self.stream,
+                belongs=self._belongs,
+                partitioning=(self.config.partitioner, self.config.partitions),
+            )
             if state.head == 0 and self.seed is not None and not self.pending:
                 state = await seed_chain(
                     self.store, self.ref, self.spec, self.seed, state, stream=self.stream,
                     belongs=self._belongs,
-                    keep=lambda st, t, r, d: self._keep(st, t, r, deleted=d),
+                    keep=lambda st, t, r, d: self._keep(st, t, r, deleted=d, erased=False),
                     compression=self.config.compression, writer=self.writer,
                     metrics=self.metrics,
                 )  # fmt: skip
@@ -188,36 +198,42 @@ class ChainWriter:
             return  # already in a committed shard
         spec, source = self.spec, self.spec.source
         holds = spec.holds(snapshot)
+        erased = bool(snapshot.snapshot["deleted"])
         line = None
         if holds and spec.format != "trajectory":  # a row only if the format has one
             line = spec.held_line(snapshot)
             holds = line is not None
-        if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds):
+        if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
+                      erased=erased):  # fmt: skip
             if line is None:
                 line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
             updated_at = snapshot.updated_at if holds else None
             self._append(
                 Pending(
-                    offset, snapshot.trace_id, snapshot.revision, not holds, line, updated_at,
-                    event_ms,
+                    offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
+                    updated_at, event_ms,
                 )
             )  # fmt: skip
 
-    def _keep(self, state: ChainState, trace_id: str, revision: int, *, deleted: bool) -> bool:
+    def _keep(
+        self, state: ChainState, trace_id: str, revision: int, *, deleted: bool, erased: bool
+    ) -> bool:
         """Whether a record (or, ``deleted``, no record) at a revision changes what the corpus
         holds; if so, hold it.
 
         A revision the corpus holds, or an older one, is a repeat. No record where the corpus
         holds none, or only a tombstone, changes nothing; where it holds a record, no record
-        means a tombstone.
+        means a tombstone. A deleted trace (``erased``) gets its tombstone even where the
+        corpus holds nothing: an older revision replayed later, on another chain, must find
+        the deletion and not bring the trace back.
         """
-        held = state.held.get(trace_id)
-        if held is not None and revision <= held.revision:
+        code = state.held.get(trace_id)  # revision * 2 + deleted (ChainState)
+        if code is not None and revision <= code >> 1:
             self.metrics.repeats.inc()
             return False
-        if deleted and (held is None or held.deleted):
+        if deleted and not erased and (code is None or code & 1):
             return False  # nothing held: nothing to hide
-        state.held[trace_id] = Holding(revision, deleted)
+        state.hold(trace_id, revision, deleted)
         return True
 
     def _append(self, pending: Pending) -> None:
@@ -304,7 +320,7 @@ class ChainWriter:
         )  # fmt: skip
         for p in waiting:
             if p.offset >= state.head and self._keep(
-                state, p.trace_id, p.revision, deleted=p.deleted
+                state, p.trace_id, p.revision, deleted=p.deleted, erased=p.erased
             ):
                 self._append(p)
         return state
@@ -464,6 +480,7 @@ class Sink:
         self.writer = writer_id()
         self.parts: dict[int, PartitionSink] = {}
         self.assigned = asyncio.Event()
+        self.epoch = 0  # bumped by every rebalance
 
     def corpora_written(self) -> list[CorpusRef]:
         """The corpora this sink has written to (for periodic compaction)."""
@@ -487,43 +504,86 @@ class Sink:
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 # Pending records of a lost partition are read again by its next owner,
                 # from the group offset, which never passed them.
+                sink.epoch += 1
                 for tp in revoked:
                     sink.parts.pop(tp.partition, None)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
+                sink.epoch += 1
                 sink.assigned.set()
+                log.info("sink assigned partitions %s", sorted(tp.partition for tp in assigned))
 
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # The join writes snapshots in transactions: a fenced zombie's aborted ones
+            # must never reach a corpus.
+            isolation_level="read_committed",
             session_timeout_ms=int(self.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(self.session_timeout_s * 250),
+            heartbeat_interval_ms=min(int(self.session_timeout_s * 250), 1000),
             max_poll_records=5000,
             max_partition_fetch_bytes=512 * 1024,
             fetch_max_bytes=8 * 1024 * 1024,  # what is fetched ahead, held in memory
         )
         consumer.subscribe([self.topic], listener=Listener())
-        await consumer.start()
+        if not await start_when_reachable(consumer.start, "sink consumer", stop, log):
+            return
         try:
             while not stop.is_set():
+                epoch = self.epoch
                 batch = await consumer.getmany(timeout_ms=200)
                 for tp, records in batch.items():
+                    if self.epoch != epoch:
+                        break
                     try:
-                        await self._handle(consumer, tp, records)
+                        await self._handle(consumer, tp, records, epoch)
                     except StoreError as exc:
                         await self._rewind(consumer, tp, exc)
+                if self.epoch != epoch:
+                    await self._reread(consumer)
+                    continue
                 await self._flush_due(consumer)
         finally:
-            await consumer.stop()
+            await stop_quietly(consumer.stop, "sink consumer", log)
 
-    async def _handle(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any) -> None:
+    async def _reread(self, consumer: AIOKafkaConsumer) -> None:
+        """A rebalance came in while a batch was fetched or handled: start over from the
+        committed offsets, with fresh partition state.
+
+        The batch may hold records fetched before the rebalance, from positions past the
+        group offset (the records in between were pending in partition state the revocation
+        dropped). Handling them in fresh state would let a commit cover offsets whose
+        records it does not hold: a loss, which the soak found. Nothing pending here was
+        committed, so reading again from the group offset loses and repeats nothing.
+        """
+        for tp in list(consumer.assignment()):
+            if tp.topic != self.topic:
+                continue
+            self.parts.pop(tp.partition, None)
+            while tp in consumer.assignment():
+                try:
+                    committed = await consumer.committed(tp)
+                except KafkaError as exc:  # the broker is away: ask again
+                    log.warning("%s-%d: cannot read the committed offset: %r", *tp, exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                if committed is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, committed)
+                break
+
+    async def _handle(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any, epoch: int
+    ) -> None:
         """Step 2 for one partition's records, while the partition is still ours."""
         for r in records:
             # A rebalance can run while we await the store: a partition taken away mid-batch
-            # must not get a fresh PartitionSink from the rest of a stale batch.
-            if tp not in consumer.assignment():
+            # (even if given back) must not get a fresh PartitionSink from the rest of a
+            # stale batch; the caller reads it again.
+            if self.epoch != epoch or tp not in consumer.assignment():
                 self.parts.pop(tp.partition, None)
                 return
             await self._part(tp.partition).handle(r.offset, r.value, *_snapshot_headers(r.headers))
@@ -537,12 +597,18 @@ class Sink:
         self.metrics.store_errors.inc()
         log.error("%s-%d: store failed, reading the partition again: %s", *tp, exc)
         self.parts.pop(tp.partition, None)
-        if tp in consumer.assignment():
-            committed = await consumer.committed(tp)
+        while tp in consumer.assignment():
+            try:
+                committed = await consumer.committed(tp)
+            except KafkaError as kafka_down:  # the broker is away too: ask again
+                log.warning("%s-%d: cannot read the committed offset: %r", *tp, kafka_down)
+                await asyncio.sleep(1.0)
+                continue
             if committed is None:
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, committed)
+            break
         await asyncio.sleep(1.0)
 
     async def _flush_due(self, consumer: AIOKafkaConsumer) -> None:
@@ -579,8 +645,10 @@ class Sink:
                     for p, (_, o) in ready.items()
                 }
             )
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.warning("offset commit for partitions %s skipped: %s", sorted(ready), exc)
+        except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+            # Committed later, or read again by the next owner (and skipped: the chains
+            # already hold it).
+            log.warning("offset commit for partitions %s skipped: %r", sorted(ready), exc)
             return
         for part, offset in ready.values():
             part.committed = offset

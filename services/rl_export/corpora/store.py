@@ -7,7 +7,9 @@ what the sink, compaction and the reader need, no more:
   writes the same bytes under the same name);
 * ``put_if_absent`` is the create-only write that commits a shard: whoever creates a key first
   wins, and a later writer gets :class:`ObjectExistsError` instead of overwriting it;
-* ``get``, ``list``, ``delete`` and ``check`` (a readiness probe);
+* ``get``, ``list`` (optionally only the keys after one: a chain from a position on),
+  ``folders`` (the names one level below a prefix: the chains of a corpus, without listing
+  every commit), ``delete`` and ``check`` (a readiness probe);
 * ``chunks`` reads an object as a stream of byte chunks, so an export holds one chunk of a
   large compaction part at a time, never the whole object;
 * ``put_file`` writes or replaces an object from a local file without holding it in memory
@@ -21,7 +23,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -52,7 +54,8 @@ class ObjectStore(Protocol):
     async def get(self, key: str) -> bytes: ...
     def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]: ...
     async def put_file(self, key: str, path: Path) -> None: ...
-    async def list(self, prefix: str = "") -> list[str]: ...
+    async def folders(self, prefix: str) -> list[str]: ...
+    async def list(self, prefix: str = "", start_after: str = "") -> list[str]: ...
     async def delete(self, key: str) -> None: ...
     async def check(self) -> None: ...
     async def close(self) -> None: ...
@@ -87,8 +90,11 @@ class MemoryStore:
         for start in range(0, len(data), size):
             yield data[start : start + size]
 
-    async def list(self, prefix: str = "") -> list[str]:
-        return sorted(k for k in self.objects if k.startswith(prefix))
+    async def folders(self, prefix: str) -> list[str]:
+        return _folders(prefix, self.objects)
+
+    async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix) and k > start_after)
 
     async def delete(self, key: str) -> None:
         self.objects.pop(check_key(key), None)
@@ -98,6 +104,12 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+def _folders(prefix: str, keys: Iterable[str]) -> list[str]:
+    """The names one level below ``prefix`` (which ends with ``/``) among ``keys``."""
+    return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys
+                   if k.startswith(prefix) and "/" in k[len(prefix) :]})  # fmt: skip
 
 
 def _fsync_dir(path: Path) -> None:
@@ -170,7 +182,13 @@ class LocalStore:
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
 
-    def _list(self, prefix: str) -> list[str]:
+    def _folders(self, prefix: str) -> list[str]:
+        base = self.root / prefix.rstrip("/")
+        if not prefix.endswith("/") or not base.is_dir():
+            return _folders(prefix, self._list(prefix, ""))
+        return sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
+
+    def _list(self, prefix: str, start_after: str = "") -> list[str]:
         # Walk only the deepest folder the prefix names, then filter by the rest.
         head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = self.root / head if head else self.root
@@ -182,7 +200,7 @@ class LocalStore:
                 if name.startswith(self._TMP):
                     continue
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
-                if key.startswith(prefix):
+                if key.startswith(prefix) and key > start_after:
                     keys.append(key)
         return sorted(keys)
 
@@ -229,8 +247,11 @@ class LocalStore:
         finally:
             fh.close()
 
-    async def list(self, prefix: str = "") -> list[str]:
-        return await self._io(self._list, prefix)
+    async def folders(self, prefix: str) -> list[str]:
+        return await self._io(self._folders, prefix)
+
+    async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
+        return await self._io(self._list, prefix, start_after)
 
     async def delete(self, key: str) -> None:
         await self._io(self._delete, key)
@@ -374,12 +395,28 @@ class S3Store:
                 raise ObjectNotFoundError(f"s3://{bucket}/{key} not found") from None
             raise self._wrap(exc, f"get s3://{bucket}/{key}") from exc
 
-    async def list(self, prefix: str = "") -> list[str]:
+    async def folders(self, prefix: str) -> list[str]:
         client = await self._c()
-        keys: list[str] = []
+        full = self.prefix + prefix
+        names: list[str] = []
         try:
             paginator = client.get_paginator("list_objects_v2")
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+                names.extend(
+                    p["Prefix"][len(full) :].rstrip("/") for p in page.get("CommonPrefixes", [])
+                )
+        except Exception as exc:
+            raise self._wrap(exc, f"list folders of {prefix!r}") from exc
+        return sorted(names)
+
+    async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
+        client = await self._c()
+        keys: list[str] = []
+        after = {"StartAfter": self.prefix + start_after} if start_after else {}
+        try:
+            paginator = client.get_paginator("list_objects_v2")
+            pages = paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix, **after)
+            async for page in pages:
                 keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
         except Exception as exc:
             raise self._wrap(exc, f"list {prefix!r}") from exc

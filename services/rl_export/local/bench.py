@@ -53,6 +53,7 @@ from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings, env_name
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import child_pids, tail
+from rl_export.local.reads import unread
 from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_events
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
@@ -150,6 +151,14 @@ async def lag(settings: Settings, group: str, topics: list[str]) -> int:
     finally:
         await consumer.stop()
         await admin.close()
+
+
+async def left(settings: Settings) -> int:
+    """Records either group has not committed past, read (exact, markers aside)."""
+    bootstrap = settings.kafka_bootstrap
+    join = await unread(bootstrap, settings.app_id, settings.input_topics)
+    sink = await unread(bootstrap, settings.sink_group, [settings.topic_trajectories])
+    return len(join) + len(sink)
 
 
 async def first_output_at(settings: Settings) -> float | None:
@@ -325,7 +334,10 @@ async def catch_up(
             _check_running(procs, data_dir)
             join_lag = await lag(settings, settings.app_id, list(settings.input_topics))
             sink_lag = await lag(settings, settings.sink_group, [settings.topic_trajectories])
-            if join_lag == 0 and sink_lag == 0:
+            # A partition written in transactions ends with a commit marker past the last
+            # record a consumer can commit: at most one per partition. Then read what is left.
+            markers = settings.partitions
+            if join_lag <= markers and sink_lag <= markers and not await left(settings):
                 break
         polled = time.perf_counter() - started
         cpu_after = [worker_cpu(p.pid) for p, _ in procs]
@@ -458,6 +470,7 @@ async def measure_shape(
     bare: list[dict[str, float]] = []
     ones: list[dict[str, Any]] = []
     befores: list[dict[str, Any]] = []
+    plain: list[dict[str, Any]] = []
     twos: list[dict[str, Any]] = []
     for run in range(runs):  # interleaved, so that drift in the machine hits every kind
         step = f"{shape.name} run {run + 1} of {runs}"
@@ -485,6 +498,12 @@ async def measure_shape(
                     broker_pid=broker_pid,
                 )
             )
+        log(f"{step}: one worker, at least once (no transactions)")
+        tag = f"{shape.name}-alo-{run}"
+        unfenced = fresh(settings, tag, work / f"store-{tag}").model_copy(
+            update={"processing_guarantee": "at_least_once"}
+        )
+        plain.append(await catch_up(unfenced, 1, work / tag, broker_pid=broker_pid))
         log(f"{step}: two workers catching up on the same backlog")
         tag = f"{shape.name}-two-{run}"
         twos.append(await catch_up(fresh(settings, tag, work / f"store-{tag}"), 2, work / tag))
@@ -510,12 +529,19 @@ async def measure_shape(
         "worker_start_seconds": _median_run(ones, one_rates)["start_seconds"],
         "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
         "worker_cpu_us_per_event": cpu_per_event(ones, len(events)),
+        "processing_guarantee": settings.processing_guarantee,
+        "at_least_once_events_per_s": statistics.median(rates(plain)),
+        "at_least_once_runs": rates(plain),
+        "at_least_once_cpu_us_per_event": cpu_per_event(plain, len(events)),
         "two_workers_events_per_s": statistics.median(two_rates),
         "two_workers_runs": two_rates,
         "two_workers_peak_rss_mib": [max(r["peak_rss_mib"][i] for r in twos) for i in (0, 1)],
     }
     result["worker_vs_bare"] = result["worker_events_per_s"] / result["bare_consumer_events_per_s"]
     result["two_vs_one"] = result["two_workers_events_per_s"] / result["worker_events_per_s"]
+    result["exactly_once_vs_at_least_once"] = (
+        result["worker_events_per_s"] / result["at_least_once_events_per_s"]
+    )
     if befores:
         before_rates = rates(befores)
         result["baseline_python"] = baseline_python
@@ -602,6 +628,10 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("    ratio to the bare consumer", f"{r['worker_vs_bare']:.3f}"),
         ("    peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
         ("    CPU per event", cpu_text(r["worker_cpu_us_per_event"])),
+        (f"  one worker, at least once (no transactions), median of {n}",
+         f"{r['at_least_once_events_per_s']:,.0f} events/s  ({runs('at_least_once_runs')})"),
+        ("    exactly once / at least once", f"{r['exactly_once_vs_at_least_once']:.3f}"),
+        ("    CPU per event", cpu_text(r["at_least_once_cpu_us_per_event"])),
     ]  # fmt: skip
     if "baseline_worker_events_per_s" in r:
         rows += [

@@ -135,6 +135,7 @@ class LocalKafka(ManagedProcess):
         self.port = port
         self.heap = heap
         self._libs = libs
+        self._log_from = 0
 
     @property
     def bootstrap(self) -> str:
@@ -195,6 +196,12 @@ class LocalKafka(ManagedProcess):
 
     def start(self, timeout_s: float = 90.0) -> LocalKafka:
         """Start the broker and return once it accepts clients."""
+        self.launch()
+        self._wait_until(self.up, timeout_s, f"listening on {self.bootstrap}")
+        return self
+
+    def launch(self) -> None:
+        """Start the broker and return at once (:meth:`up` says when it is ready)."""
         if port_open(self.port):
             raise LocalStackError(
                 f"port {self.port} on {LOOPBACK} is already in use; choose another with "
@@ -210,14 +217,12 @@ class LocalKafka(ManagedProcess):
             result = subprocess.run(fmt, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise LocalStackError(f"formatting Kafka storage failed: {result.stderr[-500:]}")
-        start_at = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._spawn(self._java(libs, "kafka.Kafka", str(props)))
 
-        def ready() -> bool:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(start_at)
-                started = _STARTED.encode() in fh.read()
-            return started and port_open(self.port)
-
-        self._wait_until(ready, timeout_s, f"listening on {self.bootstrap}")
-        return self
+    def up(self) -> bool:
+        """Whether the broker launched last has started and accepts connections."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_from)
+            started = _STARTED.encode() in fh.read()
+        return started and port_open(self.port)

@@ -7,7 +7,10 @@
 4. create a development token with every scope for the synthetic org/project (with
    ``rl-export tokens create``, as anyone would) and print where the page is;
 5. publish synthetic traffic at a steady rate;
-6. on Ctrl-C or SIGTERM, stop everything in reverse order.
+6. on Ctrl-C, SIGTERM or SIGHUP (its terminal closed), stop everything in reverse order.
+
+Every child (the broker, each stage) also dies when this process dies, even by SIGKILL
+(:func:`rl_export.local.process.dying_with_this_process`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import trace_events
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through the finally blocks that stop the children
 
 
 class Stage(ManagedProcess):
@@ -117,12 +124,12 @@ async def _serve(settings: Settings, rate: float) -> None:
     await ensure_service_topics(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     traffic = asyncio.create_task(_traffic(settings, rate, stop)) if rate > 0 else None
     if rate > 0:
-        print(f"  synthetic traffic  {rate:g} traces/s to {', '.join(settings.input_topics)}")
-    print("Press Ctrl-C to stop.", flush=True)
+        _say(f"  synthetic traffic  {rate:g} traces/s to {', '.join(settings.input_topics)}")
+    _say("Press Ctrl-C to stop.")
     await stop.wait()
     if traffic is not None:
         await traffic
@@ -130,12 +137,16 @@ async def _serve(settings: Settings, rate: float) -> None:
 
 def run_dev(settings: Settings, traffic_rate: float) -> int:
     """Run the embedded stack until interrupted; return the exit code."""
+    # Until the event loop takes them over (and again after it): a closed terminal stops
+    # the stack in order too.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     data = settings.data_dir.resolve()
     broker = LocalKafka(data / "kafka", settings.broker_port)
-    print(f"starting Apache Kafka (KRaft) on 127.0.0.1:{settings.broker_port} ...", flush=True)
-    broker.start()
     running: list[Stage] = []
     try:
+        _say(f"starting Apache Kafka (KRaft) on 127.0.0.1:{settings.broker_port} ...")
+        broker.start()
         store = parse_store_url(settings.store_url)
         env = dict(os.environ)
         env[env_name("kafka_bootstrap")] = broker.bootstrap
@@ -144,31 +155,39 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
             running.append(Stage(name, argv, data / "logs" / f"{name}.log", env).start())
         token = dev_token(env)
         up = wait_until_up(web_url(settings) + "/readyz")
-        print("rl-export dev: the embedded stack is up")
-        print(f"  Kafka broker       {broker.bootstrap}  (data {broker.data_dir})")
-        print(f"  object store       {store}")
+        _say("rl-export dev: the embedded stack is up")
+        _say(f"  Kafka broker       {broker.bootstrap}  (data {broker.data_dir})")
+        _say(f"  object store       {store}")
         for stage in running:
-            print(f"  {stage.name:<18} pid {stage.pid}  (log {stage.log_path})")
-        print(f"  worker metrics     http://127.0.0.1:{settings.worker_web_port}/metrics")
-        print(
+            _say(f"  {stage.name:<18} pid {stage.pid}  (log {stage.log_path})")
+        _say(f"  worker metrics     http://127.0.0.1:{settings.worker_web_port}/metrics")
+        _say(
             f"  web service        {web_url(settings)}  (API {web_url(settings)}/api/v1, "
             f"metrics {web_url(settings)}/metrics)" + ("" if up else "  NOT UP: see its log")
         )
-        print(
+        _say(
             f"  RL Export page     {web_url(settings)}/{SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}"
             "/rl-export"
         )
-        print(f"  development token  {token}")
-        print(
+        _say(f"  development token  {token}")
+        _say(
             f"                     (every scope, {SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}; the page "
             "asks for it once)"
         )
         asyncio.run(_serve(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
                            traffic_rate))  # fmt: skip
     finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # asyncio.run put back the defaults
+            signal.signal(sig, signal.SIG_IGN)  # stopping now; a second signal must not cut it
         for stage in reversed(running):
             stage.stop()
-        print("stopping Kafka ...", flush=True)
+        _say("stopping Kafka ...")
         broker.stop()
-    print("stopped.")
+    _say("stopped.")
     return 0
+
+
+def _say(line: str) -> None:
+    """Print a line; after SIGHUP the terminal is gone, which must not stop the shutdown."""
+    with contextlib.suppress(OSError):
+        print(line, flush=True)

@@ -1,6 +1,10 @@
 """Run a local server process we started ourselves: start, wait until ready, stop by pid.
 
-Used by the local Kafka broker and the local S3 store. Servers bind to 127.0.0.1 only.
+Used by the local Kafka broker, the local S3 store and the stages of ``rl-export dev``.
+Servers bind to 127.0.0.1 only. Every such child dies with the process that started it:
+Linux sends it SIGTERM when its parent dies (PR_SET_PDEATHSIG, set by a small trampoline
+before the real program is executed), so a SIGKILLed ``rl-export dev`` or test session
+leaves no broker behind on its port.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +28,30 @@ def child_pids(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+# Runs in the child before the real program: ask Linux for SIGTERM when the parent dies
+# (PR_SET_PDEATHSIG = 1; it survives execve), leave if the parent is already gone, then
+# execute the program in this same process. A trampoline rather than Popen's preexec_fn,
+# which is not safe in a process with threads.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def dying_with_this_process(argv: Sequence[str]) -> list[str]:
+    """``argv`` wrapped so that the child gets SIGTERM when this process dies.
+
+    Linux ties the signal to the *thread* that starts the child: start it from a thread
+    that lives as long as the child should (the main thread, or the event loop's).
+    """
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -53,7 +82,7 @@ class ManagedProcess:
             # A session of its own: a Ctrl-C in the terminal reaches us, and we stop the
             # child in order, instead of both racing to shut down.
             self.proc = subprocess.Popen(
-                list(argv),
+                dying_with_this_process(argv),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

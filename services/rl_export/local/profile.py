@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ class BatchingEmitter:
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         self._out.setdefault(("dead", 0), []).append((message.key, message.value, []))
 
-    async def flush(self) -> None:
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None:
         for partition, changes in self.table.take_changes().items():
             for key, state in changes.items():
                 self._out.setdefault(("changelog", partition), []).append((key, state, []))

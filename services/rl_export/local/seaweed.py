@@ -7,6 +7,7 @@ are configured, so the server accepts any signed request from loopback.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import urllib.error
@@ -41,6 +42,7 @@ class LocalS3(ManagedProcess):
         self.data_dir = data_dir.resolve()
         self.port = port or free_port()
         self.bucket = bucket
+        self._missing = 0  # answers that the bucket does not exist yet
 
     @property
     def endpoint_url(self) -> str:
@@ -82,8 +84,23 @@ class LocalS3(ManagedProcess):
         return self
 
     def _bucket_ready(self) -> bool:
+        """Whether the bucket is served; a bucket still missing once S3 answers is created.
+
+        ``-bucket`` creates it at start, and once in a while (a loaded machine) it did not
+        within a minute although S3 answered: create it ourselves then (the server has no
+        credentials configured, so an unsigned PUT from loopback is allowed).
+        """
+        url = f"{self.endpoint_url}/{self.bucket}"
         try:
-            with urllib.request.urlopen(f"{self.endpoint_url}/{self.bucket}", timeout=1) as resp:
+            with urllib.request.urlopen(url, timeout=1) as resp:
                 return bool(resp.status == 200)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                self._missing += 1
+                if self._missing % 25 == 0:  # missing for about 5 s
+                    with contextlib.suppress(urllib.error.URLError, OSError):
+                        create = urllib.request.Request(url, method="PUT")
+                        urllib.request.urlopen(create, timeout=5).close()
+            return False
         except (urllib.error.URLError, OSError):
             return False

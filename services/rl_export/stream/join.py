@@ -635,6 +635,28 @@ def _load_json_state(data: bytes) -> TraceState:
     )
 
 
+def expiry_since(data: bytes) -> tuple[str, float] | None:
+    """Why, and since when, a stored state may expire (``tombstone``/``orphan``), or None.
+
+    What ``load_state(data)`` says through ``deleted_at`` and ``is_orphan`` /
+    ``first_pending_at``, read from the state's head alone: a restore asks it of every
+    state it applies.
+    """
+    if data[:1] == b"\x03":
+        (length,) = _HEAD_LENGTH.unpack_from(data, 1)
+        fields = orjson.loads(data[5 : 5 + length])
+        first_pending_at, trace, deleted_at = fields[4], fields[5], fields[10]
+    else:  # versions 1 and 2: one JSON object on the first line
+        head = orjson.loads(data.partition(b"\n")[0])
+        first_pending_at, trace = head.get("first_pending_at"), head.get("trace")
+        deleted_at = head.get("deleted_at")
+    if deleted_at is not None:
+        return "tombstone", float(deleted_at)
+    if trace is None and first_pending_at is not None:
+        return "orphan", float(first_pending_at)
+    return None
+
+
 def expired(
     st: TraceState, now: float, orphan_retention_s: float, tombstone_retention_s: float
 ) -> str | None:

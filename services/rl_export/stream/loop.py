@@ -17,12 +17,17 @@ each one member of the join's consumer group. How an event travels (the steps ma
    changelog topic: :mod:`rl_export.stream.statestore`), and the last snapshot of each trace
    that emitted goes to the ``trajectories`` topic (revisions may skip numbers, which
    DESIGN.md allows). States due to expire (orphans, tombstones) in the batch's partitions
-   are deleted; the expiry index is rebuilt from the table whenever a partition is restored.
-5. The emitter (:mod:`rl_export.stream.emitter`) sends changelog, snapshots and dead letters
-   in producer batches and waits for their acknowledgement; only then are the batch's input
-   offsets committed: at least once. A redelivered event is a duplicate: it re-sends the
-   current snapshot with the same revision and rewrites the state (so a changelog write lost
-   in a crash is made good); the sink drops the repeat.
+   are deleted; the table keeps the index of what may expire beside the states, and a
+   restored partition loads it (no state is read for it).
+5. The emitter (:mod:`rl_export.stream.emitter`) sends changelog, snapshots, forwards and
+   dead letters in producer batches, in one Kafka transaction per partition per batch that
+   also commits that partition's input offsets: exactly once. A partition taken over is
+   fenced first (its producer is started, which fences any earlier owner), then its offsets
+   are read and its table restored (:meth:`JoinWorker._restore`). With
+   ``processing_guarantee=at_least_once`` the batch is sent, acknowledged, then its offsets
+   committed. A redelivered event (a producer's retry) is a duplicate: it re-sends the
+   current snapshot with the same revision and rewrites the state; the sink drops the
+   repeat.
 
 Why not Faust's agents and tables: faust-streaming delivers events one at a time through its
 streams, and an agent that did nothing but count topped out at about 4,700 events/s here,
@@ -33,6 +38,7 @@ store per partition, a compacted changelog, restore on assignment) with batches 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -44,9 +50,10 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from rl_export.common.events import EventFamily
 from rl_export.common.metrics import Metrics
+from rl_export.common.retrying import start_when_reachable, stop_quietly
 from rl_export.common.settings import Settings
-from rl_export.stream.emitter import KafkaEmitter
-from rl_export.stream.processor import InMessage, JoinProcessor
+from rl_export.stream.emitter import FlushError, KafkaEmitter
+from rl_export.stream.processor import InMessage, JoinProcessor, expiry_mark_of
 from rl_export.stream.statestore import ChangelogTable, PartitionStore, StoreLockedError, restore
 
 log = logging.getLogger(__name__)
@@ -55,10 +62,12 @@ log = logging.getLogger(__name__)
 class JoinWorker:
     """The join stage: a consumer group over the three input topics, the table, the emitter.
 
-    One loop does everything, so nothing else touches the table: fetch a batch, restore
-    newly assigned partitions, process, flush, commit the batch's offsets. A rebalance waits
-    for the batch in hand (the lock); a batch fetched across a rebalance is put back and
-    read again (:meth:`_unread`).
+    One loop does everything, so nothing else touches the table: fetch a batch, take over
+    newly assigned partitions, process, flush (which commits, exactly once), commit (at
+    least once). A rebalance waits for the batch in hand (the lock); a batch fetched across
+    a rebalance is put back and read again (:meth:`_unread`). Nothing waits while holding
+    the lock for something another member must let go of (a sibling's store, a rebalance):
+    see :meth:`_restore`.
     """
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -77,24 +86,32 @@ class JoinWorker:
         self.processor = JoinProcessor(settings, self.table, self.emitter, metrics, families)
         self.lock = asyncio.Lock()
         self.epoch = 0  # bumped by every rebalance
-        self.to_restore: set[int] = set()
+        self.to_restore: set[int] = set()  # assigned, not yet open and restored
         self.assigned: set[int] = set()
+        self.revoking = False  # a revocation waits for the lock: cut a restore short
         self.ready = asyncio.Event()
         self._last_scan = time.monotonic()
+        self._locked: dict[int, tuple[float, float]] = {}  # partition -> (since, last log)
+        self._stop = asyncio.Event()
+
+    @property
+    def live(self) -> set[int]:
+        """Partitions whose table is open and restored: their events are processed."""
+        return self.assigned - self.to_restore
 
     async def run(self, stop: asyncio.Event) -> None:
         worker = self
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             async def on_partitions_revoked(self, revoked: Any) -> None:
-                async with worker.lock:  # the batch in hand finishes and commits first
-                    worker.epoch += 1
-                    worker.ready.clear()
-                    for partition in {tp.partition for tp in revoked}:
-                        worker.table.close(partition)
-                        worker.processor.forget_partition(partition)
-                        worker.assigned.discard(partition)
-                        worker.to_restore.discard(partition)
+                worker.revoking = True
+                try:
+                    async with worker.lock:  # the batch in hand finishes and commits first
+                        worker.epoch += 1
+                        worker.ready.clear()
+                        await worker._drop({tp.partition for tp in revoked})
+                finally:
+                    worker.revoking = False
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 async with worker.lock:
@@ -106,12 +123,17 @@ class JoinWorker:
                         worker.ready.set()  # than partitions is allowed, just idle
                     log.info("join assigned partitions %s", sorted(worker.assigned))
 
-        await self.emitter.start()
+        self._stop = stop
+        if not await start_when_reachable(self.emitter.start, "join producer", stop, log):
+            return
+        session_ms = int(self.settings.session_timeout_s * 1000)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
             group_id=self.settings.app_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # Forwards are written in the join's transactions: never read an aborted one.
+            isolation_level="read_committed",
             max_poll_records=self.settings.join_batch_size,
             max_partition_fetch_bytes=256 * 1024,
             fetch_max_bytes=4 * 1024 * 1024,  # what is fetched ahead, held in memory
@@ -120,19 +142,37 @@ class JoinWorker:
             # member. Round robin does that only by luck (when the members divide the
             # partitions), and with three members of eight partitions it does not.
             partition_assignment_strategy=(RangePartitionAssignor,),
-            session_timeout_ms=int(self.settings.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(self.settings.session_timeout_s * 1000 / 4),
+            session_timeout_ms=session_ms,
+            # A member learns of a rebalance at its next heartbeat: every second, not every
+            # quarter session, so a worker's second join process joining costs one second.
+            heartbeat_interval_ms=min(session_ms // 4, 1000),
+            # How long the group waits for us to finish a batch and let go of our partitions
+            # when it rebalances (aiokafka's default is the session timeout): a batch stuck
+            # behind a broker restart must not get us thrown out of the group.
+            rebalance_timeout_ms=max(60_000, session_ms),
         )
         consumer.subscribe(list(self.settings.input_topics), listener=Listener())
-        await consumer.start()
+        if not await start_when_reachable(consumer.start, "join consumer", stop, log):
+            await self.emitter.close()
+            return
         try:
             while not stop.is_set():
                 await self._step(consumer)
         finally:
             async with self.lock:
-                await consumer.stop()
+                await stop_quietly(consumer.stop, "join consumer", log)
                 await self.emitter.close()
                 self.table.close_all()
+
+    async def _drop(self, partitions: set[int]) -> None:
+        """Let go of partitions (revoked or lost): their stores, index and producers."""
+        for partition in partitions:
+            self.table.close(partition)
+            self.processor.forget_partition(partition)
+            self.assigned.discard(partition)
+            self.to_restore.discard(partition)
+            self._locked.pop(partition, None)
+        await self.emitter.close_tasks(partitions)
 
     async def _step(self, consumer: AIOKafkaConsumer) -> None:
         epoch = self.epoch
@@ -141,11 +181,13 @@ class JoinWorker:
             max_records=self.settings.join_batch_size,
         )
         async with self.lock:
+            taken: set[int] = set()
             if self.to_restore:
-                await self._restore()
-            if epoch != self.epoch:  # a rebalance came in while we fetched
-                await self._unread(consumer, fetched)
+                taken = await self._restore(consumer)
+            if epoch != self.epoch or taken:  # a rebalance came in while we fetched
+                await self._unread(consumer, fetched, taken)
                 return
+            live = self.live
             messages = [
                 InMessage(
                     tp.topic,
@@ -158,31 +200,64 @@ class JoinWorker:
                     r.headers,
                 )
                 for tp, records in fetched.items()
+                if tp.partition in live
                 for r in records
             ]
             if messages:
-                await _process_until_done(self.processor, messages)
+                lost = await _process_until_done(self.processor, messages, self._stop)
                 self._record_positions()
-                offsets = {tp: records[-1].offset + 1 for tp, records in fetched.items() if records}
-                try:
-                    await consumer.commit(offsets)
-                except (CommitFailedError, IllegalStateError) as exc:
-                    # The group moved on (we were too slow, or paused): the partitions'
-                    # new owner reads these events again; the join treats them as repeats.
-                    log.warning("join commit refused, a rebalance is under way: %s", exc)
+                if lost and self._stop.is_set():  # stopping with these not committed
+                    await self._drop(lost)
+                elif lost:
+                    await self._lose(consumer, lost)
+                if not self.emitter.transactional:  # exactly once: committed in the flush
+                    await self._commit(consumer, fetched, lost)
             if time.monotonic() - self._last_scan >= self.settings.expiry_scan_interval_s:
-                self._rebuild_expiry(self.assigned)
+                self._load_expiry(self.live)  # drops entries of states that moved on
 
-    async def _unread(self, consumer: AIOKafkaConsumer, fetched: dict[Any, list[Any]]) -> None:
+    async def _commit(
+        self, consumer: AIOKafkaConsumer, fetched: dict[Any, list[Any]], lost: set[int]
+    ) -> None:
+        offsets = {
+            tp: records[-1].offset + 1
+            for tp, records in fetched.items()
+            if records and tp.partition in self.live and tp.partition not in lost
+        }
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group moved on (we were too slow, or paused): the partitions'
+            # new owner reads these events again; the join treats them as repeats.
+            log.warning("join commit refused, a rebalance is under way: %s", exc)
+        except KafkaError as exc:  # the broker is away: read again, as repeats
+            log.warning("join commit failed: %r", exc)
+
+    async def _lose(self, consumer: AIOKafkaConsumer, lost: set[int]) -> None:
+        """Our producer of these partitions was fenced: another member owns them now.
+
+        We were a zombie (paused past the session timeout, or cut off from the broker): drop
+        them unwritten and rejoin the group, which may give them back, with a new producer.
+        """
+        log.warning("join partitions %s were taken over by another member; rejoining the group",
+                    sorted(lost))  # fmt: skip
+        await self._drop(lost)
+        self.ready.clear()
+        # aiokafka has no public call for this (Java's enforceRebalance).
+        consumer._coordinator.request_rejoin()
+
+    async def _unread(
+        self, consumer: AIOKafkaConsumer, fetched: dict[Any, list[Any]], taken: set[int]
+    ) -> None:
         """Put back a batch fetched across a rebalance: read it again, from its start.
 
         The records may come from before the rebalance or from the positions it reset;
         either way the consumer's position is now past them, and dropping them unseen would
         let the next commit skip them. Each partition we still own goes back to the first
-        record of the batch, or to its committed offset if that is earlier.
+        record of the batch, or to its committed offset if that is earlier. Partitions just
+        ``taken`` over are already at the offsets their last owner committed.
         """
         for tp, records in fetched.items():
-            if not records or tp not in consumer.assignment():
+            if not records or tp not in consumer.assignment() or tp.partition in taken:
                 continue
             start = records[0].offset
             try:
@@ -191,39 +266,94 @@ class JoinWorker:
                 committed = None
             consumer.seek(tp, start if committed is None else min(start, committed))
 
-    async def _restore(self) -> None:
-        partitions = sorted(self.to_restore)
-        stores = {p: await self._open(p) for p in partitions}
-        await restore(self.settings.kafka_bootstrap, self.settings.topic_changelog, stores)
-        self.to_restore.clear()
-        self._rebuild_expiry(partitions)
-        self.ready.set()
+    async def _restore(self, consumer: AIOKafkaConsumer) -> set[int]:
+        """Take over newly assigned partitions; return those taken over now.
 
-    async def _open(self, partition: int) -> PartitionStore:
-        """Open a partition's store, waiting while its previous owner still has it open.
-
-        The join processes of a worker share its data dir. When the group moves a partition
-        from one to another, the first may still be finishing its batch (or, if it missed
-        the rebalance, learn of it only at its next heartbeat) before it closes the store.
+        1. Start their transactional producers: this fences any earlier owner (a zombie)
+           and completes or aborts what it left open (:mod:`rl_export.stream.emitter`).
+        2. Open their stores. A store a sibling join process still has open (it has not
+           let go of a partition the group moved to us) is retried at the next step, with
+           the partition paused: waiting here would hold the lock, and with it our own
+           revocation, which the sibling's progress may need (two siblings each waiting
+           for a store the other holds, while the group waits for both).
+        3. Restore the opened stores from the changelog (read committed), and seek their
+           input partitions to the committed offsets, read after step 1.
         """
-        deadline = time.monotonic() + max(30.0, 3 * self.settings.session_timeout_s)
-        while True:
-            try:
-                return self.table.open(partition)
-            except StoreLockedError:
-                if time.monotonic() >= deadline:
-                    raise
-                log.info("partition %d's store is still open elsewhere; waiting", partition)
-                await asyncio.sleep(0.5)
+        partitions = sorted(self.to_restore)
+        try:
+            await self.emitter.open_tasks(partitions)  # 1.
+            stores: dict[int, PartitionStore] = {}
+            for partition in partitions:  # 2.
+                try:
+                    stores[partition] = self.table.open(partition)
+                except StoreLockedError:
+                    self._wait_for_store(consumer, partition)
+            if stores:  # 3.
+                await restore(
+                    self.settings.kafka_bootstrap, self.settings.topic_changelog, stores,
+                    should_stop=lambda: self.revoking, mark_of=expiry_mark_of,
+                )  # fmt: skip
+                if self.revoking:  # cut short: the revocation closes them; restored next time
+                    return set()
+                await self._seek_committed(consumer, set(stores))
+        except (KafkaError, OSError) as exc:  # the broker is away: the next step tries again
+            log.warning("taking over partitions %s failed (%r); trying again", partitions, exc)
+            await asyncio.sleep(1.0)
+            return set()
+        self.to_restore -= set(stores)
+        self._load_expiry(stores)
+        if not self.to_restore:
+            self.ready.set()
+        return set(stores)
 
-    def _rebuild_expiry(self, partitions: Iterable[int]) -> None:
+    def _wait_for_store(self, consumer: AIOKafkaConsumer, partition: int) -> None:
+        tps = [tp for tp in consumer.assignment() if tp.partition == partition]
+        consumer.pause(*tps)
+        now = time.monotonic()
+        since, logged = self._locked.get(partition, (now, float("-inf")))
+        if now - logged >= 10:
+            log.info("partition %d's store is still open in a sibling join process; waiting "
+                     "(%.0fs so far)", partition, now - since)  # fmt: skip
+            logged = now
+        self._locked[partition] = (since, logged)
+
+    async def _seek_committed(self, consumer: AIOKafkaConsumer, partitions: set[int]) -> None:
+        """Start the partitions' input at the committed offsets (the earliest if none)."""
+        tps = [tp for tp in consumer.assignment() if tp.partition in partitions]
+        committed = await asyncio.gather(*(consumer.committed(tp) for tp in tps))
+        fresh = []
+        for tp, offset in zip(tps, committed, strict=True):
+            if offset is None:
+                fresh.append(tp)
+            else:
+                consumer.seek(tp, offset)
+        if fresh:
+            await consumer.seek_to_beginning(*fresh)
+        consumer.resume(*tps)
+        for partition in partitions:
+            self._locked.pop(partition, None)
+
+    def _load_expiry(self, partitions: Iterable[int]) -> None:
+        """The expiry index of these partitions, from their stores' (no state is read).
+
+        A store written before it kept the index is scanned once, and its index written.
+        """
         found = 0
         for partition in partitions:
             store = self.table.stores.get(partition)
-            if store is not None:
-                found += self.processor.rebuild_expiry(store.items(), partition=partition)
+            if store is None:
+                continue
+            if not store.indexed:
+                started = time.monotonic()
+                marks = self.processor.rebuild_expiry(store.items(), partition=partition)
+                store.write({}, dict[bytes, bytes | None](marks))
+                store.set_indexed()
+                took = time.monotonic() - started
+                log.info("partition %d: expiry index built once, from a scan of every state, "
+                         "in %.1fs", partition, took)  # fmt: skip
+            found += self.processor.load_expiry(store.marks(), partition)
         self._last_scan = time.monotonic()
-        log.info("expiry index rebuilt: %d states may expire", found)
+        log.info("expiry index loaded: %d states may expire", found)
 
     def _record_positions(self) -> None:
         for partition, end in self.emitter.positions.items():
@@ -233,20 +363,37 @@ class JoinWorker:
         self.emitter.positions.clear()
 
 
-async def _process_until_done(processor: JoinProcessor, messages: list[InMessage]) -> None:
-    """Retry a failed batch until it goes through; its offsets are committed only after.
+async def _process_until_done(
+    processor: JoinProcessor, messages: list[InMessage], stop: asyncio.Event
+) -> set[int]:
+    """Retry a failed batch until it goes through; return the partitions lost meanwhile.
 
     Processing again is safe: events already merged are duplicates that re-send the same
-    revision.
+    revision. When some partitions of the batch committed and others did not
+    (:class:`FlushError`), only the others are processed again, and a partition another
+    member took over (lost) is not processed again at all. Stopping ends the retries: what
+    did not commit is read again by whoever owns the partitions next.
     """
     delay = 0.5
-    while True:
+    lost: set[int] = set()
+    while messages:
         try:
             await processor.process(messages)
-            return
+            return lost
         except asyncio.CancelledError:
             raise
+        except FlushError as exc:
+            lost |= exc.lost
+            messages = [m for m in messages if m.partition in exc.failed]
+            if not messages:
+                return lost
+            log.error("join batch: %s; retrying %d events in %.1fs", exc, len(messages), delay)
         except Exception:
             log.exception("join batch of %d events failed; retrying in %.1fs", len(messages), delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            lost |= {m.partition for m in messages}  # not committed: let go of them as they are
+            return lost
+        delay = min(delay * 2, 30.0)
+    return lost

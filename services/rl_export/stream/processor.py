@@ -11,7 +11,7 @@ import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -29,6 +29,7 @@ from rl_export.stream.join import (
     dump_state_parts,
     encode_current,
     expired,
+    expiry_since,
     load_state,
     merge,
 )
@@ -56,11 +57,17 @@ class InMessage:
 
 
 class StateTable(Protocol):
-    """The join's state, keyed by ``trace_id`` bytes; ``at`` says which message is current."""
+    """The join's state, keyed by ``trace_id`` bytes; ``at`` says which message is current.
+
+    ``mark`` keeps the table's *expiry index* beside the states (:func:`expiry_mark`: why
+    and since when a state may expire; None removes it), written with them, so a restart
+    reads the index instead of every state.
+    """
 
     def get(self, key: bytes, at: InMessage) -> bytes | None: ...
     def put(self, key: bytes, value: bytes, at: InMessage) -> None: ...
     def delete(self, key: bytes, at: InMessage) -> None: ...
+    def mark(self, key: bytes, value: bytes | None, at: InMessage) -> None: ...
     def items(self) -> Iterable[tuple[bytes, bytes]]: ...
     def __len__(self) -> int: ...
 
@@ -71,6 +78,8 @@ class Emitter(Protocol):
     ``forward`` sends an input event on to its trace's partition of the same topic, where
     the join takes it as it takes any event; ``headers`` go with the snapshot's value
     (:func:`rl_export.common.records.encode_snapshot`).
+    ``flush`` gets the input offsets the batch covers (``(topic, partition) -> next
+    offset``); an emitter that can commits them atomically with what it sends.
     """
 
     async def snapshot(
@@ -79,7 +88,7 @@ class Emitter(Protocol):
     ) -> None: ...  # fmt: skip
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
-    async def flush(self) -> None: ...
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None: ...
 
 
 class MemoryTable:
@@ -87,6 +96,13 @@ class MemoryTable:
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
+        self.marks: dict[bytes, bytes] = {}
+
+    def mark(self, key: bytes, value: bytes | None, at: InMessage) -> None:
+        if value is None:
+            self.marks.pop(key, None)
+        else:
+            self.marks[key] = value
 
     def get(self, key: bytes, at: InMessage) -> bytes | None:
         return self.data.get(key)
@@ -115,6 +131,16 @@ def dead_letter_headers(message: InMessage, rejection: EventRejection) -> list[t
     ]
 
 
+def consumed_offsets(messages: Iterable[InMessage]) -> dict[tuple[str, int], int]:
+    """The input offsets a batch covers: per (topic, partition), the offset after its last."""
+    out: dict[tuple[str, int], int] = {}
+    for m in messages:
+        where = (m.topic, m.partition)
+        if m.offset + 1 > out.get(where, 0):
+            out[where] = m.offset + 1
+    return out
+
+
 @dataclass
 class BatchResult:
     """What one batch did (for tests and logs)."""
@@ -137,11 +163,33 @@ def conversation_key(key: bytes) -> bytes:
     return CONVERSATION + key
 
 
+def expiry_mark(state: TraceState) -> bytes | None:
+    """The expiry index's entry for a state: why and since when it may expire, or None.
+
+    ``tombstone <deleted_at>`` or ``orphan <first_pending_at>``: the times, not deadlines,
+    so that changing a retention setting applies to states already stored.
+    """
+    if state.deleted and state.deleted_at is not None:
+        return f"tombstone {state.deleted_at!r}".encode()
+    if state.is_orphan and state.first_pending_at is not None:
+        return f"orphan {state.first_pending_at!r}".encode()
+    return None
+
+
+def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
+    """:func:`expiry_mark` of a stored state (a conversation key has none), from its head."""
+    if key.startswith(CONVERSATION):
+        return None
+    since = expiry_since(value)
+    return None if since is None else f"{since[0]} {since[1]!r}".encode()
+
+
 @dataclass
 class _Touched:
     state: TraceState
     last: InMessage
     conversation: bytes | None  # as the table holds it
+    mark: bytes | None = None  # the expiry index's entry as the table holds it
     emit: bool = False
     repeated: bool = False  # a redelivered event: rewrite everything, the first write may be lost
     event_ms: int | None = None
@@ -219,17 +267,19 @@ class JoinProcessor:
                 outcomes[decoded.event_type, "forwarded"] += 1
                 continue
             entry = touched.get(key)
-            conversation = None
+            conversation = stored_mark = None
             if entry is not None:
                 state: TraceState | None = entry.state
             else:
                 state, conversation = self._read(key, message)
+                # Before the merge, which may change the state in place.
+                stored_mark = None if state is None else expiry_mark(state)
             merged = merge(
                 state, decoded, message, now=clock, config=self.config, build_snapshot=False
             )
             outcomes[decoded.event_type, merged.outcome] += 1
             if entry is None:
-                entry = touched[key] = _Touched(merged.state, message, conversation)
+                entry = touched[key] = _Touched(merged.state, message, conversation, stored_mark)
             else:
                 entry.state, entry.last = merged.state, message
             for item, rejection in merged.rejected:
@@ -244,7 +294,11 @@ class JoinProcessor:
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
             self._write(key, entry)
-            self._schedule(key, entry.state, entry.last.partition)
+            mark = expiry_mark(entry.state)
+            if mark != entry.mark:
+                self.table.mark(key, mark, entry.last)
+            if mark is not None:
+                self._schedule(key, mark, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
                 encoded = encode_current(entry.state, self.config)
                 assert encoded is not None  # emits only once the trace exists or is deleted
@@ -267,7 +321,7 @@ class JoinProcessor:
         warning = self._misroutes.report(clock)
         if warning is not None:
             log.warning("%s", warning)
-        await self.emitter.flush()  # delivered before the batch is acked
+        await self.emitter.flush(consumed_offsets(messages))  # delivered before it is acked
         self.metrics.table_keys.set(len(self.table))
         return result
 
@@ -293,39 +347,53 @@ class JoinProcessor:
             else:
                 self.table.delete(conversation_key(key), entry.last)
 
-    def _deadline(self, state: TraceState) -> float | None:
-        if state.deleted and state.deleted_at is not None:
-            return state.deleted_at + self.settings.tombstone_retention_s
-        if state.is_orphan and state.first_pending_at is not None:
-            return state.first_pending_at + self.settings.orphan_retention_s
+    def _deadline(self, mark: bytes) -> float | None:
+        """When a state with this expiry mark may expire, under the current retentions."""
+        kind, _, since = mark.partition(b" ")
+        try:
+            start = float(since)
+        except ValueError:
+            return None
+        if kind == b"tombstone":
+            return start + self.settings.tombstone_retention_s
+        if kind == b"orphan":
+            return start + self.settings.orphan_retention_s
         return None
 
-    def _schedule(self, key: bytes, state: TraceState, partition: int) -> None:
-        deadline = self._deadline(state)
+    def _schedule(self, key: bytes, mark: bytes, partition: int) -> None:
+        deadline = self._deadline(mark)
         if deadline is not None:
             heapq.heappush(self._expiry.setdefault(partition, []), (deadline, key))
 
+    def load_expiry(self, marks: Iterable[tuple[bytes, bytes]], partition: int) -> int:
+        """Replace a partition's expiry index with the table's (its marks); return how many."""
+        self._expiry.pop(partition, None)
+        count = 0
+        for key, mark in marks:
+            self._schedule(key, mark, partition)
+            count += 1
+        return count
+
     def rebuild_expiry(
         self, items: Iterable[tuple[bytes, bytes]], partition: int | None = None
-    ) -> int:
-        """Rebuild the index of states that may expire from a scan; return how many.
+    ) -> dict[bytes, bytes]:
+        """Rebuild the expiry index from a scan of every state; return the marks found.
 
-        With ``partition``, ``items`` are that partition's and only its index is replaced.
+        For a table written before it kept its index (a one-time scan). With ``partition``,
+        ``items`` are that partition's and only its index is replaced.
         """
         if partition is None:
             self._expiry.clear()
         else:
             self._expiry.pop(partition, None)
-        count = 0
+        marks = {}
         for key, value in items:
-            if key.startswith(CONVERSATION):
-                continue
-            state = load_state(value)
-            if self._deadline(state) is not None:
+            mark = expiry_mark_of(key, value)
+            if mark is not None:
                 where = self._hash(key, self.settings.partitions)
-                self._schedule(key, state, where if partition is None else partition)
-                count += 1
-        return count
+                self._schedule(key, mark, where if partition is None else partition)
+                marks[key] = mark
+        return marks
 
     def forget_partition(self, partition: int) -> None:
         """Drop the expiry index of a partition this worker no longer owns."""
@@ -350,6 +418,7 @@ class JoinProcessor:
                 if kind is not None:  # the state may have moved on since it was indexed
                     self.table.delete(key, at)
                     self.table.delete(conversation_key(key), at)
+                    self.table.mark(key, None, at)
                     self.metrics.expired.labels(kind).inc()
                     dropped.append((key, kind))
         return dropped

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 from rl_export.common.events import FAMILY_OF_TYPE, EventFamily
 from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings
-from rl_export.stream.topics import ensure_service_topics
+from rl_export.stream.topics import ensure_service_topics, topic_max_bytes
 
 
 @dataclass
@@ -74,7 +74,7 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
         enable_idempotence=True,
         linger_ms=20,
         max_batch_size=256 * 1024,
-        max_request_size=settings.max_event_bytes * 2 + 64 * 1024,
+        max_request_size=topic_max_bytes(settings),
     )
 
 

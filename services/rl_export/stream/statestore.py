@@ -16,6 +16,11 @@ How the pieces keep each other right:
 * On assignment a partition is restored by reading its changelog from ``changelog_next``
   to the end. A store that is ahead of the changelog (the topic was recreated) or that has
   data but no position is wiped and rebuilt from the beginning.
+* Beside the states each store keeps the *expiry index*: for the few states that may expire
+  (orphans, tombstones), why and since when (``mark``). It is written in the same atomic
+  write as the states, and rebuilt from the restored values when the changelog is replayed,
+  so a restart reads it instead of every state. A store written before it had the index
+  (``indexed`` false) gets it from one scan.
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from rl_export.common.retrying import stop_quietly
+
 log = logging.getLogger(__name__)
 
 _POSITION_KEY = b"changelog_next"
+_INDEXED_KEY = b"expiry_indexed"  # the expiry column family is complete
 
 
 class At(Protocol):
@@ -41,18 +49,25 @@ class At(Protocol):
     def partition(self) -> int: ...
 
 
+Changes = dict[bytes, bytes | None]
+"""Writes to a store: a value, or None to delete the key."""
+
+
 class PartitionStore(Protocol):
-    """The state of one partition, with its changelog position."""
+    """The state of one partition, with its changelog position and expiry index."""
 
     changelog_next: int
+    indexed: bool  # the expiry index is complete
 
     def get(self, key: bytes) -> bytes | None: ...
     def put(self, key: bytes, value: bytes) -> None: ...
     def delete(self, key: bytes) -> None: ...
-    def write(self, changes: dict[bytes, bytes | None]) -> None: ...
+    def write(self, changes: Changes, marks: Changes | None = None) -> None: ...
     def items(self) -> Iterator[tuple[bytes, bytes]]: ...
+    def marks(self) -> Iterator[tuple[bytes, bytes]]: ...
     def count(self) -> int: ...
     def set_changelog_next(self, offset: int) -> None: ...
+    def set_indexed(self) -> None: ...
     def clear(self) -> None: ...
     def close(self) -> None: ...
 
@@ -62,7 +77,9 @@ class MemoryPartition:
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
+        self.expiry: dict[bytes, bytes] = {}
         self.changelog_next = 0
+        self.indexed = True
 
     def get(self, key: bytes) -> bytes | None:
         return self.data.get(key)
@@ -73,15 +90,19 @@ class MemoryPartition:
     def delete(self, key: bytes) -> None:
         self.data.pop(key, None)
 
-    def write(self, changes: dict[bytes, bytes | None]) -> None:
-        for key, value in changes.items():
-            if value is None:
-                self.data.pop(key, None)
-            else:
-                self.data[key] = value
+    def write(self, changes: Changes, marks: Changes | None = None) -> None:
+        for target, writes in ((self.data, changes), (self.expiry, marks or {})):
+            for key, value in writes.items():
+                if value is None:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         yield from list(self.data.items())
+
+    def marks(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from list(self.expiry.items())
 
     def count(self) -> int:
         return len(self.data)
@@ -89,12 +110,17 @@ class MemoryPartition:
     def set_changelog_next(self, offset: int) -> None:
         self.changelog_next = offset
 
+    def set_indexed(self) -> None:
+        self.indexed = True
+
     def clear(self) -> None:
         self.data.clear()
+        self.expiry.clear()
         self.changelog_next = 0
 
     def close(self) -> None:
         self.data.clear()
+        self.expiry.clear()
 
 
 class StoreLockedError(Exception):
@@ -154,7 +180,8 @@ def _rocks_options() -> Any:
 
 
 class RocksPartition:
-    """RocksDB (rocksdict) in ``path``; the changelog position lives in a column family."""
+    """RocksDB (rocksdict) in ``path``; the changelog position and the ``indexed`` flag live in
+    the ``meta`` column family, the expiry index in ``expiry``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -166,8 +193,10 @@ class RocksPartition:
 
         try:
             self.db = Rdict(
-                str(self.path), _rocks_options(), column_families={"meta": Options(raw_mode=True)}
-            )
+                str(self.path), _rocks_options(),
+                column_families={"meta": Options(raw_mode=True),
+                                 "expiry": Options(raw_mode=True)},
+            )  # fmt: skip
         except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's message
             if str(self.path / "LOCK") in str(exc):  # its lock file is taken
                 raise StoreLockedError(f"{self.path} is open in another process") from exc
@@ -176,8 +205,12 @@ class RocksPartition:
         unlogged.disable_wal = True  # type: ignore[method-assign,assignment] # a property
         self.db.set_write_options(unlogged)
         self.meta = self.db.get_column_family("meta")
+        self.expiry = self.db.get_column_family("expiry")
         stored = self.meta.get(_POSITION_KEY)
         self.changelog_next = 0 if stored is None else int(stored)
+        self.indexed = self.meta.get(_INDEXED_KEY) is not None
+        if not self.indexed and next(iter(self.db.keys()), None) is None:
+            self.set_indexed()  # empty: nothing to index
 
     def _estimate(self) -> int:
         value = self.db.property_int_value("rocksdb.estimate-num-keys")
@@ -193,8 +226,8 @@ class RocksPartition:
     def delete(self, key: bytes) -> None:
         self.db.delete(key)
 
-    def write(self, changes: dict[bytes, bytes | None]) -> None:
-        """Apply a batch's writes in one atomic RocksDB write."""
+    def write(self, changes: Changes, marks: Changes | None = None) -> None:
+        """Apply a batch's writes, states and expiry index, in one atomic RocksDB write."""
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
@@ -203,10 +236,20 @@ class RocksPartition:
                 batch.delete(key)
             else:
                 batch.put(key, value)
+        if marks:
+            expiry = self.db.get_column_family_handle("expiry")
+            for key, value in marks.items():
+                if value is None:
+                    batch.delete(key, expiry)
+                else:
+                    batch.put(key, value, expiry)
         self.db.write(batch)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         yield from self.db.items()
+
+    def marks(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.expiry.items()
 
     def count(self) -> int:
         return self._estimate()  # RocksDB's estimate: exact counts need a full scan
@@ -215,13 +258,27 @@ class RocksPartition:
         self.meta.put(_POSITION_KEY, str(offset).encode())
         self.changelog_next = offset
 
+    def set_indexed(self) -> None:
+        self.meta.put(_INDEXED_KEY, b"1")
+        self.indexed = True
+
     def clear(self) -> None:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self._open()
 
     def close(self) -> None:
-        self.meta.close()  # the column family's handle holds the database (and its lock) too
+        """Flush and close: the states first, the changelog position last.
+
+        Closing a column family's handle flushes that column family alone, and the handles
+        hold the database (and its lock) too, so they are closed before it. A process killed
+        between two of these steps must never leave a position ahead of the states it
+        covers (the restore would then skip them: the soak lost states that way); states
+        ahead of their position are only applied again.
+        """
+        self.db.flush()
+        self.expiry.close()
+        self.meta.close()
         self.db.close()
 
 
@@ -279,7 +336,8 @@ class ChangelogTable:
         self.state_store = state_store
         self.data_dir = data_dir
         self.stores: dict[int, PartitionStore] = {}
-        self._changes: dict[int, dict[bytes, bytes | None]] = {}
+        self._changes: dict[int, Changes] = {}
+        self._marks: dict[int, Changes] = {}
         self.cache = ReadCache(cache_bytes)
 
     def open(self, partition: int) -> PartitionStore:
@@ -297,6 +355,7 @@ class ChangelogTable:
         store = self.stores.pop(partition, None)
         self._changes.pop(partition, None)
         self.cache.clear()
+        self._marks.pop(partition, None)
         if store is not None:
             store.close()
 
@@ -321,6 +380,9 @@ class ChangelogTable:
     def delete(self, key: bytes, at: At) -> None:
         self._changes.setdefault(at.partition, {})[key] = None
 
+    def mark(self, key: bytes, value: bytes | None, at: At) -> None:
+        self._marks.setdefault(at.partition, {})[key] = value
+
     def items(self) -> Iterable[tuple[bytes, bytes]]:
         for store in list(self.stores.values()):
             yield from store.items()
@@ -328,12 +390,17 @@ class ChangelogTable:
     def __len__(self) -> int:
         return sum(store.count() for store in self.stores.values())
 
-    def take_changes(self) -> dict[int, dict[bytes, bytes | None]]:
-        """Write the held changes to the stores; return them, per partition, for the changelog."""
+    def take_changes(self) -> dict[int, Changes]:
+        """Write the held changes to the stores; return them, per partition, for the changelog.
+
+        The expiry index's changes go in the same write; they are not for the changelog.
+        """
         changes, self._changes = self._changes, {}
+        marks, self._marks = self._marks, {}
         cache = self.cache
-        for partition, writes in changes.items():
-            self.stores[partition].write(writes)
+        for partition in changes.keys() | marks.keys():
+            writes = changes.get(partition, {})
+            self.stores[partition].write(writes, marks.get(partition))
             for key, value in writes.items():
                 if value is None:
                     cache.discard(key)
@@ -343,15 +410,29 @@ class ChangelogTable:
 
 
 async def restore(
-    bootstrap: str, topic: str, stores: dict[int, PartitionStore], batch: int = 5000
+    bootstrap: str,
+    topic: str,
+    stores: dict[int, PartitionStore],
+    *,
+    batch: int = 5000,
+    should_stop: Callable[[], bool] | None = None,
+    mark_of: Callable[[bytes, bytes], bytes | None] | None = None,
 ) -> int:
-    """Bring each store up to the end of its changelog partition; return records applied."""
+    """Bring each store up to the end of its changelog partition; return records applied.
+
+    Reads committed records only: the join writes its changelog in transactions, and an
+    aborted one (a fenced zombie's) must not come back. Each store's position moves with
+    what it applied, so a restore cut short by ``should_stop`` (checked between fetches:
+    the partitions are being revoked) continues from there next time. ``mark_of(key,
+    value)`` gives a restored state's expiry index entry.
+    """
     if not stores:
         return 0
     started = time.monotonic()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
+        isolation_level="read_committed",
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     await consumer.start()
@@ -359,9 +440,10 @@ async def restore(
     try:
         tps = {TopicPartition(topic, p): store for p, store in stores.items()}
         consumer.assign(list(tps))
-        ends = await consumer.end_offsets(list(tps))
+        ends = await consumer.end_offsets(list(tps))  # read committed: the stable offsets
         begins = await consumer.beginning_offsets(list(tps))
         todo: dict[TopicPartition, int] = {}
+        spans: list[str] = []
         for tp, store in tps.items():
             end, begin = ends[tp], begins[tp]
             has_data = store.count() > 0 or next(iter(store.items()), None) is not None
@@ -372,33 +454,43 @@ async def restore(
                 )  # fmt: skip
                 store.clear()
             start = max(store.changelog_next, begin)
+            spans.append(f"{tp.partition}: {start}..{end}")
             if start < end:
                 consumer.seek(tp, start)
                 todo[tp] = end
             else:
                 store.set_changelog_next(end)
-        while todo:
-            fetched = await consumer.getmany(*todo, timeout_ms=1000, max_records=batch)
+        while todo and not (should_stop is not None and should_stop()):
+            # Short waits: a partition whose rest is a transaction marker returns no record,
+            # and a long wait would only make every restore that much longer.
+            fetched = await consumer.getmany(*todo, timeout_ms=100, max_records=batch)
             for tp, records in fetched.items():
-                store = tps[tp]
+                changes: Changes = {}
+                marks: Changes = {}
                 for record in records:
                     if record.offset >= todo.get(tp, 0):
                         break
                     if record.key is None:
                         continue
-                    if record.value is None:
-                        store.delete(record.key)
-                    else:
-                        store.put(record.key, record.value)
+                    changes[record.key] = record.value
+                    if mark_of is not None:
+                        marks[record.key] = (
+                            None if record.value is None else mark_of(record.key, record.value)
+                        )
                     applied += 1
+                tps[tp].write(changes, marks)  # one write per fetch, in offset order
+            # Every partition, not only those that returned records: a fetch that held only
+            # transaction markers (or aborted records) moves the position and returns none.
+            for tp in list(todo):
                 position = await consumer.position(tp)
-                store.set_changelog_next(min(position, todo[tp]))
+                tps[tp].set_changelog_next(min(position, todo[tp]))
                 if position >= todo[tp]:
                     del todo[tp]
     finally:
-        await consumer.stop()
+        await stop_quietly(consumer.stop, "restore consumer", log)
     log.info(
-        "restored partitions %s from %s: %d records in %.1fs",
-        sorted(stores), topic, applied, time.monotonic() - started,
+        "restored partitions %s from %s (%s): %d records in %.1fs%s",
+        sorted(stores), topic, ", ".join(spans), applied, time.monotonic() - started,
+        " (cut short: the partitions are being revoked)" if todo else "",
     )  # fmt: skip
     return applied

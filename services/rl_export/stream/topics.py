@@ -20,9 +20,27 @@ from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchErr
 from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
-# Topic-level limit above the event size limit, so the broker never refuses an event the
-# worker would accept (and the dead-letter copy of an oversized one still fits).
-_MESSAGE_BYTES_HEADROOM = 2
+_HEADERS_ROOM = 64 * 1024
+
+
+def topic_max_bytes(settings: Settings) -> int:
+    """``max.message.bytes`` of the topics we create (the dead-letter topic aside).
+
+    Twice the event size limit: the broker never refuses an event the worker would accept,
+    nor a snapshot of it; larger events reach the worker, which dead-letters them.
+    """
+    return settings.max_event_bytes * 2 + _HEADERS_ROOM
+
+
+def dead_letter_max_bytes(settings: Settings) -> int:
+    """``max.message.bytes`` of the dead-letter topic.
+
+    A dead letter is an input record's key and value, which together fit in
+    :func:`topic_max_bytes` (an event of any size the input topics accept), plus our
+    headers: a reason, at most 4 KiB of detail, the source topic (at most 249 characters),
+    partition and offset. 64 KiB more than an input record holds them all.
+    """
+    return topic_max_bytes(settings) + _HEADERS_ROOM
 
 
 @dataclass(frozen=True)
@@ -36,17 +54,16 @@ class TopicSpec:
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     """Return the specs of every topic the service needs."""
-    max_bytes = str(settings.max_event_bytes * _MESSAGE_BYTES_HEADROOM + 64 * 1024)
-    compacted = {"cleanup.policy": "compact"}
-    return [
-        TopicSpec(
-            name,
-            settings.partitions,
-            {"max.message.bytes": max_bytes}
-            | (compacted if name == settings.topic_changelog else {}),
-        )
-        for name in settings.all_topics
-    ]
+
+    def configs(name: str) -> dict[str, str]:
+        if name == settings.topic_dead_letter:
+            return {"max.message.bytes": str(dead_letter_max_bytes(settings))}
+        limit = {"max.message.bytes": str(topic_max_bytes(settings))}
+        if name == settings.topic_changelog:
+            return limit | {"cleanup.policy": "compact"}
+        return limit
+
+    return [TopicSpec(name, settings.partitions, configs(name)) for name in settings.all_topics]
 
 
 @contextlib.contextmanager
@@ -119,30 +136,41 @@ async def ensure_topics(
     """Create missing topics, then check every topic's partition count; return the counts."""
     admin = await _admin(bootstrap, timeout_s)
     try:
-        existing = set(await admin.list_topics())
-        missing = [s for s in specs if s.name not in existing]
-        if missing:
-            response = await admin.create_topics(
-                [
-                    NewTopic(s.name, s.partitions, replication_factor, topic_configs=s.configs)
-                    for s in missing
-                ]
-            )
-            for name, code, *rest in response.topic_errors:
-                # Another worker may have created it between our list and create: fine.
-                if code not in (0, TopicAlreadyExistsError.errno):
-                    detail = rest[0] if rest and rest[0] else f"error code {code}"
-                    raise RlExportError(f"could not create topic {name}: {detail}")
-        for _ in range(50):  # creation is asynchronous: wait until metadata shows them all
-            counts = await _counts(admin, [s.name for s in specs])
-            if len(counts) == len(specs):
-                break
-            await asyncio.sleep(0.1)
-        expected = {s.partitions for s in specs}
-        check_partition_counts(counts, expected.pop() if len(expected) == 1 else -1)
-        return counts
+        return await _ensure(admin, specs, replication_factor)
+    except (KafkaError, OSError) as exc:
+        raise BrokerUnavailableError(
+            f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the topics "
+            f"were checked ({type(exc).__name__}: {exc})"
+        ) from None
     finally:
         await admin.close()
+
+
+async def _ensure(
+    admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec], replication_factor: int
+) -> dict[str, int]:
+    existing = set(await admin.list_topics())
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        response = await admin.create_topics(
+            [
+                NewTopic(s.name, s.partitions, replication_factor, topic_configs=s.configs)
+                for s in missing
+            ]
+        )
+        for name, code, *rest in response.topic_errors:
+            # Another worker may have created it between our list and create: fine.
+            if code not in (0, TopicAlreadyExistsError.errno):
+                detail = rest[0] if rest and rest[0] else f"error code {code}"
+                raise RlExportError(f"could not create topic {name}: {detail}")
+    for _ in range(50):  # creation is asynchronous: wait until metadata shows them all
+        counts = await _counts(admin, [s.name for s in specs])
+        if len(counts) == len(specs):
+            break
+        await asyncio.sleep(0.1)
+    expected = {s.partitions for s in specs}
+    check_partition_counts(counts, expected.pop() if len(expected) == 1 else -1)
+    return counts
 
 
 async def ensure_service_topics(settings: Settings) -> dict[str, int]:

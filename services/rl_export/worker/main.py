@@ -56,8 +56,10 @@ async def compact_corpora(sink: Sink, settings: Settings) -> None:
     for ref in sink.corpora_written():
         try:
             made = await compact(
-                sink.store, ref, writer=sink.writer, compression=settings.shard_compression
-            )
+                sink.store, ref, writer=sink.writer, compression=settings.shard_compression,
+                partitioning=(settings.partitioner, settings.partitions),
+                tombstone_retention_s=settings.tombstone_retention_s,
+            )  # fmt: skip
             await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
         except StoreError as exc:
             log.error("compaction of %s failed, will retry: %s", ref.root, exc)

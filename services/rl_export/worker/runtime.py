@@ -15,20 +15,46 @@ import signal
 
 from rl_export.common.settings import Settings
 
+log = logging.getLogger(__name__)
 
-async def run_stages(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
-    """Wait for the stages; one that fails stops the others and raises its error."""
+
+STOP_GRACE_S = 30.0
+"""How long the stages may take to stop once asked (a batch to finish, clients to close);
+then they are cancelled. Everything they write is exactly once, so a cut-short stop loses
+nothing: the next start reads on from the committed offsets and the changelog."""
+
+
+async def run_stages(
+    tasks: list[asyncio.Task[None]], stop: asyncio.Event, grace_s: float = STOP_GRACE_S
+) -> None:
+    """Run the stages until ``stop`` is set or one fails; then stop them all, in bounded time.
+
+    A stage that fails stops the others and its error is raised. A stage that does not end
+    within ``grace_s`` of the stop (a client waiting for a broker that is gone, say) is
+    cancelled, so that a SIGTERM always ends the process.
+    """
+    stopping = asyncio.create_task(stop.wait(), name="stop")
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
+        pending: set[asyncio.Task[None] | asyncio.Task[bool]] = {*tasks, stopping}
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopping:
+                    task.result()  # a failed stage: raise its error
+            if stopping in done or pending == {stopping}:
+                break
     finally:
         stop.set()
-        for task in tasks:
-            if not task.done():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(task), 40)
+        stopping.cancel()
+        left = [task for task in tasks if not task.done()]
+        if left:
+            _, late = await asyncio.wait(left, timeout=grace_s)
+            for task in late:
+                log.warning("%s did not stop within %.0fs of the stop: cancelled",
+                            task.get_name(), grace_s)  # fmt: skip
                 task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=5.0)
 
 
 _LOG_LEVELS = {"crit": "CRITICAL", "error": "ERROR", "warn": "WARNING", "info": "INFO",

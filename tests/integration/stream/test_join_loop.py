@@ -6,9 +6,12 @@ import random
 from typing import Any
 
 import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from rl_export.common.settings import Settings
 from rl_export.local.synthetic import generate
+from rl_export.stream.topics import ensure_service_topics, topic_max_bytes
 from tests.factories import RUBRIC, event
 from tests.integration.workers import (
     TopicReader,
@@ -141,6 +144,51 @@ async def test_invalid_events_go_to_the_dead_letter_topic_and_the_stream_goes_on
     assert headers["rl-export-source-topic"] == settings.topic_labels
     assert int(headers["rl-export-source-offset"]) >= 0
     assert "rubric.correctness" in reasons["invalid"][1]["rl-export-detail"]
+
+
+async def test_the_largest_event_a_topic_accepts_fits_in_the_dead_letter_topic(
+    settings: Settings,
+) -> None:
+    """A dead letter is the original record plus our headers: larger than any input record.
+
+    The largest record the traces topic accepts (one byte more is refused) is oversized for
+    the join; its dead letter, headers and all, is sent and kept.
+    """
+    local = settings.model_copy(update={"max_event_bytes": 64 * 1024})
+    await ensure_service_topics(local)
+    limit = topic_max_bytes(local)
+    key = b"tr-huge"
+    producer = AIOKafkaProducer(
+        bootstrap_servers=local.kafka_bootstrap, max_request_size=2 * limit, acks="all"
+    )
+    await producer.start()
+    try:
+        # A record batch is 61 bytes of header and the record (its length, attributes,
+        # deltas, key and value lengths and header count, about 11 bytes, and the key):
+        # from a little above that, the first size the broker takes is the largest.
+        size = limit - 61 - len(key)
+        while True:
+            try:
+                sent = await producer.send_and_wait(local.topic_traces, b"x" * size, key=key)
+                break
+            except KafkaError as exc:
+                if "TooLarge" not in type(exc).__name__:
+                    raise
+                size -= 1
+        assert size < limit - 61 - len(key)  # something larger was refused
+    finally:
+        await producer.stop()
+    with WorkerProcess(local, "w1").start():
+        letters = await TopicReader(local, local.topic_dead_letter).read_until(
+            lambda r: len(r) >= 1, timeout_s=60
+        )
+    [letter] = letters
+    headers = dict(letter.headers)
+    assert letter.value == b"x" * size  # the original bytes
+    assert headers["rl-export-reason"] == b"oversized"
+    assert headers["rl-export-source-offset"] == str(sent.offset).encode()
+    with_headers = len(letter.value) + len(key) + sum(len(k) + len(v) for k, v in letter.headers)
+    assert with_headers > limit - 61  # it would not have fit where it came from
 
 
 def revisions_by_trace(records: list[Any]) -> dict[str, set[int]]:

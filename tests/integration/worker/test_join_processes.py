@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rl_export.common.partitioning import partition_for
 from rl_export.common.settings import Settings
 from rl_export.local.process import child_pids
 from rl_export.local.synthetic import generate
@@ -115,3 +117,50 @@ async def test_three_join_processes_keep_each_trace_in_one_member(settings: Sett
     assert {k: comparable(v) for k, v in final.items()} == {
         k: comparable(v) for k, v in expected.items()
     }
+
+
+async def test_a_paused_sibling_holding_its_stores_stalls_nothing_else(
+    settings: Settings,
+) -> None:
+    """A join process paused past its session keeps its RocksDB stores locked.
+
+    Its sibling is given every partition: it joins the partitions whose stores it can open
+    and waits for the others without holding anything the group needs (it used to wait 30 s
+    under its lock, then died with StoreLockedError and stopped the worker). Once resumed,
+    the paused one lets go and everything is joined.
+    """
+    local = settings.model_copy(update={"state_store": "rocksdb://", "session_timeout_s": 6.0})
+    worker = WorkerProcess(local, "w1", env={"RL_EXPORT_JOIN_PROCESSES": "2"}).start()
+    first = generate(20, seed=44, duplicate_rate=0)
+    try:
+        assert worker.pid is not None
+        assert worker.proc is not None
+        await publish(local, first)
+        await wait_for_final(local, expected_final(first))
+        paused = join_children(worker.pid)[0]
+        held = assigned_to(worker.log_path, paused)
+        assert held, "the paused process had partitions"
+        os.kill(paused, signal.SIGSTOP)
+        later = [e | {"trace_id": f"{e['trace_id']}-b"} for e in generate(40, seed=45)]
+        await publish(local, later)
+        elsewhere = [e for e in later if partition_for(e["trace_id"].encode(), 4) not in held]
+        try:  # joined by the sibling while the paused one still holds its stores
+            await wait_for_final(local, expected_final(first + elsewhere), timeout_s=90)
+            await asyncio.sleep(40)  # longer than the old 30 s wait for a store, under a lock
+            assert worker.proc.poll() is None, "the worker stopped"
+        finally:
+            os.kill(paused, signal.SIGCONT)
+        await wait_for_final(local, expected_final(first + later), timeout_s=120)
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
+    assert "StoreLockedError" not in worker.log_path.read_text()
+
+
+def assigned_to(log: Path, pid: int) -> set[int]:
+    """The partitions a join process was last assigned, from the worker's log."""
+    found: set[int] = set()
+    for line in log.read_text(errors="replace").splitlines():
+        if f"[{pid}]" in line and "join assigned partitions" in line:
+            found = {int(p) for p in line.rsplit("[", 1)[1].rstrip("]").split(",") if p.strip()}
+    return found

@@ -28,7 +28,7 @@ from rl_export.export import (
     stats,
     write_export,
 )
-from tests.exportdata import ORG, PROJECT, build_story
+from tests.exportdata import ORG, PROJECT, build_story, replay_events, story_before
 
 EVALUATOR = CorpusRef(ORG, PROJECT, "evaluator")
 HUMAN = CorpusRef(ORG, PROJECT, "human")
@@ -131,8 +131,8 @@ async def test_filters_select_and_limit_counts_rows(story: MemoryStore) -> None:
 
 
 async def test_pass_dimension_and_severity(story: MemoryStore) -> None:
-    store = MemoryStore()
-    await build_story(store, compact_between=False)
+    store = MemoryStore()  # the story before tr-003 is deleted
+    await replay_events(store, story_before(), "before")
     data, _ = await export(store, EVALUATOR, "executions",
                            filters=Filters(pass_dimension=("goal_met",)))  # fmt: skip
     assert [r["id"] for r in check_jsonl(data)] == ["tr-003"]

@@ -43,6 +43,7 @@ from rl_export.stream.join import (
     dump_state,
     encode_current,
     expired,
+    expiry_since,
     load_state,
     merge,
 )
@@ -1368,3 +1369,22 @@ def test_events_of_another_org_are_rejected_in_every_order(
         else:
             assert run["dump"] == reference["dump"]
             assert run["snapshot"] == reference["snapshot"]
+
+
+def test_expiry_since_reads_the_states_head_alone() -> None:
+    """What a restore asks of every state it applies, without loading it (versions 3 and 2)."""
+    orphan = Join()
+    orphan.send(label("l-1", "ana"), now=NOW - 50)
+    states = [orphan.st, *(_state(name) for name in ("pending", "live", "deleted"))]
+    seen: set[str | None] = set()
+    for state in states:
+        want = expired(state, now=1e12, orphan_retention_s=0, tombstone_retention_s=0)
+        since = expiry_since(dump_state(state))
+        seen.add(want)
+        assert (None if since is None else since[0]) == want
+        if since is not None:
+            assert since[1] == (state.deleted_at if want == "tombstone" else state.first_pending_at)
+        old = {"v": 2, "trace": None if state.trace is None else [], "deleted_at": state.deleted_at,
+               "first_pending_at": state.first_pending_at}  # fmt: skip
+        assert expiry_since(orjson.dumps(old) + b"\n[]") == since
+    assert seen == {None, "orphan", "tombstone"}

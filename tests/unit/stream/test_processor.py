@@ -8,6 +8,7 @@ checks the snapshots, dead letters, table writes, metrics and expiry (DESIGN.md 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,6 +29,7 @@ from rl_export.stream.processor import (
     MemoryTable,
     conversation_key,
     dead_letter_headers,
+    expiry_mark_of,
 )
 from tests.factories import RUBRIC, event
 
@@ -50,6 +52,7 @@ class CollectingEmitter:
         self.forwards: list[tuple[InMessage, bytes, int]] = []
         self.dead_letters: list[tuple[InMessage, EventRejection]] = []
         self.flushes = 0
+        self.consumed: list[dict[tuple[str, int], int]] = []
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
@@ -65,8 +68,9 @@ class CollectingEmitter:
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
         self.dead_letters.append((message, rejection))
 
-    async def flush(self) -> None:
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None:
         self.flushes += 1
+        self.consumed.append(dict(consumed))
 
     def revisions(self, trace_id: str) -> list[int]:
         key = trace_id.encode()
@@ -610,7 +614,7 @@ async def test_rebuild_expiry_lets_a_fresh_processor_expire_stored_states() -> N
     )
 
     h = Harness(table=first.table)
-    assert h.processor.rebuild_expiry(h.table.items()) == 2
+    assert len(h.processor.rebuild_expiry(h.table.items())) == 2
 
     result = await h.run(label(trace_id=ELSEWHERE), now=NOW + TOMBSTONE_S + 1)
     assert result.expired == []  # another partition
@@ -623,6 +627,32 @@ async def test_rebuild_expiry_lets_a_fresh_processor_expire_stored_states() -> N
                                  ELSEWHERE.encode()}  # fmt: skip
     assert h.metric("rl_export_join_expired_total", kind="orphan") == 1
     assert h.metric("rl_export_join_expired_total", kind="tombstone") == 1
+
+
+async def test_the_table_keeps_an_expiry_index_of_what_may_expire() -> None:
+    h = Harness()
+    await h.run(
+        label(trace_id=ORPHAN),
+        trace(trace_id=OTHER),
+        event("trace.deleted", "d-1", trace_id=OTHER),
+        trace(trace_id=THIRD),  # live: never expires
+    )
+    assert set(h.table.marks) == {ORPHAN.encode(), OTHER.encode()}
+    assert h.table.marks[ORPHAN.encode()].startswith(b"orphan ")
+    assert h.table.marks[OTHER.encode()].startswith(b"tombstone ")
+    # A restore reads the same from a stored state's head alone.
+    for key, value in h.table.data.items():
+        assert expiry_mark_of(key, value) == h.table.marks.get(key)
+
+    await h.run(trace(trace_id=ORPHAN), now=NOW + 10)  # its trace came: no longer an orphan
+    assert set(h.table.marks) == {OTHER.encode()}
+
+    # A fresh processor loads the index instead of reading every state, and expires.
+    fresh = Harness(table=h.table)
+    assert fresh.processor.load_expiry(h.table.marks.items(), partition_of(OTHER)) == 1
+    result = await fresh.run(label(trace_id=THIRD), now=NOW + TOMBSTONE_S + 1)
+    assert result.expired == [(OTHER.encode(), "tombstone")]
+    assert h.table.marks == {}
 
 
 async def test_every_batch_is_flushed_before_it_is_acked() -> None:

@@ -94,6 +94,116 @@ def test_clear_wipes_data_and_position(store: PartitionStore) -> None:
 # --- RocksDB persistence ----------------------------------------------------------------
 
 
+def test_the_expiry_index_is_written_with_the_states(store: PartitionStore) -> None:
+    assert store.indexed  # a new store's index is complete: it holds nothing
+    store.write({b"a": b"1", b"b": b"2"}, {b"a": b"orphan 1.0"})
+    store.write({b"b": None}, {b"b": None, b"c": b"tombstone 2.0"})
+    assert sorted(store.marks()) == [(b"a", b"orphan 1.0"), (b"c", b"tombstone 2.0")]
+    store.write({}, {b"a": None})
+    assert list(store.marks()) == [(b"c", b"tombstone 2.0")]
+    store.clear()
+    assert list(store.marks()) == []
+
+
+def test_rocks_keeps_its_expiry_index_across_reopen(tmp_path: Path) -> None:
+    first = RocksPartition(tmp_path / "p0")
+    first.write({b"a": b"1"}, {b"a": b"orphan 1.0"})
+    first.close()
+    again = RocksPartition(tmp_path / "p0")
+    try:
+        assert again.indexed
+        assert list(again.marks()) == [(b"a", b"orphan 1.0")]
+    finally:
+        again.close()
+
+
+_KILLED_WHILE_CLOSING = """
+import os, sys
+from pathlib import Path
+from rl_export.stream.statestore import RocksPartition
+
+left = int(sys.argv[2])  # flushes and closes that run before the SIGKILL
+
+class Dying:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __getattr__(self, name):
+        attr = getattr(self.handle, name)
+        if name not in ("flush", "close"):
+            return attr
+
+        def step(*args, **kwargs):
+            global left
+            if left == 0:
+                os.kill(os.getpid(), 9)
+            left -= 1
+            return attr(*args, **kwargs)
+
+        return step
+
+store = RocksPartition(Path(sys.argv[1]))
+store.write({b"a": b"1"}, {b"a": b"orphan 1.0"})
+store.set_changelog_next(42)
+store.db, store.meta, store.expiry = Dying(store.db), Dying(store.meta), Dying(store.expiry)
+store.close()
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
+def test_a_store_killed_while_closing_never_has_its_position_ahead(
+    tmp_path: Path, steps: int
+) -> None:
+    """Closing a column family's handle flushes it alone: the states go first, the position
+    last, so a kill anywhere in close() leaves the states at or ahead of the position."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "p0"
+    run = subprocess.run([sys.executable, "-c", _KILLED_WHILE_CLOSING, str(path), str(steps)],
+                         check=False)  # fmt: skip
+    assert run.returncode == -9
+    store = RocksPartition(path)
+    try:
+        if store.changelog_next == 42:
+            assert store.get(b"a") == b"1"
+        else:
+            assert store.changelog_next == 0
+    finally:
+        store.close()
+
+
+def test_a_store_written_before_the_expiry_index_says_so(tmp_path: Path) -> None:
+    """An older store (states, a position, no expiry column family) is not ``indexed``: the
+    join scans it once and marks it."""
+    from rocksdict import Options, Rdict
+
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    old = Rdict(str(tmp_path / "p0"), options, column_families={"meta": Options(raw_mode=True)})
+    old.put(b"a", b"1")
+    meta = old.get_column_family("meta")
+    meta.put(b"changelog_next", b"7")
+    meta.close()
+    old.close()
+
+    store = RocksPartition(tmp_path / "p0")
+    try:
+        assert not store.indexed
+        assert store.changelog_next == 7
+        assert store.get(b"a") == b"1"
+        store.set_indexed()
+    finally:
+        store.close()
+    store = RocksPartition(tmp_path / "p0")
+    try:
+        assert store.indexed
+    finally:
+        store.close()
+
+
 def test_rocks_keeps_data_and_position_across_reopen(tmp_path: Path) -> None:
     path = tmp_path / "partition-3"
     first = RocksPartition(path)
@@ -171,6 +281,15 @@ def test_take_changes_applies_the_last_write_per_key(table: ChangelogTable) -> N
     assert list(table.stores[1].items()) == [(b"b", b"x")]
     assert table.take_changes() == {}
     assert len(table) == 2
+
+
+def test_the_expiry_index_goes_to_the_store_not_to_the_changelog(table: ChangelogTable) -> None:
+    table.put(b"a", b"1", At(0))
+    table.mark(b"a", b"orphan 1.0", At(0))
+    table.mark(b"z", None, At(1))  # a mark alone still reaches its store
+    assert table.take_changes() == {0: {b"a": b"1"}}
+    assert list(table.stores[0].marks()) == [(b"a", b"orphan 1.0")]
+    assert list(table.stores[1].marks()) == []
 
 
 def test_writes_are_routed_by_the_message_partition(table: ChangelogTable) -> None:
