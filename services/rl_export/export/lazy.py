@@ -15,9 +15,8 @@ record (default CSV columns, ``zip``), else ``(parsed, raw)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypedDict
 
 import msgspec
 import orjson
@@ -45,50 +44,32 @@ class FieldDecoder:
 
     def __init__(self, fields: Iterable[str], raw: Iterable[str] = ()) -> None:
         raw = frozenset(raw)
-        self.names = tuple(sorted(set(fields) | raw))
-        attrs = [f"f{n}" for n in range(len(self.names))]
-        row = msgspec.defstruct(
+        names = sorted(set(fields) | raw)
+        # A TypedDict: msgspec builds the dict of the fields present, skipping the rest.
+        row = TypedDict(  # type: ignore[misc]
             "Row",
-            [
-                (a, msgspec.Raw if name in raw or name in BULKY else Any, msgspec.UNSET)
-                for a, name in zip(attrs, self.names, strict=True)
-            ],
-            rename=dict(zip(attrs, self.names, strict=True)),
+            {name: msgspec.Raw if name in raw or name in BULKY else Any for name in names},
+            total=False,
         )
-        self.decoder = msgspec.json.Decoder(row)
-        self.raw = tuple(n for n in self.names if n in raw)
-        self.bulky = tuple(n for n in self.names if n in BULKY and n not in raw)
-        get = attrgetter(*attrs) if attrs else None
-        self._values: Callable[[Any], tuple[Any, ...]]
-        if get is None:
-            self._values = lambda _: ()
-        elif len(attrs) == 1:
-            self._values = lambda struct: (get(struct),)
-        else:
-            self._values = get
+        self.decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(row)
+        self.raw = tuple(n for n in names if n in raw)
+        self.bulky = tuple(n for n in names if n in BULKY and n not in raw)
 
     def decode(self, data: bytes | memoryview) -> list[dict[str, Any]]:
         """The records of whole JSON Lines ``data`` (no empty lines), in order."""
         try:
-            structs = self.decoder.decode_lines(data)
-            names, values, unset = self.names, self._values, msgspec.UNSET
-            out = []
-            for struct in structs:
-                record = {
-                    name: value
-                    for name, value in zip(names, values(struct), strict=True)
-                    if value is not unset
-                }
-                for name in self.raw:
+            records: list[dict[str, Any]] = self.decoder.decode_lines(data)
+            for name in self.raw:
+                for record in records:
                     if name in record:
                         record[name] = RawJson(bytes(record[name]))
-                for name in self.bulky:
+            for name in self.bulky:
+                for record in records:
                     if name in record:
                         record[name] = orjson.loads(memoryview(record[name]))
-                out.append(record)
         except (msgspec.DecodeError, msgspec.ValidationError, orjson.JSONDecodeError) as exc:
             raise DecodeError(str(exc)) from None
-        return out
+        return records
 
 
 def export_fields(
