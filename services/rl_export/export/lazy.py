@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
 import msgspec
-import orjson
 
 from rl_export.common.codec import RawJson
 from rl_export.common.filters import Filters
@@ -34,10 +33,6 @@ class DecodeError(ValueError):
     """A line that is not a JSON object."""
 
 
-BULKY = frozenset({"messages", "evaluation", "attachments"})
-"""Fields parsed faster by orjson from their bytes than by msgspec (big nested values)."""
-
-
 class FieldDecoder:
     """Decodes JSON Lines into dicts of the named top-level fields only: ``fields`` parsed,
     ``raw`` as :class:`~rl_export.common.codec.RawJson`."""
@@ -48,12 +43,11 @@ class FieldDecoder:
         # A TypedDict: msgspec builds the dict of the fields present, skipping the rest.
         row = TypedDict(  # type: ignore[misc]
             "Row",
-            {name: msgspec.Raw if name in raw or name in BULKY else Any for name in names},
+            {name: msgspec.Raw if name in raw else Any for name in names},
             total=False,
         )
         self.decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(row)
         self.raw = tuple(n for n in names if n in raw)
-        self.bulky = tuple(n for n in names if n in BULKY and n not in raw)
 
     def decode(self, data: bytes | memoryview) -> list[dict[str, Any]]:
         """The records of whole JSON Lines ``data`` (no empty lines), in order."""
@@ -63,11 +57,7 @@ class FieldDecoder:
                 for record in records:
                     if name in record:
                         record[name] = RawJson(bytes(record[name]))
-            for name in self.bulky:
-                for record in records:
-                    if name in record:
-                        record[name] = orjson.loads(memoryview(record[name]))
-        except (msgspec.DecodeError, msgspec.ValidationError, orjson.JSONDecodeError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise DecodeError(str(exc)) from None
         return records
 
