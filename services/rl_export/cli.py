@@ -225,6 +225,7 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.common.filters import parse_filters
+    from rl_export.common.gctune import tune_gc
     from rl_export.common.progressbar import bar, position_callback
     from rl_export.export import check_export, parse_margin, parse_pair_by, write_export
 
@@ -240,6 +241,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     to_stdout = args.output == "-"
     if not to_stdout and Path(args.output).is_dir():
         raise ConfigError("--output", f"{args.output} is a directory")
+
+    tune_gc()  # records are trees: the cycle collector would walk each batch for nothing
 
     async def run() -> Any:
         store = _open(args.store, settings)
@@ -271,11 +274,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from rl_export.common.codec import dumps
     from rl_export.common.filters import parse_filters
+    from rl_export.common.gctune import tune_gc
     from rl_export.export import stats
 
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
     ref = _export_ref(args)
+    tune_gc()
 
     async def run() -> dict[str, Any]:
         store = _open(args.store, settings)

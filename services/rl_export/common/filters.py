@@ -17,6 +17,7 @@ Public interface (the web service and the corpus specs rely on these names)::
         labeled: bool | None                 # at least one current human label
         limit: int | None                    # at most N rows (applied by the export)
         def matches(record: Mapping) -> bool # every given filter holds (limit aside)
+        def fields() -> frozenset[str]       # the record fields matches reads
         def to_params(*, sep="_") -> dict[str, str | list[str]]   # inverse of parse_filters
         def is_empty() -> bool
     def parse_filters(values: Mapping[str, str | Sequence[str]], *, strict=True) -> Filters
@@ -123,6 +124,17 @@ class Filters(BaseModel):
                 return False
         return True
 
+    def fields(self) -> frozenset[str]:
+        """The top-level record fields :meth:`matches` reads (``deleted`` always): a record
+        holding only these matches as the whole record does."""
+        wanted = {"deleted"}
+        for field, name in _FIELDS:
+            if getattr(self, field) not in (None, ()):
+                wanted.add(name)
+        if self.min_reward is not None or self.max_reward is not None:
+            wanted.add("reward")
+        return frozenset(wanted)
+
     def to_params(self, *, sep: str = "_") -> dict[str, str | list[str]]:
         """The filters that are set, as :func:`parse_filters` reads them back.
 
@@ -146,6 +158,16 @@ class Filters(BaseModel):
 
 
 _EMPTY = Filters()
+_FIELDS = (
+    ("passed", "passed"),
+    ("agent_version", "agent_version"),
+    ("scenario", "scenario"),
+    ("labeled", "labels_count"),
+    ("since", "updated_at"),
+    ("until", "updated_at"),
+    ("pass_dimension", "evaluation"),
+    ("max_severity", "evaluation"),
+)  # (filter, the record field it reads); min/max reward read reward
 
 
 def _updated_at(record: Mapping[str, Any]) -> datetime | None:

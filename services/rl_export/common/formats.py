@@ -9,6 +9,7 @@ Public interface (the export, the sink and the web service rely on these names):
     FORMAT_COLUMNS      # format -> the columns of its rows, in order (trajectory: the record)
     def render_row(fmt: str, record: dict) -> dict | None
     def corpus_row(fmt: str, record: dict) -> dict | None
+    def row_fields(fmt: str, pair_by=()) -> tuple[frozenset, frozenset] | None
     def preference_pairs(records: Iterable[dict], *, pair_by=(), margin=0.0, max_pairs=1)
         -> Iterator[dict]
     def prompt_split(messages, *, at="last") -> tuple[list, list] | None
@@ -176,6 +177,35 @@ def render_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
     if fmt == "preference":
         raise ValueError("preference pairs records: use preference_pairs, not render_row")
     raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS)})")
+
+
+_EXECUTION_FIELDS = frozenset(
+    ["trace_id", "evaluation"]
+    + [c for c in EXECUTION_COLUMNS if c not in ("id", "conversation", "report", "results")]
+)
+_ROW_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "trajectory": (frozenset(), frozenset()),  # the record is the row: its line, as stored
+    "messages": (frozenset(), frozenset({"messages"})),
+    "executions": (_EXECUTION_FIELDS, frozenset({"messages"})),
+    "prompt_completion": (frozenset({"messages", "reward", "passed", "trace_id"}), frozenset()),
+    "kto": (frozenset({"messages", "passed"}), frozenset()),
+    "preference": (frozenset({"messages", "reward", "trace_id"}), frozenset()),
+}
+
+
+def row_fields(
+    fmt: str, pair_by: Sequence[str] = ()
+) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The top-level record fields a format's rows are made of, as ``(parsed, raw)``: a
+    record holding only these (``raw`` ones as :class:`~rl_export.common.codec.RawJson`,
+    copied as stored) renders as the whole record does. None for a format not listed."""
+    found = _ROW_FIELDS.get(fmt)
+    if found is None:
+        return None
+    parsed, raw = found
+    if fmt == "preference":
+        parsed = parsed | set(pair_by)
+    return parsed, raw
 
 
 def corpus_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:

@@ -6,6 +6,10 @@ key before any nested value (the trajectory record and its tombstone: ``trace_id
 ``project``, ``reward_source``, ``revision``; a corpus row of another format: ``trace_id``,
 ``revision``), and a tombstone, and only a tombstone, ends with ``"deleted":true}``. A line
 that does not look like that is parsed in full, so the answer never depends on the shortcut.
+
+:data:`HEAD` and :func:`line_key` are the shortcut the latest view's hot loops use: a line's
+*key* is its ``trace_id`` as UTF-8 bytes (the raw bytes between the quotes when the id has no
+escape in it, else the parsed id encoded), which sorts as the ``trace_id`` strings sort.
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ from typing import NamedTuple
 import orjson
 
 _HEAD = re.compile(rb'\{"trace_id":"((?:[^"\\]|\\.)*)"')
+HEAD = re.compile(
+    rb'\{"trace_id":"([^"\\]*)"'
+    rb'(?:,"org":"[^"\\{\[]*","project":"[^"\\{\[]*","reward_source":(?:"[^"\\{\[]*"|null))?'
+    rb',"revision":(\d{1,18}),'
+)
+"""A line the project wrote, up to its revision: ``{"trace_id":"<id>",`` (an id without
+escapes), the trajectory record's ``org``, ``project`` and ``reward_source`` or nothing (a
+corpus row of another format), then ``"revision":<digits>,``. Group 1 is the key, group 2
+the revision. Matched at a line's start; a line it does not match goes to :func:`line_key`."""
+TOMBSTONE_END = b'"deleted":true}'
+"""How a tombstone's line ends (before its newline), and only a tombstone's."""
 _REVISION = re.compile(rb'"revision":(\d{1,18})[,}]')
 _TOMBSTONE_END = b'"deleted":true}'
 
@@ -81,6 +96,22 @@ def block_identities(block: bytes, start: int = 0, size: int | None = None) -> I
                 continue
         yield _parsed(block[start:end])
         start = end + 1
+
+
+def line_key(data: bytes, start: int, stop: int) -> tuple[bytes, int, bool]:
+    """``(key, revision, deleted)`` of the line ``data[start:stop]`` (``stop`` at its newline
+    or the end): :data:`HEAD`, else :func:`line_identity`. Raises NotARecordError."""
+    found = HEAD.match(data, start, stop)
+    if found is not None:
+        return found[1], int(found[2]), data.endswith(TOMBSTONE_END, start, stop)
+    identity = line_identity(data[start:stop])
+    return key_of(identity.trace_id), identity.revision, identity.deleted
+
+
+def key_of(trace_id: str) -> bytes:
+    """The key of a ``trace_id``: its UTF-8 bytes (lone surrogates kept, as JSON allows), so
+    keys sort as the ids do."""
+    return trace_id.encode("utf-8", "surrogatepass")
 
 
 def _nested(line: bytes, start: int, stop: int) -> bool:

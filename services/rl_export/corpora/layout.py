@@ -229,13 +229,16 @@ async def object_blocks(
     rest = b""
     # Hashing runs in a thread (hashlib lets go of the GIL) while the caller works on the
     # chunk: on two cores the check costs almost no time. One update at a time, in order.
+    # run_in_executor hands the work to the thread at once (a task made of to_thread would
+    # start only when the caller next awaits, after it is done with the chunk).
     hashing: asyncio.Future[None] | None = None
+    loop = asyncio.get_running_loop()
     try:
         async for chunk in store.chunks(part.key, READ_CHUNK):
             if digest is not None:
                 if hashing is not None:
                     await hashing
-                hashing = asyncio.ensure_future(asyncio.to_thread(digest.update, chunk))
+                hashing = loop.run_in_executor(None, digest.update, chunk)
             data = inflate.decompress(chunk) if inflate is not None else chunk
             if not data:
                 continue

@@ -240,11 +240,27 @@ class LocalStore:
         return await self._io(self._get, key)
 
     async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
+        """The object's bytes in chunks; the next chunk is read in a thread while the
+        caller works on this one (a read lets go of the GIL)."""
         fh = await self._io(self._open, key)
+        loop = asyncio.get_running_loop()
+        reading: asyncio.Future[bytes] | None = loop.run_in_executor(None, fh.read, size)
         try:
-            while chunk := await self._io(fh.read, size):
+            while reading is not None:
+                try:
+                    chunk = await reading
+                except OSError as exc:
+                    raise StoreError(f"{self.url}: {exc}") from exc
+                finally:
+                    reading = None
+                if not chunk:
+                    return
+                reading = loop.run_in_executor(None, fh.read, size)
                 yield chunk
         finally:
+            if reading is not None:  # closed early: let the read in flight end first
+                with contextlib.suppress(Exception):
+                    await reading
             fh.close()
 
     async def folders(self, prefix: str) -> list[str]:

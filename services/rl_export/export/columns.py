@@ -11,9 +11,11 @@ A path the record cannot have is an :class:`~rl_export.common.errors.ExportError
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from rl_export.common.codec import dumps
 from rl_export.common.errors import ExportError
@@ -49,6 +51,14 @@ class Column:
 
     path: tuple[str, ...]
     header: str
+
+    def getter(self) -> Callable[[dict[str, Any]], Any]:
+        """:meth:`value` as a function of the record (a plain ``get`` for a top-level
+        field: the cells of a large export are most of its work)."""
+        if len(self.path) == 1:
+            key = self.path[0]
+            return lambda record: record.get(key)
+        return self.value
 
     def value(self, record: dict[str, Any]) -> Any:
         """The cell's value: the nested value, or None when a key along the path is absent."""
@@ -136,6 +146,9 @@ def csv_cell(value: Any) -> str:
         return ""
     if isinstance(value, str):
         return value
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is bool:
         return "true" if value else "false"
+    if kind is float or kind is int:
+        return orjson.dumps(value).decode()  # a number has no U+2028 to escape
     return dumps(value).decode()

@@ -84,11 +84,12 @@ from rl_export.common.formats import (
     pair_candidates as _pair_candidates,
 )
 from rl_export.common.specs import check_name
-from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.layout import ChainError, CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
 from rl_export.export.latest import LatestView
+from rl_export.export.lazy import DecodeError, FieldDecoder, export_fields
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import CsvEncoder, JsonEncoder, ParquetEncoder
 
@@ -214,15 +215,30 @@ def check_export(
 
 
 class _Scan:
-    """Reads the view, parses, filters; counts into the summary; calls progress."""
+    """Reads the view, parses, filters; counts into the summary; calls progress.
+
+    With ``fields`` (``(parsed, raw)``, :func:`~rl_export.export.lazy.export_fields`) only
+    those top-level fields of each record are read (:class:`~rl_export.export.lazy.
+    FieldDecoder`); else each line is parsed in full. ``with_lines`` also gives each
+    record's line (else an empty ``bytes``)."""
 
     def __init__(
-        self, view: LatestView, filters: Filters, summary: ExportSummary, progress: Progress | None
+        self,
+        view: LatestView,
+        filters: Filters,
+        summary: ExportSummary,
+        progress: Progress | None,
+        fields: tuple[frozenset[str], frozenset[str]] | None = None,
+        *,
+        with_lines: bool = False,
     ) -> None:
         self.view = view
         self.filters = filters
         self.summary = summary
         self.progress = progress
+        self.fields = fields
+        self.with_lines = with_lines
+        self.decoder = None if fields is None else FieldDecoder(*fields)
 
     def _advance(self, count: int) -> None:
         self.summary.scanned += count
@@ -231,6 +247,10 @@ class _Scan:
 
     async def lines(self) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         """Batches of (line, record) that passed the filters."""
+        if self.decoder is not None:
+            async for decoded in self._decoded(self.decoder):
+                yield decoded
+            return
         matches = self.filters.matches
         async for batch in self.view.lines():
             out = []
@@ -243,6 +263,32 @@ class _Scan:
             if out:
                 yield out
 
+    async def _decoded(
+        self, decoder: FieldDecoder
+    ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
+        matches = self.filters.matches
+        async for data, start, end in self.view.ranges():
+            try:
+                records = decoder.decode(memoryview(data)[start:end])
+            except DecodeError as exc:
+                raise ChainError(f"{self.view.ref.root}: a line is not a record ({exc})") from None
+            if self.with_lines:
+                starts = _line_starts(data, start, end)
+                if len(starts) != len(records):
+                    raise ChainError(f"{self.view.ref.root}: an empty line in the corpus")
+                starts.append(end)
+                out = [
+                    (data[starts[n] : starts[n + 1]], record)
+                    for n, record in enumerate(records)
+                    if matches(record)
+                ]
+            else:
+                out = [(b"", record) for record in records if matches(record)]
+            self.summary.matched += len(out)
+            self._advance(len(records))
+            if out:
+                yield out
+
     async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Blocks of whole lines and their counts, unparsed: only when no filter is set."""
         async for block, count in self.view.blocks():
@@ -250,6 +296,15 @@ class _Scan:
                 self.summary.matched += count
                 self._advance(count)
             yield block, count
+
+
+def _line_starts(data: bytes, start: int, end: int) -> list[int]:
+    find = data.find
+    starts = []
+    while start < end:
+        starts.append(start)
+        start = find(b"\n", start, end) + 1
+    return starts
 
 
 def _limited(rows: list[Any], summary: ExportSummary, limit: int | None) -> list[Any]:
@@ -380,7 +435,7 @@ async def _preference(
             return
         # Pass 2: the paired records' prompt and rest, spilled; found by view position.
         offsets = array("q", bytes(16 * position))
-        second = _Scan(LatestView(store, ref), scan.filters, ExportSummary(), None)
+        second = _Scan(LatestView(store, ref), scan.filters, ExportSummary(), None, scan.fields)
         await second.view.open()
         n = 0
         async for batch in second.lines():
@@ -555,7 +610,8 @@ async def _export_chunks(
     summary = summary if summary is not None else ExportSummary()
     summary.format = format
     view = await _open_view(store, ref, progress)
-    scan = _Scan(view, filters, summary, progress)
+    fields = export_fields(format, filters, picked, pair_by)
+    scan = _Scan(view, filters, summary, progress, fields, with_lines=format == "trajectory")
     limit = filters.limit
     if format in ("parquet", "zip"):
         assert picked is not None
@@ -625,9 +681,7 @@ async def write_export(
         summary=summary,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
-        async with contextlib.aclosing(chunks):
-            async for chunk in chunks:
-                out.write(chunk)
+        await _write_chunks(chunks, out)
         out.flush()
         return summary
     target = Path(out)
@@ -640,18 +694,7 @@ async def write_export(
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            # Each write runs in a thread while the next chunk is made (one at a time, in
-            # order): on two cores reading and writing overlap.
-            writing: asyncio.Future[int] | None = None
-            try:
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        if writing is not None:
-                            await writing
-                        writing = asyncio.ensure_future(asyncio.to_thread(fh.write, chunk))
-            finally:
-                if writing is not None:
-                    await writing
+            await _write_chunks(chunks, fh)
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600
             os.fsync(fh.fileno())
@@ -661,6 +704,23 @@ async def write_export(
             os.unlink(temporary)
         raise
     return summary
+
+
+async def _write_chunks(chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO) -> None:
+    """Write every chunk, each in a thread while the next one is made (one at a time, in
+    order): on two cores reading and writing overlap. ``run_in_executor`` hands the write
+    to the thread at once (a ``to_thread`` task would start only at the next await)."""
+    loop = asyncio.get_running_loop()
+    writing: asyncio.Future[int] | None = None
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if writing is not None:
+                    await writing
+                writing = loop.run_in_executor(None, out.write, chunk)
+    finally:
+        if writing is not None:
+            await writing
 
 
 async def preview(
@@ -705,7 +765,7 @@ async def stats(
     filters = filters or Filters()
     accumulator = StatsAccumulator(histogram_bins or 10)
     view = await _open_view(store, ref, progress)
-    scan = _Scan(view, filters, ExportSummary(), progress)
+    scan = _Scan(view, filters, ExportSummary(), progress, export_fields("stats", filters))
     limit = filters.limit
     async for batch in scan.lines():
         for _, record in batch:

@@ -8,39 +8,52 @@ How a view is made (:class:`LatestView`; the steps match the code):
    chain as the reader does (a gap is a :class:`~rl_export.corpora.layout.ChainError`).
 2. Index the tail: number its lines in read order and keep, per trace, the best line
    (greatest revision; on an equal revision a tombstone; else the first read, as the
-   reader's latest view does) as ``trace_id -> one int`` (revision, tombstone flag and line
-   number packed so that the best line is the greatest: :func:`_pack`). Only each line's
-   head is read (:mod:`rl_export.corpora.identity`). Past ``spill_at`` traces the index is
+   reader's latest view does) as ``key -> one int`` (the key is the ``trace_id``'s UTF-8
+   bytes; revision, tombstone flag and line number packed so that the best line is the
+   greatest: :func:`_pack`). Only each line's head is read, with one regular expression
+   (:data:`~rl_export.corpora.identity.HEAD`; a line it does not fit is parsed in full).
+   Every line starts as kept (one bit a line); a line that loses to another of its trace,
+   and a tombstone, is cleared as soon as it is seen. Past ``spill_at`` traces the index is
    sorted and pickled to a temporary run file, and a new one starts, so memory holds at
    most ``spill_at`` entries whatever the corpus size.
-3. Merge the compaction's identities (in ``trace_id`` order) with the runs (merged in
-   ``trace_id`` order): a compaction line survives unless the tail has a later revision (or
-   a tombstone of the same one); a tail line survives when it is its trace's best, live,
-   and not older than the compaction's. Survivors are bits in two bitmaps (one bit a line).
+3. Merge the runs (in batches: what every run holds up to the smallest of their current
+   slices' last keys, sorted together, so runs that do not interleave cost nothing per
+   entry), clearing a trace's lines that lose across runs; and read the compaction once,
+   a block (a 4 MiB chunk) at a time: its first and last keys say which tail traces it can
+   hold, and only those are looked up in it (binary search over the block's lines, or
+   every line's key when they are many). A compaction line whose trace has a later
+   revision in the tail (or a tombstone of the same one) is cleared, and so is a tail line
+   not newer than its trace's compaction line. A block with no tail trace in its range
+   costs one ``find`` per line (its line count, and the tombstone check).
 4. :meth:`LatestView.blocks` reads the compaction and the tail again and passes the
    surviving lines on, verbatim, as views of what was read: compaction lines first (by
    ``trace_id``), then the tail's in chain order. An object whose lines all survive goes
    out whole; from others the runs of surviving lines are cut out.
 
-Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.layout.object_blocks`); in
-steps 2 and 3 its sha256 (hashed in a thread, beside the work on the chunk) and line count
-are checked when it ends, and a mismatch raises ChainError (an export then fails, and leaves
-no file); step 4 does not hash again. Memory: the index (at most ``spill_at`` entries, one
-str and one int each), one bit per line, a chunk or two.
+Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.layout.object_blocks`,
+the next chunk read in a thread while this one is worked on); in steps 2 and 3 its sha256
+(hashed in a thread too) and line count are checked when it ends, and a mismatch raises
+ChainError (an export then fails, and leaves no file), so every byte is verified before the
+first one is passed on; step 4 does not hash again. The compaction's order is checked at
+its blocks' edges. Memory: the index (at most ``spill_at`` entries, one bytes and one int
+each), a slice of each run while merging, one bit per line, a chunk or two.
 """
 
 from __future__ import annotations
 
-import heapq
+import math
 import os
 import pickle
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import AsyncIterator, Callable, Iterator
+from itertools import chain
+from operator import eq, itemgetter
 from pathlib import Path
 from typing import IO
 
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
-from rl_export.corpora.identity import Identity, NotARecordError, block_identities
+from rl_export.corpora.identity import HEAD, TOMBSTONE_END, NotARecordError, line_key
 from rl_export.corpora.layout import (
     Block,
     ChainError,
@@ -58,13 +71,12 @@ from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
 
 SPILL_AT = 200_000
+LOOKUP_SHARE = 16
+"""A compaction block with more than one tail trace in its range per this many lines has
+every line's key read instead of a binary search per trace."""
 
-
-def _identities(part: Part, block: Block) -> Iterator[Identity]:
-    try:
-        yield from block_identities(*block)
-    except NotARecordError as exc:
-        raise ChainError(f"{part.key}: {exc}") from None
+Entry = tuple[bytes, int]
+"""An index entry: the key and the packed (revision, tombstone, line) of its best line."""
 
 
 def _all_set(bits: bytearray, start: int, count: int) -> bool:
@@ -79,64 +91,124 @@ def _all_set(bits: bytearray, start: int, count: int) -> bool:
 
 _ROW_BITS = 40  # line numbers below 2**40
 _ROW_MASK = (1 << _ROW_BITS) - 1
+_SHIFT = _ROW_BITS + 1
+_FLAG = 1 << _ROW_BITS
 
 
 def _pack(revision: int, deleted: bool, row: int) -> int:
     """One int per index entry, ordered as the reader's rule orders lines: a greater
     revision wins, then a tombstone, then the line read first (the row is stored inverted)."""
-    return (revision << (_ROW_BITS + 1)) | (deleted << _ROW_BITS) | (_ROW_MASK - row)
+    return (revision << _SHIFT) | (deleted << _ROW_BITS) | (_ROW_MASK - row)
 
 
-_RUN_CHUNK = 8192  # entries per pickled slice of a run
+def _row(packed: int) -> int:
+    return _ROW_MASK - (packed & _ROW_MASK)
+
+
+def _ones(count: int) -> bytearray:
+    """A bitmap of ``count`` set bits (the bits past them clear)."""
+    bits = bytearray(b"\xff") * ((count + 7) // 8)
+    if count & 7:
+        bits[-1] = (1 << (count & 7)) - 1
+    return bits
+
+
+def _set(bits: bytearray, n: int) -> None:
+    bits[n >> 3] |= 1 << (n & 7)
+
+
+def _clear(bits: bytearray, n: int) -> None:
+    bits[n >> 3] &= ~(1 << (n & 7))
+
+
+def _popcount(bits: bytearray) -> int:
+    return int.from_bytes(bits, "little").bit_count()
+
+
+_SLICE = 8192  # entries per pickled slice of a run, at most
+_NO_KEY = (b"",)
 
 
 class _Runs:
-    """Sorted runs of the tail index on disk, merged back in ``trace_id`` order.
+    """Sorted runs of the tail index on disk, merged back in key order.
 
-    A run is the index sorted and pickled in slices (fast to write and to read back, and a
-    reader holds one slice of each run); the merge compares packed entries, so the best
-    line of a trace is simply the greatest value."""
+    A run is the index sorted and pickled in slices (fast to write and to read back, and the
+    merge holds one slice of each run)."""
 
-    def __init__(self, directory: str | None) -> None:
+    def __init__(self, directory: str | None, slice_size: int = _SLICE) -> None:
         self.directory = directory
+        self.slice = slice_size
         self.files: list[IO[bytes]] = []
 
-    def spill(self, index: dict[str, int]) -> None:
+    def spill(self, index: dict[bytes, int]) -> None:
         fh = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - closed in close()
         items = sorted(index.items())
-        for start in range(0, len(items), _RUN_CHUNK):
-            pickle.dump(items[start : start + _RUN_CHUNK], fh, protocol=pickle.HIGHEST_PROTOCOL)
+        for start in range(0, len(items), self.slice):
+            pickle.dump(items[start : start + self.slice], fh, protocol=pickle.HIGHEST_PROTOCOL)
         fh.seek(0)
         self.files.append(fh)
 
     @staticmethod
-    def _read(fh: IO[bytes]) -> Iterator[tuple[str, int]]:
+    def _read(fh: IO[bytes]) -> Iterator[list[Entry]]:
         fh.seek(0)
         while True:
             try:
-                chunk: list[tuple[str, int]] = pickle.load(fh)
+                chunk: list[Entry] = pickle.load(fh)
             except EOFError:
                 return
-            yield from chunk
+            if chunk:
+                yield chunk
 
-    def merged(self, index: dict[str, int]) -> Iterator[tuple[str, int]]:
-        """The best entry per trace over every run and ``index``, in ``trace_id`` order."""
-        last = sorted(index.items())
-        if not self.files:
-            yield from last
-            return
-        streams = [self._read(fh) for fh in self.files]
-        current: tuple[str, int] | None = None
-        for entry in heapq.merge(*streams, last):
-            if current is not None and entry[0] == current[0]:
-                if entry[1] > current[1]:
-                    current = entry
-                continue
-            if current is not None:
-                yield current
-            current = entry
-        if current is not None:
-            yield current
+    def _slices(self, items: list[Entry]) -> Iterator[list[Entry]]:
+        for start in range(0, len(items), self.slice):
+            yield items[start : start + self.slice]
+
+    def spans(self, index: dict[bytes, int], lose: Callable[[int], None]) -> Iterator[list[Entry]]:
+        """The best entry per trace over every run and ``index``, in key order, as sorted
+        lists; ``lose(packed)`` is called for every entry that loses to another run's.
+
+        In batches: what every run holds up to the smallest last key of their current
+        slices is sorted together (a sort of sorted runs: little more than a copy), so at
+        least one slice is used up per batch; equal keys can only come from two runs."""
+        sources = [self._read(fh) for fh in self.files]
+        if index:
+            sources.append(self._slices(sorted(index.items())))
+        current: list[list[Entry]] = []
+        at: list[int] = []
+        feeds: list[Iterator[list[Entry]]] = []
+        for source in sources:
+            first = next(source, None)
+            if first is not None:
+                current.append(first)
+                at.append(0)
+                feeds.append(source)
+        while current:
+            if len(current) == 1:  # one run left: the rest of it as it is
+                yield current[0][at[0] :]
+                yield from feeds[0]
+                return
+            bound = (min(items[-1][0] for items in current), math.inf)
+            parts = []
+            for n, items in enumerate(current):
+                end = bisect_right(items, bound, at[n])
+                if end > at[n]:
+                    parts.append(items[at[n] : end])
+                    at[n] = end
+            if len(parts) == 1:
+                yield parts[0]
+            else:
+                batch = sorted(chain.from_iterable(parts))
+                keys = list(map(itemgetter(0), batch))
+                if any(map(eq, keys, keys[1:])):
+                    batch = _best_of(batch, lose)
+                yield batch
+            for n in range(len(current) - 1, -1, -1):  # refill the slices used up
+                if at[n] == len(current[n]):
+                    following = next(feeds[n], None)
+                    if following is None:
+                        del current[n], at[n], feeds[n]
+                    else:
+                        current[n], at[n] = following, 0
 
     def close(self) -> None:
         for fh in self.files:
@@ -144,12 +216,75 @@ class _Runs:
         self.files = []
 
 
-def _set(bits: bytearray, n: int) -> None:
-    bits[n >> 3] |= 1 << (n & 7)
+def _best_of(batch: list[Entry], lose: Callable[[int], None]) -> list[Entry]:
+    """One entry per key of a sorted batch: the greatest (the last of its key)."""
+    out: list[Entry] = []
+    previous: Entry | None = None
+    for entry in batch:
+        if previous is not None:
+            if entry[0] == previous[0]:
+                lose(previous[1])
+            else:
+                out.append(previous)
+        previous = entry
+    if previous is not None:
+        out.append(previous)
+    return out
 
 
-def _popcount(bits: bytearray) -> int:
-    return int.from_bytes(bits, "little").bit_count()
+class _Cursor:
+    """Reads sorted spans of index entries forward, by key range."""
+
+    def __init__(self, spans: Iterator[list[Entry]]) -> None:
+        self.spans = spans
+        self.items: list[Entry] = []
+        self.at = 0
+        self.done = False
+
+    def _fill(self) -> bool:
+        while self.at >= len(self.items):
+            following = next(self.spans, None)
+            if following is None:
+                self.done = True
+                return False
+            self.items, self.at = following, 0
+        return True
+
+    def skip_below(self, key: bytes) -> None:
+        """Pass over the entries with a key below ``key``."""
+        while self._fill():
+            if self.items[-1][0] < key:
+                self.at = len(self.items)
+                continue
+            self.at = bisect_left(self.items, (key,), self.at)
+            return
+
+    def take_through(self, key: bytes) -> list[Entry]:
+        """The entries from here with a key up to ``key`` (included)."""
+        out: list[Entry] = []
+        bound = (key, math.inf)
+        while self._fill():
+            end = bisect_right(self.items, bound, self.at)
+            out.extend(self.items[self.at : end])
+            self.at = end
+            if end < len(self.items):
+                break
+        return out
+
+    def drain(self) -> None:
+        for _ in self.spans:
+            pass
+
+
+def _lines_of(data: bytes, start: int, end: int) -> list[int]:
+    """The start of every line of ``data[start:end]`` (whole lines)."""
+    find = data.find
+    starts: list[int] = []
+    append = starts.append
+    while start < end:
+        append(start)
+        start = find(b"\n", start, end) + 1
+    return starts
 
 
 class LatestView:
@@ -162,18 +297,22 @@ class LatestView:
         *,
         spill_at: int = SPILL_AT,
         tmpdir: str | os.PathLike[str] | None = None,
+        lookup_share: int = LOOKUP_SHARE,
     ) -> None:
         if spill_at < 1:
             raise ValueError(f"spill_at must be at least 1, got {spill_at}")
         self.store = store
         self.ref = ref
         self.spill_at = spill_at
+        self.lookup_share = lookup_share
         self.tmpdir = None if tmpdir is None else str(Path(tmpdir))
         self.compaction: Compaction | None = None
         self.compaction_parts: list[Part] = []
         self.tail: list[Part] = []
         self.tail_lines = 0
         self.runs = 0  # how many sorted runs the index spilled (for the benchmark)
+        self.looked_up = 0  # tail traces looked up in the compaction by binary search
+        self.scanned_blocks = 0  # compaction blocks whose every line's key was read
         self._keep_compaction = bytearray()
         self._keep_tail = bytearray()
         self.total = 0  # lines the view yields
@@ -196,12 +335,14 @@ class LatestView:
                 f"no data for {self.ref.root} in {self.store.url} (no corpus there: check "
                 f"--org, --project and --source)",
             )
-        runs = _Runs(self.tmpdir)
+        expected = sum(part.records for part in self.tail)
+        runs = max(1, -(-expected // self.spill_at))
+        spilled = _Runs(self.tmpdir, max(256, min(_SLICE, self.spill_at // runs)))
         try:
-            index = await self._index(runs)
-            await self._merge(runs.merged(index))
+            index = await self._index(spilled)
+            await self._merge(spilled, index)
         finally:
-            runs.close()
+            spilled.close()
         self.total = _popcount(self._keep_compaction) + _popcount(self._keep_tail)
         self._opened = True
         return self
@@ -239,19 +380,23 @@ class LatestView:
                     f"later ones (a gap, or history the chain no longer holds)"
                 )
 
-    async def _index(self, runs: _Runs) -> dict[str, int]:
+    async def _index(self, runs: _Runs) -> dict[bytes, int]:
         """Step 2."""
-        index: dict[str, int] = {}
-        get = index.get
+        expected = sum(part.records for part in self.tail)
+        keep = self._keep_tail = _ones(expected)
+        index: dict[bytes, int] = {}
         row = 0
         for part in self.tail:
             first = row
             async for block in object_blocks(self.store, part):
-                for trace_id, revision, deleted in _identities(part, block):
-                    packed = _pack(revision, deleted, row)
-                    if packed > get(trace_id, -1):
-                        index[trace_id] = packed
-                    row += 1
+                try:
+                    row = _index_block(block, row, index, keep)
+                except NotARecordError as exc:
+                    raise ChainError(f"{part.key}: {exc}") from None
+                except IndexError:  # more lines than the commits say
+                    raise ChainError(
+                        f"{part.key}: more records than its commit says ({part.records})"
+                    ) from None
                 if len(index) >= self.spill_at:
                     runs.spill(index)
                     self.runs += 1
@@ -260,56 +405,114 @@ class LatestView:
         self.tail_lines = row
         return index
 
-    async def _merge(self, merged: Iterator[tuple[str, int]]) -> None:
+    async def _merge(self, runs: _Runs, index: dict[bytes, int]) -> None:
         """Step 3 (entries packed: see :func:`_pack`)."""
-        keep_tail = bytearray((self.tail_lines + 7) // 8)
+        keep_tail = self._keep_tail
         records = self.compaction.records if self.compaction is not None else 0
-        keep_compaction = bytearray((records + 7) // 8)
-        shift, flag, mask = _ROW_BITS + 1, 1 << _ROW_BITS, _ROW_MASK
+        self._keep_compaction = _ones(records)
 
-        def keep(packed: int) -> None:
-            if not packed & flag:  # the best line is live: it survives
-                row = mask - (packed & mask)
-                keep_tail[row >> 3] |= 1 << (row & 7)
+        def lose(packed: int) -> None:
+            _clear(keep_tail, _row(packed))
 
-        best = next(merged, None)
+        if not runs.files and not self.compaction_parts:
+            return  # one run, no compaction: step 2 decided every line
+        cursor = _Cursor(runs.spans(index, lose))
         n = 0
-        previous: str | None = None
+        previous: bytes | None = None
         for part in self.compaction_parts:
-            first = n
+            first_row = n
             async for block in object_blocks(self.store, part):
-                for trace_id, revision, deleted in _identities(part, block):
-                    if previous is not None and trace_id <= previous:
-                        raise ChainError(f"{part.key}: compaction not sorted by trace_id")
-                    previous = trace_id
-                    while best is not None and best[0] < trace_id:
-                        keep(best[1])
-                        best = next(merged, None)
-                    survives = not deleted
-                    if best is not None and best[0] == trace_id:
-                        tail_revision = best[1] >> shift
-                        if tail_revision > revision or (
-                            tail_revision == revision and best[1] & flag
-                        ):
-                            survives = False
-                            keep(best[1])
-                        best = next(merged, None)
-                    if survives and n < records:
-                        _set(keep_compaction, n)
-                    n += 1
-            check_count(part, n - first)
-        if best is not None:
-            keep(best[1])
-        for _, packed in merged:  # the tail's traces after the compaction's last
-            if not packed & flag:
-                row = mask - (packed & mask)
-                keep_tail[row >> 3] |= 1 << (row & 7)
+                try:
+                    n, previous = self._compaction_block(block, n, previous, cursor)
+                except NotARecordError as exc:
+                    raise ChainError(f"{part.key}: {exc}") from None
+                except _UnsortedError:
+                    raise ChainError(f"{part.key}: compaction not sorted by trace_id") from None
+                except IndexError:
+                    raise ChainError(
+                        f"{part.key}: more records than the compaction says ({records})"
+                    ) from None
+            check_count(part, n - first_row)
+        cursor.drain()  # the tail's traces after the compaction's last: runs still merge
         if n != records:
             raise ChainError(
                 f"{self.ref.compaction_key(self.compaction.generation if self.compaction else 0)}"
                 f": {n} records, it says {records}"
             )
-        self._keep_compaction, self._keep_tail = keep_compaction, keep_tail
+
+    def _compaction_block(
+        self, block: Block, n: int, previous: bytes | None, cursor: _Cursor
+    ) -> tuple[int, bytes]:
+        """One block of the compaction (step 3): its lines are rows ``n`` on, the last key
+        before it ``previous``; returns the next row and the block's last key."""
+        data, start, end = block
+        keep, keep_tail = self._keep_compaction, self._keep_tail
+        find, endswith = data.find, data.endswith
+        first_stop = find(b"\n", start, end)
+        first, _, _ = line_key(data, start, first_stop)
+        last_start = data.rfind(b"\n", start, end - 1) + 1
+        last = first if last_start <= start else line_key(data, last_start, end - 1)[0]
+        if (previous is not None and first <= previous) or last < first:
+            raise _UnsortedError
+        cursor.skip_below(first)
+        wanted = cursor.take_through(last)
+        if not wanted:  # no tail trace in range: count the lines, drop any tombstone
+            position = start
+            while position < end:
+                stop = find(b"\n", position, end)
+                if endswith(TOMBSTONE_END, position, stop):
+                    _clear(keep, n)
+                n += 1
+                position = stop + 1
+            return n, last
+        starts = _lines_of(data, start, end)
+        count = len(starts)
+        for k, position in enumerate(starts):
+            if endswith(TOMBSTONE_END, position, (starts[k + 1] if k + 1 < count else end) - 1):
+                _clear(keep, n + k)
+
+        def settle(k: int, revision: int, packed: int) -> None:
+            """The compaction's line ``k`` of the block and the tail's best line of its trace."""
+            tail_revision = packed >> _SHIFT
+            if tail_revision > revision or (tail_revision == revision and packed & _FLAG):
+                _clear(keep, n + k)  # the tail has a later revision (or a tombstone of it)
+            else:
+                _clear(keep_tail, _row(packed))  # the compaction's line is as new or newer
+
+        if len(wanted) * self.lookup_share > count:
+            self.scanned_blocks += 1
+            j = 0
+            before = previous
+            for k, position in enumerate(starts):
+                stop = (starts[k + 1] if k + 1 < count else end) - 1
+                key, revision, _ = line_key(data, position, stop)
+                if before is not None and key <= before:
+                    raise _UnsortedError
+                before = key
+                while j < len(wanted) and wanted[j][0] < key:
+                    j += 1
+                if j < len(wanted) and wanted[j][0] == key:
+                    settle(k, revision, wanted[j][1])
+                    j += 1
+        else:
+            self.looked_up += len(wanted)
+            low = 0
+            for key, packed in wanted:
+                high = count
+                while low < high:
+                    middle = (low + high) // 2
+                    position = starts[middle]
+                    stop = (starts[middle + 1] if middle + 1 < count else end) - 1
+                    found, revision, _ = line_key(data, position, stop)
+                    if found < key:
+                        low = middle + 1
+                    elif found > key:
+                        high = middle
+                    else:
+                        settle(middle, revision, packed)
+                        low = middle + 1
+                        break
+        return n + count, last
 
     async def blocks(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Step 4: the surviving lines, as views of what was read (never copied), and how
@@ -317,6 +520,17 @@ class LatestView:
         (its count comes with an empty view after it); in others the runs of surviving
         lines are cut out between line ends. Objects are not hashed again: steps 2 and 3
         verified each of them."""
+        async for data, start, end, count in self._surviving():
+            yield memoryview(data)[start:end], count
+
+    async def ranges(self) -> AsyncIterator[tuple[bytes, int, int]]:
+        """Step 4 as :meth:`blocks`, as ``(data, start, end)``: ``data[start:end]`` is
+        surviving whole lines."""
+        async for data, start, end, _ in self._surviving():
+            if end > start:
+                yield data, start, end
+
+    async def _surviving(self) -> AsyncIterator[tuple[bytes, int, int, int]]:
         if not self._opened:
             await self.open()
         for parts, bits in ((self.compaction_parts, self._keep_compaction),
@@ -325,9 +539,8 @@ class LatestView:
             for part in parts:
                 whole = _all_set(bits, n, part.records)
                 async for data, start, end in object_blocks(self.store, part, verify=False):
-                    view = memoryview(data)
                     if whole:
-                        yield view[start:end], 0
+                        yield data, start, end, 0
                         continue
                     find = data.find
                     run_start, kept = -1, 0
@@ -339,19 +552,56 @@ class LatestView:
                                 run_start = position
                             kept += 1
                         elif run_start >= 0:
-                            yield view[run_start:position], kept
+                            yield data, run_start, position, kept
                             run_start, kept = -1, 0
                         n += 1
                         position = stop
                     if run_start >= 0:
-                        yield view[run_start:end], kept
+                        yield data, run_start, end, kept
                 if whole:
                     n += part.records
-                    yield memoryview(b""), part.records
+                    yield b"", 0, 0, part.records
 
     async def lines(self) -> AsyncIterator[list[bytes]]:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
-        async for view, _ in self.blocks():
-            if view:
-                data = view.tobytes()
-                yield block_lines((data, 0, len(data)))
+        async for block in self.ranges():
+            yield block_lines(block)
+
+
+class _UnsortedError(Exception):
+    """The compaction's keys do not increase."""
+
+
+def _index_block(block: Block, row: int, index: dict[bytes, int], keep: bytearray) -> int:
+    """Step 2 for one block of whole lines, its first line numbered ``row``: each line's
+    key, revision and tombstone flag (:data:`HEAD`, else :func:`line_key`) into the index;
+    a tombstone's bit, and the bit of a line that loses to another of its trace, cleared.
+    Returns the next line's number. The hot loop of an export: kept to a few C calls."""
+    data, start, end = block
+    find, match, endswith, get = data.find, HEAD.match, data.endswith, index.get
+    shift, flag, mask = _SHIFT, _FLAG, _ROW_MASK
+    while start < end:
+        stop = find(b"\n", start, end)
+        head = match(data, start, stop)
+        if head is not None:
+            key = head[1]
+            packed = (int(head[2]) << shift) | (mask - row)
+            if endswith(TOMBSTONE_END, start, stop):
+                packed |= flag
+                keep[row >> 3] &= ~(1 << (row & 7))
+        else:
+            key, revision, deleted = line_key(data, start, stop)
+            packed = _pack(revision, deleted, row)
+            if deleted:
+                keep[row >> 3] &= ~(1 << (row & 7))
+        old = get(key)
+        if old is None:
+            index[key] = packed
+        else:
+            loser = old if packed > old else packed
+            index[key] = packed if packed > old else old
+            lost = mask - (loser & mask)
+            keep[lost >> 3] &= ~(1 << (lost & 7))
+        row += 1
+        start = stop + 1
+    return row

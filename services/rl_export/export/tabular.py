@@ -67,6 +67,7 @@ class CsvEncoder:
 
     def __init__(self, columns: list[Column]) -> None:
         self.columns = columns
+        self.getters = [c.getter() for c in columns]
 
     def _encode(self, rows: list[list[str]]) -> bytes:
         buffer = io.StringIO()
@@ -77,8 +78,8 @@ class CsvEncoder:
         return self._encode([[c.header for c in self.columns]])
 
     def encode(self, records: list[dict[str, Any]]) -> bytes:
-        columns = self.columns
-        return self._encode([[csv_cell(c.value(r)) for c in columns] for r in records])
+        getters, cell = self.getters, csv_cell
+        return self._encode([[cell(get(r)) for get in getters] for r in records])
 
     def end(self) -> bytes:
         return b""
@@ -89,6 +90,7 @@ class JsonEncoder:
 
     def __init__(self, columns: list[Column]) -> None:
         self.columns = columns
+        self.cells = [(c.header, c.getter()) for c in columns]
         self.first = True
 
     def begin(self) -> bytes:
@@ -97,8 +99,8 @@ class JsonEncoder:
     def encode(self, records: list[dict[str, Any]]) -> bytes:
         if not records:
             return b""
-        columns = self.columns
-        body = b",\n".join(dumps({c.header: c.value(r) for c in columns}) for r in records)
+        cells = self.cells
+        body = b",\n".join(dumps({header: get(r) for header, get in cells}) for r in records)
         lead = b"\n" if self.first else b",\n"
         self.first = False
         return lead + body

@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile  # noqa: F401 - named here so readers know what profiles; run as a module
+import hashlib
 import json
 import os
 import pstats
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -167,11 +169,32 @@ _CHILD = (
 )
 
 
-def measure(store: Path, args: list[str], out: Path) -> dict[str, Any]:
-    """Step 2 for one case: a child process, timed; its peak RSS as it reports it."""
-    argv = [sys.executable, "-c", _CHILD, *_export_argv(store, args, out)]
+SINKS = ("null", "file")
+"""Where an export's bytes go: ``null`` is ``-o -`` into /dev/null (what the export itself
+costs), ``file`` is ``-o <path>`` (written beside the corpus and fsynced: this machine's disk
+too)."""
+
+
+def _env(pythonpath: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env
+                                          else "")  # fmt: skip
+    return env
+
+
+def measure(
+    store: Path, args: list[str], out: Path, *, sink: str = "file", pythonpath: str | None = None
+) -> dict[str, Any]:
+    """Step 2 for one case: a child process, timed; its peak RSS as it reports it.
+
+    ``pythonpath`` runs another tree's code (``--baseline``); ``sink`` is one of
+    :data:`SINKS`."""
+    target = Path("-") if sink == "null" else out
+    argv = [sys.executable, "-c", _CHILD, *_export_argv(store, args, target)]
     started = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=_env(pythonpath))  # fmt: skip
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.monotonic() - started
     stderr = proc.stderr.read().decode() if proc.stderr else ""
@@ -182,15 +205,34 @@ def measure(store: Path, args: list[str], out: Path) -> dict[str, Any]:
     peak_kib = int(lines[-1].split(": ")[1])
     note = lines[-2]
     rows = int(note.split()[1])
+    cpu = usage.ru_utime + usage.ru_stime
     return {
         "rows": rows,
         "seconds": elapsed,
         "records_per_s": rows / elapsed,
         "peak_rss_mib": peak_kib / 1024,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "bytes": out.stat().st_size,
+        "cpu_s": cpu,
+        "records_per_cpu_s": rows / cpu if cpu else 0.0,
+        "bytes": int(note.split(", ")[1].split()[0]),
+        "sink": sink,
         "note": note,
     }
+
+
+def digest(store: Path, args: list[str], *, pythonpath: str | None = None) -> dict[str, Any]:
+    """The sha256 and size of an export's bytes (``-o -``, read from the pipe; not timed)."""
+    argv = [sys.executable, "-m", "rl_export.cli", *_export_argv(store, args, Path("-"))]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(pythonpath))  # fmt: skip
+    assert proc.stdout is not None
+    sha, size = hashlib.sha256(), 0
+    while piece := proc.stdout.read(1 << 22):
+        sha.update(piece)
+        size += len(piece)
+    _, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"export failed ({proc.returncode}): {stderr.decode().strip()}")
+    return {"sha256": sha.hexdigest(), "bytes": size}
 
 
 def profile(store: Path, args: list[str], out: Path, where: Path) -> list[dict[str, Any]]:
@@ -281,6 +323,26 @@ def measure_backfill(base: Path, history: int, seed: int) -> dict[str, Any]:
     return result
 
 
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    values = sorted(r[key] for r in runs)
+    return float(statistics.median(values))
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = runs[0]["rows"]
+    seconds, cpu = _median(runs, "seconds"), _median(runs, "cpu_s")
+    return {
+        "rows": rows,
+        "bytes": runs[0]["bytes"],
+        "seconds": seconds,
+        "records_per_s": rows / seconds,
+        "cpu_s": cpu,
+        "records_per_cpu_s": rows / cpu if cpu else 0.0,
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+        "runs": runs,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(args.dir)
     directory = corpus_dir(base, args.records, args.seed, args.partitions)
@@ -289,17 +351,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cases = dict(CASES) | (MORE_CASES if args.all else {})
     if args.only:
         cases = {k: v for k, v in cases.items() if k.split()[0] in args.only}
+    trees: dict[str, str | None] = {"current": None}
+    if args.baseline:
+        trees["baseline"] = str(Path(args.baseline).resolve())
+    sinks = SINKS if args.sink == "both" else (args.sink,)
     results: dict[str, Any] = {}
     out_dir = base / "export-out"
     out_dir.mkdir(parents=True, exist_ok=True)
+    load = [os.getloadavg()[0]]
     for name, case in cases.items():
         out = out_dir / ("out." + case[1])
-        runs = []
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for n in range(args.runs):
-            log(f"{name}: run {n + 1} of {args.runs}")
-            runs.append(measure(store, case, out))
-        best = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
-        result = {**best, "runs": [r["seconds"] for r in runs]}
+            # Interleaved: every tree and sink once per round, the order turning each round,
+            # so a change in the machine's load falls on all of them alike.
+            order = [(tree, sink) for tree in trees for sink in sinks]
+            order = order[n % len(order) :] + order[: n % len(order)]
+            for tree, sink in order:
+                log(f"{name}: round {n + 1} of {args.runs}, {tree} code, to {sink}")
+                runs.setdefault((tree, sink), []).append(
+                    measure(store, case, out, sink=sink, pythonpath=trees[tree])
+                )
+                load.append(os.getloadavg()[0])
+        result: dict[str, Any] = {
+            tree: {sink: _summary(runs[(tree, sink)]) for sink in sinks} for tree in trees
+        }
+        if args.digest:
+            digests = {}
+            for tree, path in trees.items():
+                log(f"{name}: sha256 of the {tree} code's export")
+                digests[tree] = digest(store, case, pythonpath=path)
+            result["digest"] = digests
+            if len({d["sha256"] for d in digests.values()}) > 1:
+                raise RuntimeError(f"{name}: the exports differ: {digests}")
         if args.profile:
             log(f"{name}: profiling")
             result["profile"] = profile(store, case, out, out_dir / "profile.out")
@@ -309,28 +393,69 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "at": datetime.now(UTC).isoformat(),
         "corpus": corpus,
+        "view": asyncio.run(view_shape(store)),
+        "load_average": {"min": min(load), "max": max(load)},
+        "cpus": os.cpu_count(),
         "cases": results,
         "backfill": backfill,
         "targets": {"trajectory_records_per_s": 100_000, "peak_rss_mib": 200},
     }
 
 
+async def view_shape(store_dir: Path) -> dict[str, Any]:
+    """What the export reads: the compaction's and the tail's records and bytes."""
+    from rl_export.export.latest import LatestView
+
+    view = LatestView(LocalStore(store_dir), CorpusRef(ORG, PROJECT, SOURCE))
+    await view._find()
+    compaction = view.compaction
+    return {
+        "compaction_records": compaction.records if compaction else 0,
+        "compaction_bytes": sum(p["bytes"] for p in compaction.parts) if compaction else 0,
+        "tail_objects": len(view.tail),
+        "tail_records": sum(p.records for p in view.tail),
+        "tail_bytes": sum((store_dir / p.key).stat().st_size for p in view.tail),
+    }
+
+
 def print_table(result: dict[str, Any], path: Path) -> None:
-    corpus = result["corpus"]
+    corpus, shape = result["corpus"], result["view"]
     print()
     print(f"export benchmark: {corpus['records']:,} live records ({corpus['traces']:,} traces, "
           f"{corpus['snapshots']:,} snapshots, {corpus['bytes'] / 2**30:.2f} GiB on disk; "
           f"built in {corpus['build_s']:.0f} s)")  # fmt: skip
-    print(f"{'case':28} {'rows':>10} {'seconds':>8} {'records/s':>10} {'peak RSS':>10}")
+    print(f"the view reads a compaction of {shape['compaction_records']:,} records "
+          f"({shape['compaction_bytes'] / 2**30:.2f} GiB) and a tail of "
+          f"{shape['tail_records']:,} lines in {shape['tail_objects']} objects "
+          f"({shape['tail_bytes'] / 2**30:.2f} GiB); load average "
+          f"{result['load_average']['min']:.1f} to {result['load_average']['max']:.1f} "
+          f"on {result['cpus']} CPUs")  # fmt: skip
+    print(f"{'case':28} {'code':9} {'to':5} {'rows':>10} {'wall s':>7} {'records/s':>10} "
+          f"{'CPU s':>6} {'per CPU-s':>10} {'peak RSS':>9}")  # fmt: skip
+    worst = 0.0
     for name, r in result["cases"].items():
-        print(f"{name:28} {r['rows']:>10,} {r['seconds']:>8.1f} {r['records_per_s']:>10,.0f} "
-              f"{r['peak_rss_mib']:>7.0f} MiB")  # fmt: skip
-    trajectory = result["cases"].get("trajectory")
+        for tree in ("current", "baseline"):
+            for sink, m in r.get(tree, {}).items():
+                worst = max(worst, m["peak_rss_mib"])
+                print(
+                    f"{name:28} {tree:9} {sink:5} {m['rows']:>10,} {m['seconds']:>7.1f} "
+                    f"{m['records_per_s']:>10,.0f} {m['cpu_s']:>6.1f} "
+                    f"{m['records_per_cpu_s']:>10,.0f} {m['peak_rss_mib']:>5.0f} MiB"
+                )
+        if "digest" in r:
+            same = len({d["sha256"] for d in r["digest"].values()}) == 1
+            first = next(iter(r["digest"].values()))
+            print(
+                f"{'':28} sha256 {first['sha256'][:16]}… ({first['bytes']:,} bytes)"
+                + (", the same from both trees" if same and len(r["digest"]) > 1 else "")
+            )
+    trajectory = result["cases"].get("trajectory", {}).get("current")
     if trajectory:
-        worst = max(r["peak_rss_mib"] for r in result["cases"].values())
-        print(f"trajectory vs the 100,000 records/s target: "
-              f"{trajectory['records_per_s'] / 100_000:.2f} x; worst peak RSS vs 200 MiB: "
-              f"{worst / 200:.2f} x")  # fmt: skip
+        for sink, m in trajectory.items():
+            print(f"trajectory to {sink} vs the 100,000 records/s target: "
+                  f"{m['records_per_s'] / 100_000:.2f} x wall-clock, "
+                  f"{m['records_per_cpu_s'] / 100_000:.2f} x per CPU-second")  # fmt: skip
+        print(f"worst peak RSS vs 200 MiB: {worst / 200:.2f} x")
     for name, r in result["cases"].items():
         if "profile" in r:
             print(f"where the time goes, {name} (own time, top 5):")
@@ -351,7 +476,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=1, help="runs per case (median reported)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per case (median reported)")
+    parser.add_argument(
+        "--sink",
+        choices=(*SINKS, "both"),
+        default="both",
+        help="null: -o - into /dev/null; file: -o a file (fsynced)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="SERVICES_DIR",
+        help="also run another tree's code (its services/ folder), interleaved",
+    )
+    parser.add_argument(
+        "--digest",
+        action="store_true",
+        help="sha256 of each export (from both trees with --baseline: must match)",
+    )
     parser.add_argument("--all", action="store_true", help="also executions, parquet, preference")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--only", nargs="*", help="only these cases (first word: trajectory ...)")
@@ -364,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         directory = corpus_dir(Path(args.dir), args.records, args.seed, args.partitions)
         asyncio.run(build_corpus(directory, args.records, args.seed, args.partitions))
         return 0
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     result = run(args)
     path = Path(args.dir) / f"export-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     path.write_text(json.dumps(result, indent=2))

@@ -35,3 +35,24 @@ def test_open_store_picks_the_implementation(tmp_path: Path) -> None:
     s3 = open_store("s3://my-bucket/corpora/v1")
     assert isinstance(s3, S3Store)
     assert (s3.bucket, s3.prefix) == ("my-bucket", "corpora/v1/")
+
+
+async def test_local_chunks_read_ahead_and_close_early(tmp_path: Path) -> None:
+    """The next chunk is read while this one is used; a reader that stops early waits for
+    the read in flight and closes the file."""
+    store = LocalStore(tmp_path)
+    data = os.urandom(10_000)
+    await store.put("a/b.jsonl", data)
+    assert b"".join([c async for c in store.chunks("a/b.jsonl", 999)]) == data
+    chunks = store.chunks("a/b.jsonl", 1000)
+    first = await anext(chunks)
+    assert first == data[:1000]
+    await chunks.aclose()  # the second read was in flight
+    assert not _open_files(tmp_path / "a" / "b.jsonl")
+    assert b"".join([c async for c in store.chunks("a/b.jsonl", 10_000)]) == data
+
+
+def _open_files(path: Path) -> list[str]:
+    """This process's file descriptors open on ``path``."""
+    fds = Path("/proc/self/fd")
+    return [fd.name for fd in fds.iterdir() if fd.resolve() == path.resolve()]

@@ -96,6 +96,39 @@ def test_line_identity_refuses_what_is_not_a_record(line: bytes) -> None:
         line_identity(line)
 
 
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"trace_id": "a", "org": "o", "project": "p", "reward_source": None, "revision": 7},
+        {"trace_id": "a", "org": "o", "project": "p", "reward_source": "human", "revision": 7,
+         "deleted": True},
+        {"trace_id": 'we"ird\u2028 {id} [x]', "revision": 12, "messages": []},
+        {"trace_id": "caf\u00e9 \U0001f600", "revision": 3, "messages": []},
+        {"trace_id": "back\\slash", "revision": 3},
+        {"trace_id": "n", "messages": [{"revision": 99}], "revision": 4},
+        {"trace_id": "o", "org": "{o}", "project": "p", "reward_source": None, "revision": 2},
+        {"revision": 5, "trace_id": "order"},
+        {"trace_id": "x", "revision": 1, "content": 'ends "deleted":true}'},
+        {"trace_id": "y" * 600, "revision": 8},
+    ],
+)  # fmt: skip
+def test_line_key_is_the_line_identity_with_the_id_as_utf8(row: dict[str, Any]) -> None:
+    from rl_export.corpora.identity import line_key
+
+    line = b"..." + dumps_line(row)
+    expected = line_identity(dumps_line(row))
+    key, revision, deleted = line_key(line, 3, len(line) - 1)
+    assert (key.decode(), revision, deleted) == expected
+    assert key == row["trace_id"].encode()
+
+
+def test_keys_sort_as_the_ids_do() -> None:
+    from rl_export.corpora.identity import key_of
+
+    ids = ["a", "b", "\u00e9", "\uffff", "\U0001f600", "\ud7ff", "\ue000", "Z", "a\u2028"]
+    assert sorted(ids, key=key_of) == sorted(ids)
+
+
 def test_block_identities_are_the_line_identities() -> None:
     from rl_export.corpora.identity import block_identities
 
