@@ -562,18 +562,7 @@ class Sink:
             if tp.topic != self.topic:
                 continue
             self.parts.pop(tp.partition, None)
-            while tp in consumer.assignment():
-                try:
-                    committed = await consumer.committed(tp)
-                except KafkaError as exc:  # the broker is away: ask again
-                    log.warning("%s-%d: cannot read the committed offset: %r", *tp, exc)
-                    await asyncio.sleep(1.0)
-                    continue
-                if committed is None:
-                    await consumer.seek_to_beginning(tp)
-                else:
-                    consumer.seek(tp, committed)
-                break
+            await _seek_committed(consumer, tp)
 
     async def _handle(
         self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: Any, epoch: int
@@ -597,18 +586,7 @@ class Sink:
         self.metrics.store_errors.inc()
         log.error("%s-%d: store failed, reading the partition again: %s", *tp, exc)
         self.parts.pop(tp.partition, None)
-        while tp in consumer.assignment():
-            try:
-                committed = await consumer.committed(tp)
-            except KafkaError as kafka_down:  # the broker is away too: ask again
-                log.warning("%s-%d: cannot read the committed offset: %r", *tp, kafka_down)
-                await asyncio.sleep(1.0)
-                continue
-            if committed is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, committed)
-            break
+        await _seek_committed(consumer, tp)
         await asyncio.sleep(1.0)
 
     async def _flush_due(self, consumer: AIOKafkaConsumer) -> None:
@@ -652,6 +630,23 @@ class Sink:
             return
         for part, offset in ready.values():
             part.committed = offset
+
+
+async def _seek_committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+    """Move a partition's position back to its group offset (or the beginning), asking
+    again while the broker is away, unless the partition is taken from us meanwhile."""
+    while tp in consumer.assignment():
+        try:
+            committed = await consumer.committed(tp)
+        except KafkaError as exc:
+            log.warning("%s-%d: cannot read the committed offset: %r", *tp, exc)
+            await asyncio.sleep(1.0)
+            continue
+        if committed is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, committed)
+        return
 
 
 def _snapshot_headers(
