@@ -634,7 +634,8 @@ class Sink:
 
 async def _seek_committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
     """Move a partition's position back to its group offset (or the beginning), asking
-    again while the broker is away, unless the partition is taken from us meanwhile."""
+    again while the broker is away, unless the partition is taken from us meanwhile (the
+    sink does not hold off rebalances while it works, so that can happen at any await)."""
     while tp in consumer.assignment():
         try:
             committed = await consumer.committed(tp)
@@ -642,10 +643,13 @@ async def _seek_committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> Non
             log.warning("%s-%d: cannot read the committed offset: %r", *tp, exc)
             await asyncio.sleep(1.0)
             continue
-        if committed is None:
-            await consumer.seek_to_beginning(tp)
-        else:
-            consumer.seek(tp, committed)
+        try:
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        except IllegalStateError:  # revoked while we asked: its next owner starts there
+            log.info("%s-%d: revoked while seeking to its group offset", *tp)
         return
 
 

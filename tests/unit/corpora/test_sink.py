@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import IllegalStateError
 from prometheus_client import CollectorRegistry
 
 from rl_export.common.codec import RawJson, dumps, dumps_line, iter_lines, loads
@@ -42,7 +44,7 @@ from rl_export.corpora.layout import (
     read_shard,
 )
 from rl_export.corpora.shards import verify
-from rl_export.corpora.sink import PartitionSink, SinkConfig
+from rl_export.corpora.sink import PartitionSink, SinkConfig, _seek_committed
 from rl_export.corpora.store import MemoryStore
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from tests.factories import event, raw
@@ -910,3 +912,31 @@ async def test_freshness_is_observed_for_every_committed_record() -> None:
     assert sample(registry, f"{name}_bucket", le="10.0") == 1
     assert sample(registry, f"{name}_bucket", le="60.0") == 3
     assert 7 + 40 + 40 <= sample(registry, f"{name}_sum") < 7 + 40 + 40 + 3 * 60
+
+
+class RevokingConsumer:
+    """Like aiokafka's consumer: seeking a partition that is not assigned is an error. The
+    partition is revoked while its committed offset is asked for (a rebalance at an await)."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.assigned = {tp}
+        self.seeks: list[tuple[TopicPartition, int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    async def committed(self, tp: TopicPartition) -> int:
+        self.assigned.clear()
+        return 7
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        if tp not in self.assigned:
+            raise IllegalStateError(f"No current assignment for partition {tp}")
+        self.seeks.append((tp, offset))
+
+
+async def test_a_partition_revoked_while_seeking_back_is_left_to_its_next_owner() -> None:
+    tp = TopicPartition("trajectories", 3)
+    consumer = RevokingConsumer(tp)
+    await _seek_committed(consumer, tp)  # type: ignore[arg-type]
+    assert consumer.seeks == []
