@@ -7,7 +7,7 @@ are configured, so the server accepts any signed request from loopback.
 
 from __future__ import annotations
 
-import contextlib
+import os
 import shutil
 import sys
 import urllib.error
@@ -42,7 +42,7 @@ class LocalS3(ManagedProcess):
         self.data_dir = data_dir.resolve()
         self.port = port or free_port()
         self.bucket = bucket
-        self._missing = 0  # answers that the bucket does not exist yet
+        self._last = "no answer yet"  # the last readiness probe's, for an error message
 
     @property
     def endpoint_url(self) -> str:
@@ -79,28 +79,26 @@ class LocalS3(ManagedProcess):
             "-master.telemetry=false",
             f"-bucket={self.bucket}",
         ]
-        self._spawn(argv)
-        self._wait_until(self._bucket_ready, timeout_s, f"S3 bucket {self.bucket} served")
+        # Without AWS credentials in its environment: `weed` takes AWS_ACCESS_KEY_ID and
+        # AWS_SECRET_ACCESS_KEY as an S3 identity and then refuses anonymous requests (a test
+        # session that had set the dummy ones for its clients got 403s from a second server).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self._spawn(argv, env=env)
+        try:
+            self._wait_until(self._bucket_ready, timeout_s, f"S3 bucket {self.bucket} served")
+        except LocalStackError as exc:
+            raise LocalStackError(f"{exc}\nlast answer about the bucket: {self._last}") from None
         return self
 
     def _bucket_ready(self) -> bool:
-        """Whether the bucket is served; a bucket still missing once S3 answers is created.
-
-        ``-bucket`` creates it at start, and once in a while (a loaded machine) it did not
-        within a minute although S3 answered: create it ourselves then (the server has no
-        credentials configured, so an unsigned PUT from loopback is allowed).
-        """
         url = f"{self.endpoint_url}/{self.bucket}"
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                self._last = f"HTTP {resp.status}"
                 return bool(resp.status == 200)
         except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                self._missing += 1
-                if self._missing % 25 == 0:  # missing for about 5 s
-                    with contextlib.suppress(urllib.error.URLError, OSError):
-                        create = urllib.request.Request(url, method="PUT")
-                        urllib.request.urlopen(create, timeout=5).close()
+            self._last = f"HTTP {exc.code}: {exc.read()[:160]!r}"
             return False
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError) as exc:
+            self._last = repr(exc)
             return False
