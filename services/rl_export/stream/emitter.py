@@ -243,6 +243,7 @@ class KafkaEmitter:
         producer = self._tasks.get(task)
         if producer is None:
             raise TaskLostError(task)
+        committing = False
         try:
             await producer.begin_transaction()
             sent = await self._send(producer, outbox)
@@ -255,10 +256,22 @@ class KafkaEmitter:
                 raise failure
             # Every record is acknowledged before the commit: a transaction never commits
             # without one of its records (aiokafka would commit past a failed send).
+            committing = True
             await producer.commit_transaction()
         except _FENCED as exc:
             raise TaskLostError(task) from exc
         except Exception as exc:
+            if committing:
+                # The commit's outcome is unknown (the broker went away mid-commit, say): it
+                # may have committed. Processing the batch again would then commit it twice
+                # (its dead letters twice). Let the partition go instead: its next owner's
+                # producer, with the same transactional id, makes the coordinator finish or
+                # abort this transaction before the input offsets are read again.
+                log.warning(
+                    "join partition %d: the transaction's commit failed (%r); its outcome "
+                    "is unknown, so the partition is let go", task, exc,
+                )  # fmt: skip
+                raise TaskLostError(task) from exc
             try:
                 await producer.abort_transaction()
             except Exception as abort_failure:  # a fatal state: the producer is unusable
