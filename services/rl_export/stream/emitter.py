@@ -13,7 +13,8 @@ exactly-once (v1), which fences by transactional id.
    Kafka gives it the next epoch of that transactional id, which fences every earlier
    producer of the task (a paused "zombie" that still thinks it owns the partition) and
    completes or aborts the transaction such a producer left open. Only then does the loop
-   read the committed input offsets and restore the table (:mod:`rl_export.stream.loop`),
+   read the committed input offsets, waiting until they are stable
+   (:mod:`rl_export.stream.offsets`), and restore the table (:mod:`rl_export.stream.loop`),
    so it starts from what the last owner committed, no more and no less.
 2. :meth:`KafkaEmitter.flush` runs one transaction per task per batch: the task's records,
    then its input offsets (``send_offsets_to_transaction``), then the commit. A

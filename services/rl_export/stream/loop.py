@@ -53,6 +53,7 @@ from rl_export.common.metrics import Metrics
 from rl_export.common.retrying import start_when_reachable, stop_quietly
 from rl_export.common.settings import Settings
 from rl_export.stream.emitter import FlushError, KafkaEmitter
+from rl_export.stream.offsets import stable_committed
 from rl_export.stream.processor import InMessage, JoinProcessor, expiry_mark_of
 from rl_export.stream.statestore import ChangelogTable, PartitionStore, StoreLockedError, restore
 
@@ -253,18 +254,23 @@ class JoinWorker:
         The records may come from before the rebalance or from the positions it reset;
         either way the consumer's position is now past them, and dropping them unseen would
         let the next commit skip them. Each partition we still own goes back to the first
-        record of the batch, or to its committed offset if that is earlier. Partitions just
+        record of the batch, or to its committed offset if that is earlier (read stable: the
+        last batch's transaction may not be applied yet, :mod:`rl_export.stream.offsets`;
+        a stale offset would process that batch again). Partitions just
         ``taken`` over are already at the offsets their last owner committed.
         """
-        for tp, records in fetched.items():
-            if not records or tp not in consumer.assignment() or tp.partition in taken:
-                continue
-            start = records[0].offset
-            try:
-                committed = await consumer.committed(tp)
-            except KafkaError:
-                committed = None
-            consumer.seek(tp, start if committed is None else min(start, committed))
+        starts = {
+            tp: records[0].offset
+            for tp, records in fetched.items()
+            if records and tp in consumer.assignment() and tp.partition not in taken
+        }
+        try:
+            committed = await stable_committed(consumer, self.settings.app_id, starts)
+        except KafkaError:
+            committed = {}
+        for tp, start in starts.items():
+            offset = committed.get(tp)
+            consumer.seek(tp, start if offset is None else min(start, offset))
 
     async def _restore(self, consumer: AIOKafkaConsumer) -> set[int]:
         """Take over newly assigned partitions; return those taken over now.
@@ -277,7 +283,9 @@ class JoinWorker:
            revocation, which the sibling's progress may need (two siblings each waiting
            for a store the other holds, while the group waits for both).
         3. Restore the opened stores from the changelog (read committed), and seek their
-           input partitions to the committed offsets, read after step 1.
+           input partitions to the committed offsets, read after step 1 and stable (the
+           transaction the fencing completed may not be applied yet at the group
+           coordinator: :mod:`rl_export.stream.offsets`).
         """
         partitions = sorted(self.to_restore)
         try:
@@ -320,9 +328,10 @@ class JoinWorker:
     async def _seek_committed(self, consumer: AIOKafkaConsumer, partitions: set[int]) -> None:
         """Start the partitions' input at the committed offsets (the earliest if none)."""
         tps = [tp for tp in consumer.assignment() if tp.partition in partitions]
-        committed = await asyncio.gather(*(consumer.committed(tp) for tp in tps))
+        committed = await stable_committed(consumer, self.settings.app_id, tps)
         fresh = []
-        for tp, offset in zip(tps, committed, strict=True):
+        for tp in tps:
+            offset = committed.get(tp)
             if offset is None:
                 fresh.append(tp)
             else:
