@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rl_export.common.codec import dumps_lines
@@ -77,9 +79,44 @@ def test_differing_partition_counts_are_one_line(settings: Settings, tmp_path: P
 
 
 def test_a_worker_with_an_unreachable_broker_is_one_line(settings: Settings) -> None:
-    env = settings_env(settings, RL_EXPORT_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}")
+    dead = f"127.0.0.1:{free_port()}"
+    env = settings_env(settings, RL_EXPORT_KAFKA_BOOTSTRAP=dead, RL_EXPORT_KAFKA_WAIT_S="0")
     result = run_cli("worker", env=env)
     assert_one_line_error(result, "RL_EXPORT_KAFKA_BOOTSTRAP", "no Kafka broker answered")
+
+
+def test_a_worker_waits_for_its_broker_then_says_why_it_gave_up(settings: Settings) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    env = settings_env(settings, RL_EXPORT_KAFKA_BOOTSTRAP=dead, RL_EXPORT_KAFKA_WAIT_S="3")
+    started = time.monotonic()
+    result = run_cli("worker", env=env)
+    assert time.monotonic() - started >= 3
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "waiting for it" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "RL_EXPORT_KAFKA_BOOTSTRAP" in last
+    assert "no Kafka broker answered" in last
+
+
+def test_a_worker_waiting_for_its_broker_stops_on_sigterm(settings: Settings) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    env = settings_env(settings, RL_EXPORT_KAFKA_BOOTSTRAP=dead, RL_EXPORT_KAFKA_WAIT_S="60")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "rl_export.cli", "worker"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        assert worker.poll() is None  # still waiting
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=15)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, stderr
+    assert "Traceback" not in stderr
 
 
 def test_replay_then_verify_then_cat(tmp_path: Path) -> None:

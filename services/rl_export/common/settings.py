@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     session_timeout_s: float = Field(
         10.0, ge=1, description="How soon the group notices a dead worker and rebalances."
     )
+    kafka_wait_s: float = Field(
+        60.0, ge=0, description="How long a starting worker waits for its broker to answer."
+    )
 
     # Events and the join
     max_event_bytes: int = Field(MIB, ge=1024, description="Larger events are dead-lettered.")

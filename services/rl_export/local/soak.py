@@ -308,7 +308,8 @@ class Soak:
             self.say(f"SIGCONT worker {slot.index}")
 
     async def _kill(self, fault: Fault) -> None:
-        slot = await self._target(fault.target)
+        # A join process is started once the worker is ready: wait for one that is.
+        slot = await self._target(fault.target, ready=fault.kind == "kill_join")
         if slot is None or slot.worker is None or slot.worker.proc is None:
             self.fault(f"{fault.kind} skipped: no worker running")
             return

@@ -1,8 +1,10 @@
 """Create the service's topics and check that they are co-partitioned.
 
 The join relies on one trace's events meeting in one partition: the input topics, the
-``trajectories`` topic and the table's changelog must all have the same partition count and
-use Kafka's default (murmur2) partitioner. A worker refuses to start otherwise.
+``trajectories`` topic and the table's changelog must all have the same partition count
+(and their producers one consistent partitioner, :mod:`rl_export.common.partitioning`). A
+worker refuses to start otherwise. A worker started before its broker waits for it
+(``RL_EXPORT_KAFKA_WAIT_S``); the command line's one-off commands do not.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +23,9 @@ from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchErr
 from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
+_WAIT_RETRY_S = 1.0
+
+log = logging.getLogger(__name__)
 _HEADERS_ROOM = 64 * 1024
 
 
@@ -78,20 +84,31 @@ def _quiet_aiokafka() -> Iterator[None]:
         log.setLevel(level)
 
 
-async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
-    try:
-        with _quiet_aiokafka():
-            await asyncio.wait_for(admin.start(), timeout_s)
-    except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
-        await admin.close()
-        why = f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
-        raise BrokerUnavailableError(
-            f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
-        ) from None
-    return admin
+async def _admin(bootstrap: str, timeout_s: float, wait_s: float = 0.0) -> AIOKafkaAdminClient:
+    """A started admin client; a broker that does not answer is asked again for ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    said = float("-inf")  # when we last said we are waiting (every 10 s, not every try)
+    while True:
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
+        )
+        try:
+            with _quiet_aiokafka():
+                await asyncio.wait_for(admin.start(), timeout_s)
+            return admin
+        except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
+            await admin.close()
+            why = (
+                f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
+            )
+            problem = f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BrokerUnavailableError(problem) from None
+            if time.monotonic() - said >= 10:
+                log.warning("%s; waiting for it (%.0fs more at most)", problem, left)
+                said = time.monotonic()
+            await asyncio.sleep(min(_WAIT_RETRY_S, left))
 
 
 async def partition_counts(
@@ -132,18 +149,28 @@ async def ensure_topics(
     *,
     replication_factor: int = 1,
     timeout_s: float = CONNECT_TIMEOUT_S,
+    wait_s: float = 0.0,
 ) -> dict[str, int]:
-    """Create missing topics, then check every topic's partition count; return the counts."""
-    admin = await _admin(bootstrap, timeout_s)
-    try:
-        return await _ensure(admin, specs, replication_factor)
-    except (KafkaError, OSError) as exc:
-        raise BrokerUnavailableError(
-            f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the topics "
-            f"were checked ({type(exc).__name__}: {exc})"
-        ) from None
-    finally:
-        await admin.close()
+    """Create missing topics, then check every topic's partition count; return the counts.
+
+    A broker that does not answer, or goes away during the check, is waited for ``wait_s``.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        admin = await _admin(bootstrap, timeout_s, max(0.0, deadline - time.monotonic()))
+        try:
+            return await _ensure(admin, specs, replication_factor)
+        except (KafkaError, OSError) as exc:
+            problem = (
+                f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the "
+                f"topics were checked ({type(exc).__name__}: {exc})"
+            )
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailableError(problem) from None
+            log.warning("%s; trying again", problem)
+        finally:
+            await admin.close()
+        await asyncio.sleep(_WAIT_RETRY_S)
 
 
 async def _ensure(
@@ -173,10 +200,12 @@ async def _ensure(
     return counts
 
 
-async def ensure_service_topics(settings: Settings) -> dict[str, int]:
-    """Create and check every topic the service uses, as configured."""
+async def ensure_service_topics(settings: Settings, wait_s: float = 0.0) -> dict[str, int]:
+    """Create and check every topic the service uses, as configured; wait ``wait_s`` for
+    a broker that does not answer yet."""
     return await ensure_topics(
         settings.kafka_bootstrap,
         topic_specs(settings),
         replication_factor=settings.replication_factor,
+        wait_s=wait_s,
     )

@@ -110,9 +110,18 @@ def run_worker(settings: Settings) -> int:
     configure_logging(settings)
 
     async def main() -> None:
-        await ensure_service_topics(settings)  # refuses when a partition count differs
         stop = asyncio.Event()
         stop_on_signals(stop)
+        # Refuses when a partition count differs; waits for a broker that is still starting.
+        check = asyncio.ensure_future(ensure_service_topics(settings, settings.kafka_wait_s))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not check.done():  # SIGTERM while waiting for the broker
+            check.cancel()
+            log.info("worker stopped before the broker answered")
+            return
+        check.result()
         tune_gc()
         log.info("worker starting: join group %s in %d processes (0: in this one), sink group "
                  "%s, store %s", settings.app_id, settings.join_processes, settings.sink_group,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rl_export.common.codec import dumps_lines
 from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError
 from rl_export.common.net import free_port
 from rl_export.common.settings import Settings
+from rl_export.local.faults import CuttableProxy
 from rl_export.local.synthetic import generate
 from rl_export.stream.produce import produce_lines, read_lines
 from rl_export.stream.topics import (
@@ -89,3 +91,25 @@ async def test_produced_events_round_trip_and_meet_in_one_partition(
 async def test_an_unreachable_broker_is_reported_by_setting() -> None:
     with pytest.raises(BrokerUnavailableError, match=r"RL_EXPORT_KAFKA_BOOTSTRAP=127\.0\.0\.1:"):
         await partition_counts(f"127.0.0.1:{free_port()}", ["x"], timeout_s=3)
+
+
+async def test_a_broker_that_answers_late_is_waited_for_when_asked(settings: Settings) -> None:
+    """A worker started before its broker (``RL_EXPORT_KAFKA_WAIT_S``) waits; the command
+    line's one-off commands (no wait) fail at once, with the setting's name."""
+    host, port = settings.kafka_bootstrap.rsplit(":", 1)
+    proxy = await CuttableProxy(host, int(port)).start()
+    late = f"127.0.0.1:{proxy.port}"
+    spec = [TopicSpec(settings.topic_traces, 2, {})]
+    try:
+        proxy.cut()  # every connection is reset, as by a broker not listening yet
+        with pytest.raises(BrokerUnavailableError, match="RL_EXPORT_KAFKA_BOOTSTRAP"):
+            await ensure_topics(late, spec, timeout_s=3)
+        waiting = asyncio.create_task(ensure_topics(late, spec, timeout_s=3, wait_s=60))
+        await asyncio.sleep(2.5)
+        assert not waiting.done()
+        refused = proxy.refused
+        assert refused >= 2  # asked again while waiting
+        proxy.restore()
+        assert await asyncio.wait_for(waiting, 30) == {settings.topic_traces: 2}
+    finally:
+        await proxy.stop()
