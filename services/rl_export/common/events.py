@@ -404,23 +404,42 @@ def decode_event(
     if problem is not None:
         return problem
     event_type: str = getattr(event, "event_type")  # noqa: B009 - every union member has it
+    rejection = placement_rejection(
+        event_type, event.trace_id, event.occurred_at,
+        family=family, key=key, now=now, future_tolerance_s=future_tolerance_s,
+    )  # fmt: skip
+    return event if rejection is None else rejection
+
+
+def placement_rejection(
+    event_type: str,
+    trace_id: str,
+    occurred_at: datetime,
+    *,
+    family: EventFamily | None,
+    key: bytes | None,
+    now: datetime,
+    future_tolerance_s: float,
+) -> EventRejection | None:
+    """The checks after the schema, on a valid event: the topic it came from, its Kafka
+    key, its clock. Shared by :func:`decode_event` and the join's fast path."""
     if family is not None and FAMILY_OF_TYPE[event_type] is not family:
         return EventRejection(
             RejectReason.WRONG_TOPIC, f"{event_type} does not belong on the {family} topic"
         )
-    if key is not None and key != event.trace_id.encode():
+    if key is not None and key != trace_id.encode():
         return EventRejection(
             RejectReason.KEY_MISMATCH,
-            f"Kafka key {key[:80]!r} is not the trace_id {event.trace_id[:80]!r}",
+            f"Kafka key {key[:80]!r} is not the trace_id {trace_id[:80]!r}",
         )
-    ahead = (event.occurred_at - now).total_seconds()
+    ahead = (occurred_at - now).total_seconds()
     if ahead > future_tolerance_s:
         return EventRejection(
             RejectReason.FUTURE,
-            f"occurred_at {format_utc(event.occurred_at)} is {ahead:.0f}s ahead of the "
+            f"occurred_at {format_utc(occurred_at)} is {ahead:.0f}s ahead of the "
             f"worker's clock (tolerance {future_tolerance_s:.0f}s)",
         )
-    return event
+    return None
 
 
 def redecode(raw: bytes) -> BaseEvent | EventRejection:

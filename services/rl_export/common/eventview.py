@@ -30,7 +30,6 @@ import msgspec
 import orjson
 
 from rl_export.common.events import (
-    FAMILY_OF_TYPE,
     BaseEvent,
     EvaluationFinished,
     EventFamily,
@@ -41,10 +40,10 @@ from rl_export.common.events import (
     RejectReason,
     TraceCompleted,
     decode_event,
-    format_utc,
     long_digit_run,
     micros,
     parse_rfc3339,
+    placement_rejection,
 )
 
 
@@ -374,23 +373,11 @@ def read_event(
             family=family,
         )  # fmt: skip
         return decoded if isinstance(decoded, EventRejection) else view_of(decoded)
-    if family is not None and FAMILY_OF_TYPE[view.event_type] is not family:
-        return EventRejection(
-            RejectReason.WRONG_TOPIC, f"{view.event_type} does not belong on the {family} topic"
-        )
-    if key is not None and key != view.trace_id.encode():
-        return EventRejection(
-            RejectReason.KEY_MISMATCH,
-            f"Kafka key {key[:80]!r} is not the trace_id {view.trace_id[:80]!r}",
-        )
-    ahead = (occurred - now).total_seconds()
-    if ahead > future_tolerance_s:
-        return EventRejection(
-            RejectReason.FUTURE,
-            f"occurred_at {format_utc(occurred)} is {ahead:.0f}s ahead of the worker's clock "
-            f"(tolerance {future_tolerance_s:.0f}s)",
-        )
-    return view
+    rejection = placement_rejection(
+        view.event_type, view.trace_id, occurred,
+        family=family, key=key, now=now, future_tolerance_s=future_tolerance_s,
+    )  # fmt: skip
+    return view if rejection is None else rejection
 
 
 def reread_event(raw: bytes) -> EventView | EventRejection:
