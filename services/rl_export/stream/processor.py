@@ -23,17 +23,9 @@ from rl_export.common.metrics import Metrics
 from rl_export.common.partitioning import partition_function
 from rl_export.common.records import Headers
 from rl_export.common.settings import Settings
-from rl_export.stream.join import (
-    JoinConfig,
-    TraceState,
-    dump_state_parts,
-    encode_current,
-    expired,
-    expiry_since,
-    load_state,
-    merge,
-)
+from rl_export.stream.join import JoinConfig, TraceState, encode_current, expired, merge
 from rl_export.stream.routing import MisrouteLog
+from rl_export.stream.state import dump_state_parts, expiry_since, load_state
 
 log = logging.getLogger(__name__)
 

@@ -40,13 +40,11 @@ from rl_export.stream.join import (
     RawEvent,
     TraceState,
     current_snapshot,
-    dump_state,
     encode_current,
     expired,
-    expiry_since,
-    load_state,
     merge,
 )
+from rl_export.stream.state import dump_state, expiry_since, load_state
 from tests.factories import event, raw
 
 NOW_DT = datetime(2026, 6, 1, tzinfo=UTC)

@@ -21,7 +21,7 @@ from rl_export.common.metrics import Metrics
 from rl_export.common.partitioning import partition_for
 from rl_export.common.records import Headers, decode_snapshot
 from rl_export.common.settings import Settings
-from rl_export.stream.join import TraceState, load_state
+from rl_export.stream.join import TraceState
 from rl_export.stream.processor import (
     BatchResult,
     InMessage,
@@ -31,6 +31,7 @@ from rl_export.stream.processor import (
     dead_letter_headers,
     expiry_mark_of,
 )
+from rl_export.stream.state import load_state
 from tests.factories import RUBRIC, event
 
 PARTITIONS = 4
