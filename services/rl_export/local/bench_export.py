@@ -30,25 +30,22 @@ import hashlib
 import json
 import os
 import pstats
-import random
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rl_export.common.codec import dumps
 from rl_export.common.settings import load_settings
 from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
-from rl_export.local.synthetic import scored_trace_events
+from rl_export.local.synthetic import scored_event_lines, traces_for
 
 ORG, PROJECT, SOURCE = "acme", "support-bot", "evaluator"
 CHUNK = 50_000
@@ -66,27 +63,6 @@ def log(message: str) -> None:
 
 def corpus_dir(base: Path, records: int, seed: int, partitions: int) -> Path:
     return base / f"export-corpus-r{records}-s{seed}-p{partitions}-v{VERSION}"
-
-
-def _events(first: int, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
-    """The event lines of traces ``first`` .. ``first + count - 1`` (trace i deleted iff
-    i % 100 == 99)."""
-    rng = random.Random(seed * 1_000_003 + first)
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    for index in range(first, first + count):
-        at = start + timedelta(seconds=index)
-        for event in scored_trace_events(rng, index, at, deleted=index % 100 == 99):
-            yield f"trace {index}", dumps(event)
-
-
-def traces_for(records: int) -> int:
-    """How many traces give ``records`` live ones when one in a hundred is deleted."""
-    n = records + records // 99
-    while n - n // 100 < records:
-        n += 1
-    while n - 1 - (n - 1) // 100 >= records:
-        n -= 1
-    return n
 
 
 async def build_corpus(directory: Path, records: int, seed: int, partitions: int) -> dict[str, Any]:
@@ -110,7 +86,9 @@ async def build_corpus(directory: Path, records: int, seed: int, partitions: int
     lines = snapshots = 0
     for n, first in enumerate(range(0, traces, CHUNK)):
         count = min(CHUNK, traces - first)
-        report = await replay(settings, store, _events(first, count, seed), run_id=f"c{n:03d}")
+        report = await replay(
+            settings, store, scored_event_lines(first, count, seed), run_id=f"c{n:03d}"
+        )
         lines += report.lines
         snapshots += report.snapshots
         if sum(report.invalid.values()):
@@ -269,7 +247,7 @@ async def build_history(directory: Path, traces: int, seed: int) -> dict[str, An
     )
     started = time.monotonic()
     report = await replay(settings, LocalStore(directory / "store"),
-                          _events(0, traces, seed), run_id="history")  # fmt: skip
+                          scored_event_lines(0, traces, seed), run_id="history")  # fmt: skip
     info = {"traces": traces, "events": report.lines, "snapshots": report.snapshots,
             "build_s": time.monotonic() - started}  # fmt: skip
     done.write_text(json.dumps(info, indent=2))

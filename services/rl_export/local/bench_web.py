@@ -33,7 +33,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,10 +48,9 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
-from rl_export.local.bench_export import traces_for
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
-from rl_export.local.synthetic import scored_trace_events
+from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
 
@@ -71,17 +69,6 @@ def corpus_dir(base: Path, records: int, seed: int, partitions: int) -> Path:
     return base / f"web-corpus-r{records}-s{seed}-p{partitions}-v{VERSION}"
 
 
-def _events(first: int, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
-    """The event lines of traces ``first`` .. ``first + count - 1`` (trace i deleted iff
-    i % 100 == 99)."""
-    rng = random.Random(seed * 1_000_003 + first)
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    for index in range(first, first + count):
-        at = start + timedelta(seconds=index)
-        for event in scored_trace_events(rng, index, at, deleted=index % 100 == 99):
-            yield f"trace {index}", dumps(event)
-
-
 def _specs() -> tuple[CorpusSpec, ...]:
     return (
         CorpusSpec(name="traces", source=None),
@@ -97,7 +84,9 @@ def _replay_chunk(store_dir: str, partitions: int, chunk: tuple[int, int, int],
     os.nice(10)  # the machine is shared: the benchmark's build is the least urgent work
     settings = load_settings(partitions=partitions, shard_max_records=10_000, corpora=_specs())
     store = LocalStore(Path(store_dir))
-    report = asyncio.run(replay(settings, store, _events(first, count, seed), run_id=f"c{n:03d}"))
+    report = asyncio.run(
+        replay(settings, store, scored_event_lines(first, count, seed), run_id=f"c{n:03d}")
+    )
     if sum(report.invalid.values()):
         raise RuntimeError(f"the bench's events were rejected: {report.examples[:3]}")
     return {"lines": report.lines, "snapshots": report.snapshots}

@@ -13,10 +13,12 @@ one (three org/projects, 0.7 KiB events, label-heavy: about 5 events per trace).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rl_export.common.codec import dumps
 from rl_export.common.events import format_utc
 
 SCENARIOS = [
@@ -273,3 +275,24 @@ def scored_trace_events(
         at += timedelta(seconds=5)
         events.append(_base(rng, "trace.deleted", trace, at, 0))
     return events
+
+
+def scored_event_lines(first: int, count: int, seed: int) -> Iterator[tuple[str, bytes]]:
+    """The event lines of the benches' scored traces ``first`` .. ``first + count - 1``, as
+    ``replay`` takes them (where, line); trace ``i`` is deleted iff ``i % 100 == 99``."""
+    rng = random.Random(seed * 1_000_003 + first)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for index in range(first, first + count):
+        at = start + timedelta(seconds=index)
+        for event in scored_trace_events(rng, index, at, deleted=index % 100 == 99):
+            yield f"trace {index}", dumps(event)
+
+
+def traces_for(records: int) -> int:
+    """How many scored traces give ``records`` live ones when one in a hundred is deleted."""
+    n = records + records // 99
+    while n - n // 100 < records:
+        n += 1
+    while n - 1 - (n - 1) // 100 >= records:
+        n -= 1
+    return n
