@@ -59,6 +59,11 @@ from rl_export.stream.statestore import ChangelogTable, PartitionStore, StoreLoc
 
 log = logging.getLogger(__name__)
 
+_BACKLOG_RECORDS = 64
+"""A poll that brings this many records or more means a backlog: top the batch up (_fetch)."""
+_TOP_UP_MS = 10
+"""How long a topped-up batch waits for the next fetch response."""
+
 
 class JoinWorker:
     """The join stage: a consumer group over the three input topics, the table, the emitter.
@@ -175,12 +180,35 @@ class JoinWorker:
             self._locked.pop(partition, None)
         await self.emitter.close_tasks(partitions)
 
+    async def _fetch(self, consumer: AIOKafkaConsumer) -> dict[Any, list[Any]]:
+        """A batch: up to ``join_batch_size`` events, topped up while a backlog lasts.
+
+        One fetch response holds at most ``max_partition_fetch_bytes`` per partition (a few
+        hundred events), and every partition's batch is one transaction: on a backlog, a
+        batch of one response would pay a transaction per few hundred events. So while the
+        last poll brought a backlog's worth (``_BACKLOG_RECORDS`` or more), the batch takes
+        what the next responses bring, until it is full, the window has passed, or none comes
+        within ``_TOP_UP_MS``. Live traffic (a few records a poll) is processed at once.
+        """
+        size = self.settings.join_batch_size
+        window_s = self.settings.join_batch_window_s
+        fetched: dict[Any, list[Any]] = await consumer.getmany(
+            timeout_ms=int(window_s * 1000), max_records=size
+        )
+        count = last = sum(len(records) for records in fetched.values())
+        deadline = time.monotonic() + window_s
+        while last >= _BACKLOG_RECORDS and count < size and time.monotonic() < deadline:
+            more = await consumer.getmany(timeout_ms=_TOP_UP_MS, max_records=size - count)
+            last = 0
+            for tp, records in more.items():
+                fetched[tp] = [*fetched.get(tp, ()), *records]
+                last += len(records)
+            count += last
+        return fetched
+
     async def _step(self, consumer: AIOKafkaConsumer) -> None:
         epoch = self.epoch
-        fetched = await consumer.getmany(
-            timeout_ms=int(self.settings.join_batch_window_s * 1000),
-            max_records=self.settings.join_batch_size,
-        )
+        fetched = await self._fetch(consumer)
         async with self.lock:
             taken: set[int] = set()
             if self.to_restore:

@@ -1,0 +1,76 @@
+"""The join loop's batches: topped up from several fetch responses while a backlog lasts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from rl_export.common.metrics import Metrics
+from rl_export.common.settings import Settings
+from rl_export.stream.loop import _BACKLOG_RECORDS, JoinWorker
+
+A, B = TopicPartition("traces", 0), TopicPartition("labels", 0)
+
+
+@dataclass
+class Rec:
+    offset: int
+
+
+def poll(tp: TopicPartition, first: int, count: int) -> dict[TopicPartition, list[Rec]]:
+    return {tp: [Rec(first + i) for i in range(count)]}
+
+
+class FakeConsumer:
+    """Answers each getmany with the next of ``polls`` (then nothing); records the asks."""
+
+    def __init__(self, polls: list[dict[TopicPartition, list[Rec]]]) -> None:
+        self.polls = polls
+        self.asked: list[tuple[int, int]] = []  # (timeout_ms, max_records)
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> Any:
+        self.asked.append((timeout_ms, max_records))
+        return self.polls.pop(0) if self.polls else {}
+
+
+def worker(batch_size: int = 500) -> JoinWorker:
+    settings = Settings(state_store="memory://", join_batch_size=batch_size)
+    return JoinWorker(settings, Metrics(CollectorRegistry()))
+
+
+def offsets(fetched: dict[TopicPartition, list[Rec]]) -> dict[TopicPartition, list[int]]:
+    return {tp: [r.offset for r in records] for tp, records in fetched.items()}
+
+
+async def test_a_backlog_fills_the_batch_from_several_responses_in_order() -> None:
+    consumer = FakeConsumer([poll(A, 0, 200), poll(B, 0, 200), poll(A, 200, 200)])
+    fetched = await worker(batch_size=500)._fetch(consumer)  # type: ignore[arg-type]
+    assert offsets(fetched) == {A: list(range(400)), B: list(range(200))}
+    # Each top-up asks for what the batch still has room for, and waits briefly.
+    assert [ask[1] for ask in consumer.asked] == [500, 300, 100]
+    assert all(ask[0] < 100 for ask in consumer.asked[1:])
+
+
+async def test_live_traffic_is_processed_at_once() -> None:
+    consumer = FakeConsumer([poll(A, 0, _BACKLOG_RECORDS - 1), poll(A, 63, 5)])
+    fetched = await worker()._fetch(consumer)  # type: ignore[arg-type]
+    assert offsets(fetched) == {A: list(range(_BACKLOG_RECORDS - 1))}
+    assert len(consumer.asked) == 1
+
+
+async def test_the_top_up_ends_when_the_backlog_does() -> None:
+    consumer = FakeConsumer([poll(A, 0, 100), poll(A, 100, 10), poll(A, 110, 100)])
+    fetched = await worker()._fetch(consumer)  # type: ignore[arg-type]
+    assert offsets(fetched) == {A: list(range(110))}  # the small response ended it
+    consumer = FakeConsumer([poll(A, 0, 100)])
+    assert offsets(await worker()._fetch(consumer)) == {A: list(range(100))}  # type: ignore[arg-type]
+    assert len(consumer.asked) == 2  # one empty top-up
+
+
+async def test_nothing_fetched_is_an_empty_batch() -> None:
+    consumer = FakeConsumer([])
+    assert await worker()._fetch(consumer) == {}  # type: ignore[arg-type]
+    assert len(consumer.asked) == 1
