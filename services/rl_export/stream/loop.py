@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 _BACKLOG_RECORDS = 64
 """A poll that brings this many records or more means a backlog: top the batch up (_fetch)."""
+_TOP_UP_BYTES = 2 * 1024 * 1024
+"""A topped-up batch stops growing at this many bytes of events: what a batch holds in memory
+(its states, snapshots and changelog records) grows with it."""
 _TOP_UP_MS = 10
 """How long a topped-up batch waits for the next fetch response."""
 
@@ -196,13 +199,18 @@ class JoinWorker:
             timeout_ms=int(window_s * 1000), max_records=size
         )
         count = last = sum(len(records) for records in fetched.values())
+        if last < _BACKLOG_RECORDS:
+            return fetched
+        held = sum(len(r.value or b"") for records in fetched.values() for r in records)
         deadline = time.monotonic() + window_s
-        while last >= _BACKLOG_RECORDS and count < size and time.monotonic() < deadline:
+        while (last >= _BACKLOG_RECORDS and count < size and held < _TOP_UP_BYTES
+               and time.monotonic() < deadline):  # fmt: skip
             more = await consumer.getmany(timeout_ms=_TOP_UP_MS, max_records=size - count)
             last = 0
             for tp, records in more.items():
                 fetched[tp] = [*fetched.get(tp, ()), *records]
                 last += len(records)
+                held += sum(len(r.value or b"") for r in records)
             count += last
         return fetched
 

@@ -18,6 +18,7 @@ A, B = TopicPartition("traces", 0), TopicPartition("labels", 0)
 @dataclass
 class Rec:
     offset: int
+    value: bytes = b"x" * 100
 
 
 def poll(tp: TopicPartition, first: int, count: int) -> dict[TopicPartition, list[Rec]]:
@@ -74,3 +75,12 @@ async def test_nothing_fetched_is_an_empty_batch() -> None:
     consumer = FakeConsumer([])
     assert await worker()._fetch(consumer) == {}  # type: ignore[arg-type]
     assert len(consumer.asked) == 1
+
+
+async def test_the_top_up_stops_at_its_byte_bound() -> None:
+    big = 600 * 1024 // 200  # 200 records of this many bytes make 600 KiB a poll
+    polls = [{A: [Rec(200 * n + i, b"x" * big) for i in range(200)]} for n in range(10)]
+    consumer = FakeConsumer(polls)
+    fetched = await worker(batch_size=5000)._fetch(consumer)  # type: ignore[arg-type]
+    assert len(fetched[A]) == 800  # 4 polls reach 2 MiB; the 5th is never asked for
+    assert len(consumer.asked) == 4
