@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         "fetching) are shared by a batch, at most one batch's work is redone after a crash.",
     )
     join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
+    join_batch_bytes: int = Field(
+        2 * MIB,
+        ge=0,
+        description="On a backlog, a batch is topped up from further fetch responses until it "
+        "holds this many bytes of events (fewer transactions; more memory); 0: one response.",
+    )
     expiry_scan_interval_s: float = Field(3600.0, gt=0)
     join_processes: int = Field(
         2,

@@ -5,9 +5,10 @@ each one member of the join's consumer group. How an event travels (the steps ma
 :meth:`JoinWorker._step` and :meth:`rl_export.stream.processor.JoinProcessor.process`):
 
 1. :class:`JoinWorker`'s consumer (group ``app_id``, manual commits) takes a batch of
-   events (up to ``join_batch_size``, waiting at most ``join_batch_window_s``) from the three
-   input topics, which are co-partitioned by ``trace_id``, so one trace's events always
-   reach the same member.
+   events (up to ``join_batch_size``, waiting at most ``join_batch_window_s``; on a backlog,
+   topped up from several fetch responses to ``join_batch_bytes``: :meth:`JoinWorker._fetch`)
+   from the three input topics, which are co-partitioned by ``trace_id``, so one trace's
+   events always reach the same member.
 2. Each event is decoded from its bytes and checked (size, JSON, schema, topic, key,
    partition, clock). One that fails goes to the dead-letter topic with its original
    bytes, its source topic, partition and offset, and the reason in the headers.
@@ -61,9 +62,6 @@ log = logging.getLogger(__name__)
 
 _BACKLOG_RECORDS = 64
 """A poll that brings this many records or more means a backlog: top the batch up (_fetch)."""
-_TOP_UP_BYTES = 2 * 1024 * 1024
-"""A topped-up batch stops growing at this many bytes of events: what a batch holds in memory
-(its states, snapshots and changelog records) grows with it."""
 _TOP_UP_MS = 10
 """How long a topped-up batch waits for the next fetch response."""
 
@@ -190,8 +188,11 @@ class JoinWorker:
         hundred events), and every partition's batch is one transaction: on a backlog, a
         batch of one response would pay a transaction per few hundred events. So while the
         last poll brought a backlog's worth (``_BACKLOG_RECORDS`` or more), the batch takes
-        what the next responses bring, until it is full, the window has passed, or none comes
-        within ``_TOP_UP_MS``. Live traffic (a few records a poll) is processed at once.
+        what the next responses bring, until it is full (``join_batch_size`` events or
+        ``join_batch_bytes``), the window has passed, or none comes within ``_TOP_UP_MS``.
+        Live traffic (a few records a poll) is processed at once. What a batch holds in
+        memory (its states, snapshots and changelog records) grows with it: on the bench,
+        2 MiB batches cost about 75 MiB more peak RSS than one-response batches.
         """
         size = self.settings.join_batch_size
         window_s = self.settings.join_batch_window_s
@@ -203,7 +204,8 @@ class JoinWorker:
             return fetched
         held = sum(len(r.value or b"") for records in fetched.values() for r in records)
         deadline = time.monotonic() + window_s
-        while (last >= _BACKLOG_RECORDS and count < size and held < _TOP_UP_BYTES
+        bound = self.settings.join_batch_bytes
+        while (last >= _BACKLOG_RECORDS and count < size and held < bound
                and time.monotonic() < deadline):  # fmt: skip
             more = await consumer.getmany(timeout_ms=_TOP_UP_MS, max_records=size - count)
             last = 0

@@ -37,8 +37,10 @@ class FakeConsumer:
         return self.polls.pop(0) if self.polls else {}
 
 
-def worker(batch_size: int = 500) -> JoinWorker:
-    settings = Settings(state_store="memory://", join_batch_size=batch_size)
+def worker(batch_size: int = 500, batch_bytes: int = 2 * 1024 * 1024) -> JoinWorker:
+    settings = Settings(
+        state_store="memory://", join_batch_size=batch_size, join_batch_bytes=batch_bytes
+    )
     return JoinWorker(settings, Metrics(CollectorRegistry()))
 
 
@@ -84,3 +86,10 @@ async def test_the_top_up_stops_at_its_byte_bound() -> None:
     fetched = await worker(batch_size=5000)._fetch(consumer)  # type: ignore[arg-type]
     assert len(fetched[A]) == 800  # 4 polls reach 2 MiB; the 5th is never asked for
     assert len(consumer.asked) == 4
+
+
+async def test_a_byte_bound_of_zero_takes_one_response() -> None:
+    consumer = FakeConsumer([poll(A, 0, 200), poll(A, 200, 200)])
+    fetched = await worker(batch_bytes=0)._fetch(consumer)  # type: ignore[arg-type]
+    assert offsets(fetched) == {A: list(range(200))}
+    assert len(consumer.asked) == 1
