@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,10 +53,10 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def settings(kafka: LocalKafka, tmp_path: Path) -> Settings:
-    """Settings for one test: its own topics, consumer groups, data dir and local store."""
-    run = unique("t")
+def run_settings(kafka: LocalKafka, run: str, data_dir: Path, store_url: str,
+                 **extra: Any) -> Settings:  # fmt: skip
+    """Settings of one run on the session's broker: topics and groups named after ``run``,
+    four partitions, the table in memory."""
     return Settings(
         kafka_bootstrap=kafka.bootstrap,
         topic_traces=f"{run}.traces.completed",
@@ -66,7 +67,14 @@ def settings(kafka: LocalKafka, tmp_path: Path) -> Settings:
         partitions=4,
         app_id=f"{run}-join",
         sink_group=f"{run}-sink",
-        data_dir=tmp_path / "var",
-        store_url=str(tmp_path / "store"),
+        data_dir=data_dir,
+        store_url=store_url,
         state_store="memory://",
+        **extra,
     )
+
+
+@pytest.fixture
+def settings(kafka: LocalKafka, tmp_path: Path) -> Settings:
+    """Settings for one test: its own topics, consumer groups, data dir and local store."""
+    return run_settings(kafka, unique("t"), tmp_path / "var", str(tmp_path / "store"))

@@ -19,7 +19,7 @@ from rl_export.corpora.store import open_store
 from rl_export.local.broker import LocalKafka
 from rl_export.local.seaweed import LocalS3
 from rl_export.web.tokens import Scope, TokenStore
-from tests.integration.conftest import unique
+from tests.integration.conftest import run_settings, unique
 from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import WorkerProcess, publish
 from tests.records import trace_events
@@ -60,19 +60,11 @@ class Stack:
 
 def stack_settings(kafka: LocalKafka, s3: LocalS3, data_dir: Path, **extra: Any) -> Settings:
     run = unique("w")
-    return Settings(
-        kafka_bootstrap=kafka.bootstrap,
-        topic_traces=f"{run}.traces.completed",
-        topic_evaluations=f"{run}.evaluations.finished",
-        topic_labels=f"{run}.labels.submitted",
-        topic_trajectories=f"{run}.trajectories",
-        topic_dead_letter=f"{run}.dead-letter",
-        partitions=4,
-        app_id=f"{run}-join",
-        sink_group=f"{run}-sink",
-        data_dir=data_dir,
-        store_url=f"s3://{s3.bucket}/{run}",
-        state_store="memory://",
+    return run_settings(
+        kafka,
+        run,
+        data_dir,
+        f"s3://{s3.bucket}/{run}",
         shard_max_age_s=1.0,
         join_processes=1,
         web_index_poll_s=0.25,
