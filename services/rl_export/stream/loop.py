@@ -210,7 +210,7 @@ class JoinWorker:
             more = await consumer.getmany(timeout_ms=_TOP_UP_MS, max_records=size - count)
             last = 0
             for tp, records in more.items():
-                fetched[tp] = [*fetched.get(tp, ()), *records]
+                fetched.setdefault(tp, []).extend(records)
                 last += len(records)
                 held += sum(len(r.value or b"") for r in records)
             count += last

@@ -156,14 +156,13 @@ async def stable_committed(
     :class:`UnstableOffsetsError` when some stay pending for ``timeout_s`` (a transaction
     another producer keeps open), or the broker's error.
     """
-    wanted = set(partitions)
-    if not wanted:
+    todo = set(partitions)  # what is still to be read
+    if not todo:
         return {}
     client = consumer._client
     coordinator = consumer._coordinator
     deadline = time.monotonic() + timeout_s
     found: dict[TopicPartition, int | None] = {}
-    todo = set(wanted)
     while True:
         await coordinator.ensure_coordinator_known()
         by_topic: dict[str, list[int]] = defaultdict(list)

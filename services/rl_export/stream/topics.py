@@ -24,9 +24,9 @@ from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
 _WAIT_RETRY_S = 1.0
+_HEADERS_ROOM = 64 * 1024
 
 log = logging.getLogger(__name__)
-_HEADERS_ROOM = 64 * 1024
 
 
 def topic_max_bytes(settings: Settings) -> int:
@@ -75,40 +75,29 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 @contextlib.contextmanager
 def _quiet_aiokafka() -> Iterator[None]:
     """Silence aiokafka's own connection-error logs: we report the failure ourselves."""
-    log = logging.getLogger("aiokafka")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        log.setLevel(level)
+        client_log.setLevel(level)
 
 
-async def _admin(bootstrap: str, timeout_s: float, wait_s: float = 0.0) -> AIOKafkaAdminClient:
-    """A started admin client; a broker that does not answer is asked again for ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    said = float("-inf")  # when we last said we are waiting (every 10 s, not every try)
-    while True:
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-        )
-        try:
-            with _quiet_aiokafka():
-                await asyncio.wait_for(admin.start(), timeout_s)
-            return admin
-        except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
-            await admin.close()
-            why = (
-                f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
-            )
-            problem = f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BrokerUnavailableError(problem) from None
-            if time.monotonic() - said >= 10:
-                log.warning("%s; waiting for it (%.0fs more at most)", problem, left)
-                said = time.monotonic()
-            await asyncio.sleep(min(_WAIT_RETRY_S, left))
+async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
+    )
+    try:
+        with _quiet_aiokafka():
+            await asyncio.wait_for(admin.start(), timeout_s)
+    except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        why = f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
+        raise BrokerUnavailableError(
+            f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
+        ) from None
+    return admin
 
 
 async def partition_counts(
@@ -153,24 +142,37 @@ async def ensure_topics(
 ) -> dict[str, int]:
     """Create missing topics, then check every topic's partition count; return the counts.
 
-    A broker that does not answer, or goes away during the check, is waited for ``wait_s``.
+    A broker that does not answer, or goes away during the check, is asked again for
+    ``wait_s`` (saying so every 10 s); then its :class:`BrokerUnavailableError` is raised.
     """
     deadline = time.monotonic() + wait_s
+    said = float("-inf")  # when we last said we are waiting
     while True:
-        admin = await _admin(bootstrap, timeout_s, max(0.0, deadline - time.monotonic()))
         try:
-            return await _ensure(admin, specs, replication_factor)
-        except (KafkaError, OSError) as exc:
-            problem = (
-                f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the "
-                f"topics were checked ({type(exc).__name__}: {exc})"
-            )
-            if time.monotonic() >= deadline:
-                raise BrokerUnavailableError(problem) from None
-            log.warning("%s; trying again", problem)
-        finally:
-            await admin.close()
-        await asyncio.sleep(_WAIT_RETRY_S)
+            return await _ensure_once(bootstrap, specs, replication_factor, timeout_s)
+        except BrokerUnavailableError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if time.monotonic() - said >= 10:
+                log.warning("%s; waiting for it (%.0fs more at most)", exc, left)
+                said = time.monotonic()
+            await asyncio.sleep(min(_WAIT_RETRY_S, left))
+
+
+async def _ensure_once(
+    bootstrap: str, specs: Sequence[TopicSpec], replication_factor: int, timeout_s: float
+) -> dict[str, int]:
+    admin = await _admin(bootstrap, timeout_s)
+    try:
+        return await _ensure(admin, specs, replication_factor)
+    except (KafkaError, OSError) as exc:
+        raise BrokerUnavailableError(
+            f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the topics "
+            f"were checked ({type(exc).__name__}: {exc})"
+        ) from None
+    finally:
+        await admin.close()
 
 
 async def _ensure(
