@@ -57,6 +57,7 @@ class StateTable(Protocol):
     """
 
     def get(self, key: bytes, at: InMessage) -> bytes | None: ...
+    def prefetch(self, keys: Mapping[int, Iterable[bytes]]) -> None: ...
     def put(self, key: bytes, value: bytes, at: InMessage) -> None: ...
     def delete(self, key: bytes, at: InMessage) -> None: ...
     def mark(self, key: bytes, value: bytes | None, at: InMessage) -> None: ...
@@ -98,6 +99,9 @@ class MemoryTable:
 
     def get(self, key: bytes, at: InMessage) -> bytes | None:
         return self.data.get(key)
+
+    def prefetch(self, keys: Mapping[int, Iterable[bytes]]) -> None:
+        """A dict has nothing to gain from reading keys together."""
 
     def put(self, key: bytes, value: bytes, at: InMessage) -> None:
         self.data[key] = value
@@ -241,8 +245,9 @@ class JoinProcessor:
         outcomes: Counter[tuple[str, str]] = Counter()
         self.metrics.batch_size.observe(len(messages))
 
-        for message in messages:  # step 2 and 3
-            decoded = self._check(message, wall)
+        checked = [self._check(message, wall) for message in messages]  # step 2
+        self._prefetch(messages, checked)
+        for message, decoded in zip(messages, checked, strict=True):  # step 3
             if isinstance(decoded, EventRejection):
                 result.rejected.append((message, decoded))
                 outcomes["unknown", "rejected"] += 1
@@ -316,6 +321,27 @@ class JoinProcessor:
         await self.emitter.flush(consumed_offsets(messages))  # delivered before it is acked
         self.metrics.table_keys.set(len(self.table))
         return result
+
+    def _prefetch(
+        self, messages: list[InMessage], checked: list[EventView | EventRejection]
+    ) -> None:
+        """Ask the table for the batch's states and conversations at once, before the merge.
+
+        One RocksDB multi-get per partition costs about half as much per key as a get each
+        (a cold key: 6 against 11 µs). The conversation's key is asked for every trace, even
+        one that may have none: a key that is not there costs about a microsecond.
+        """
+        wanted: dict[int, list[bytes]] = {}
+        seen: set[str] = set()
+        for message, decoded in zip(messages, checked, strict=True):
+            if isinstance(decoded, EventRejection) or decoded.trace_id in seen:
+                continue
+            seen.add(decoded.trace_id)
+            if message.partition >= 0 and message.partition != self._partition_of(decoded.trace_id):
+                continue  # forwarded, not joined here
+            key = decoded.trace_id.encode()
+            wanted.setdefault(message.partition, []).extend((key, conversation_key(key)))
+        self.table.prefetch(wanted)
 
     def _read(self, key: bytes, at: InMessage) -> tuple[TraceState | None, bytes | None]:
         """A trace's state from the table, and its conversation as the table holds it."""

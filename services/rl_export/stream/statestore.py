@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +60,7 @@ class PartitionStore(Protocol):
     indexed: bool  # the expiry index is complete
 
     def get(self, key: bytes) -> bytes | None: ...
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
     def put(self, key: bytes, value: bytes) -> None: ...
     def delete(self, key: bytes) -> None: ...
     def write(self, changes: Changes, marks: Changes | None = None) -> None: ...
@@ -83,6 +84,9 @@ class MemoryPartition:
 
     def get(self, key: bytes) -> bytes | None:
         return self.data.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self.data.get(key) for key in keys]
 
     def put(self, key: bytes, value: bytes) -> None:
         self.data[key] = value
@@ -220,6 +224,12 @@ class RocksPartition:
         value: bytes | None = self.db.get(key)
         return value
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """One multi-get: RocksDB looks the keys up together (None where a key is not)."""
+        values = self.db.get(list[Any](keys))  # a list in, a list out
+        assert isinstance(values, list)
+        return values
+
     def put(self, key: bytes, value: bytes) -> None:
         self.db.put(key, value)
 
@@ -329,7 +339,9 @@ class ChangelogTable:
     per batch, writes them to each partition's store in one atomic write and hands them to
     the producer for the changelog (the last value per key wins). Reads go through a
     :class:`ReadCache` of ``cache_bytes``, emptied whenever a partition is opened or closed
-    (restoring a partition writes to its store directly).
+    (restoring a partition writes to its store directly). What the cache does not hold of a
+    batch's keys is read in one multi-get per partition (:meth:`prefetch`) and kept until
+    the batch's :meth:`take_changes`.
     """
 
     def __init__(self, state_store: str, data_dir: Path, cache_bytes: int = 32 * MIB) -> None:
@@ -338,6 +350,7 @@ class ChangelogTable:
         self.stores: dict[int, PartitionStore] = {}
         self._changes: dict[int, Changes] = {}
         self._marks: dict[int, Changes] = {}
+        self._prefetched: dict[int, dict[bytes, bytes | None]] = {}
         self.cache = ReadCache(cache_bytes)
 
     def open(self, partition: int) -> PartitionStore:
@@ -354,6 +367,7 @@ class ChangelogTable:
     def close(self, partition: int) -> None:
         store = self.stores.pop(partition, None)
         self._changes.pop(partition, None)
+        self._prefetched.pop(partition, None)
         self.cache.clear()
         self._marks.pop(partition, None)
         if store is not None:
@@ -369,10 +383,32 @@ class ChangelogTable:
             return changes[key]
         value = self.cache.get(key)
         if value is None:
-            value = self.stores[at.partition].get(key)
+            prefetched = self._prefetched.get(at.partition)
+            if prefetched is not None and key in prefetched:
+                value = prefetched.pop(key)
+            else:
+                value = self.stores[at.partition].get(key)
             if value is not None:
                 self.cache.put(key, value)
         return value
+
+    def prefetch(self, keys: Mapping[int, Iterable[bytes]]) -> None:
+        """Read a batch's keys (per partition) that neither its writes nor the cache hold.
+
+        One multi-get per partition. The values wait for the batch's :meth:`get` (which
+        moves them to the cache) until :meth:`take_changes` or the next prefetch; a key that
+        is not in the store waits as None.
+        """
+        self._prefetched = {}
+        cache = self.cache
+        for partition, wanted in keys.items():
+            changes = self._changes.get(partition, {})
+            missing = [
+                k for k in dict.fromkeys(wanted) if k not in changes and cache.get(k) is None
+            ]
+            if missing:
+                values = self.stores[partition].get_many(missing)
+                self._prefetched[partition] = dict(zip(missing, values, strict=True))
 
     def put(self, key: bytes, value: bytes, at: At) -> None:
         self._changes.setdefault(at.partition, {})[key] = value
@@ -397,6 +433,7 @@ class ChangelogTable:
         """
         changes, self._changes = self._changes, {}
         marks, self._marks = self._marks, {}
+        self._prefetched = {}
         cache = self.cache
         for partition in changes.keys() | marks.keys():
             writes = changes.get(partition, {})

@@ -58,6 +58,12 @@ def test_put_get_and_delete(store: PartitionStore) -> None:
     assert sorted(store.items()) == [(b"b", b"2")]
 
 
+def test_get_many_reads_keys_together_in_order(store: PartitionStore) -> None:
+    store.write({b"a": b"1", b"c": b"3"})
+    assert store.get_many([b"c", b"missing", b"a"]) == [b"3", None, b"1"]
+    assert store.get_many([]) == []
+
+
 def test_write_applies_puts_and_deletes(store: PartitionStore) -> None:
     store.put(b"old", b"x")
     store.put(b"kept", b"y")
@@ -318,6 +324,50 @@ def test_close_drops_the_store_and_its_held_changes(table: ChangelogTable) -> No
     assert 0 not in table.stores
     assert table.take_changes() == {1: {b"b": b"2"}}
     table.close(0)  # closing an unowned partition is a no-op
+
+
+class CountingStore(MemoryPartition):
+    """Counts the reads that reach the store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets: list[bytes] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        self.gets.append(key)
+        return super().get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        self.gets += keys
+        return super().get_many(keys)
+
+
+def test_a_prefetch_reads_a_batch_once_and_its_gets_find_it(table: ChangelogTable) -> None:
+    store = table.stores[0] = CountingStore()
+    store.write({b"a": b"1", b"b": b"2"})
+    table.put(b"w", b"held", At(0))  # the batch's own write: never read from the store
+    table.prefetch({0: [b"a", b"new", b"w", b"a"]})
+    assert store.gets == [b"a", b"new"]  # once each, together
+    assert table.get(b"a", At(0)) == b"1"
+    assert table.get(b"new", At(0)) is None  # known to be absent: not read again
+    assert table.get(b"w", At(0)) == b"held"
+    assert table.get(b"b", At(0)) == b"2"  # not prefetched: read alone
+    assert store.gets == [b"a", b"new", b"b"]
+    table.prefetch({0: [b"a"]})  # now in the read cache
+    assert store.gets == [b"a", b"new", b"b"]
+
+
+def test_a_write_after_the_prefetch_wins_and_the_prefetch_ends_with_the_batch(
+    table: ChangelogTable,
+) -> None:
+    store = table.stores[0] = CountingStore()
+    store.write({b"a": b"old"})
+    table.prefetch({0: [b"a", b"b"]})
+    table.put(b"a", b"new", At(0))
+    assert table.get(b"a", At(0)) == b"new"
+    table.take_changes()
+    store.put(b"b", b"restored")  # e.g. by a restore between two batches
+    assert table.get(b"b", At(0)) == b"restored"  # not the absence prefetched before
 
 
 def test_rocksdb_tables_keep_a_store_per_partition(tmp_path: Path) -> None:
