@@ -333,14 +333,22 @@ class JoinProcessor:
         """
         wanted: dict[int, list[bytes]] = {}
         seen: set[str] = set()
+        partition_of = self._partition_of
         for message, decoded in zip(messages, checked, strict=True):
-            if isinstance(decoded, EventRejection) or decoded.trace_id in seen:
+            if type(decoded) is not EventView:
+                continue  # rejected
+            trace_id = decoded.trace_id
+            if trace_id in seen:
                 continue
-            seen.add(decoded.trace_id)
-            if message.partition >= 0 and message.partition != self._partition_of(decoded.trace_id):
+            seen.add(trace_id)
+            partition = message.partition
+            if partition >= 0 and partition != partition_of(trace_id):
                 continue  # forwarded, not joined here
-            key = decoded.trace_id.encode()
-            wanted.setdefault(message.partition, []).extend((key, conversation_key(key)))
+            key = trace_id.encode()
+            keys = wanted.get(partition)
+            if keys is None:
+                keys = wanted[partition] = []
+            keys += (key, CONVERSATION + key)
         self.table.prefetch(wanted)
 
     def _read(self, key: bytes, at: InMessage) -> tuple[TraceState | None, bytes | None]:

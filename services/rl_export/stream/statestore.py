@@ -324,6 +324,11 @@ class ReadCache:
         if self._young_bytes >= self.limit // 2:
             self._old, self._young, self._young_bytes = self._young, {}, 0
 
+    def missing(self, keys: Iterable[bytes]) -> list[bytes]:
+        """The keys it does not hold, each once, in order (nothing is moved to the young)."""
+        young, old = self._young, self._old
+        return [k for k in dict.fromkeys(keys) if k not in young and k not in old]
+
     def discard(self, key: bytes) -> None:
         self._young.pop(key, None)
         self._old.pop(key, None)
@@ -400,12 +405,9 @@ class ChangelogTable:
         is not in the store waits as None.
         """
         self._prefetched = {}
-        cache = self.cache
         for partition, wanted in keys.items():
             changes = self._changes.get(partition, {})
-            missing = [
-                k for k in dict.fromkeys(wanted) if k not in changes and cache.get(k) is None
-            ]
+            missing = [k for k in self.cache.missing(wanted) if k not in changes]
             if missing:
                 values = self.stores[partition].get_many(missing)
                 self._prefetched[partition] = dict(zip(missing, values, strict=True))
