@@ -40,7 +40,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from prometheus_client import CollectorRegistry
 
 from rl_export.common.events import FAMILY_OF_TYPE, EventFamily, EventRejection
-from rl_export.common.gctune import tune_gc, tune_malloc
+from rl_export.common.gctune import tune_gc
 from rl_export.common.metrics import Metrics, SinkMetrics
 from rl_export.common.partitioning import partition_for
 from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
@@ -166,7 +166,6 @@ async def profile(args: argparse.Namespace) -> None:
     events = generate(args.traces, seed=args.seed, duplicate_rate=0.02, shape=shape)
     messages = routed(settings, events)
     tune_gc()  # as the worker and its join processes do
-    tune_malloc()
     size = sum(len(m.value) for m in messages)
     print(f"{args.shape}: {len(messages):,} events, {size / len(messages) / 1024:.2f} KiB avg, "
           f"state {args.state}, batches of {settings.join_batch_size}")  # fmt: skip

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from rl_export.common.gctune import tune_gc, tune_malloc
+from rl_export.common.gctune import tune_gc
 from rl_export.common.net import LOOPBACK
 from rl_export.common.settings import Settings
 from rl_export.worker.joins import InProcessJoin
@@ -46,7 +46,6 @@ def run_join_process(parent_pid: int, port: int) -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)
         tune_gc()
-        tune_malloc()
 
         async def watch_parent() -> None:  # where PR_SET_PDEATHSIG does not exist
             while not stop.is_set():

@@ -16,7 +16,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.common.errors import StoreError
-from rl_export.common.gctune import tune_gc, tune_malloc
+from rl_export.common.gctune import tune_gc
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.compaction import compact, expire
@@ -123,7 +123,6 @@ def run_worker(settings: Settings) -> int:
             return
         check.result()
         tune_gc()
-        tune_malloc()
         log.info("worker starting: join group %s in %d processes (0: in this one), sink group "
                  "%s, store %s", settings.app_id, settings.join_processes, settings.sink_group,
                  settings.store_url)  # fmt: skip
