@@ -264,15 +264,15 @@ def quantile(
     return previous_le
 
 
-def peak_rss_mib(pid: int) -> float:
-    """Peak RSS of a worker: its process and its join processes (the sum of their peaks)."""
-    total = 0.0
+def peak_rss_parts_mib(pid: int) -> list[float]:
+    """Peak RSS of a worker's processes: its own (with the sink), then each join process."""
+    peaks = []
     for each in [pid, *child_pids(pid)]:
         with open(f"/proc/{each}/status") as fh:
             for line in fh:
                 if line.startswith("VmHWM:"):
-                    total += int(line.split()[1]) / 1024
-    return total
+                    peaks.append(int(line.split()[1]) / 1024)
+    return peaks
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -347,7 +347,7 @@ async def catch_up(
             polled += started_wall - first
             started_wall = first
         visible = last_commit_at(Path(settings.store_url)) - started_wall
-        rss = [peak_rss_mib(p.pid) for p, _ in procs]
+        rss_parts = [peak_rss_parts_mib(p.pid) for p, _ in procs]
         text = "".join(metrics(port) for _, port in procs)
     finally:
         for proc, _ in procs:
@@ -359,7 +359,9 @@ async def catch_up(
         # The last commit can only be earlier than the poll that saw both lags at zero.
         "seconds": visible if 0 < visible <= polled else polled,
         "start_seconds": started - launched,
-        "peak_rss_mib": rss,
+        # The sum of each process's peak, per worker (shared library pages count in each).
+        "peak_rss_mib": [sum(parts) for parts in rss_parts],
+        "peak_rss_parts_mib": rss_parts,
         "metrics": text,
         "cpu_seconds": {
             "join": sum(a["join"] - b["join"] for a, b in zip(cpu_after, cpu_before, strict=True)),
@@ -528,6 +530,9 @@ async def measure_shape(
         "worker_runs": one_rates,
         "worker_start_seconds": _median_run(ones, one_rates)["start_seconds"],
         "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
+        "worker_peak_rss_parts_mib": max(ones, key=lambda r: r["peak_rss_mib"][0])[
+            "peak_rss_parts_mib"
+        ][0],
         "worker_cpu_us_per_event": cpu_per_event(ones, len(events)),
         "processing_guarantee": settings.processing_guarantee,
         "at_least_once_events_per_s": statistics.median(rates(plain)),
@@ -548,6 +553,9 @@ async def measure_shape(
         result["baseline_worker_events_per_s"] = statistics.median(before_rates)
         result["baseline_worker_runs"] = before_rates
         result["baseline_worker_peak_rss_mib"] = max(r["peak_rss_mib"][0] for r in befores)
+        result["baseline_worker_peak_rss_parts_mib"] = max(
+            befores, key=lambda r: r["peak_rss_mib"][0]
+        )["peak_rss_parts_mib"][0]
         result["baseline_worker_cpu_us_per_event"] = cpu_per_event(befores, len(events))
         result["worker_vs_baseline_worker"] = (
             result["worker_events_per_s"] / result["baseline_worker_events_per_s"]
@@ -626,7 +634,8 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
          f"{r['worker_events_per_s']:,.0f} events/s, {mbs(r['worker_events_per_s'])}  "
          f"({runs('worker_runs')}); ready after {r['worker_start_seconds']:.1f} s"),
         ("    ratio to the bare consumer", f"{r['worker_vs_bare']:.3f}"),
-        ("    peak RSS (worker + join processes)", f"{r['worker_peak_rss_mib']:.0f} MiB"),
+        ("    peak RSS (worker + join processes)",
+         rss_text(r["worker_peak_rss_mib"], r["worker_peak_rss_parts_mib"])),
         ("    CPU per event", cpu_text(r["worker_cpu_us_per_event"])),
         (f"  one worker, at least once (no transactions), median of {n}",
          f"{r['at_least_once_events_per_s']:,.0f} events/s  ({runs('at_least_once_runs')})"),
@@ -638,7 +647,8 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             (f"  baseline worker, median of {n}",
              f"{r['baseline_worker_events_per_s']:,.0f} events/s  "
              f"({runs('baseline_worker_runs')}), peak RSS "
-             f"{r['baseline_worker_peak_rss_mib']:.0f} MiB"),
+             + rss_text(r["baseline_worker_peak_rss_mib"],
+                        r["baseline_worker_peak_rss_parts_mib"])),
             ("    CPU per event", cpu_text(r["baseline_worker_cpu_us_per_event"])),
             ("    this worker / baseline worker", f"{r['worker_vs_baseline_worker']:.2f}"),
         ]  # fmt: skip
@@ -648,6 +658,12 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("    ratio to one worker", f"{r['two_vs_one']:.2f}"),
     ]  # fmt: skip
     return rows
+
+
+def rss_text(total: float, parts: list[float]) -> str:
+    """``495 MiB (worker with the sink 137, join processes 183 + 175)``."""
+    joins = " + ".join(f"{p:.0f}" for p in parts[1:]) or "none"
+    return f"{total:.0f} MiB (worker with the sink {parts[0]:.0f}, join processes {joins})"
 
 
 def cpu_text(cpu: dict[str, float]) -> str:

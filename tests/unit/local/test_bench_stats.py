@@ -56,3 +56,29 @@ def test_a_bench_worker_gets_only_the_settings_that_differ_from_the_defaults() -
         "RL_EXPORT_WORKER_WEB_PORT": "7000",
         "RL_EXPORT_DATA_DIR": "/tmp/w",
     }
+
+
+def test_peak_rss_is_read_per_process_and_printed_with_its_parts() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from rl_export.local.bench import peak_rss_parts_mib, rss_text
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"up\n"
+        parts = peak_rss_parts_mib(os.getpid())
+    finally:
+        child.kill()
+        child.communicate()
+    assert len(parts) >= 2  # this process, then its child (and any other children)
+    assert all(p > 1 for p in parts)
+    assert rss_text(495.2, [137.0, 183.4, 175.0]) == (
+        "495 MiB (worker with the sink 137, join processes 183 + 175)"
+    )
+    assert rss_text(100.0, [100.0]) == "100 MiB (worker with the sink 100, join processes none)"
