@@ -153,6 +153,11 @@ def _rocks_options() -> Any:
       families flush together (atomic flush); restore replays the rest.
     * No compression: the states are small and rewritten often; snappy on every flush cost
       the join more CPU than the disk it saved is worth.
+    * Level 0 is compacted at eight files, not four: states are rewritten often, so each
+      compaction merges away more overwritten versions. On the small shape in process
+      (``make profile``) the compaction thread's CPU fell from 0.55 to 0.22-0.29 s per
+      110,000 events (about 3 µs per event); reads, which now check up to eight level-0
+      files' bloom filters, cost no measurable more.
     """
     from rocksdict import (
         BlockBasedOptions,
@@ -179,6 +184,7 @@ def _rocks_options() -> Any:
         options.set_write_buffer_size(4 * MIB)
         options.set_compression_type(DBCompressionType.none())
         options.set_write_buffer_manager(manager)
+        options.set_level_zero_file_num_compaction_trigger(8)
         _shared["options"] = options
     return _shared["options"]
 
