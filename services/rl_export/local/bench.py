@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -199,13 +200,16 @@ def last_commit_at(store: Path) -> float:
     return latest
 
 
-def worker_env(settings: Settings, port: int, data_dir: Path) -> dict[str, str]:
-    """The environment of a bench worker: only what differs from the defaults.
+def worker_env(
+    settings: Settings, port: int, data_dir: Path, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a bench worker: only what differs from the defaults, and ``extra``.
 
     A worker of another checkout (``--baseline-python``) may not know every setting this one
     has; the defaults it does not know are the defaults it has.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
+    env.update(extra or {})
     dumped = settings.model_dump(mode="json", exclude_defaults=True)
     for name, value in dumped.items():
         env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
@@ -215,14 +219,15 @@ def worker_env(settings: Settings, port: int, data_dir: Path) -> dict[str, str]:
 
 
 def start_worker(
-    settings: Settings, data_dir: Path, python: str = sys.executable
-) -> tuple[subprocess.Popen[bytes], int]:
+    settings: Settings, data_dir: Path, python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(data_dir / "worker.log", "wb") as log_file:  # the child keeps its own handle
         proc = subprocess.Popen(
             [python, "-m", "rl_export.cli", "worker"],
-            env=worker_env(settings, port, data_dir),
+            env=worker_env(settings, port, data_dir, env),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
@@ -310,7 +315,7 @@ def _check_running(procs: list[tuple[subprocess.Popen[bytes], int]], data_dir: P
 
 async def catch_up(
     settings: Settings, workers: int, data_dir: Path, python: str = sys.executable,
-    broker_pid: int | None = None,
+    broker_pid: int | None = None, *, env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run ``workers`` workers until the last trajectory is visible in the store; time it.
 
@@ -321,7 +326,7 @@ async def catch_up(
     of process (join processes, the worker's own process with the sink, the broker).
     """
     launched = time.perf_counter()
-    procs = [start_worker(settings, data_dir / f"w{i}", python) for i in range(workers)]
+    procs = [start_worker(settings, data_dir / f"w{i}", python, env) for i in range(workers)]
     try:
         while not all(ready(port) for _, port in procs):
             await asyncio.sleep(0.05)
