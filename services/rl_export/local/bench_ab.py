@@ -43,6 +43,7 @@ from rl_export.local.bench import (
     MIB,
     catch_up,
     cpu_per_event,
+    cpu_text,
     fresh,
     log,
     own_topics,
@@ -167,9 +168,7 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         print(f"\n  {v['variant'] or '(defaults)'}")
         print(f"    {v['events_per_s']:,.0f} events/s ({runs}); "
               f"{v['events_per_s'] / first:.2f} of the first")  # fmt: skip
-        print(f"    CPU per event: join processes {cpu['join']:.0f} µs, worker (sink) "
-              f"{cpu['worker']:.0f} µs, broker {cpu['broker']:.0f} µs; peak RSS "
-              f"{v['peak_rss_mib']:.0f} MiB")  # fmt: skip
+        print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {v['peak_rss_mib']:.0f} MiB")
     print(f"\n  results: {path}")
 
 
