@@ -429,6 +429,26 @@ async def steady(settings: Settings, data_dir: Path, rate: float, seconds: float
     }
 
 
+def bench_settings(bootstrap: str, work: Path) -> Settings:
+    """The settings every bench worker starts from, in the bench's ``work`` folder."""
+    return Settings(
+        kafka_bootstrap=bootstrap, partitions=8, state_store="rocksdb://",
+        data_dir=work / "var", store_url=str(work / "store"), shard_max_age_s=1.0,
+    )  # fmt: skip
+
+
+async def produce_backlog(
+    settings: Settings, shape: Shape, traces: int, seed: int
+) -> tuple[list[dict[str, Any]], int, float]:
+    """Generate a shape's backlog (2 % repeats) and produce it: the events, their bytes, the
+    seconds producing took."""
+    events = generate(traces, seed=seed, duplicate_rate=0.02, shape=shape)
+    size = sum(len(orjson.dumps(e)) for e in events)
+    log(f"{shape.name}: producing {len(events):,} events ({size / len(events) / 1024:.2f} KiB "
+        f"avg, {len(shape.projects)} org/projects)")  # fmt: skip
+    return events, size, await produce(settings, events)
+
+
 def fresh(settings: Settings, tag: str, store: Path) -> Settings:
     """Same input topics; new groups, output topics and store: a worker catching up from zero.
 
@@ -458,6 +478,11 @@ def cpu_per_event(runs: list[dict[str, Any]], events: int) -> dict[str, float]:
     return {k: statistics.median(r["cpu_seconds"][k] for r in runs) / events * 1e6 for k in kinds}
 
 
+def highest_rss(runs: list[dict[str, Any]]) -> list[float]:
+    """The per-process peaks of the first worker in the run whose sum of them was highest."""
+    return max((r["peak_rss_parts_mib"][0] for r in runs), key=sum)
+
+
 def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any]:
     return runs[rates.index(sorted(rates)[len(rates) // 2])]
 
@@ -468,11 +493,7 @@ async def measure_shape(
 ) -> dict[str, Any]:  # fmt: skip
     """Steps 1-5 for one traffic shape; the numbers of its runs and their medians."""
     settings = own_topics(base, shape.name)
-    events = generate(traces, seed=seed, duplicate_rate=0.02, shape=shape)
-    size = sum(len(orjson.dumps(e)) for e in events)
-    log(f"{shape.name}: producing {len(events):,} events ({size / len(events) / 1024:.2f} KiB "
-        f"avg, {len(shape.projects)} org/projects)")  # fmt: skip
-    produce_s = await produce(settings, events)
+    events, size, produce_s = await produce_backlog(settings, shape, traces, seed)
 
     bare: list[dict[str, float]] = []
     ones: list[dict[str, Any]] = []
@@ -534,10 +555,8 @@ async def measure_shape(
         "worker_events_per_s": statistics.median(one_rates),
         "worker_runs": one_rates,
         "worker_start_seconds": _median_run(ones, one_rates)["start_seconds"],
-        "worker_peak_rss_mib": max(r["peak_rss_mib"][0] for r in ones),
-        "worker_peak_rss_parts_mib": max(ones, key=lambda r: r["peak_rss_mib"][0])[
-            "peak_rss_parts_mib"
-        ][0],
+        "worker_peak_rss_mib": sum(highest_rss(ones)),
+        "worker_peak_rss_parts_mib": highest_rss(ones),
         "worker_cpu_us_per_event": cpu_per_event(ones, len(events)),
         "processing_guarantee": settings.processing_guarantee,
         "at_least_once_events_per_s": statistics.median(rates(plain)),
@@ -557,10 +576,8 @@ async def measure_shape(
         result["baseline_python"] = baseline_python
         result["baseline_worker_events_per_s"] = statistics.median(before_rates)
         result["baseline_worker_runs"] = before_rates
-        result["baseline_worker_peak_rss_mib"] = max(r["peak_rss_mib"][0] for r in befores)
-        result["baseline_worker_peak_rss_parts_mib"] = max(
-            befores, key=lambda r: r["peak_rss_mib"][0]
-        )["peak_rss_parts_mib"][0]
+        result["baseline_worker_peak_rss_parts_mib"] = highest_rss(befores)
+        result["baseline_worker_peak_rss_mib"] = sum(highest_rss(befores))
         result["baseline_worker_cpu_us_per_event"] = cpu_per_event(befores, len(events))
         result["worker_vs_baseline_worker"] = (
             result["worker_events_per_s"] / result["baseline_worker_events_per_s"]
@@ -577,10 +594,7 @@ async def run(
     log(f"starting Kafka in {work}")
     broker.start()
     try:
-        base = Settings(
-            kafka_bootstrap=broker.bootstrap, partitions=8, state_store="rocksdb://",
-            data_dir=work / "var", store_url=str(work / "store"), shard_max_age_s=1.0,
-        )  # fmt: skip
+        base = bench_settings(broker.bootstrap, work)
         measured = []
         for name in shapes:
             shape = SHAPES[name]

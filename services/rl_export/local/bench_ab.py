@@ -33,7 +33,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from rl_export.common.net import free_port
@@ -41,16 +40,18 @@ from rl_export.common.settings import Settings
 from rl_export.local.bench import (
     DEFAULT_TRACES,
     MIB,
+    bench_settings,
     catch_up,
     cpu_per_event,
     cpu_text,
     fresh,
+    highest_rss,
     log,
     own_topics,
-    produce,
+    produce_backlog,
 )
 from rl_export.local.broker import LocalKafka
-from rl_export.local.synthetic import SHAPES, generate
+from rl_export.local.synthetic import SHAPES
 
 
 @dataclass(frozen=True)
@@ -112,16 +113,8 @@ async def run(
     broker.start()
     measured: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(variants))}
     try:
-        base = Settings(
-            kafka_bootstrap=broker.bootstrap, partitions=8, state_store="rocksdb://",
-            data_dir=work / "var", store_url=str(work / "store"), shard_max_age_s=1.0,
-        )  # fmt: skip
-        settings = own_topics(base, shape.name)
-        events = generate(traces, seed=seed, duplicate_rate=0.02, shape=shape)
-        size = sum(len(orjson.dumps(e)) for e in events)
-        log(f"{shape.name}: producing {len(events):,} events ({size / len(events) / 1024:.2f} "
-            "KiB avg)")  # fmt: skip
-        await produce(settings, events)
+        settings = own_topics(bench_settings(broker.bootstrap, work), shape.name)
+        events, size, _ = await produce_backlog(settings, shape, traces, seed)
         for round_ in range(runs):
             for i in rotated(list(range(len(variants))), round_):
                 variant = variants[i]
@@ -144,7 +137,7 @@ async def run(
             "events_per_s": statistics.median(rates),
             "runs": rates,
             "cpu_us_per_event": cpu_per_event(measured[i], len(events)),
-            "peak_rss_mib": max(r["peak_rss_mib"][0] for r in measured[i]),
+            "peak_rss_mib": sum(highest_rss(measured[i])),
         })  # fmt: skip
     return {
         "at": datetime.now(UTC).isoformat(),

@@ -82,3 +82,14 @@ def test_peak_rss_is_read_per_process_and_printed_with_its_parts() -> None:
         "495 MiB (worker with the sink 137, join processes 183 + 175)"
     )
     assert rss_text(100.0, [100.0]) == "100 MiB (worker with the sink 100, join processes none)"
+
+
+def test_the_highest_peak_rss_is_the_run_with_the_highest_sum() -> None:
+    from rl_export.local.bench import highest_rss
+
+    runs = [
+        {"peak_rss_parts_mib": [[100.0, 200.0, 150.0], [90.0]]},
+        {"peak_rss_parts_mib": [[140.0, 180.0, 170.0], [300.0]]},  # 490: the highest
+        {"peak_rss_parts_mib": [[150.0, 190.0, 100.0]]},  # the largest first process alone
+    ]
+    assert highest_rss(runs) == [140.0, 180.0, 170.0]
