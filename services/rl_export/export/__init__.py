@@ -4,6 +4,8 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 (which call it). The entry points are in :mod:`rl_export.export.exports`; the modules:
 
 - :mod:`~rl_export.export.latest`      the latest revision per trace in bounded memory
+- :mod:`~rl_export.export.scan`        the view read, parsed (or partly), filtered, counted
+- :mod:`~rl_export.export.pairs`       the preference pairs, in bounded memory
 - :mod:`~rl_export.corpora.identity`    a line's trace_id, revision and tombstone flag, cheaply
 - :mod:`~rl_export.export.columns`     tabular columns: defaults, ``--columns``, cells
 - :mod:`~rl_export.export.tabular`     CSV, JSON array and Parquet encoders
@@ -14,7 +16,6 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 
 from rl_export.export.exports import (
     SOURCES,
-    ExportSummary,
     check_export,
     content_type,
     file_name,
@@ -26,6 +27,7 @@ from rl_export.export.exports import (
     stats,
     write_export,
 )
+from rl_export.export.scan import ExportSummary
 from rl_export.export.stats import StatsAccumulator, reward_histogram
 
 __all__ = [

@@ -40,12 +40,14 @@ How an export travels:
 
 1. :class:`~rl_export.export.latest.LatestView` finds the latest revision per trace
    (tombstones dropped) in two passes over the corpus.
-2. Its lines are parsed in batches (not at all for ``trajectory`` without filters: the
-   corpus lines are already strict JSON Lines and are copied), filtered, rendered
-   (:func:`~rl_export.common.formats.render_row`, or the tabular columns), and encoded.
+2. Its lines are parsed in batches (:class:`~rl_export.export.scan.Scan`; not at all for
+   ``trajectory`` without filters: the corpus lines are already strict JSON Lines and are
+   copied), filtered, rendered (:func:`~rl_export.common.formats.render_row`, or the
+   tabular columns), and encoded.
 3. ``preference`` first reads the view once for each record's prompt group and reward,
    pairs them (:func:`~rl_export.common.formats.pair_candidates`), then reads it again and
-   spills the paired records' halves to a temporary file, from which the pairs are written.
+   spills the paired records' halves to a temporary file, from which the pairs are written
+   (:mod:`rl_export.export.pairs`).
 4. ``zip`` writes the data file to a temporary file while each record's attachments are
    fetched into the archive, then adds the data file and ``files/errors.json``.
 """
@@ -54,47 +56,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import math
 import os
 import shutil
 import tempfile
 import zipfile
-from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
-
-import orjson
 
 from rl_export.common.codec import dumps, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
-from rl_export.common.formats import (
-    JSONL_FORMATS,
-    TABULAR_FORMATS,
-    Candidate,
-    preference_group,
-    preference_row,
-    render_row,
-)
-from rl_export.common.formats import (
-    pair_candidates as _pair_candidates,
-)
+from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row
 from rl_export.common.specs import check_name
-from rl_export.corpora.layout import ChainError, CorpusRef
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
-from rl_export.export.latest import LatestView
-from rl_export.export.lazy import DecodeError, FieldDecoder, export_fields
+from rl_export.export.lazy import export_fields
+from rl_export.export.pairs import preference_chunks
+from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import CsvEncoder, JsonEncoder, ParquetEncoder
 
 SOURCES: tuple[str, ...] = ("human", "evaluator", "traces")
-Progress = Callable[[int, int | None], None]
 ZipData = Literal["csv", "json"]
 
 _CONTENT_TYPES = {
@@ -105,24 +91,6 @@ _CONTENT_TYPES = {
 }
 _EXTENSIONS = {"csv": ".csv", "json": ".json", "parquet": ".parquet", "zip": ".zip"}
 _CHUNK = 1 << 20  # bytes gathered before a chunk is yielded
-PREFERENCE_RUN = 200_000  # preference candidates sorted in memory before a run is spilled
-
-
-@dataclass
-class ExportSummary:
-    """What an export wrote."""
-
-    format: str = ""
-    records: int = 0  # rows written (pairs, for preference)
-    scanned: int = 0  # latest records read
-    matched: int = 0  # records that passed the filters
-    skipped: int = 0  # matched records with no row in the format
-    bytes: int = 0
-    attachments: int = 0
-    attachment_errors: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -214,115 +182,8 @@ def check_export(
 # --- records --------------------------------------------------------------------------------
 
 
-class _Scan:
-    """Reads the view, parses, filters; counts into the summary; calls progress.
-
-    With ``fields`` (``(parsed, raw)``, :func:`~rl_export.export.lazy.export_fields`) only
-    those top-level fields of each record are read (:class:`~rl_export.export.lazy.
-    FieldDecoder`); else each line is parsed in full. ``with_lines`` also gives each
-    record's line (else an empty ``bytes``)."""
-
-    def __init__(
-        self,
-        view: LatestView,
-        filters: Filters,
-        summary: ExportSummary,
-        progress: Progress | None,
-        fields: tuple[frozenset[str], frozenset[str]] | None = None,
-        *,
-        with_lines: bool = False,
-    ) -> None:
-        self.view = view
-        self.filters = filters
-        self.summary = summary
-        self.progress = progress
-        self.fields = fields
-        self.with_lines = with_lines
-        self.decoder = None if fields is None else FieldDecoder(*fields)
-
-    def _advance(self, count: int) -> None:
-        self.summary.scanned += count
-        if self.progress is not None:
-            self.progress(self.summary.scanned, self.view.total)
-
-    async def lines(self) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
-        """Batches of (line, record) that passed the filters."""
-        if self.decoder is not None:
-            async for decoded in self._decoded(self.decoder):
-                yield decoded
-            return
-        matches = self.filters.matches
-        async for batch in self.view.lines():
-            out = []
-            for line in batch:
-                record = orjson.loads(line)
-                if matches(record):
-                    out.append((line, record))
-            self.summary.matched += len(out)
-            self._advance(len(batch))
-            if out:
-                yield out
-
-    async def _decoded(
-        self, decoder: FieldDecoder
-    ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
-        matches = self.filters.matches
-        async for data, start, end in self.view.ranges():
-            try:
-                records = decoder.decode(memoryview(data)[start:end])
-            except DecodeError as exc:
-                raise ChainError(f"{self.view.ref.root}: a line is not a record ({exc})") from None
-            if self.with_lines:
-                starts = _line_starts(data, start, end)
-                if len(starts) != len(records):
-                    raise ChainError(f"{self.view.ref.root}: an empty line in the corpus")
-                starts.append(end)
-                out = [
-                    (data[starts[n] : starts[n + 1]], record)
-                    for n, record in enumerate(records)
-                    if matches(record)
-                ]
-            else:
-                out = [(b"", record) for record in records if matches(record)]
-            self.summary.matched += len(out)
-            self._advance(len(records))
-            if out:
-                yield out
-
-    async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
-        """Blocks of whole lines and their counts, unparsed: only when no filter is set."""
-        async for block, count in self.view.blocks():
-            if count:
-                self.summary.matched += count
-                self._advance(count)
-            yield block, count
-
-
-def _line_starts(data: bytes, start: int, end: int) -> list[int]:
-    find = data.find
-    starts = []
-    while start < end:
-        starts.append(start)
-        start = find(b"\n", start, end) + 1
-    return starts
-
-
-def _limited(rows: list[Any], summary: ExportSummary, limit: int | None) -> list[Any]:
-    if limit is not None and summary.records + len(rows) > limit:
-        rows = rows[: max(limit - summary.records, 0)]
-    summary.records += len(rows)
-    return rows
-
-
-async def _open_view(store: ObjectStore, ref: CorpusRef, progress: Progress | None) -> LatestView:
-    view = await LatestView(store, ref).open()
-    if progress is not None:
-        progress(0, view.total)
-    return view
-
-
 async def _jsonl(
-    scan: _Scan, fmt: str, limit: int | None, summary: ExportSummary
+    scan: Scan, fmt: str, limit: int | None, summary: ExportSummary
 ) -> AsyncGenerator[bytes | memoryview, None]:
     if fmt == "trajectory" and scan.filters.is_empty():
         # The corpus's lines are already strict JSON Lines: copied as they are.
@@ -337,149 +198,20 @@ async def _jsonl(
             rows = [render_row(fmt, record) for _, record in batch]
             out = [dumps_line(r) for r in rows if r is not None]
             summary.skipped += len(rows) - len(out)
-        yield b"".join(_limited(out, summary, limit))
+        yield b"".join(limited(out, summary, limit))
         if limit is not None and summary.records >= limit:
             return
 
 
-class _CandidateRuns:
-    """Preference candidates sorted by group on disk (runs of ``run_size``), merged back one
-    group at a time: memory holds one run, or one group, never every candidate."""
-
-    def __init__(self, run_size: int | None = None) -> None:
-        self.run_size = run_size or PREFERENCE_RUN
-        self.pending: list[Candidate] = []
-        self.files: list[IO[bytes]] = []
-
-    def add(self, candidate: Candidate) -> None:
-        self.pending.append(candidate)
-        if len(self.pending) >= self.run_size:
-            self._spill()
-
-    def _spill(self) -> None:
-        fh = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self.pending.sort(key=lambda c: c.group)
-        fh.write(b"".join(
-            dumps([c.group.hex(), c.reward, c.trace_id, c.position]) + b"\n"
-            for c in self.pending
-        ))  # fmt: skip
-        fh.seek(0)
-        self.files.append(fh)
-        self.pending = []
-
-    @staticmethod
-    def _read(fh: IO[bytes]) -> Iterator[Candidate]:
-        for line in fh:
-            group, reward, trace_id, position = loads(line)
-            yield Candidate(bytes.fromhex(group), reward, trace_id, position)
-
-    def groups(self) -> Iterator[list[Candidate]]:
-        """Every group's candidates, groups in digest order."""
-        self.pending.sort(key=lambda c: c.group)
-        streams = [self._read(fh) for fh in self.files]
-        merged = heapq.merge(*streams, iter(self.pending), key=lambda c: c.group)
-        for _, group in itertools.groupby(merged, key=lambda c: c.group):
-            yield list(group)
-
-    def close(self) -> None:
-        for fh in self.files:
-            fh.close()
-        self.files = []
-
-
-async def _preference(
-    store: ObjectStore,
-    ref: CorpusRef,
-    scan: _Scan,
-    *,
-    pair_by: Sequence[str],
-    margin: float,
-    max_pairs: int,
-    limit: int | None,
-    summary: ExportSummary,
-) -> AsyncGenerator[bytes, None]:
-    """Step 3 of the module docstring, in bounded memory: candidates sorted by group on
-    disk, pairs written to a temporary file, the paired halves spilled and found again by
-    their position in the view (two integers per record)."""
-    runs = _CandidateRuns()
-    position = 0
-    async for batch in scan.lines():  # pass 1: each record's group and reward
-        for _, record in batch:
-            grouped = preference_group(record, pair_by)
-            if grouped is None:
-                summary.skipped += 1
-            else:
-                runs.add(Candidate(grouped[0], float(record["reward"]), record["trace_id"],
-                                   position))  # fmt: skip
-            position += 1
-    needed = bytearray((position + 7) // 8)
-    pairs = 0
-    with tempfile.TemporaryFile() as pair_file, tempfile.TemporaryFile() as spill:
-        try:
-            for members in runs.groups():
-                for chosen, rejected in _pair_candidates(
-                    members, margin=margin, max_pairs=max_pairs
-                ):
-                    if limit is not None and pairs >= limit:
-                        break
-                    pair_file.write(dumps([
-                        [chosen.reward, chosen.trace_id, chosen.position],
-                        [rejected.reward, rejected.trace_id, rejected.position],
-                    ]) + b"\n")  # fmt: skip
-                    for c in (chosen, rejected):
-                        needed[c.position >> 3] |= 1 << (c.position & 7)
-                    pairs += 1
-        finally:
-            runs.close()
-        if not pairs:
-            return
-        # Pass 2: the paired records' prompt and rest, spilled; found by view position.
-        offsets = array("q", bytes(16 * position))
-        second = _Scan(LatestView(store, ref), scan.filters, ExportSummary(), None, scan.fields)
-        await second.view.open()
-        n = 0
-        async for batch in second.lines():
-            for _, record in batch:
-                if needed[n >> 3] & (1 << (n & 7)):
-                    grouped = preference_group(record, pair_by)
-                    if grouped is not None:
-                        data = dumps([grouped[1], grouped[2]])
-                        offsets[2 * n], offsets[2 * n + 1] = spill.tell(), len(data)
-                        spill.write(data)
-                n += 1
-
-        def halves(at: int) -> list[Any]:
-            spill.seek(offsets[2 * at])
-            value: list[Any] = loads(spill.read(offsets[2 * at + 1]))
-            return value
-
-        pair_file.seek(0)
-        out: list[bytes] = []
-        for line in pair_file:
-            (c_reward, c_id, c_at), (r_reward, r_id, r_at) = loads(line)
-            prompt, chosen_rest = halves(c_at)
-            _, rejected_rest = halves(r_at)
-            chosen = Candidate(b"", c_reward, c_id, c_at)
-            rejected = Candidate(b"", r_reward, r_id, r_at)
-            out.append(dumps_line(preference_row(prompt, chosen, chosen_rest, rejected,
-                                                 rejected_rest)))  # fmt: skip
-            summary.records += 1
-            if len(out) >= 1000:
-                yield b"".join(out)
-                out = []
-        if out:
-            yield b"".join(out)
-
-
 async def _tabular_chunks(
-    scan: _Scan, fmt: str, columns: list[Column], limit: int | None, summary: ExportSummary
+    scan: Scan, fmt: str, columns: list[Column], limit: int | None, summary: ExportSummary
 ) -> AsyncGenerator[bytes, None]:
     encoder: CsvEncoder | JsonEncoder = (
         CsvEncoder(columns) if fmt == "csv" else JsonEncoder(columns)
     )
     yield encoder.begin()
     async for batch in scan.lines():
-        records = _limited([record for _, record in batch], summary, limit)
+        records = limited([record for _, record in batch], summary, limit)
         yield encoder.encode(records)
         if limit is not None and summary.records >= limit:
             break
@@ -487,13 +219,13 @@ async def _tabular_chunks(
 
 
 async def _parquet(
-    scan: _Scan, columns: list[Column], limit: int | None, summary: ExportSummary, sink: IO[bytes]
+    scan: Scan, columns: list[Column], limit: int | None, summary: ExportSummary, sink: IO[bytes]
 ) -> None:
     encoder = ParquetEncoder(columns, sink)
     try:
         pending: list[dict[str, Any]] = []
         async for batch in scan.lines():
-            pending.extend(_limited([record for _, record in batch], summary, limit))
+            pending.extend(limited([record for _, record in batch], summary, limit))
             if len(pending) >= 5000:
                 encoder.write(pending)
                 pending = []
@@ -506,7 +238,7 @@ async def _parquet(
 
 async def _zip(
     store: ObjectStore,
-    scan: _Scan,
+    scan: Scan,
     columns: list[Column],
     limit: int | None,
     summary: ExportSummary,
@@ -525,7 +257,7 @@ async def _zip(
         ):
             data.write(encoder.begin())
             async for batch in scan.lines():
-                records = _limited([record for _, record in batch], summary, limit)
+                records = limited([record for _, record in batch], summary, limit)
                 rows = []
                 for record in records:
                     attachments = record.get("attachments") or []
@@ -609,9 +341,9 @@ async def _export_chunks(
     )  # fmt: skip
     summary = summary if summary is not None else ExportSummary()
     summary.format = format
-    view = await _open_view(store, ref, progress)
+    view = await open_view(store, ref, progress)
     fields = export_fields(format, filters, picked, pair_by)
-    scan = _Scan(view, filters, summary, progress, fields, with_lines=format == "trajectory")
+    scan = Scan(view, filters, summary, progress, fields, with_lines=format == "trajectory")
     limit = filters.limit
     if format in ("parquet", "zip"):
         assert picked is not None
@@ -628,7 +360,7 @@ async def _export_chunks(
         return
     chunks: AsyncGenerator[Chunk, None]
     if format == "preference":
-        chunks = _preference(
+        chunks = preference_chunks(
             store, ref, scan, pair_by=tuple(pair_by), margin=margin, max_pairs=max_pairs,
             limit=limit, summary=summary,
         )  # fmt: skip
@@ -764,8 +496,8 @@ async def stats(
     with ``histogram_bins`` also ``reward_histogram: [{lo, hi, count}]``."""
     filters = filters or Filters()
     accumulator = StatsAccumulator(histogram_bins or 10)
-    view = await _open_view(store, ref, progress)
-    scan = _Scan(view, filters, ExportSummary(), progress, export_fields("stats", filters))
+    view = await open_view(store, ref, progress)
+    scan = Scan(view, filters, ExportSummary(), progress, export_fields("stats", filters))
     limit = filters.limit
     async for batch in scan.lines():
         for _, record in batch:

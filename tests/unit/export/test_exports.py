@@ -411,10 +411,10 @@ async def test_preference_in_bounded_memory_is_the_in_memory_pairing(
     run: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rl_export.common.formats import preference_pairs
-    from rl_export.export import exports
+    from rl_export.export import pairs
     from tests.records import conversation, trace_events
 
-    monkeypatch.setattr(exports, "PREFERENCE_RUN", run)
+    monkeypatch.setattr(pairs, "PREFERENCE_RUN", run)
     store = MemoryStore()
     await build_story(store)
     events: list[dict[str, Any]] = []

@@ -1,0 +1,155 @@
+"""The ``preference`` export's pairing, in bounded memory (step 3 of
+:mod:`rl_export.export.exports`).
+
+The view is read twice. Pass 1 takes each record's prompt group and reward; the candidates
+are sorted by group on disk (:class:`CandidateRuns`) and paired group by group
+(:func:`~rl_export.common.formats.pair_candidates`), the pairs written to a temporary file.
+Pass 2 spills the paired records' halves (prompt, and the rest), found again by their
+position in the view, from which the pairs are written.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import tempfile
+from array import array
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from typing import IO, Any
+
+from rl_export.common.codec import dumps, dumps_line, loads
+from rl_export.common.formats import Candidate, pair_candidates, preference_group, preference_row
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import ObjectStore
+from rl_export.export.latest import LatestView
+from rl_export.export.scan import ExportSummary, Scan
+
+PREFERENCE_RUN = 200_000  # preference candidates sorted in memory before a run is spilled
+
+
+class CandidateRuns:
+    """Preference candidates sorted by group on disk (runs of ``run_size``), merged back one
+    group at a time: memory holds one run, or one group, never every candidate."""
+
+    def __init__(self, run_size: int | None = None) -> None:
+        self.run_size = run_size or PREFERENCE_RUN
+        self.pending: list[Candidate] = []
+        self.files: list[IO[bytes]] = []
+
+    def add(self, candidate: Candidate) -> None:
+        self.pending.append(candidate)
+        if len(self.pending) >= self.run_size:
+            self._spill()
+
+    def _spill(self) -> None:
+        fh = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        self.pending.sort(key=lambda c: c.group)
+        fh.write(b"".join(
+            dumps([c.group.hex(), c.reward, c.trace_id, c.position]) + b"\n"
+            for c in self.pending
+        ))  # fmt: skip
+        fh.seek(0)
+        self.files.append(fh)
+        self.pending = []
+
+    @staticmethod
+    def _read(fh: IO[bytes]) -> Iterator[Candidate]:
+        for line in fh:
+            group, reward, trace_id, position = loads(line)
+            yield Candidate(bytes.fromhex(group), reward, trace_id, position)
+
+    def groups(self) -> Iterator[list[Candidate]]:
+        """Every group's candidates, groups in digest order."""
+        self.pending.sort(key=lambda c: c.group)
+        streams = [self._read(fh) for fh in self.files]
+        merged = heapq.merge(*streams, iter(self.pending), key=lambda c: c.group)
+        for _, group in itertools.groupby(merged, key=lambda c: c.group):
+            yield list(group)
+
+    def close(self) -> None:
+        for fh in self.files:
+            fh.close()
+        self.files = []
+
+
+async def preference_chunks(
+    store: ObjectStore,
+    ref: CorpusRef,
+    scan: Scan,
+    *,
+    pair_by: Sequence[str],
+    margin: float,
+    max_pairs: int,
+    limit: int | None,
+    summary: ExportSummary,
+) -> AsyncGenerator[bytes, None]:
+    """The pairs of the records ``scan`` yields, as JSON Lines chunks (the module docstring):
+    memory holds one run of candidates or one group, and two integers per record."""
+    runs = CandidateRuns()
+    position = 0
+    async for batch in scan.lines():  # pass 1: each record's group and reward
+        for _, record in batch:
+            grouped = preference_group(record, pair_by)
+            if grouped is None:
+                summary.skipped += 1
+            else:
+                runs.add(Candidate(grouped[0], float(record["reward"]), record["trace_id"],
+                                   position))  # fmt: skip
+            position += 1
+    needed = bytearray((position + 7) // 8)
+    pairs = 0
+    with tempfile.TemporaryFile() as pair_file, tempfile.TemporaryFile() as spill:
+        try:
+            for members in runs.groups():
+                for chosen, rejected in pair_candidates(
+                    members, margin=margin, max_pairs=max_pairs
+                ):
+                    if limit is not None and pairs >= limit:
+                        break
+                    pair_file.write(dumps([
+                        [chosen.reward, chosen.trace_id, chosen.position],
+                        [rejected.reward, rejected.trace_id, rejected.position],
+                    ]) + b"\n")  # fmt: skip
+                    for c in (chosen, rejected):
+                        needed[c.position >> 3] |= 1 << (c.position & 7)
+                    pairs += 1
+        finally:
+            runs.close()
+        if not pairs:
+            return
+        # Pass 2: the paired records' prompt and rest, spilled; found by view position.
+        offsets = array("q", bytes(16 * position))
+        second = Scan(LatestView(store, ref), scan.filters, ExportSummary(), None, scan.fields)
+        await second.view.open()
+        n = 0
+        async for batch in second.lines():
+            for _, record in batch:
+                if needed[n >> 3] & (1 << (n & 7)):
+                    grouped = preference_group(record, pair_by)
+                    if grouped is not None:
+                        data = dumps([grouped[1], grouped[2]])
+                        offsets[2 * n], offsets[2 * n + 1] = spill.tell(), len(data)
+                        spill.write(data)
+                n += 1
+
+        def halves(at: int) -> list[Any]:
+            spill.seek(offsets[2 * at])
+            value: list[Any] = loads(spill.read(offsets[2 * at + 1]))
+            return value
+
+        pair_file.seek(0)
+        out: list[bytes] = []
+        for line in pair_file:
+            (c_reward, c_id, c_at), (r_reward, r_id, r_at) = loads(line)
+            prompt, chosen_rest = halves(c_at)
+            _, rejected_rest = halves(r_at)
+            chosen = Candidate(b"", c_reward, c_id, c_at)
+            rejected = Candidate(b"", r_reward, r_id, r_at)
+            out.append(dumps_line(preference_row(prompt, chosen, chosen_rest, rejected,
+                                                 rejected_rest)))  # fmt: skip
+            summary.records += 1
+            if len(out) >= 1000:
+                yield b"".join(out)
+                out = []
+        if out:
+            yield b"".join(out)

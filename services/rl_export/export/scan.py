@@ -1,0 +1,147 @@
+"""Reading a corpus's latest view for an export: parsed or partly parsed, filtered, counted.
+
+Every export and ``stats`` reads the view through a :class:`Scan`, which fills in an
+:class:`ExportSummary` and reports progress as it goes; :mod:`rl_export.export.exports`
+renders what it yields, :mod:`rl_export.export.pairs` pairs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from rl_export.common.filters import Filters
+from rl_export.corpora.layout import ChainError, CorpusRef
+from rl_export.corpora.store import ObjectStore
+from rl_export.export.latest import LatestView
+from rl_export.export.lazy import DecodeError, FieldDecoder
+
+Progress = Callable[[int, int | None], None]
+"""``progress(done, total)``: latest records read, and how many there are once known."""
+
+
+@dataclass
+class ExportSummary:
+    """What an export wrote."""
+
+    format: str = ""
+    records: int = 0  # rows written (pairs, for preference)
+    scanned: int = 0  # latest records read
+    matched: int = 0  # records that passed the filters
+    skipped: int = 0  # matched records with no row in the format
+    bytes: int = 0
+    attachments: int = 0
+    attachment_errors: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Scan:
+    """Reads the view, parses, filters; counts into the summary; calls progress.
+
+    With ``fields`` (``(parsed, raw)``, :func:`~rl_export.export.lazy.export_fields`) only
+    those top-level fields of each record are read (:class:`~rl_export.export.lazy.
+    FieldDecoder`); else each line is parsed in full. ``with_lines`` also gives each
+    record's line (else an empty ``bytes``)."""
+
+    def __init__(
+        self,
+        view: LatestView,
+        filters: Filters,
+        summary: ExportSummary,
+        progress: Progress | None,
+        fields: tuple[frozenset[str], frozenset[str]] | None = None,
+        *,
+        with_lines: bool = False,
+    ) -> None:
+        self.view = view
+        self.filters = filters
+        self.summary = summary
+        self.progress = progress
+        self.fields = fields
+        self.with_lines = with_lines
+        self.decoder = None if fields is None else FieldDecoder(*fields)
+
+    def _advance(self, count: int) -> None:
+        self.summary.scanned += count
+        if self.progress is not None:
+            self.progress(self.summary.scanned, self.view.total)
+
+    async def lines(self) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
+        """Batches of (line, record) that passed the filters."""
+        if self.decoder is not None:
+            async for decoded in self._decoded(self.decoder):
+                yield decoded
+            return
+        matches = self.filters.matches
+        async for batch in self.view.lines():
+            out = []
+            for line in batch:
+                record = orjson.loads(line)
+                if matches(record):
+                    out.append((line, record))
+            self.summary.matched += len(out)
+            self._advance(len(batch))
+            if out:
+                yield out
+
+    async def _decoded(
+        self, decoder: FieldDecoder
+    ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
+        matches = self.filters.matches
+        async for data, start, end in self.view.ranges():
+            try:
+                records = decoder.decode(memoryview(data)[start:end])
+            except DecodeError as exc:
+                raise ChainError(f"{self.view.ref.root}: a line is not a record ({exc})") from None
+            if self.with_lines:
+                starts = line_starts(data, start, end)
+                if len(starts) != len(records):
+                    raise ChainError(f"{self.view.ref.root}: an empty line in the corpus")
+                starts.append(end)
+                out = [
+                    (data[starts[n] : starts[n + 1]], record)
+                    for n, record in enumerate(records)
+                    if matches(record)
+                ]
+            else:
+                out = [(b"", record) for record in records if matches(record)]
+            self.summary.matched += len(out)
+            self._advance(len(records))
+            if out:
+                yield out
+
+    async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
+        """Blocks of whole lines and their counts, unparsed: only when no filter is set."""
+        async for block, count in self.view.blocks():
+            if count:
+                self.summary.matched += count
+                self._advance(count)
+            yield block, count
+
+
+def line_starts(data: bytes, start: int, end: int) -> list[int]:
+    find = data.find
+    starts = []
+    while start < end:
+        starts.append(start)
+        start = find(b"\n", start, end) + 1
+    return starts
+
+
+def limited(rows: list[Any], summary: ExportSummary, limit: int | None) -> list[Any]:
+    if limit is not None and summary.records + len(rows) > limit:
+        rows = rows[: max(limit - summary.records, 0)]
+    summary.records += len(rows)
+    return rows
+
+
+async def open_view(store: ObjectStore, ref: CorpusRef, progress: Progress | None) -> LatestView:
+    view = await LatestView(store, ref).open()
+    if progress is not None:
+        progress(0, view.total)
+    return view
