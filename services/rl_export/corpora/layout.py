@@ -284,16 +284,6 @@ def block_lines(block: Block) -> list[bytes]:
     return [line + b"\n" for line in lines]
 
 
-async def object_lines(store: ObjectStore, part: Part) -> AsyncIterator[list[bytes]]:
-    """The lines of one object, newline included, in batches; sha256 and count checked."""
-    count = 0
-    async for block in object_blocks(store, part):
-        lines = block_lines(block)
-        count += len(lines)
-        yield lines
-    check_count(part, count)
-
-
 def utc_now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 

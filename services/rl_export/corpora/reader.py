@@ -1,6 +1,7 @@
 """The reader trainers use: stream a corpus, resume from a cursor, follow new commits.
 
-How a read travels (DESIGN.md section 5; the steps match :meth:`CorpusReader._read`):
+How a read travels (DESIGN.md section 5; the steps match :meth:`CorpusReader._walk`, which
+both :meth:`CorpusReader.records` and :meth:`CorpusReader.follow_objects` read through):
 
 1. Without a cursor, start from the latest compaction: yield its records (checksums and
    count verified); its ``positions`` then become the cursor.
@@ -34,7 +35,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rl_export.common.codec import dumps, loads
+from rl_export.common.codec import dumps, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError
 from rl_export.corpora.layout import (
     ChainError,
@@ -44,13 +45,10 @@ from rl_export.corpora.layout import (
     Part,
     block_lines,
     chain_keys,
-    check_count,
     latest_compaction,
     object_blocks,
     parse_stream,
     read_commit,
-    read_compaction,
-    read_shard,
 )
 from rl_export.corpora.store import ObjectStore
 
@@ -145,35 +143,6 @@ async def _checked_commit(store: ObjectStore, key: str, stream: str, position: i
     return commit
 
 
-async def _checked_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list[Any]:
-    try:
-        rows = await read_shard(store, ref, commit)
-    except ObjectNotFoundError:
-        raise ChainError(f"{ref.key(commit.shard)}: shard named by a commit is missing") from None
-    _check_rows(ref.key(commit.shard), rows)
-    return rows
-
-
-async def _compaction_rows(store: ObjectStore, ref: CorpusRef, compaction: Compaction) -> list[Any]:
-    where = ref.compaction_key(compaction.generation)
-    try:
-        rows = list(await read_compaction(store, ref, compaction))
-    except ObjectNotFoundError as exc:
-        raise ChainError(f"{where}: a part is missing ({exc})") from None
-    except (ValueError, OSError, EOFError, KeyError, TypeError) as exc:
-        raise ChainError(f"{where}: unreadable part ({type(exc).__name__}: {exc})") from None
-    if len(rows) != compaction.records:
-        raise ChainError(f"{where}: {len(rows)} records, it says {compaction.records}")
-    _check_rows(where, rows)
-    return rows
-
-
-def _check_rows(where: str, rows: list[Any]) -> None:
-    for number, row in enumerate(rows, start=1):
-        if not isinstance(row, dict):
-            raise ChainError(f"{where}: line {number} is not a JSON object")
-
-
 # --- latest revision per trace --------------------------------------------------------------
 
 
@@ -224,6 +193,22 @@ class ObjectLines:
     def lines(self) -> list[bytes]:
         """The lines, newline included (a copy of each)."""
         return block_lines((self.data, 0, len(self.data))) if self.data else []
+
+
+@dataclass(frozen=True)
+class _Span:
+    """One verified object after the cursor, before any of it is handed out.
+
+    ``data`` holds its lines after the cursor (``count`` of them; the ``skipped`` before them
+    were handed out earlier). ``move(n)`` sets the cursor after the object's first ``n``
+    lines, past the object when ``n`` is all of them: the one place a walk's cursor moves.
+    """
+
+    key: str
+    data: bytes
+    count: int
+    skipped: int
+    move: Callable[[int], None]
 
 
 class CorpusReader:
@@ -329,55 +314,97 @@ class CorpusReader:
 
     # -- steps ---------------------------------------------------------------------------
 
-    async def _read_objects(self) -> AsyncGenerator[ObjectLines, None]:
-        """:meth:`_read` one object at a time, lines unparsed."""
-        if CURSOR_GENERATION in self._cursor:
-            async with contextlib.aclosing(self._compaction_objects()) as objects:
-                async for item in objects:
-                    yield item
-        for stream in await list_streams(self.store, self.ref):
-            async with contextlib.aclosing(self._chain_objects(stream)) as objects:
-                async for item in objects:
-                    yield item
+    async def _read(self) -> AsyncGenerator[dict[str, Any], None]:
+        """Yield everything after the cursor, moving it before each record is handed out."""
+        async with contextlib.aclosing(self._walk()) as spans:
+            async for span in spans:
+                rows = await _rows(span)
+                if not rows:
+                    span.move(span.skipped)
+                for n, row in enumerate(rows, start=span.skipped + 1):
+                    # 4. Move the cursor before handing the record out: whoever holds the
+                    # record holds a cursor that includes it.
+                    span.move(n)
+                    yield row
 
-    async def _compaction_objects(self) -> AsyncGenerator[ObjectLines, None]:
+    async def _read_objects(self) -> AsyncGenerator[ObjectLines, None]:
+        """:meth:`_read` one object at a time, lines unparsed, the cursor moved past each."""
+        async with contextlib.aclosing(self._walk()) as spans:
+            async for span in spans:
+                span.move(span.skipped + span.count)
+                yield ObjectLines(span.key, span.data, span.count)
+
+    async def _walk(self) -> AsyncGenerator[_Span, None]:
+        """Every object after the cursor, verified, in reading order; the caller moves the
+        cursor through each (:attr:`_Span.move`) before the next is read."""
+        if CURSOR_GENERATION in self._cursor:  # 1. The compaction the cursor is in.
+            async with contextlib.aclosing(self._compaction_spans()) as spans:
+                async for span in spans:
+                    yield span
+        # 2. Every chain, in a fixed order.
+        for stream in await list_streams(self.store, self.ref):
+            async with contextlib.aclosing(self._chain_spans(stream)) as spans:
+                async for span in spans:
+                    yield span
+
+    async def _compaction_spans(self) -> AsyncGenerator[_Span, None]:
         generation = self._cursor[CURSOR_GENERATION]
         skip = self._cursor.get(CURSOR_GENERATION_SKIP, 0)
         compaction = self._compaction
         if compaction is None or compaction.generation != generation:
             compaction = await self._load_generation(generation)
+        where = self.ref.compaction_key(generation)
         positions = check_cursor(compaction.positions)
         parts = [
             Part(self.ref.key(p["shard"]), p["sha256"], p["records"], p["compression"])
             for p in compaction.parts
         ]
-        if skip > sum(p.records for p in parts):
+        total = sum(p.records for p in parts)
+        if total != compaction.records:
             raise ChainError(
-                f"{self.ref.compaction_key(generation)}: the cursor skips {skip} records, "
-                f"it has {sum(p.records for p in parts)}"
+                f"{where}: its parts hold {total} records, it says {compaction.records}"
             )
+        if skip > total:
+            raise ChainError(f"{where}: the cursor skips {skip} records, it has {total}")
+
+        def mover(before: int, part: Part, last: bool) -> Callable[[int], None]:
+            def move(n: int) -> None:  # n: the part's records handed out
+                if last and n == part.records:
+                    self._cursor = dict(positions)
+                else:
+                    self._cursor[CURSOR_GENERATION_SKIP] = before + n
+
+            return move
+
         done = 0
-        for n, part in enumerate(parts):
-            if skip >= done + part.records:
-                done += part.records
+        for number, part in enumerate(parts):
+            before, done = done, done + part.records
+            if skip >= done:
                 continue
-            data = await _object_data(self.store, part)
-            fresh = _drop_lines(data, max(skip - done, 0))
-            count = part.records - max(skip - done, 0)
-            done += part.records
-            if n + 1 == len(parts):
-                self._cursor = dict(positions)
-            else:
-                self._cursor[CURSOR_GENERATION_SKIP] = done
-            yield ObjectLines(part.key, fresh, count)
+            data = await _object_data(self.store, part, "its compaction")
+            skipped = max(skip - before, 0)
+            yield _Span(part.key, _drop_lines(data, skipped), part.records - skipped, skipped,
+                        mover(before, part, number + 1 == len(parts)))  # fmt: skip
         self._cursor = dict(positions)
         self._compaction = None
 
-    async def _chain_objects(self, stream: str) -> AsyncGenerator[ObjectLines, None]:
+    async def _chain_spans(self, stream: str) -> AsyncGenerator[_Span, None]:
+        # 3. Follow the chain from the cursor; verify each shard before yielding from it.
         skip_key = stream + SKIP_SUFFIX
         position = self._cursor.get(stream, 0)
         skip = self._cursor.get(skip_key, 0)
         by_offset = dict(await chain_keys(self.store, self.ref, stream))
+
+        def mover(position: int, commit: Commit) -> Callable[[int], None]:
+            def move(n: int) -> None:  # n: the shard's records handed out
+                if n == commit.records:
+                    self._advance(stream, commit.last_offset + 1)
+                else:
+                    self._cursor[stream] = position
+                    self._cursor[skip_key] = n
+
+            return move
+
         while position in by_offset:
             commit = await _checked_commit(self.store, by_offset[position], stream, position)
             if skip > commit.records:
@@ -388,11 +415,10 @@ class CorpusReader:
             part = Part(
                 self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression
             )
-            data = await _object_data(self.store, part)
-            position = commit.last_offset + 1
-            self._advance(stream, position)
-            yield ObjectLines(part.key, _drop_lines(data, skip), commit.records - skip)
-            skip = 0
+            data = await _object_data(self.store, part, "its commit")
+            yield _Span(part.key, _drop_lines(data, skip), commit.records - skip, skip,
+                        mover(position, commit))  # fmt: skip
+            position, skip = commit.last_offset + 1, 0
         later = sorted(offset for offset in by_offset if offset > position)
         if later:
             raise ChainError(
@@ -414,41 +440,6 @@ class CorpusReader:
                 CURSOR_GENERATION_SKIP: 0,
             }
 
-    async def _read(self) -> AsyncGenerator[dict[str, Any], None]:
-        """Yield everything after the cursor, moving it before each record is handed out."""
-        if CURSOR_GENERATION in self._cursor:
-            async with contextlib.aclosing(self._read_compaction()) as rows:
-                async for row in rows:
-                    yield row
-        # 2. Every chain, in a fixed order.
-        for stream in await list_streams(self.store, self.ref):
-            async with contextlib.aclosing(self._read_chain(stream)) as rows:
-                async for row in rows:
-                    yield row
-
-    async def _read_compaction(self) -> AsyncGenerator[dict[str, Any], None]:
-        generation = self._cursor[CURSOR_GENERATION]
-        skip = self._cursor.get(CURSOR_GENERATION_SKIP, 0)
-        compaction = self._compaction
-        if compaction is None or compaction.generation != generation:
-            compaction = await self._load_generation(generation)
-        rows = await _compaction_rows(self.store, self.ref, compaction)
-        if skip > len(rows):
-            raise ChainError(
-                f"{self.ref.compaction_key(generation)}: the cursor skips {skip} records, "
-                f"it has {len(rows)}"
-            )
-        positions = check_cursor(compaction.positions)
-        if skip == len(rows):
-            self._cursor = positions
-        for n in range(skip, len(rows)):
-            if n + 1 == len(rows):
-                self._cursor = dict(positions)
-            else:
-                self._cursor[CURSOR_GENERATION_SKIP] = n + 1
-            yield rows[n]
-        self._compaction = None
-
     async def _load_generation(self, generation: int) -> Compaction:
         key = self.ref.compaction_key(generation)
         try:
@@ -458,54 +449,46 @@ class CorpusReader:
         except ValueError as exc:
             raise ChainError(f"{key}: unreadable compaction ({exc})") from None
 
-    async def _read_chain(self, stream: str) -> AsyncGenerator[dict[str, Any], None]:
-        # 3. Follow the chain from the cursor; verify each shard before yielding from it.
-        skip_key = stream + SKIP_SUFFIX
-        position = self._cursor.get(stream, 0)
-        skip = self._cursor.get(skip_key, 0)
-        by_offset = dict(await chain_keys(self.store, self.ref, stream))
-        while position in by_offset:
-            commit = await _checked_commit(self.store, by_offset[position], stream, position)
-            rows = await _checked_shard(self.store, self.ref, commit)
-            if skip > len(rows):
-                raise ChainError(
-                    f"{by_offset[position]}: the cursor skips {skip} records, it has {len(rows)}"
-                )
-            following = commit.last_offset + 1
-            if skip == len(rows):
-                self._advance(stream, following)
-            for n in range(skip, len(rows)):
-                # 4. Move the cursor before handing the record out: whoever holds the
-                # record holds a cursor that includes it.
-                if n + 1 == len(rows):
-                    self._advance(stream, following)
-                else:
-                    self._cursor[stream] = position
-                    self._cursor[skip_key] = n + 1
-                yield rows[n]
-            position, skip = following, 0
-        later = sorted(offset for offset in by_offset if offset > position)
-        if later:
-            raise ChainError(
-                f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
-                f"commits from {later[0]} on (a gap, or history the chain no longer holds)"
-            )
-
     def _advance(self, stream: str, position: int) -> None:
         self._cursor.pop(stream + SKIP_SUFFIX, None)
         self._cursor[stream] = position
 
 
-async def _object_data(store: ObjectStore, part: Part) -> bytes:
-    """Every line of an object as one buffer, verified (sha256 and count) before it is
-    returned."""
+async def _object_data(store: ObjectStore, part: Part, named_by: str) -> bytes:
+    """Every line of an object as one buffer, verified (sha256, and the record count
+    ``named_by`` gives) before it is returned."""
     blocks = [block async for block in object_blocks(store, part)]
     if len(blocks) == 1 and blocks[0][1] == 0 and blocks[0][2] == len(blocks[0][0]):
         joined = blocks[0][0]
     else:
         joined = b"".join(memoryview(chunk)[start:end] for chunk, start, end in blocks)
-    check_count(part, joined.count(b"\n"))
+    count = joined.count(b"\n")
+    if count != part.records:
+        raise ChainError(f"{part.key}: {count} records, {named_by} says {part.records}")
     return joined
+
+
+_PARSE_IN_THREAD = 1 << 20
+"""Objects larger than this are parsed in a thread: the event loop keeps its turn."""
+
+
+async def _rows(span: _Span) -> list[dict[str, Any]]:
+    """A span's records, each checked to be a JSON object (ChainError if not)."""
+    try:
+        if len(span.data) > _PARSE_IN_THREAD:
+            rows = await asyncio.to_thread(_parse_lines, span.data)
+        else:
+            rows = _parse_lines(span.data)
+    except ValueError as exc:
+        raise ChainError(f"{span.key}: unreadable ({exc})") from None
+    for number, row in enumerate(rows, start=span.skipped + 1):
+        if not isinstance(row, dict):
+            raise ChainError(f"{span.key}: line {number} is not a JSON object")
+    return rows
+
+
+def _parse_lines(data: bytes) -> list[Any]:
+    return list(iter_lines(data))
 
 
 def _drop_lines(data: bytes, count: int) -> bytes:

@@ -477,3 +477,30 @@ async def test_follow_objects_refuses_a_shard_that_does_not_match_its_commit() -
     store.objects[REF.key(bad.shard)] = store.objects[REF.key(bad.shard)].replace(b"x", b"q")
     with pytest.raises(ChainError, match="sha256"):
         await objects_until_caught_up(CorpusReader(store, REF))
+
+
+async def test_records_and_objects_walk_alike_and_every_cursor_resumes_exactly() -> None:
+    """Records and whole objects come from one walk: at the end of each object records()
+    leaves the cursor follow_objects leaves there, and every cursor records() leaves, given
+    to either, gives exactly the rest (a compaction, two chains, an empty shard)."""
+    store = MemoryStore()
+    await two_partitions(store)
+    await write_compaction(store, REF, 1, {f"{TOPIC}-2": 5}, [record("a", 1), record("b", 1)])
+    reader = CorpusReader(store, REF)
+    rows: list[dict[str, Any]] = []
+    cursors: list[dict[str, int]] = []
+    async for row in reader.records():
+        rows.append(row)
+        cursors.append(reader.cursor)
+    assert ids(rows) == [("a", 1), ("b", 1), ("c", 1), ("k", 1), ("l", 1), ("m", 1), ("k", 2)]
+    for n, cursor in enumerate(cursors):
+        assert ids(await collect(CorpusReader(store, REF), cursor)) == ids(rows[n + 1 :])
+        rest, _ = await objects_until_caught_up(CorpusReader(store, REF), cursor)
+        assert [r for _, obj in rest for r in obj] == ids(rows[n + 1 :])
+    got, object_cursors = await objects_until_caught_up(CorpusReader(store, REF))
+    assert [len(obj) for _, obj in got] == [2, 1, 0, 2, 2]
+    handed = 0
+    for (_, obj), cursor in zip(got, object_cursors, strict=True):
+        handed += len(obj)
+        if obj:
+            assert cursor == cursors[handed - 1]
