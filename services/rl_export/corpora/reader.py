@@ -355,10 +355,14 @@ class CorpusReader:
             compaction = await self._load_generation(generation)
         where = self.ref.compaction_key(generation)
         positions = check_cursor(compaction.positions)
-        parts = [
-            Part(self.ref.key(p["shard"]), p["sha256"], p["records"], p["compression"])
-            for p in compaction.parts
-        ]
+        try:
+            parts = [
+                Part(self.ref.key(p["shard"]), p["sha256"], p["records"],
+                     p.get("compression", "none"))
+                for p in compaction.parts
+            ]  # fmt: skip
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ChainError(f"{where}: a part without {exc}") from None
         total = sum(p.records for p in parts)
         if total != compaction.records:
             raise ChainError(
@@ -367,9 +371,9 @@ class CorpusReader:
         if skip > total:
             raise ChainError(f"{where}: the cursor skips {skip} records, it has {total}")
 
-        def mover(before: int, part: Part, last: bool) -> Callable[[int], None]:
+        def mover(before: int) -> Callable[[int], None]:
             def move(n: int) -> None:  # n: the part's records handed out
-                if last and n == part.records:
+                if before + n == total:  # the last record (parts after it may be empty)
                     self._cursor = dict(positions)
                 else:
                     self._cursor[CURSOR_GENERATION_SKIP] = before + n
@@ -377,14 +381,14 @@ class CorpusReader:
             return move
 
         done = 0
-        for number, part in enumerate(parts):
+        for part in parts:
             before, done = done, done + part.records
             if skip >= done:
                 continue
             data = await _object_data(self.store, part, "its compaction")
             skipped = max(skip - before, 0)
             yield _Span(part.key, _drop_lines(data, skipped), part.records - skipped, skipped,
-                        mover(before, part, number + 1 == len(parts)))  # fmt: skip
+                        mover(before))  # fmt: skip
         self._cursor = dict(positions)
         self._compaction = None
 
@@ -481,6 +485,8 @@ async def _rows(span: _Span) -> list[dict[str, Any]]:
             rows = _parse_lines(span.data)
     except ValueError as exc:
         raise ChainError(f"{span.key}: unreadable ({exc})") from None
+    if len(rows) != span.count:  # a line break inside a line (a bare \r), say
+        raise ChainError(f"{span.key}: {len(rows)} records parsed, {span.count} lines")
     for number, row in enumerate(rows, start=span.skipped + 1):
         if not isinstance(row, dict):
             raise ChainError(f"{span.key}: line {number} is not a JSON object")

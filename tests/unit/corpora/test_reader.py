@@ -8,6 +8,7 @@ object first, then the commit (or ``_compaction.json``) naming it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -102,23 +103,40 @@ async def write_compaction(
     compression: Compression = "none",
 ) -> Compaction:
     """Write one part then ``_compaction.json``, as compaction does."""
-    shard = encode_shard(records, compression)
-    suffix = ".jsonl.gz" if compression == "gzip" else ".jsonl"
-    key = f"{ref.compacted_prefix()}{generation:020d}/part-00000-{shard.sha256[:16]}{suffix}"
-    await store.put(key, shard.data)
+    return await write_parts(store, ref, generation, positions, [records], compression=compression)
+
+
+async def write_parts(
+    store: ObjectStore,
+    ref: CorpusRef,
+    generation: int,
+    positions: dict[str, int],
+    parts: list[list[dict[str, Any]]],
+    *,
+    compression: Compression = "none",
+    drop: str | None = None,
+) -> Compaction:
+    """Write each part then ``_compaction.json``; ``drop`` leaves that field out of a part."""
+    entries = []
+    for number, records in enumerate(parts):
+        shard = encode_shard(records, compression)
+        suffix = ".jsonl.gz" if compression == "gzip" else ".jsonl"
+        key = (f"{ref.compacted_prefix()}{generation:020d}/"
+               f"part-{number:05d}-{shard.sha256[:16]}{suffix}")  # fmt: skip
+        await store.put(key, shard.data)
+        entry = {
+            "shard": ref.relative(key),
+            "records": shard.records,
+            "bytes": len(shard.data),
+            "sha256": shard.sha256,
+            "compression": compression,
+        }
+        entries.append({k: v for k, v in entry.items() if k != drop})
     compaction = Compaction(
         generation=generation,
         positions=positions,
-        parts=[
-            {
-                "shard": ref.relative(key),
-                "records": shard.records,
-                "bytes": len(shard.data),
-                "sha256": shard.sha256,
-                "compression": compression,
-            }
-        ],
-        records=shard.records,
+        parts=entries,
+        records=sum(len(records) for records in parts),
         schema_version=SCHEMA_VERSION,
         created_at="2026-01-01T00:00:00Z",
         writer="test",
@@ -504,3 +522,36 @@ async def test_records_and_objects_walk_alike_and_every_cursor_resumes_exactly()
         handed += len(obj)
         if obj:
             assert cursor == cursors[handed - 1]
+
+
+async def test_after_a_compactions_last_record_the_cursor_is_its_positions() -> None:
+    """Even when empty parts follow it: a reader stopped there resumes from the chains, and
+    does not need the compaction, which a newer one may have replaced by then."""
+    store = MemoryStore()
+    await commit_shard(store, REF, TOPIC, 0, 0, 4, [record("a", 1), record("b", 1)])
+    await write_parts(store, REF, 1, {S0: 5}, [[], [record("a", 1)], [record("b", 1)], [], []])
+    reader = CorpusReader(store, REF)
+    cursors = []
+    async for _ in reader.records():
+        cursors.append(reader.cursor)
+    assert cursors == [{"_compacted/generation": 1, "_compacted/skip": 1}, {S0: 5}]
+    _, object_cursors = await objects_until_caught_up(CorpusReader(store, REF))
+    assert object_cursors == [{"_compacted/generation": 1, "_compacted/skip": 1}, {S0: 5}, {S0: 5},
+                              {S0: 5}]  # fmt: skip
+
+
+async def test_a_line_break_inside_a_line_or_a_part_without_its_count_raises() -> None:
+    store = MemoryStore()
+    commit = await commit_shard(store, REF, TOPIC, 0, 0, 0, [record("a", 1)])
+    # One "line" by its newlines, two records by a bare carriage return inside it.
+    data = dumps(record("a", 1)) + b"\r" + dumps(record("b", 1)) + b"\n"
+    await store.put(REF.key(commit.shard), data)
+    fields = loads(await store.get(REF.manifest_key(S0, 0)))
+    fields["sha256"] = hashlib.sha256(data).hexdigest()
+    store.objects[REF.manifest_key(S0, 0)] = dumps(fields)
+    with pytest.raises(ChainError, match="2 records parsed, 1 lines"):
+        await collect(CorpusReader(store, REF), {})
+    other = MemoryStore()
+    await write_parts(other, REF, 1, {S0: 0}, [[record("a", 1)]], drop="records")
+    with pytest.raises(ChainError, match="a part without 'records'"):
+        await collect(CorpusReader(other, REF))
