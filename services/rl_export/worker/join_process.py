@@ -12,10 +12,9 @@ import os
 import sys
 
 from rl_export.common.gctune import tune_gc
-from rl_export.common.net import LOOPBACK
 from rl_export.common.settings import Settings
-from rl_export.worker.joins import InProcessJoin
-from rl_export.worker.pages import serve_pages
+from rl_export.worker.child_pages import ChildPages
+from rl_export.worker.inprocess import InProcessJoin
 from rl_export.worker.runtime import (
     configure_logging,
     die_with,
@@ -29,11 +28,11 @@ log = logging.getLogger(__name__)
 async def serve_join(settings: Settings, port: int, stop: asyncio.Event) -> None:
     """The join child's main: the join, and its pages on a loopback port for the parent."""
     join = InProcessJoin(settings)
-    runner = await serve_pages(LOOPBACK, port, join.is_ready, join.metrics_text)
+    pages = ChildPages(port, join.is_ready, join.metrics_text)
     try:
         await run_stages([asyncio.create_task(join.run(stop), name="join")], stop)
     finally:
-        await runner.cleanup()
+        await pages.close()
 
 
 def run_join_process(parent_pid: int, port: int) -> int:

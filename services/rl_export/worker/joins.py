@@ -1,4 +1,4 @@
-"""The worker's join stage: in its own process, or supervised in child processes.
+"""The worker's join stage in child processes, supervised.
 
 :class:`ChildJoins` runs the join loop (:mod:`rl_export.stream.loop`) in ``join_processes``
 children, each one member of the join's consumer group, dying with the worker; the worker's
@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
-from typing import Protocol
 
 from aiohttp import ClientError, ClientSession, ClientTimeout
 from prometheus_client import CollectorRegistry, Metric, generate_latest
@@ -20,37 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from rl_export.common.errors import WorkerError
-from rl_export.common.metrics import Metrics
 from rl_export.common.net import LOOPBACK, free_port
 from rl_export.common.settings import Settings, child_env
-from rl_export.stream.loop import JoinWorker
 
 log = logging.getLogger(__name__)
-
-
-class JoinStage(Protocol):
-    """The join as the worker's pages see it: in this process or in a child process."""
-
-    async def run(self, stop: asyncio.Event) -> None: ...
-    async def is_ready(self) -> bool: ...
-    async def metrics_text(self) -> bytes: ...
-
-
-class InProcessJoin:
-    """The join in the worker's own process (``join_processes=0``)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.registry = CollectorRegistry()
-        self.worker = JoinWorker(settings, Metrics(self.registry))
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.worker.run(stop)
-
-    async def is_ready(self) -> bool:
-        return self.worker.ready.is_set() and not self.worker.to_restore
-
-    async def metrics_text(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 class _Child:

@@ -23,7 +23,8 @@ from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.sink import Sink, SinkConfig
 from rl_export.corpora.store import open_store
 from rl_export.stream.topics import ensure_service_topics
-from rl_export.worker.joins import ChildJoins, InProcessJoin, JoinStage
+from rl_export.worker.inprocess import InProcessJoin, JoinStage
+from rl_export.worker.joins import ChildJoins
 from rl_export.worker.pages import serve_pages
 from rl_export.worker.runtime import configure_logging, run_stages, stop_on_signals
 
