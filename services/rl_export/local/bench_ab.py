@@ -158,7 +158,7 @@ def print_table(result: dict[str, Any], path: Path) -> None:
     for v in result["variants"]:
         runs = " / ".join(f"{r:,.0f}" for r in v["runs"])
         cpu = v["cpu_us_per_event"]
-        print(f"\n  {v['variant'] or '(defaults)'}")
+        print(f"\n  {Variant(v['variant']).label}")
         print(f"    {v['events_per_s']:,.0f} events/s ({runs}); "
               f"{v['events_per_s'] / first:.2f} of the first")  # fmt: skip
         print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {v['peak_rss_mib']:.0f} MiB")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
@@ -31,8 +31,8 @@ class ChildPages:
     def __init__(
         self,
         port: int,
-        ready: Callable[[], Awaitable[bool]],
-        metrics_text: Callable[[], Awaitable[bytes]],
+        ready: Callable[[], Coroutine[Any, Any, bool]],
+        metrics_text: Callable[[], Coroutine[Any, Any, bytes]],
     ) -> None:
         loop = asyncio.get_running_loop()
 
@@ -40,21 +40,16 @@ class ChildPages:
             future = asyncio.run_coroutine_threadsafe(make(), loop)
             return future.result(timeout=ANSWER_TIMEOUT_S)
 
-        async def is_ready() -> bool:
-            return await ready()
-
-        async def metrics() -> bytes:
-            return await metrics_text()
-
         class Pages(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/healthz":
                     self._send(200, "application/json", b'{"status":"ok"}')
                 elif self.path == "/readyz":
-                    up = answer(is_ready)
+                    up = answer(ready)
                     self._send(200 if up else 503, "application/json", orjson.dumps({"ready": up}))
                 elif self.path == "/metrics":
-                    self._send(200, "text/plain; version=0.0.4; charset=utf-8", answer(metrics))
+                    text = answer(metrics_text)
+                    self._send(200, "text/plain; version=0.0.4; charset=utf-8", text)
                 else:
                     self._send(404, "application/json", b'{"error":"not_found"}')
 
