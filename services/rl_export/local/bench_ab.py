@@ -138,6 +138,7 @@ async def run(
             "runs": rates,
             "cpu_us_per_event": cpu_per_event(measured[i], len(events)),
             "peak_rss_mib": sum(highest_rss(measured[i])),
+            "peak_rss_parts_mib": highest_rss(measured[i]),
         })  # fmt: skip
     return {
         "at": datetime.now(UTC).isoformat(),
@@ -161,7 +162,9 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         print(f"\n  {Variant(v['variant']).label}")
         print(f"    {v['events_per_s']:,.0f} events/s ({runs}); "
               f"{v['events_per_s'] / first:.2f} of the first")  # fmt: skip
-        print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {v['peak_rss_mib']:.0f} MiB")
+        parts = ", ".join(f"{p:.0f}" for p in v["peak_rss_parts_mib"])
+        print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {v['peak_rss_mib']:.0f} MiB "
+              f"({parts}: the worker with its sink, each join process)")  # fmt: skip
     print(f"\n  results: {path}")
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from rl_export.local.bench_ab import Variant, main, parse_variant, rotated
+from rl_export.local.bench_ab import Variant, main, parse_variant, print_table, rotated
 
 
 def test_a_variant_is_settings_validated_as_the_worker_would_and_environment() -> None:
@@ -59,3 +62,26 @@ def test_bad_arguments_exit_2_with_a_message_and_start_nothing(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_the_table_gives_each_process_peak_beside_their_sum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def variant(text: str, rate: float, parts: list[float]) -> dict[str, Any]:
+        return {
+            "variant": text, "events_per_s": rate, "runs": [rate, rate * 2, rate / 2],
+            "cpu_us_per_event": {"join": 60.0, "worker": 20.0, "broker": 10.0},
+            "peak_rss_mib": sum(parts), "peak_rss_parts_mib": parts,
+        }  # fmt: skip
+
+    result = {
+        "shape": "small", "events": 110_079, "avg_event_bytes": 727.0, "rounds": 3,
+        "variants": [variant("", 10_000.0, [150.2, 180.0, 170.6]),
+                     variant("state_cache_mib=4", 12_000.0, [140.0, 150.0, 149.4])],
+    }  # fmt: skip
+    print_table(result, tmp_path / "ab.json")
+    out = capsys.readouterr().out
+    assert "(defaults)\n    10,000 events/s (10,000 / 20,000 / 5,000); 1.00 of the first" in out
+    assert "state_cache_mib=4\n    12,000 events/s (12,000 / 24,000 / 6,000); 1.20 of" in out
+    assert "peak RSS 501 MiB (150, 180, 171: the worker with its sink, each join process)" in out
+    assert "peak RSS 439 MiB (140, 150, 149: " in out
