@@ -330,10 +330,23 @@ class ReadCache:
         if self._young_bytes >= self.limit // 2:
             self._old, self._young, self._young_bytes = self._young, {}, 0
 
-    def missing(self, keys: Iterable[bytes]) -> list[bytes]:
-        """The keys it does not hold, each once, in order (nothing is moved to the young)."""
+    def split(self, keys: Iterable[bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """What it holds of the keys, and the keys it does not hold (each once, in order).
+
+        Nothing moves to the young generation: a lookup does that when it comes.
+        """
         young, old = self._young, self._old
-        return [k for k in dict.fromkeys(keys) if k not in young and k not in old]
+        held: dict[bytes, bytes] = {}
+        missing: list[bytes] = []
+        for key in dict.fromkeys(keys):
+            value = young.get(key)
+            if value is None:
+                value = old.get(key)
+            if value is None:
+                missing.append(key)
+            else:
+                held[key] = value
+        return held, missing
 
     def discard(self, key: bytes) -> None:
         self._young.pop(key, None)
@@ -392,13 +405,15 @@ class ChangelogTable:
         changes = self._changes.get(at.partition)
         if changes is not None and key in changes:
             return changes[key]
+        prefetched = self._prefetched.get(at.partition)
+        if prefetched is not None and key in prefetched:
+            value = prefetched.pop(key)
+            if value is not None:
+                self.cache.put(key, value)
+            return value
         value = self.cache.get(key)
         if value is None:
-            prefetched = self._prefetched.get(at.partition)
-            if prefetched is not None and key in prefetched:
-                value = prefetched.pop(key)
-            else:
-                value = self.stores[at.partition].get(key)
+            value = self.stores[at.partition].get(key)
             if value is not None:
                 self.cache.put(key, value)
         return value
@@ -408,15 +423,20 @@ class ChangelogTable:
 
         One multi-get per partition. The values wait for the batch's :meth:`get` (which
         moves them to the cache) until :meth:`take_changes` or the next prefetch; a key that
-        is not in the store waits as None.
+        is not in the store waits as None. What the cache held waits beside them: the
+        batch's own lookups fill the cache and may drop its older half before they come
+        to those keys, which would then be read from the store one by one.
         """
         self._prefetched = {}
         for partition, wanted in keys.items():
             changes = self._changes.get(partition, {})
-            missing = [k for k in self.cache.missing(wanted) if k not in changes]
+            cached, missing = self.cache.split(k for k in wanted if k not in changes)
+            held: dict[bytes, bytes | None] = dict(cached)
             if missing:
                 values = self.stores[partition].get_many(missing)
-                self._prefetched[partition] = dict(zip(missing, values, strict=True))
+                held.update(zip(missing, values, strict=True))
+            if held:
+                self._prefetched[partition] = held
 
     def put(self, key: bytes, value: bytes, at: At) -> None:
         self._changes.setdefault(at.partition, {})[key] = value

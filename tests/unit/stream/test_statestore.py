@@ -357,6 +357,39 @@ def test_a_prefetch_reads_a_batch_once_and_its_gets_find_it(table: ChangelogTabl
     assert store.gets == [b"a", b"new", b"b"]
 
 
+def test_what_the_cache_held_at_the_prefetch_is_not_read_again_when_the_cache_turns_over(
+    tmp_path: Path,
+) -> None:
+    table = ChangelogTable("memory://", tmp_path, cache_bytes=1_000)
+    store = table.stores[0] = CountingStore()
+    store.write({b"a": b"1", b"b": b"2"})
+    table.prefetch({0: [b"a", b"b"]})
+    table.get(b"a", At(0))
+    table.get(b"b", At(0))
+    table.take_changes()  # the next batch: a and b are in the read cache
+    table.prefetch({0: [b"a", b"b", b"c"]})
+    assert store.gets == [b"a", b"b", b"c"]  # only c was read
+    for n in range(20):  # the batch's other lookups drop both generations
+        table.cache.put(f"other{n}".encode(), b"x" * 100)
+    assert table.cache.split([b"a", b"b"]) == ({}, [b"a", b"b"])
+    assert table.get(b"a", At(0)) == b"1"
+    assert table.get(b"b", At(0)) == b"2"
+    assert store.gets == [b"a", b"b", b"c"]  # pinned by the prefetch, not read one by one
+
+
+def test_the_read_cache_splits_keys_into_what_it_holds_and_what_it_does_not() -> None:
+    from rl_export.stream.statestore import ReadCache
+
+    cache = ReadCache(limit_bytes=10_000)
+    cache.put(b"old", b"1")
+    cache._old, cache._young = cache._young, {}  # a generation later
+    cache.put(b"young", b"2")
+    held, missing = cache.split([b"x", b"young", b"old", b"x", b"y"])
+    assert held == {b"young": b"2", b"old": b"1"}
+    assert missing == [b"x", b"y"]  # each once, in order
+    assert b"old" not in cache._young  # a split moves nothing
+
+
 def test_a_write_after_the_prefetch_wins_and_the_prefetch_ends_with_the_batch(
     table: ChangelogTable,
 ) -> None:
