@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     tombstone_retention_s: float = Field(7 * DAY_S, gt=0)
     state_store: str = Field("rocksdb://", pattern=r"^(rocksdb|memory)://$")
     state_cache_mib: int = Field(
-        16, ge=0, description="Recently used join states kept in memory per join process."
+        4, ge=0, description="Recently used join states kept in memory per join process."
     )
     join_batch_size: int = Field(
         5000,

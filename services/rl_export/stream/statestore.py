@@ -368,7 +368,7 @@ class ChangelogTable:
     the batch's :meth:`take_changes`.
     """
 
-    def __init__(self, state_store: str, data_dir: Path, cache_bytes: int = 32 * MIB) -> None:
+    def __init__(self, state_store: str, data_dir: Path, cache_bytes: int = 4 * MIB) -> None:
         self.state_store = state_store
         self.data_dir = data_dir
         self.stores: dict[int, PartitionStore] = {}
