@@ -198,7 +198,7 @@ class ChainWriter:
             return  # already in a committed shard
         spec, source = self.spec, self.spec.source
         holds = spec.holds(snapshot)
-        erased = bool(snapshot.snapshot["deleted"])
+        erased = snapshot.deleted
         line = None
         if holds and spec.format != "trajectory":  # a row only if the format has one
             line = spec.held_line(snapshot)

@@ -289,6 +289,32 @@ async def test_records_go_to_the_corpora_they_are_ready_for() -> None:
     await verified(store)
 
 
+async def test_live_snapshots_in_the_record_layout_are_never_parsed_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default corpora's lines come from the value's own bytes: parsing each snapshot
+    whole (its conversation, most of its bytes) once cost the sink half its time."""
+    import rl_export.common.records
+    import rl_export.corpora.sink
+
+    def parsed_whole(value: bytes) -> dict[str, Any]:
+        raise AssertionError("a live snapshot in the record layout was parsed whole")
+
+    monkeypatch.setattr(rl_export.common.records, "decode_snapshot", parsed_whole)
+    monkeypatch.setattr(rl_export.corpora.sink, "decode_snapshot", parsed_whole)
+    store = MemoryStore()
+    sink, _ = make_sink(store)
+    t = Trace("tr-1")
+    s1, s2, s3 = t.completed(), t.evaluated(), t.labelled()
+    await feed(sink, [(0, s1), (1, s2), (2, s3)])
+    await sink.flush()
+    assert [rows for _, rows in await chain(store, HUMAN)] == [[rendered(s3, "human")]]
+    evaluator = [rows for _, rows in await chain(store, EVALUATOR)]
+    assert evaluator == [[rendered(s2, "evaluator"), rendered(s3, "evaluator")]]
+    traces = [rows for _, rows in await chain(store, TRACES)]
+    assert traces == [[rendered(s, None) for s in (s1, s2, s3)]]
+
+
 async def test_a_trace_that_stops_being_ready_gets_a_tombstone_once() -> None:
     store = MemoryStore()
     sink, registry = make_sink(store)
