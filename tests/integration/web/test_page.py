@@ -161,9 +161,19 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
                                 "safety": 5.0}  # fmt: skip
     assert record["reward"] == 0.9
 
+    # The web's index follows the corpora (every RL_EXPORT_WEB_INDEX_POLL_S) and the tab asks
+    # for its numbers once, when it opens: open it when the index has the label, not before.
+    with web.client(token) as client:
+        wait_for(
+            "the label in the web's index",
+            lambda: (
+                client.get("stats", params={"source": "human"}).json()["human_labeled"]
+                == labeled_before + 1
+            ),
+        )
     page.locator("#tab-label").focus()
     page.keyboard.press("ArrowRight")
-    expect(page.locator("#stat-labeled")).to_have_text(str(labeled_before + 1), timeout=30_000)
+    expect(page.locator("#stat-labeled")).to_have_text(str(labeled_before + 1))
     expect(page.locator("#stat-records")).to_have_text(str(records_before + 1))
     expect(page.locator("#preview-note")).to_contain_text(f"of {records_before + 1} records")
     # Only what changed in the last minutes: the new label is in the preview.
