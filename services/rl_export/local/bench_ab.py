@@ -49,6 +49,7 @@ from rl_export.local.bench import (
     log,
     own_topics,
     produce_backlog,
+    rss_text,
 )
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import SHAPES
@@ -162,9 +163,8 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         print(f"\n  {Variant(v['variant']).label}")
         print(f"    {v['events_per_s']:,.0f} events/s ({runs}); "
               f"{v['events_per_s'] / first:.2f} of the first")  # fmt: skip
-        parts = ", ".join(f"{p:.0f}" for p in v["peak_rss_parts_mib"])
-        print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {v['peak_rss_mib']:.0f} MiB "
-              f"({parts}: the worker with its sink, each join process)")  # fmt: skip
+        rss = rss_text(v["peak_rss_mib"], v["peak_rss_parts_mib"])
+        print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {rss}")
     print(f"\n  results: {path}")
 
 

@@ -83,5 +83,5 @@ def test_the_table_gives_each_process_peak_beside_their_sum(
     out = capsys.readouterr().out
     assert "(defaults)\n    10,000 events/s (10,000 / 20,000 / 5,000); 1.00 of the first" in out
     assert "state_cache_mib=4\n    12,000 events/s (12,000 / 24,000 / 6,000); 1.20 of" in out
-    assert "peak RSS 501 MiB (150, 180, 171: the worker with its sink, each join process)" in out
-    assert "peak RSS 439 MiB (140, 150, 149: " in out
+    assert "peak RSS 501 MiB (worker with the sink 150, join processes 180 + 171)" in out
+    assert "peak RSS 439 MiB (worker with the sink 140, join processes 150 + 149)" in out
