@@ -92,6 +92,7 @@ async def make_tokens(settings: Settings) -> tuple[dict[str, str], dict[str, str
         "page": ("acme", "bot", "pat", ("label", "export")),
         "undo-page": ("acme", "bot", "uma", ("label", "export")),
         "xss": ("acme", "bot", "xen", ("label", "export")),
+        "follow": ("acme", "bot", "fay", ("label", "export")),
     }
     out: dict[str, str] = {}
     ids: dict[str, str] = {}

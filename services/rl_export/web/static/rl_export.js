@@ -518,7 +518,9 @@
   ];
   const TABULAR = [["csv", "CSV"], ["json", "JSON"], ["parquet", "Parquet"], ["zip", "ZIP"]];
   const EXTENSIONS = { csv: ".csv", json: ".json", parquet: ".parquet", zip: ".zip" };
-  const exp = { source: "human", format: "trajectory", columns: null, stats: null, seq: 0 };
+  const exp = {
+    source: "human", format: "trajectory", columns: null, stats: null, shown: null, seq: 0,
+  };
 
   function segmented(box, groups, current, onPick) {
     box.replaceChildren();
@@ -612,24 +614,50 @@
     refreshTimer = setTimeout(loadExport, 200);
   }
 
-  async function loadExport() {
+  // The corpora grow while the tab is open: while it is shown (and the page is visible) its
+  // numbers are asked for again every FOLLOW_MS, and the preview with them when they changed.
+  const FOLLOW_MS = 5000;
+  let followTimer = null;
+  function followExport() {
+    clearTimeout(followTimer);
+    if (!token || activeTab !== "export" || document.hidden) return;
+    followTimer = setTimeout(() => loadExport({ follow: true }).finally(followExport), FOLLOW_MS);
+  }
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && activeTab === "export") refreshExport();
+    followExport();
+  });
+
+  async function loadExport({ follow = false } = {}) {
     if (!token || activeTab !== "export") return;
+    if (!follow) followExport(); // the next look is FOLLOW_MS after this one
     summaryOfFilters();
     const seq = ++exp.seq;
     const error = $("export-error");
-    error.hidden = true;
     const previewParams = query({ format: exp.format });
     const columns = columnsText();
     if (columns) previewParams.set("columns", columns);
     const limit = Number(previewParams.get("limit") || 0);
     previewParams.set("limit", String(limit && limit < 5 ? limit : 5));
+    const shown = `${query({})} ${previewParams}`; // what the tab shows once this succeeds
     try {
-      const [stats, preview] = await Promise.all([
-        api(`stats?${query({})}`),
-        api(`records?${previewParams}`),
-      ]);
+      const statsAsked = api(`stats?${query({})}`);
+      const previewAsked = follow ? null : api(`records?${previewParams}`);
+      previewAsked?.catch(() => {}); // awaited below; not an unhandled rejection meanwhile
+      const stats = await statsAsked;
       if (seq !== exp.seq) return; // a newer request is on its way
+      const now = new Date().toLocaleTimeString([], { hour12: false });
+      $("stats-asof").textContent = `As of ${now}, asked again every ${FOLLOW_MS / 1000} s`;
+      // A follow-up that finds the same numbers for what is shown changes nothing. (It may
+      // have overtaken a change of format: then it is not what is shown. An error shown stays
+      // until the whole of a later look succeeds.)
+      if (follow && error.hidden && shown === exp.shown
+          && JSON.stringify(stats) === JSON.stringify(exp.stats)) return;
+      const preview = await (previewAsked || api(`records?${previewParams}`));
+      if (seq !== exp.seq) return;
+      error.hidden = true;
       exp.stats = stats;
+      exp.shown = shown;
       renderStats(stats);
       renderPreview(preview, stats);
     } catch (err) {
