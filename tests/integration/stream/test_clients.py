@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import struct
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from rl_export.common.events import FAMILY_OF_TYPE
 from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import open_store
+from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import generate
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
@@ -44,6 +46,29 @@ LIBRDKAFKA: dict[Partitioner, str] = {
     "crc32": "consistent_random",  # librdkafka's default
     "fnv1a": "fnv1a_random",  # Sarama-compatible
 }
+
+
+# The codec in the low three bits of a v2 record batch's attributes (KIP-98, KIP-110).
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+def stored_codecs(kafka: LocalKafka, topic: str) -> set[str]:
+    """The codecs of the data batches the broker stored for ``topic``, read from its log
+    segments (commit markers, which are control batches, left out)."""
+    codecs: set[str] = set()
+    for folder in (kafka.data_dir / "logs").iterdir():
+        if folder.name.rpartition("-")[0] != topic:
+            continue
+        for segment in folder.glob("*.log"):
+            data, at = segment.read_bytes(), 0
+            while at + 61 <= len(data):  # a batch's header is 61 bytes
+                (length,) = struct.unpack_from(">i", data, at + 8)
+                (attributes,) = struct.unpack_from(">h", data, at + 21)
+                assert data[at + 16] == 2, "not a v2 record batch"
+                if not attributes & 0x20:
+                    codecs.add(CODECS[attributes & 0x07])
+                at += 12 + length
+    return codecs
 
 
 def confluent_producer(settings: Settings, **config: Any) -> Producer:
@@ -174,7 +199,7 @@ async def test_each_partitioner_is_where_librdkafka_puts_the_key(
 
 
 async def test_any_producer_reaches_the_corpora_and_any_consumer_reads_trajectories(
-    settings: Settings,
+    settings: Settings, kafka: LocalKafka
 ) -> None:
     """confluent-kafka (CRC32), aiokafka (murmur2) and random partitions, one worker."""
     local = settings.model_copy(update={"shard_max_age_s": 0.5})
@@ -224,6 +249,9 @@ async def test_any_producer_reaches_the_corpora_and_any_consumer_reads_trajector
         e["trace_id"] for events in cases.values() for e in events
         if e["event_type"] == "trace.completed"
     }  # fmt: skip
+    # The join sent them compressed (RL_EXPORT_PRODUCER_COMPRESSION), and the broker kept
+    # them so: librdkafka took each batch apart above, and the sink did for the corpora.
+    assert stored_codecs(kafka, local.topic_trajectories) == {"snappy"}
 
 
 async def test_with_crc32_configured_confluent_kafka_events_are_never_forwarded(
