@@ -162,8 +162,8 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
                                 "safety": 5.0}  # fmt: skip
     assert record["reward"] == 0.9
 
-    # The web's index follows the corpora (every RL_EXPORT_WEB_INDEX_POLL_S), and the open tab
-    # the index (every few seconds): the tab may open before the index has the label.
+    # The web's index follows the corpora (every RL_EXPORT_WEB_INDEX_POLL_S) and the open tab
+    # follows the index (every 5 s): the tab may open before the index has the label.
     page.locator("#tab-label").focus()
     page.keyboard.press("ArrowRight")
     expect(page.locator("#stat-labeled")).to_have_text(str(labeled_before + 1), timeout=30_000)
