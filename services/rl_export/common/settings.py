@@ -91,8 +91,9 @@ class Settings(BaseSettings):
     producer_compression: Literal["", "snappy", "lz4", "zstd", "gzip"] = Field(
         "snappy",
         description="Compression of the record batches the join produces (changelog, "
-        "snapshots, dead letters); empty: none. snappy makes them 3.5 times smaller for a few "
-        "µs per event, and the broker and the sink handle that much fewer bytes.",
+        "snapshots, dead letters); empty: none. On the bench's traffic snappy makes them 3.5 "
+        "times smaller for a few µs per event, and the broker and the sink handle that much "
+        "fewer bytes.",
     )
     processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
         "exactly_once",
