@@ -639,10 +639,12 @@
     if (columns) previewParams.set("columns", columns);
     const limit = Number(previewParams.get("limit") || 0);
     previewParams.set("limit", String(limit && limit < 5 ? limit : 5));
-    const shown = `${query({})} ${previewParams}`; // what the tab shows once this succeeds
+    const statsParams = query({});
+    const shown = `${statsParams} ${previewParams}`; // what the tab shows once this succeeds
+    const askPreview = () => api(`records?${previewParams}`);
     try {
-      const statsAsked = api(`stats?${query({})}`);
-      const previewAsked = follow ? null : api(`records?${previewParams}`);
+      const statsAsked = api(`stats?${statsParams}`);
+      const previewAsked = follow ? null : askPreview();
       previewAsked?.catch(() => {}); // awaited below; not an unhandled rejection meanwhile
       const stats = await statsAsked;
       if (seq !== exp.seq) return; // a newer request is on its way
@@ -653,7 +655,7 @@
       // until the whole of a later look succeeds.)
       if (follow && error.hidden && shown === exp.shown
           && JSON.stringify(stats) === JSON.stringify(exp.stats)) return;
-      const preview = await (previewAsked || api(`records?${previewParams}`));
+      const preview = await (previewAsked || askPreview());
       if (seq !== exp.seq) return;
       error.hidden = true;
       exp.stats = stats;
