@@ -55,6 +55,7 @@ from rl_export.common.settings import Settings, env_name
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import child_pids, tail
 from rl_export.local.reads import unread
+from rl_export.local.significance import compare, verdict
 from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_events
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
@@ -582,6 +583,7 @@ async def measure_shape(
         result["worker_vs_baseline_worker"] = (
             result["worker_events_per_s"] / result["baseline_worker_events_per_s"]
         )
+        result["worker_vs_baseline_worker_test"] = compare(before_rates, result["worker_runs"])
     return result
 
 
@@ -669,7 +671,9 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
              + rss_text(r["baseline_worker_peak_rss_mib"],
                         r["baseline_worker_peak_rss_parts_mib"])),
             ("    CPU per event", cpu_text(r["baseline_worker_cpu_us_per_event"])),
-            ("    this worker / baseline worker", f"{r['worker_vs_baseline_worker']:.2f}"),
+            ("    this worker / baseline worker",
+             f"{r['worker_vs_baseline_worker']:.2f} (the medians); runs apart: "
+             + verdict(r["worker_vs_baseline_worker_test"])),
         ]  # fmt: skip
     rows += [
         (f"  two workers, median of {n}",

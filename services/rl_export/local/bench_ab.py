@@ -10,8 +10,11 @@ every variant gets every place as often as the rounds allow.
 
 It prints, per variant, the median events/s (and every run), the median CPU µs per event
 of the join processes, the worker's own process (the sink) and the broker, and the highest
-peak RSS (each process's peak, summed), with the ratio to the first variant, and writes
-them as JSON to ``var/bench/ab-<time>.json``.
+peak RSS (each process's peak, summed), and writes them as JSON to
+``var/bench/ab-<time>.json``. Each later variant is compared with the first as benchstat
+compares: the ratio of the medians, of events/s and of the whole CPU per event, with the
+p of a Mann-Whitney U test over the runs (:mod:`rl_export.local.significance`): ``~``
+where the runs show no difference. Give four rounds or more: three never show one.
 
 A variant is ``name=value`` pairs separated by commas: a setting (a field of
 :class:`~rl_export.common.settings.Settings`, such as ``join_processes=1``), or with
@@ -52,6 +55,7 @@ from rl_export.local.bench import (
     rss_text,
 )
 from rl_export.local.broker import LocalKafka
+from rl_export.local.significance import SIGNIFICANT_P, compare, verdict
 from rl_export.local.synthetic import SHAPES
 
 
@@ -138,9 +142,20 @@ async def run(
             "events_per_s": statistics.median(rates),
             "runs": rates,
             "cpu_us_per_event": cpu_per_event(measured[i], len(events)),
+            "cpu_us_per_event_runs": [
+                sum(r["cpu_seconds"].values()) / len(events) * 1e6 for r in measured[i]
+            ],
             "peak_rss_mib": sum(highest_rss(measured[i])),
             "peak_rss_parts_mib": highest_rss(measured[i]),
         })  # fmt: skip
+    first = results[0]
+    for later in results[1:]:
+        later["vs_first"] = {
+            "events_per_s": compare(first["runs"], later["runs"]),
+            "cpu_us_per_event": compare(
+                first["cpu_us_per_event_runs"], later["cpu_us_per_event_runs"]
+            ),
+        }
     return {
         "at": datetime.now(UTC).isoformat(),
         "shape": shape.name,
@@ -156,15 +171,20 @@ def print_table(result: dict[str, Any], path: Path) -> None:
     print(f"\n  {result['shape']} backlog: {result['events']:,} events, "
           f"{result['avg_event_bytes'] / 1024:.2f} KiB avg; {result['rounds']} rounds, the "
           "order rotated each round")  # fmt: skip
-    first = result["variants"][0]["events_per_s"]
     for v in result["variants"]:
         runs = " / ".join(f"{r:,.0f}" for r in v["runs"])
         cpu = v["cpu_us_per_event"]
         print(f"\n  {Variant(v['variant']).label}")
-        print(f"    {v['events_per_s']:,.0f} events/s ({runs}); "
-              f"{v['events_per_s'] / first:.2f} of the first")  # fmt: skip
+        print(f"    {v['events_per_s']:,.0f} events/s ({runs})")
         rss = rss_text(v["peak_rss_mib"], v["peak_rss_parts_mib"])
         print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {rss}")
+        if "vs_first" in v:
+            print(f"    against the first: events/s {verdict(v['vs_first']['events_per_s'])}, "
+                  f"CPU per event {verdict(v['vs_first']['cpu_us_per_event'])}")  # fmt: skip
+    print(
+        f"\n  a ratio is the medians' (this / the first); ~: the runs show no difference "
+        f"(Mann-Whitney U, p >= {SIGNIFICANT_P})"
+    )
     print(f"\n  results: {path}")
 
 
@@ -176,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--shape", choices=sorted(SHAPES), default="standard")
     parser.add_argument("--traces", type=int, help="traces (default: ~105k events)")
-    parser.add_argument("--runs", type=int, default=3, help="rounds of every variant")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        help="rounds of every variant (three never show a difference)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from rl_export.local.bench_ab import Variant, main, parse_variant, print_table, rotated
+from rl_export.local.significance import compare
 
 
 def test_a_variant_is_settings_validated_as_the_worker_would_and_environment() -> None:
@@ -81,7 +82,30 @@ def test_the_table_gives_each_process_peak_beside_their_sum(
     }  # fmt: skip
     print_table(result, tmp_path / "ab.json")
     out = capsys.readouterr().out
-    assert "(defaults)\n    10,000 events/s (10,000 / 20,000 / 5,000); 1.00 of the first" in out
-    assert "state_cache_mib=4\n    12,000 events/s (12,000 / 24,000 / 6,000); 1.20 of" in out
+    assert "(defaults)\n    10,000 events/s (10,000 / 20,000 / 5,000)\n" in out
+    assert "state_cache_mib=4\n    12,000 events/s (12,000 / 24,000 / 6,000)\n" in out
     assert "peak RSS 501 MiB (worker with the sink 150, join processes 180 + 171)" in out
     assert "peak RSS 439 MiB (worker with the sink 140, join processes 150 + 149)" in out
+
+
+def test_later_variants_are_compared_with_the_first_in_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def variant(text: str, runs: list[float], vs: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "variant": text, "events_per_s": runs[1], "runs": runs,
+            "cpu_us_per_event": {"join": 60.0, "worker": 20.0, "broker": 10.0},
+            "peak_rss_mib": 400.0, "peak_rss_parts_mib": [150.0, 125.0, 125.0],
+            **({"vs_first": vs} if vs else {}),
+        }  # fmt: skip
+
+    control, tried = [1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]
+    vs = {"events_per_s": compare(control, tried), "cpu_us_per_event": compare(tried, control)}
+    result = {
+        "shape": "small", "events": 110_079, "avg_event_bytes": 727.0, "rounds": 4,
+        "variants": [variant("", control, None), variant("join_processes=3", tried, vs)],
+    }  # fmt: skip
+    print_table(result, tmp_path / "ab.json")
+    out = capsys.readouterr().out
+    assert "against the first: events/s 2.60 (p=0.029), CPU per event 0.38 (p=0.029)" in out
+    assert out.count("against the first") == 1

@@ -93,3 +93,32 @@ def test_the_highest_peak_rss_is_the_run_with_the_highest_sum() -> None:
         {"peak_rss_parts_mib": [[150.0, 190.0, 100.0]]},  # the largest first process alone
     ]
     assert highest_rss(runs) == [140.0, 180.0, 170.0]
+
+
+def test_the_baseline_line_says_whether_the_runs_apart_show_a_difference() -> None:
+    from rl_export.local.bench import shape_rows
+    from rl_export.local.significance import compare
+
+    cpu = {"join": 60.0, "worker": 20.0, "broker": 10.0}
+    rss = {"mib": 400.0, "parts": [150.0, 125.0, 125.0]}
+    mine, theirs = [8_000.0, 12_000.0, 10_000.0], [9_000.0, 11_000.0, 10_500.0]
+    r = {
+        "shape": "small", "events": 110_079, "avg_event_bytes": 727.0, "org_projects": 3,
+        "backlog_mib": 76.0, "runs": 3,
+        "bare_consumer_events_per_s": 70_000.0, "bare_consumer_runs": [70_000.0] * 3,
+        "bare_consumer_join_seconds": 3.0,
+        "worker_events_per_s": 10_000.0, "worker_runs": mine, "worker_start_seconds": 2.0,
+        "worker_vs_bare": 0.143, "worker_peak_rss_mib": rss["mib"],
+        "worker_peak_rss_parts_mib": rss["parts"], "worker_cpu_us_per_event": cpu,
+        "at_least_once_events_per_s": 11_000.0, "at_least_once_runs": [11_000.0] * 3,
+        "exactly_once_vs_at_least_once": 0.91, "at_least_once_cpu_us_per_event": cpu,
+        "baseline_worker_events_per_s": 10_500.0, "baseline_worker_runs": theirs,
+        "baseline_worker_peak_rss_mib": rss["mib"],
+        "baseline_worker_peak_rss_parts_mib": rss["parts"],
+        "baseline_worker_cpu_us_per_event": cpu, "worker_vs_baseline_worker": 10_000 / 10_500,
+        "worker_vs_baseline_worker_test": compare(theirs, mine),
+        "two_workers_events_per_s": 15_000.0, "two_workers_runs": [15_000.0] * 3,
+        "two_vs_one": 1.5,
+    }  # fmt: skip
+    line = dict(shape_rows(r))["    this worker / baseline worker"]
+    assert line == "0.95 (the medians); runs apart: ~ (p=1.000)"
