@@ -15,6 +15,9 @@
 4. With ``--baseline-python``, the same worker run with another checkout's Python (for
    example ``../before/.venv/bin/python``): before and after, measured by the same harness.
 5. Two workers on the same backlog: the scaling.
+   Before step 2, untimed catch-ups of one worker warm the broker up, until its JIT
+   compiler threads use less than half a second in one (``--warm-up``, at most 8):
+   :func:`warm_up`.
    Steps 2 to 5 run ``--runs`` times (3), interleaved, each catch-up with fresh groups,
    output topics and store; the medians are reported, and every run. The machine is
    shared with the broker, and single runs differ by up to 20 %.
@@ -291,6 +294,48 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def compiler_cpu(pid: int) -> float:
+    """CPU seconds a JVM's JIT compiler threads (``C1/C2 CompilerThread``) have used."""
+    total = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:  # the thread has ended
+            continue
+        if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
+            fields = stat.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+WARM_COMPILE_S = 0.5
+"""The broker is warm once its JIT compiled for less than this during a whole catch-up."""
+
+
+async def warm_up(settings: Settings, work: Path, broker_pid: int, most: int) -> list[float]:
+    """Untimed catch-ups of one worker until the broker's JIT has settled (``most`` at most).
+
+    A broker started for the bench is a young JVM: its compiler threads compile Kafka's hot
+    paths for the first several catch-ups (4.9, 2.0, 4.0, 2.4, 1.8, 0.8, 0.3 s of CPU in
+    seven exactly-once catch-ups of the small shape), on the same two cores as the worker.
+    A broker in service is warm, and the transactions' paths are the last to be compiled,
+    so a cold broker charges exactly once more than it costs. Returns the compiler threads'
+    CPU seconds in each warm-up catch-up.
+    """
+    compiled: list[float] = []
+    for i in range(most):
+        tag = f"{settings.topic_trajectories}-warm-{i}"
+        before = compiler_cpu(broker_pid)
+        log(f"broker warm-up {i + 1} (at most {most}): one worker catching up, untimed")
+        await catch_up(fresh(settings, tag, work / f"store-{tag}"), 1, work / tag)
+        compiled.append(compiler_cpu(broker_pid) - before)
+        shutil.rmtree(work / tag, ignore_errors=True)
+        shutil.rmtree(work / f"store-{tag}", ignore_errors=True)
+        if compiled[-1] < WARM_COMPILE_S:
+            break
+    return compiled
+
+
 def worker_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of a worker's own process and of its join processes, apart."""
     return {"worker": cpu_seconds(pid), "join": sum(cpu_seconds(c) for c in child_pids(pid))}
@@ -490,11 +535,12 @@ def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any
 
 async def measure_shape(
     base: Settings, shape: Shape, traces: int, seed: int, work: Path, *, runs: int,
-    baseline_python: str | None, broker_pid: int | None = None,
+    baseline_python: str | None, broker_pid: int | None = None, warm_up_runs: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """Steps 1-5 for one traffic shape; the numbers of its runs and their medians."""
     settings = own_topics(base, shape.name)
     events, size, produce_s = await produce_backlog(settings, shape, traces, seed)
+    compiled = await warm_up(settings, work, broker_pid, warm_up_runs) if broker_pid else []
 
     bare: list[dict[str, float]] = []
     ones: list[dict[str, Any]] = []
@@ -549,6 +595,7 @@ async def measure_shape(
         "avg_event_bytes": size / len(events),
         "backlog_mib": size / MIB,
         "produce_events_per_s": len(events) / produce_s,
+        "warm_up_compile_seconds": compiled,
         "runs": runs,
         "bare_consumer_events_per_s": statistics.median(bare_rates),
         "bare_consumer_runs": bare_rates,
@@ -590,6 +637,7 @@ async def measure_shape(
 async def run(
     shapes: list[str], traces: dict[str, int], seed: int, out_dir: Path, *, keep: bool,
     steady_rate: float, runs: int = 3, baseline_python: str | None = None,
+    warm_up_runs: int = 8,
 ) -> dict[str, Any]:  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="rl-export-bench-"))
     broker = LocalKafka(work / "kafka", free_port(), heap="1g")
@@ -610,6 +658,7 @@ async def run(
                     runs=runs,
                     baseline_python=baseline_python,
                     broker_pid=broker.pid,
+                    warm_up_runs=warm_up_runs,
                 )
             )
         log(f"freshness under a steady load of {steady_rate:g} events/s (shard age bound 1 s)")
@@ -647,6 +696,7 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         (f"{r['shape']} backlog",
          f"{r['events']:,} events, {r['avg_event_bytes'] / 1024:.2f} KiB avg, "
          f"{r['org_projects']} org/projects, {r['backlog_mib']:.0f} MiB"),
+        ("  broker warm-up, untimed", warm_up_text(r.get("warm_up_compile_seconds", []))),
         (f"  bare consumer (baseline), median of {n}",
          f"{r['bare_consumer_events_per_s']:,.0f} events/s, "
          f"{mbs(r['bare_consumer_events_per_s'])}  ({runs('bare_consumer_runs')}); "
@@ -689,6 +739,14 @@ def rss_text(total: float, parts: list[float]) -> str:
     return f"{total:.0f} MiB (worker with the sink {parts[0]:.0f}, join processes {joins})"
 
 
+def warm_up_text(compiled: list[float]) -> str:
+    if not compiled:
+        return "none (--warm-up 0): the broker's JIT compiles during the timed runs"
+    each = ", ".join(f"{c:.1f}" for c in compiled)
+    settled = "" if compiled[-1] < WARM_COMPILE_S else f", not yet under {WARM_COMPILE_S} s"
+    return f"{len(compiled)} catch-ups; JIT compiler CPU in each: {each} s{settled}"
+
+
 def cpu_text(cpu: dict[str, float]) -> str:
     return (
         f"join processes {cpu['join']:.0f} µs, worker (sink) {cpu['worker']:.0f} µs, "
@@ -729,12 +787,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-rate", type=float, default=500.0, help="events/s")
     parser.add_argument("--runs", type=int, default=3, help="catch-up runs of each kind")
     parser.add_argument(
+        "--warm-up", type=int, default=8, metavar="N",
+        help="untimed catch-ups first, per shape, until the broker's JIT settles (at most N)",
+    )  # fmt: skip
+    parser.add_argument(
         "--baseline-python",
         help="also run the worker of another checkout with this Python, side by side",
     )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.warm_up < 0:
+        parser.error("--warm-up must be 0 or more")
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown or not shapes:
@@ -746,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     asyncio.run(
         run(shapes, traces, args.seed, args.out, keep=args.keep, steady_rate=args.steady_rate,
-            runs=args.runs, baseline_python=args.baseline_python)
+            runs=args.runs, baseline_python=args.baseline_python, warm_up_runs=args.warm_up)
     )  # fmt: skip
     return 0
 

@@ -53,6 +53,8 @@ from rl_export.local.bench import (
     own_topics,
     produce_backlog,
     rss_text,
+    warm_up,
+    warm_up_text,
 )
 from rl_export.local.broker import LocalKafka
 from rl_export.local.significance import SIGNIFICANT_P, compare, verdict
@@ -108,8 +110,9 @@ def rotated(items: list[Any], round_: int) -> list[Any]:
 
 
 async def run(
-    variants: list[Variant], shape_name: str, *, traces: int, runs: int, seed: int
-) -> dict[str, Any]:
+    variants: list[Variant], shape_name: str, *, traces: int, runs: int, seed: int,
+    warm_up_runs: int = 8,
+) -> dict[str, Any]:  # fmt: skip
     """Produce the backlog, run the rounds; the results."""
     shape = SHAPES[shape_name]
     work = Path(tempfile.mkdtemp(prefix="rl-export-bench-ab-"))
@@ -120,6 +123,8 @@ async def run(
     try:
         settings = own_topics(bench_settings(broker.bootstrap, work), shape.name)
         events, size, _ = await produce_backlog(settings, shape, traces, seed)
+        pid = broker.pid
+        compiled = await warm_up(settings, work, pid, warm_up_runs) if pid else []
         for round_ in range(runs):
             for i in rotated(list(range(len(variants))), round_):
                 variant = variants[i]
@@ -163,6 +168,7 @@ async def run(
         "avg_event_bytes": size / len(events),
         "backlog_mib": size / MIB,
         "rounds": runs,
+        "warm_up_compile_seconds": compiled,
         "variants": results,
     }
 
@@ -171,6 +177,7 @@ def print_table(result: dict[str, Any], path: Path) -> None:
     print(f"\n  {result['shape']} backlog: {result['events']:,} events, "
           f"{result['avg_event_bytes'] / 1024:.2f} KiB avg; {result['rounds']} rounds, the "
           "order rotated each round")  # fmt: skip
+    print(f"  broker warm-up, untimed: {warm_up_text(result.get('warm_up_compile_seconds', []))}")
     for v in result["variants"]:
         runs = " / ".join(f"{r:,.0f}" for r in v["runs"])
         cpu = v["cpu_us_per_event"]
@@ -202,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         default=5,
         help="rounds of every variant (three never show a difference)",
     )
+    parser.add_argument(
+        "--warm-up", type=int, default=8, metavar="N",
+        help="untimed catch-ups first, until the broker's JIT settles (at most N)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     args = parser.parse_args(argv)
@@ -209,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least two --variant (an empty one is the defaults)")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.warm_up < 0:
+        parser.error("--warm-up must be 0 or more")
     if args.traces is not None and args.traces < 1:
         parser.error("--traces must be at least 1")
     try:
@@ -216,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(f"--variant {exc}")
     traces = args.traces or DEFAULT_TRACES[args.shape]
-    result = asyncio.run(run(variants, args.shape, traces=traces, runs=args.runs, seed=args.seed))
+    result = asyncio.run(
+        run(variants, args.shape, traces=traces, runs=args.runs, seed=args.seed,
+            warm_up_runs=args.warm_up)
+    )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ab-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2))

@@ -171,6 +171,8 @@ class LocalKafka(ManagedProcess):
             "offsets.topic.num.partitions": "8",
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
+            # Kafka makes 50 by default; creating them is the first transaction's wait.
+            "transaction.state.log.num.partitions": "8",
             "group.initial.rebalance.delay.ms": "0",
             "message.max.bytes": str(8 * 1024 * 1024),
             "log.retention.hours": "-1",

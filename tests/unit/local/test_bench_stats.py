@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from pathlib import Path
+from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from rl_export.common.settings import Settings
 from rl_export.local.bench import histogram, quantile
 
 
@@ -122,3 +127,45 @@ def test_the_baseline_line_says_whether_the_runs_apart_show_a_difference() -> No
     }  # fmt: skip
     line = dict(shape_rows(r))["    this worker / baseline worker"]
     assert line == "0.95 (the medians); runs apart: ~ (p=1.000)"
+
+
+@pytest.mark.parametrize(
+    ("compiled", "most", "expected"),
+    [
+        ([4.9, 2.0, 0.3, 9.0], 8, [4.9, 2.0, 0.3]),  # settled at the third
+        ([4.9, 2.0, 1.5, 1.0], 2, [4.9, 2.0]),  # not settled, stopped at the most
+        ([], 0, []),  # --warm-up 0
+    ],
+)
+def test_warm_up_runs_untimed_catch_ups_until_the_jit_settles(
+    compiled: list[float], most: int, expected: list[float],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:  # fmt: skip
+    from rl_export.local import bench
+
+    clock = iter([sum(compiled[:i]) for i in range(len(compiled) + 1) for _ in (0, 1)][1:])
+    ran: list[str] = []
+    made: list[Path] = []
+
+    async def catch_up(settings: Settings, workers: int, data_dir: Path) -> dict[str, Any]:
+        ran.append(settings.sink_group)
+        made.append(data_dir)
+        return {}
+
+    monkeypatch.setattr(bench, "catch_up", catch_up)
+    monkeypatch.setattr(bench, "compiler_cpu", lambda pid: next(clock))
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", store_url=str(tmp_path / "store"))
+    got = asyncio.run(bench.warm_up(settings, tmp_path, 4242, most))
+    assert got == pytest.approx(expected)
+    assert len(set(ran)) == len(expected)  # each on fresh groups
+    assert all("warm" in p.name for p in made)
+
+
+def test_the_table_says_how_the_broker_was_warmed_up() -> None:
+    from rl_export.local.bench import warm_up_text
+
+    assert warm_up_text([4.9, 2.04, 0.3]) == (
+        "3 catch-ups; JIT compiler CPU in each: 4.9, 2.0, 0.3 s"
+    )
+    assert warm_up_text([4.9, 2.0]).endswith(", not yet under 0.5 s")
+    assert warm_up_text([]).startswith("none (--warm-up 0)")
