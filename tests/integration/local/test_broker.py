@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from aiokafka import AIOKafkaProducer
 
 from rl_export.common.errors import LocalStackError
