@@ -1,5 +1,10 @@
 """A join child's pages, on a loopback port only its worker reads: healthz, readyz, metrics.
 
+The worker binds the port and hands the listening socket down (its file descriptor is the
+child's second argument): a port the parent only picked, for the child to bind a moment
+later, could be taken in between, and then the join process could not start (an outgoing
+connection's ephemeral port took one in ``make bench-ab``).
+
 The standard library's HTTP server, in a thread, instead of aiohttp's: a join child then
 imports no aiohttp, which is about 10 MiB of each join process's memory. The answers come
 from the child's event loop (``run_coroutine_threadsafe``), so they say what the join says
@@ -10,6 +15,7 @@ which people and Prometheus read, are :mod:`rl_export.worker.pages`.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable, Coroutine
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,16 +27,30 @@ from rl_export.common.net import LOOPBACK
 
 T = TypeVar("T")
 
+
+class _Server(ThreadingHTTPServer):
+    """Serves on a socket that is bound and listening already, and owns it from then on."""
+
+    daemon_threads = True
+
+    def __init__(self, listening: socket.socket, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(listening.getsockname(), handler, bind_and_activate=False)
+        self.socket.close()  # the unbound one the base class made
+        self.socket = listening
+        self.server_name, self.server_port = LOOPBACK, listening.getsockname()[1]
+
+
 ANSWER_TIMEOUT_S = 5.0
 """How long a request waits for the event loop (the worker's own request gives up at 5 s)."""
 
 
 class ChildPages:
-    """The server; :meth:`close` stops it."""
+    """The server, on ``listening`` (bound and listening); :meth:`close` stops it and closes
+    the socket."""
 
     def __init__(
         self,
-        port: int,
+        listening: socket.socket,
         ready: Callable[[], Coroutine[Any, Any, bool]],
         metrics_text: Callable[[], Coroutine[Any, Any, bytes]],
     ) -> None:
@@ -63,8 +83,7 @@ class ChildPages:
             def log_message(self, format: str, *args: Any) -> None:
                 """No access log, as the worker's pages keep none."""
 
-        self.server = ThreadingHTTPServer((LOOPBACK, port), Pages)
-        self.server.daemon_threads = True
+        self.server = _Server(listening, Pages)
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="join-pages", daemon=True
         )

@@ -1,7 +1,8 @@
-"""One join process of a worker: ``python -m rl_export.worker.join_process PARENT_PID PORT``.
+"""One join process of a worker: ``python -m rl_export.worker.join_process PARENT_PID FD``.
 
 Started only by the worker (:class:`rl_export.worker.joins.ChildJoins`), never by hand: the
-join loop, and its ``/readyz`` and ``/metrics`` on a loopback port that only the parent reads.
+join loop, and its ``/readyz`` and ``/metrics`` on the loopback socket the parent bound and
+passed down as file descriptor ``FD``, which only the parent reads.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 
 from rl_export.common.gctune import tune_gc
@@ -25,19 +27,20 @@ from rl_export.worker.runtime import (
 log = logging.getLogger(__name__)
 
 
-async def serve_join(settings: Settings, port: int, stop: asyncio.Event) -> None:
-    """The join child's main: the join, and its pages on a loopback port for the parent."""
+async def serve_join(settings: Settings, listening: socket.socket, stop: asyncio.Event) -> None:
+    """The join child's main: the join, and its pages on the parent's loopback socket."""
     join = InProcessJoin(settings)
-    pages = ChildPages(port, join.is_ready, join.metrics_text)
+    pages = ChildPages(listening, join.is_ready, join.metrics_text)
     try:
         await run_stages([asyncio.create_task(join.run(stop), name="join")], stop)
     finally:
         await pages.close()
 
 
-def run_join_process(parent_pid: int, port: int) -> int:
+def run_join_process(parent_pid: int, fd: int) -> int:
     """A join child of a worker (see :class:`ChildJoins`); return the exit code."""
     die_with(parent_pid)
+    listening = socket.socket(fileno=fd)
     settings = Settings()
     configure_logging(settings)
 
@@ -56,7 +59,7 @@ def run_join_process(parent_pid: int, port: int) -> int:
         watcher = asyncio.create_task(watch_parent())
         log.info("join process starting: group %s", settings.app_id)
         try:
-            await serve_join(settings, port, stop)
+            await serve_join(settings, listening, stop)
         finally:
             watcher.cancel()
         log.info("join process stopped")
@@ -68,6 +71,6 @@ def run_join_process(parent_pid: int, port: int) -> int:
 if __name__ == "__main__":
     if len(sys.argv) != 3 or not all(a.isdigit() for a in sys.argv[1:]):
         sys.exit(
-            "usage: python -m rl_export.worker.join_process PARENT_PID PORT (the worker runs this)"
+            "usage: python -m rl_export.worker.join_process PARENT_PID FD (the worker runs this)"
         )
     sys.exit(run_join_process(int(sys.argv[1]), int(sys.argv[2])))

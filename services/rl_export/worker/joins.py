@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 from collections.abc import Iterable
 
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from rl_export.common.errors import WorkerError
-from rl_export.common.net import LOOPBACK, free_port
+from rl_export.common.net import LOOPBACK
 from rl_export.common.settings import Settings, child_env
 
 log = logging.getLogger(__name__)
@@ -30,18 +31,20 @@ class _Child:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.port = free_port()
+        self.port = 0  # bound when the process starts
         self.proc: asyncio.subprocess.Process | None = None
 
 
 class ChildJoins:
     """The join in ``join_processes`` child processes, so it can use more than one core.
 
-    Each child is ``python -m rl_export.join_process PARENT_PID PORT``, one more member of
+    Each child is ``python -m rl_export.join_process PARENT_PID FD``, one more member of
     the join's consumer group (the partitions are shared among all the children of all the
     workers, like Kafka Streams' stream threads). A child takes its settings from the same
     ``RL_EXPORT_`` environment, writes to the worker's log, serves ``/readyz`` and
-    ``/metrics`` on a loopback port that only this parent reads, and dies with the parent
+    ``/metrics`` on a loopback socket that this parent binds, passes down as file
+    descriptor ``FD`` and alone reads (so no other process can take the port between the
+    parent's choice and the child's bind), and dies with the parent
     (PR_SET_PDEATHSIG), so a worker killed with SIGKILL leaves no join behind. When a child
     exits on its own, the worker stops with an error: a worker without its join must not
     look healthy. The worker's ``/metrics`` shows the children's join metrics summed.
@@ -58,11 +61,13 @@ class ChildJoins:
         stopping = asyncio.create_task(stop.wait())
         try:
             for child in self.children:
-                child.proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "rl_export.worker.join_process", str(os.getpid()),
-                    str(child.port), env=child_env(self.settings, os.environ),
-                    stdin=asyncio.subprocess.DEVNULL,
-                )  # fmt: skip
+                with socket.create_server((LOOPBACK, 0)) as listening:  # the child's copy stays
+                    child.port = listening.getsockname()[1]
+                    child.proc = await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "rl_export.worker.join_process", str(os.getpid()),
+                        str(listening.fileno()), env=child_env(self.settings, os.environ),
+                        stdin=asyncio.subprocess.DEVNULL, pass_fds=(listening.fileno(),),
+                    )  # fmt: skip
                 exits[asyncio.create_task(child.proc.wait())] = child
                 log.info("join process %d started (pid %d)", child.index, child.proc.pid)
             done, _ = await asyncio.wait([*exits, stopping], return_when=asyncio.FIRST_COMPLETED)

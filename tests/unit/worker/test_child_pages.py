@@ -1,15 +1,20 @@
-"""A join child's pages (healthz, readyz, metrics) on the standard library's server, and a
-join child that imports no aiohttp."""
+"""A join child's pages (healthz, readyz, metrics) on the standard library's server, on the
+socket its worker bound; and a join child that imports no aiohttp."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
-from rl_export.common.net import LOOPBACK, free_port
+from rl_export.common.net import LOOPBACK
 from rl_export.worker.child_pages import ChildPages
 
 
@@ -32,8 +37,9 @@ async def test_pages_answer_from_the_event_loop() -> None:
     async def metrics() -> bytes:
         return b"rl_export_join_events_total 3.0\n"
 
-    port = free_port()
-    pages = ChildPages(port, ready, metrics)
+    listening = socket.create_server((LOOPBACK, 0))
+    port = listening.getsockname()[1]
+    pages = ChildPages(listening, ready, metrics)
     try:
         assert await asyncio.to_thread(get, port, "/healthz") == (
             200, "application/json", b'{"status":"ok"}',
@@ -50,9 +56,38 @@ async def test_pages_answer_from_the_event_loop() -> None:
         assert (await asyncio.to_thread(get, port, "/nothing"))[0] == 404
     finally:
         await pages.close()
-    # Closed: the port is free again.
-    again = ChildPages(port, ready, metrics)
-    await again.close()
+    # Closed, with its socket: the port is free again.
+    socket.create_server((LOOPBACK, port)).close()
+
+
+def test_a_join_child_serves_on_the_socket_its_worker_bound(tmp_path: Path) -> None:
+    """The worker binds the port and passes the listening socket down: the child never
+    binds a port of its own, so nothing can take it between the worker's choice and the
+    child's start. (Its join waits for an unreachable broker meanwhile.)"""
+    log = tmp_path / "child.log"
+    with socket.create_server((LOOPBACK, 0)) as listening, log.open("wb") as err:
+        port = listening.getsockname()[1]
+        env = {**os.environ, "RL_EXPORT_KAFKA_BOOTSTRAP": f"{LOOPBACK}:9",
+               "RL_EXPORT_DATA_DIR": str(tmp_path), "RL_EXPORT_LOG_LEVEL": "error"}  # fmt: skip
+        child = subprocess.Popen(
+            [sys.executable, "-m", "rl_export.worker.join_process", str(os.getpid()),
+             str(listening.fileno())],
+            env=env, pass_fds=(listening.fileno(),), stderr=err,
+        )  # fmt: skip
+    try:  # our copy is closed: only the child's serves
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert get(port, "/healthz")[0] == 200
+                break
+            except (urllib.error.URLError, ConnectionError):  # not serving yet
+                assert child.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the child never answered"
+                time.sleep(0.1)
+        assert get(port, "/readyz")[0] == 503  # no broker: not ready, but serving
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(30)
 
 
 def test_a_join_child_imports_no_aiohttp() -> None:
