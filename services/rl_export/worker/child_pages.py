@@ -27,6 +27,9 @@ from rl_export.common.net import LOOPBACK
 
 T = TypeVar("T")
 
+ANSWER_TIMEOUT_S = 5.0
+"""How long a request waits for the event loop (the worker's own request gives up at 5 s)."""
+
 
 class _Server(ThreadingHTTPServer):
     """Serves on a socket that is bound and listening already, and owns it from then on."""
@@ -38,10 +41,6 @@ class _Server(ThreadingHTTPServer):
         self.socket.close()  # the unbound one the base class made
         self.socket = listening
         self.server_name, self.server_port = LOOPBACK, listening.getsockname()[1]
-
-
-ANSWER_TIMEOUT_S = 5.0
-"""How long a request waits for the event loop (the worker's own request gives up at 5 s)."""
 
 
 class ChildPages:
