@@ -56,10 +56,11 @@ from rl_export.common.net import free_port
 from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings, env_name
 from rl_export.local.broker import LocalKafka
-from rl_export.local.process import child_pids, tail
+from rl_export.local.process import tail
 from rl_export.local.reads import unread
 from rl_export.local.significance import compare, verdict
 from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_events
+from rl_export.local.usage import compiler_cpu, cpu_seconds, peak_rss_parts_mib, worker_cpu
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
 
@@ -273,41 +274,6 @@ def quantile(
     return previous_le
 
 
-def peak_rss_parts_mib(pid: int) -> list[float]:
-    """Peak RSS of a worker's processes: its own (with the sink), then each join process."""
-    peaks = []
-    for each in [pid, *child_pids(pid)]:
-        with open(f"/proc/{each}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    peaks.append(int(line.split()[1]) / 1024)
-    return peaks
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time a process has used (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def compiler_cpu(pid: int) -> float:
-    """CPU seconds a JVM's JIT compiler threads (``C1/C2 CompilerThread``) have used."""
-    total = 0.0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
-        except OSError:  # the thread has ended
-            continue
-        if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
-            fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
-
-
 WARM_COMPILE_S = 0.5
 """The broker is warm once its JIT compiled for less than this during a whole catch-up."""
 
@@ -334,11 +300,6 @@ async def warm_up(settings: Settings, work: Path, broker_pid: int, most: int) ->
         if compiled[-1] < WARM_COMPILE_S:
             break
     return compiled
-
-
-def worker_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a worker's own process and of its join processes, apart."""
-    return {"worker": cpu_seconds(pid), "join": sum(cpu_seconds(c) for c in child_pids(pid))}
 
 
 def ready(port: int) -> bool:

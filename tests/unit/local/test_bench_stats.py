@@ -68,7 +68,8 @@ def test_peak_rss_is_read_per_process_and_printed_with_its_parts() -> None:
     import subprocess
     import sys
 
-    from rl_export.local.bench import peak_rss_parts_mib, rss_text
+    from rl_export.local.bench import rss_text
+    from rl_export.local.usage import peak_rss_parts_mib
 
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],

@@ -1,0 +1,54 @@
+"""What a process has used, as the kernel counts it (``/proc``): CPU seconds and peak RSS.
+
+The benches read them around each catch-up: a worker's own process (the sink) and its join
+processes apart, the broker's, and the broker's JIT compiler threads (:func:`compiler_cpu`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rl_export.local.process import child_pids
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(stat: str) -> float:
+    """User and system CPU seconds in the text of a ``stat`` file (a process's or a thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used (``/proc/<pid>/stat``)."""
+    return _cpu_of(Path(f"/proc/{pid}/stat").read_text())
+
+
+def compiler_cpu(pid: int) -> float:
+    """CPU seconds a JVM's JIT compiler threads (``C1/C2 CompilerThread``) have used."""
+    total = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:  # the thread has ended
+            continue
+        if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
+            total += _cpu_of(stat)
+    return total
+
+
+def worker_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a worker's own process and of its join processes, apart."""
+    return {"worker": cpu_seconds(pid), "join": sum(cpu_seconds(c) for c in child_pids(pid))}
+
+
+def peak_rss_parts_mib(pid: int) -> list[float]:
+    """Peak RSS of a worker's processes: its own (with the sink), then each join process."""
+    peaks = []
+    for each in [pid, *child_pids(pid)]:
+        with open(f"/proc/{each}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) / 1024)
+    return peaks
