@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     )
     join_batch_window_s: float = Field(0.1, gt=0, description="Longest wait to fill a batch.")
     join_batch_bytes: int = Field(
-        2 * MIB,
+        MIB // 2,
         ge=0,
         description="On a backlog, a batch is topped up from further fetch responses until it "
         "holds this many bytes of events (fewer transactions; more memory); 0: one response.",

@@ -192,7 +192,8 @@ class JoinWorker:
         ``join_batch_bytes``), the window has passed, or none comes within ``_TOP_UP_MS``.
         Live traffic (a few records a poll) is processed at once. What a batch holds in
         memory (its states, snapshots and changelog records) grows with it: on the bench,
-        2 MiB batches cost about 75 MiB more peak RSS than one-response batches.
+        the default 512 KiB costs about 20 MiB more peak RSS than one-response batches, and
+        2 MiB 60-95 MiB more, for no difference in events/s that five rounds could show.
         """
         size = self.settings.join_batch_size
         window_s = self.settings.join_batch_window_s
