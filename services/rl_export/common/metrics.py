@@ -201,6 +201,12 @@ class SinkMetrics:
             "Compaction generations this process created.",
             registry=registry,
         )
+        self.early_flushes = Counter(
+            "rl_export_sink_early_flushes_total",
+            "Partitions whose shards were committed before their own bounds, to keep the "
+            "sink's buffer within RL_EXPORT_SINK_BUFFER_MIB.",
+            registry=registry,
+        )
         self.bad_snapshots = Counter(
             "rl_export_sink_bad_snapshots_total",
             "Messages on the trajectories topic that are not snapshots (skipped).",

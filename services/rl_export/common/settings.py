@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     shard_max_records: int = Field(10_000, ge=1)
     shard_max_bytes: int = Field(64 * MIB, ge=1024)
     shard_max_age_s: float = Field(10.0, gt=0)
+    sink_buffer_mib: int = Field(
+        32,
+        ge=1,
+        description="Bytes of records the sink holds for its next shards, over all its "
+        "partitions and corpora; past it, the partitions holding most commit early.",
+    )
     shard_compression: Literal["none", "gzip"] = "none"
     compaction_interval_s: float = Field(
         300.0, gt=0, description="How often a worker compacts the corpora it writes."

@@ -78,6 +78,8 @@ class SinkConfig:
     max_records: int = 10_000
     max_bytes: int = 64 * 1024 * 1024
     max_age_s: float = 10.0
+    # What all the partitions may hold together (the bounds above are each partition's).
+    buffer_bytes: int = 32 * 1024 * 1024
     compression: Compression = "none"
     partitions: int = 8
     partitioner: Partitioner = "murmur2"  # how trace_id maps to a trajectories partition
@@ -594,14 +596,20 @@ class Sink:
         now = time.monotonic()
         assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
         due: list[PartitionSink] = []
+        waiting: list[PartitionSink] = []  # holding records, within their own bounds
         offsets: dict[int, tuple[PartitionSink, int]] = {}
         for partition, part in list(self.parts.items()):
             if partition not in assigned:  # revoked while we were busy: its next owner reads it
                 self.parts.pop(partition, None)
             elif part.due(now):
                 due.append(part)
+            elif part.pending_records:
+                waiting.append(part)
             elif (offset := part.idle_offset()) is not None:
                 offsets[partition] = (part, offset)
+        early = flushed_early(waiting, self.config.buffer_bytes)
+        self.metrics.early_flushes.inc(len(early))
+        due += early
         results = await asyncio.gather(*(part.flush() for part in due), return_exceptions=True)
         for part, result in zip(due, results, strict=True):
             if isinstance(result, StoreError):
@@ -630,6 +638,29 @@ class Sink:
             return
         for part, offset in ready.values():
             part.committed = offset
+
+
+def flushed_early(waiting: Sequence[PartitionSink], budget: int) -> list[PartitionSink]:
+    """The partitions to commit before their own bounds, so that the sink's buffer stays
+    within ``budget`` bytes of records.
+
+    Each partition's bounds (records, bytes, age) hold its shards to a size; this holds
+    what all of them buffer together, which a backlog would otherwise fill to the age
+    bound on every partition at once. Past the budget the partitions holding most go
+    first (the largest shards), until the rest hold at most half of it, so that a sink at
+    its budget does not commit a sliver at every poll. Checked after each poll: the
+    buffer can pass the budget by one poll's records.
+    """
+    held = sum(p.pending_bytes for p in waiting)
+    if held <= budget:
+        return []
+    early = []
+    for part in sorted(waiting, key=lambda p: p.pending_bytes, reverse=True):
+        if held <= budget // 2:
+            break
+        early.append(part)
+        held -= part.pending_bytes
+    return early
 
 
 async def _seek_committed(consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:

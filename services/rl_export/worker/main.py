@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rl_export.common.errors import StoreError
 from rl_export.common.gctune import tune_gc
 from rl_export.common.metrics import SinkMetrics
-from rl_export.common.settings import Settings
+from rl_export.common.settings import MIB, Settings
 from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.sink import Sink, SinkConfig
 from rl_export.corpora.store import open_store
@@ -42,6 +42,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
             max_records=settings.shard_max_records,
             max_bytes=settings.shard_max_bytes,
             max_age_s=settings.shard_max_age_s,
+            buffer_bytes=settings.sink_buffer_mib * MIB,
             compression=settings.shard_compression,
             partitions=settings.partitions,
             partitioner=settings.partitioner,

@@ -44,7 +44,7 @@ from rl_export.corpora.layout import (
     read_shard,
 )
 from rl_export.corpora.shards import verify
-from rl_export.corpora.sink import PartitionSink, SinkConfig, _seek_committed
+from rl_export.corpora.sink import PartitionSink, Sink, SinkConfig, _seek_committed, flushed_early
 from rl_export.corpora.store import MemoryStore
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from tests.factories import event, raw
@@ -636,6 +636,77 @@ async def test_due_by_age() -> None:
     await sink.flush()
     assert sink.first_pending_at is None
     assert not sink.due(started + 100.0)
+
+
+# --- the sink's whole buffer -----------------------------------------------------------------
+
+
+class CommittingConsumer:
+    """What :meth:`Sink._flush_due` asks of its consumer: the assignment and commits."""
+
+    def __init__(self, partitions: Sequence[int]) -> None:
+        self.tps = {TopicPartition(TOPIC, p) for p in partitions}
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.tps
+
+    async def commit(self, offsets: dict[TopicPartition, Any]) -> None:
+        self.commits.append({tp: meta.offset for tp, meta in offsets.items()})
+
+
+async def buffering_sink(
+    store: MemoryStore, traces: dict[int, int], **config: Any
+) -> tuple[Sink, CollectorRegistry]:
+    """A sink holding ``traces[p]`` completed traces pending on partition ``p`` (offsets
+    from 0), whose own bounds are far away."""
+    registry = CollectorRegistry()
+    sink = Sink(
+        bootstrap="127.0.0.1:9", topic=TOPIC, group="g", store=store,
+        metrics=SinkMetrics(registry), config=SinkConfig(max_age_s=3600.0, **config),
+    )  # fmt: skip
+    for p, count in traces.items():
+        snaps = [Trace(f"tr-{p}-{n}", minute=n).completed() for n in range(count)]
+        await feed(sink._part(p), list(enumerate(snaps)))
+    return sink, registry
+
+
+async def test_the_partitions_holding_most_are_flushed_early_past_the_budget() -> None:
+    sink, _ = await buffering_sink(MemoryStore(), {0: 1, 1: 6, 2: 3})
+    parts = [sink.parts[p] for p in (0, 1, 2)]
+    held = sum(p.pending_bytes for p in parts)
+    assert not any(p.due(time.monotonic()) for p in parts)
+    assert flushed_early(parts, held) == []  # at the budget: nothing
+    # One byte past it: the largest goes, which leaves 4 of 10 traces' worth, under half.
+    assert flushed_early(parts, held - 1) == [sink.parts[1]]
+    # A budget of 6 traces' worth leaves at most 3: the two largest go.
+    assert flushed_early(parts, 6 * parts[0].pending_bytes) == [sink.parts[1], sink.parts[2]]
+    assert flushed_early([], 0) == []
+
+
+async def test_a_sink_over_its_budget_commits_its_largest_partition_and_its_offset() -> None:
+    store = MemoryStore()
+    probe, _ = await buffering_sink(MemoryStore(), {0: 1, 1: 6, 2: 3})
+    held = sum(p.pending_bytes for p in probe.parts.values())
+    sink, registry = await buffering_sink(store, {0: 1, 1: 6, 2: 3}, buffer_bytes=held - 1)
+    consumer = CommittingConsumer([0, 1, 2])
+    await sink._flush_due(consumer)  # type: ignore[arg-type]
+    assert [sink.parts[p].pending_records for p in (0, 2)] == [
+        probe.parts[0].pending_records, probe.parts[2].pending_records
+    ]  # fmt: skip
+    assert sink.parts[1].pending_records == 0
+    assert consumer.commits == [{TopicPartition(TOPIC, 1): 6}]
+    assert sample(registry, "rl_export_sink_early_flushes_total") == 1
+    committed = {
+        k.split("/_manifest/")[1].split("/")[0] for k in store.objects if "/_manifest/" in k
+    }
+    assert committed == {f"{TOPIC}-1"}
+    # Within the budget, nothing is committed before its own bounds.
+    calm, registry = await buffering_sink(MemoryStore(), {0: 1, 1: 6, 2: 3}, buffer_bytes=held)
+    consumer = CommittingConsumer([0, 1, 2])
+    await calm._flush_due(consumer)  # type: ignore[arg-type]
+    assert consumer.commits == []
+    assert sample(registry, "rl_export_sink_early_flushes_total") == 0
 
 
 # --- idle offsets ---------------------------------------------------------------------------
