@@ -10,10 +10,12 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    every chain: :func:`rl_export.corpora.layout.load_chain_state`), from the store when its
    first record arrives; records at offsets its chain already covers are skipped, and
    revisions the corpus already holds are dropped as repeats.
-3. When the partition's pending records reach the record, byte or age bound, every writer
-   with pending records commits, in this fixed order: (a) the data object, named by its
-   content hash; (b) the commit, create-only, covering ``head`` .. the last offset read;
-   (c) once all writers of the partition committed, the Kafka offset after that record.
+3. When the partition's pending records reach the record, byte or age bound (or the
+   partitions together hold the sink's buffer bound, and this one holds most:
+   :func:`flushed_early`), every writer with pending records commits, in this fixed order:
+   (a) the data object, named by its content hash; (b) the commit, create-only, covering
+   ``head`` .. the last offset read; (c) once all writers of the partition committed, the
+   Kafka offset after that record.
 4. A writer that loses the create-only race reloads its chain and keeps only what the
    winner did not cover. After any crash the group offset is at or before every chain head,
    so records are read again and step 2 skips what is already committed. A batch fetched or
