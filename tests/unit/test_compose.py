@@ -305,6 +305,18 @@ def test_worker_healthcheck_uses_its_web_port(compose: Compose) -> None:
     assert f"http://localhost:{served_port(worker)}/healthz" in test
 
 
+def test_the_worker_is_given_the_time_its_stop_takes(compose: Compose) -> None:
+    """Docker SIGKILLs a container after ``stop_grace_period`` (10 s by default); a worker
+    takes up to its stop grace and 5 s more to close (:func:`run_stages`)."""
+    worker = service(compose, "worker")
+    env = environment(worker)
+    grace = float(env.get("RL_EXPORT_STOP_GRACE_S", Settings.model_fields["stop_grace_s"].default))
+    period = str(worker.get("stop_grace_period", "10s"))
+    match = re.fullmatch(r"(\d+)s", period)
+    assert match, f"stop_grace_period {period!r}: write it in whole seconds, like 20s"
+    assert int(match[1]) > grace + 5.0
+
+
 def test_kafka_host_listener_is_published(compose: Compose) -> None:
     ports = {str(mapping) for mapping in service(compose, "kafka").get("ports", [])}
     host_listeners = {port for host, port in advertised_listeners(compose) if host == "localhost"}

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     kafka_wait_s: float = Field(
         60.0, ge=0, description="How long a starting worker waits for its broker to answer."
     )
+    stop_grace_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long a stopping worker waits for the batch in hand to commit before "
+        "it cancels it (a broker that is gone never answers; exactly once makes the cut safe).",
+    )
 
     # Events and the join
     max_event_bytes: int = Field(MIB, ge=1024, description="Larger events are dead-lettered.")

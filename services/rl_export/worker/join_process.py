@@ -32,7 +32,9 @@ async def serve_join(settings: Settings, listening: socket.socket, stop: asyncio
     join = InProcessJoin(settings)
     pages = ChildPages(listening, join.is_ready, join.metrics_text)
     try:
-        await run_stages([asyncio.create_task(join.run(stop), name="join")], stop)
+        await run_stages(
+            [asyncio.create_task(join.run(stop), name="join")], stop, settings.stop_grace_s
+        )
     finally:
         await pages.close()
 

@@ -8,6 +8,7 @@ children, each one member of the join's consumer group, dying with the worker; t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -78,22 +79,30 @@ class ChildJoins:
                     )
         finally:
             stopping.cancel()
-            await self._stop(list(exits))
-            await self.http.close()
+            try:
+                await self._stop(list(exits))
+            finally:  # cancelled too (the worker's grace ran out): no child outlives this
+                self._kill()
+                await self.http.close()
 
     async def _stop(self, exits: list[asyncio.Task[int]]) -> None:
-        """SIGTERM: each child finishes its batch and commits, like a worker; then SIGKILL."""
-        running = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
-        for proc in running:
-            proc.terminate()
+        """SIGTERM: each child finishes its batch and commits, like a worker, for as long as
+        the stop grace allows; the worker cancels this stage then, and :meth:`_kill` ends the
+        children still running (each would cancel its own batch at the same moment)."""
+        for child in self.children:
+            if child.proc is not None and child.proc.returncode is None:
+                child.proc.terminate()
         if exits:
-            _, late = await asyncio.wait(exits, timeout=30)
-            if late:
-                log.error("%d join process(es) did not stop within 30s; killing", len(late))
-        for proc in running:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await asyncio.wait(exits, timeout=self.settings.stop_grace_s)
+
+    def _kill(self) -> None:
+        """SIGKILL the children still running: like any SIGKILL, safe for exactly once."""
+        for child in self.children:
+            if child.proc is not None and child.proc.returncode is None:
+                log.warning("join process %d did not stop within %.0fs: killed", child.index,
+                            self.settings.stop_grace_s)  # fmt: skip
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.kill()
 
     async def _get(self, child: _Child, path: str) -> tuple[int, bytes] | None:
         if self.http is None or child.proc is None or child.proc.returncode is not None:

@@ -101,7 +101,7 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
         asyncio.create_task(compaction_timer(), name="compaction"),
     ]
     try:
-        await run_stages(tasks, stop)
+        await run_stages(tasks, stop, settings.stop_grace_s)
     finally:
         await runner.cleanup()
         await sink.store.close()

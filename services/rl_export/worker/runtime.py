@@ -18,20 +18,15 @@ from rl_export.common.settings import Settings
 log = logging.getLogger(__name__)
 
 
-STOP_GRACE_S = 30.0
-"""How long the stages may take to stop once asked (a batch to finish, clients to close);
-then they are cancelled. Everything they write is exactly once, so a cut-short stop loses
-nothing: the next start reads on from the committed offsets and the changelog."""
-
-
-async def run_stages(
-    tasks: list[asyncio.Task[None]], stop: asyncio.Event, grace_s: float = STOP_GRACE_S
-) -> None:
+async def run_stages(tasks: list[asyncio.Task[None]], stop: asyncio.Event, grace_s: float) -> None:
     """Run the stages until ``stop`` is set or one fails; then stop them all, in bounded time.
 
-    A stage that fails stops the others and its error is raised. A stage that does not end
-    within ``grace_s`` of the stop (a client waiting for a broker that is gone, say) is
-    cancelled, so that a SIGTERM always ends the process.
+    A stage that fails stops the others and its error is raised. Once stopping, a stage
+    finishes the batch in hand and commits it, which takes under a second with a broker
+    that answers. One that has not ended within ``grace_s`` (``RL_EXPORT_STOP_GRACE_S``:
+    a transaction waiting for a broker that is gone, say) is cancelled, and given 5 s more
+    to close its clients. Everything the stages write is exactly once, so a stop cut short
+    loses nothing: the next start reads on from the committed offsets and the changelog.
     """
     stopping = asyncio.create_task(stop.wait(), name="stop")
     try:
