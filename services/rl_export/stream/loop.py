@@ -166,8 +166,10 @@ class JoinWorker:
             while not stop.is_set():
                 await self._step(consumer)
         finally:
+            # Not under the lock: aiokafka's stop lets a rebalance under way (a sibling that
+            # stopped first) finish, and our callbacks take the lock.
+            await stop_quietly(consumer.stop, "join consumer", log)
             async with self.lock:
-                await stop_quietly(consumer.stop, "join consumer", log)
                 await self.emitter.close()
                 self.table.close_all()
 

@@ -1,15 +1,18 @@
-"""The join loop's batches: topped up from several fetch responses while a backlog lasts."""
+"""The join loop: batches topped up from several fetch responses while a backlog lasts; its stop."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from rl_export.common.metrics import Metrics
 from rl_export.common.settings import Settings
+from rl_export.stream import loop
 from rl_export.stream.loop import _BACKLOG_RECORDS, JoinWorker
 
 A, B = TopicPartition("traces", 0), TopicPartition("labels", 0)
@@ -93,3 +96,49 @@ async def test_a_byte_bound_of_zero_takes_one_response() -> None:
     fetched = await worker(batch_bytes=0)._fetch(consumer)  # type: ignore[arg-type]
     assert offsets(fetched) == {A: list(range(200))}
     assert len(consumer.asked) == 1
+
+
+class ClosingConsumer:
+    """A consumer whose ``stop`` lets a rebalance under way finish first, as aiokafka's
+    does: its coordinator runs the listener's callbacks before it leaves the group (a
+    sibling join process that stopped a moment earlier started that rebalance)."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop_event = stop
+        self.listener: Any = None
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        self.listener = listener
+
+    async def start(self) -> None:
+        pass
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> Any:
+        self.stop_event.set()  # SIGTERM, while the group rebalances
+        return {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set()
+
+    async def stop(self) -> None:
+        await self.listener.on_partitions_revoked(set())
+        await self.listener.on_partitions_assigned(set())
+
+
+async def test_a_stop_during_a_rebalance_lets_the_rebalance_finish(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop stops its consumer without holding the batch lock, which the rebalance's
+    callbacks take: holding it, the stop waited for itself until the stop grace cut it
+    (10 s, seen once in eight stops of a worker with two join processes)."""
+    stop = asyncio.Event()
+    join = worker()
+    monkeypatch.setattr(loop, "AIOKafkaConsumer", lambda *a, **kw: ClosingConsumer(stop))
+
+    async def nothing() -> None:
+        pass
+
+    monkeypatch.setattr(join.emitter, "start", nothing)
+    monkeypatch.setattr(join.emitter, "close", nothing)
+    await asyncio.wait_for(join.run(stop), timeout=5)
+    assert stop.is_set()
