@@ -14,7 +14,10 @@ def tune_gc() -> None:
     schema and client object loaded at start. ``gc.freeze`` moves those out of its way, and
     a threshold of 50,000 lets it run once per few hundred events. In process this cut the
     join's time per event by about 7 %; garbage cycles (rare here: mostly failed futures)
-    wait a little longer to be collected.
+    wait a little longer to be collected. A process that allocates little while it waits
+    (a sink whose store is down) may not reach the threshold for minutes, so code whose
+    failures leave large cycles collects them itself
+    (:func:`rl_export.corpora.sink.free_refused_requests`).
     """
     gc.collect()
     gc.freeze()

@@ -207,6 +207,17 @@ class SinkMetrics:
             "sink's buffer within RL_EXPORT_SINK_BUFFER_MIB.",
             registry=registry,
         )
+        self.buffered_bytes = Gauge(
+            "rl_export_sink_buffered_bytes",
+            "Bytes of records the sink holds, not yet committed to corpora (all partitions).",
+            registry=registry,
+        )
+        self.paused = Gauge(
+            "rl_export_sink_paused",
+            "1 while the sink has paused reading: its buffer is over RL_EXPORT_SINK_BUFFER_MIB "
+            "because the store refuses commits.",
+            registry=registry,
+        )
         self.bad_snapshots = Counter(
             "rl_export_sink_bad_snapshots_total",
             "Messages on the trajectories topic that are not snapshots (skipped).",

@@ -15,7 +15,9 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    :func:`flushed_early`), every writer with pending records commits, in this fixed order:
    (a) the data object, named by its content hash; (b) the commit, create-only, covering
    ``head`` .. the last offset read; (c) once all writers of the partition committed, the
-   Kafka offset after that record.
+   Kafka offset after that record. A flush the store refused is tried again one age bound
+   later; while the partitions together hold more than the buffer bound after a flush
+   (the store is refusing commits), the consumer is paused (:meth:`Sink._hold_back`).
 4. A writer that loses the create-only race reloads its chain and keeps only what the
    winner did not cover. After any crash the group offset is at or before every chain head,
    so records are read again and step 2 skips what is already committed. A batch fetched or
@@ -26,6 +28,7 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -354,6 +357,7 @@ class PartitionSink:
     last_offset: int = -1
     first_pending_at: float | None = None
     committed: int = -1  # the Kafka offset last committed for this partition
+    retry_after: float = 0.0  # a flush the store refused: not tried early before this
     totals: PendingTotals = field(default_factory=PendingTotals, init=False)
     # The writers of each (org, project), one per spec in order: one lookup per record.
     _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
@@ -485,6 +489,7 @@ class Sink:
         self.parts: dict[int, PartitionSink] = {}
         self.assigned = asyncio.Event()
         self.epoch = 0  # bumped by every rebalance
+        self.paused = False  # reading paused: the buffer is over its bound (_hold_back)
 
     def corpora_written(self) -> list[CorpusRef]:
         """The corpora this sink has written to (for periodic compaction)."""
@@ -609,20 +614,28 @@ class Sink:
                 waiting.append(part)
             elif (offset := part.idle_offset()) is not None:
                 offsets[partition] = (part, offset)
-        early = flushed_early(waiting, self.config.buffer_bytes)
+        early = flushed_early(waiting, self.config.buffer_bytes, now)
         self.metrics.early_flushes.inc(len(early))
         due += early
         results = await asyncio.gather(*(part.flush() for part in due), return_exceptions=True)
+        refused = False
         for part, result in zip(due, results, strict=True):
             if isinstance(result, StoreError):
+                refused = True
                 self.metrics.store_errors.inc()
-                log.error("flush of %s-%d failed, will retry: %s", self.topic, part.partition,
-                          result)  # fmt: skip
+                log.error(
+                    "flush of %s-%d failed, will retry: %s", self.topic, part.partition, str(result)
+                )  # the text: a record must not hold the request's frames
                 part.first_pending_at = now  # back off by one age bound
+                part.retry_after = now + self.config.max_age_s
             elif isinstance(result, BaseException):
                 raise result
             elif result is not None:
                 offsets[part.partition] = (part, result)
+        if refused:
+            del results, result
+            await free_refused_requests()
+        self._hold_back(consumer)
         ready = {p: (part, o) for p, (part, o) in offsets.items() if self.parts.get(p) is part}
         if not ready:
             return
@@ -641,8 +654,49 @@ class Sink:
         for part, offset in ready.values():
             part.committed = offset
 
+    def _hold_back(self, consumer: AIOKafkaConsumer) -> None:
+        """Pause reading while the buffer holds more than its bound after a flush; resume
+        once it does not.
 
-def flushed_early(waiting: Sequence[PartitionSink], budget: int) -> list[PartitionSink]:
+        After a flush the buffer is over its bound only when the store refused commits
+        (every other partition over its share was just committed), and reading on would
+        grow it for as long as the store is down. Paused, the consumer still heartbeats
+        and keeps its partitions; the refused flushes are tried again one age bound later,
+        and reading resumes after the first that brings the buffer back under its bound.
+        """
+        held = sum(part.pending_bytes for part in self.parts.values())
+        self.metrics.buffered_bytes.set(held)
+        over = held > self.config.buffer_bytes
+        if over:  # again after a rebalance: newly assigned partitions start unpaused
+            consumer.pause(*(tp for tp in consumer.assignment() if tp.topic == self.topic))
+        if over and not self.paused:
+            log.warning("the sink holds %s bytes of records, over its bound of %s, and the "
+                        "store refuses commits: reading paused until it takes them again",
+                        f"{held:,}", f"{self.config.buffer_bytes:,}")  # fmt: skip
+        elif self.paused and not over:
+            consumer.resume(*consumer.paused())
+            log.info("the sink's buffer is within its bound again: reading resumed")
+        self.paused = over
+        self.metrics.paused.set(1 if over else 0)
+
+
+async def free_refused_requests() -> None:
+    """Collect the garbage cycles a refused store request leaves behind.
+
+    A failed request's exception, and the frames it passed through (ours, aiobotocore's,
+    aiohttp's), refer to each other, and they hold the shard's bytes and the HTTP
+    request's copy of them. :func:`rl_export.common.gctune.tune_gc` runs the cycle
+    collector once per 50,000 allocations, and a sink waiting on a store that is down
+    allocates few: each refused round stayed in memory, 64 MiB a round on the bench's
+    traffic, past 1 GiB in three minutes of an outage. A collection here takes 30-50 ms,
+    once per refused round. It waits one turn of the event loop first: until the gathered
+    flushes' done callbacks have run, the loop still holds the failed tasks.
+    """
+    await asyncio.sleep(0)
+    gc.collect()
+
+
+def flushed_early(waiting: Sequence[PartitionSink], budget: int, now: float) -> list[PartitionSink]:
     """The partitions to commit before their own bounds, so that the sink's buffer stays
     within ``budget`` bytes of records.
 
@@ -651,13 +705,16 @@ def flushed_early(waiting: Sequence[PartitionSink], budget: int) -> list[Partiti
     bound on every partition at once. Past the budget the partitions holding most go
     first (the largest shards), until the rest hold at most half of it, so that a sink at
     its budget does not commit a sliver at every poll. Checked after each poll: the
-    buffer can pass the budget by one poll's records.
+    buffer can pass the budget by one poll's records. A partition whose flush the store
+    refused is not tried again before its ``retry_after`` (one age bound), so a store that
+    is down is not asked at every poll; it still counts towards what the buffer holds.
     """
     held = sum(p.pending_bytes for p in waiting)
     if held <= budget:
         return []
     early = []
-    for part in sorted(waiting, key=lambda p: p.pending_bytes, reverse=True):
+    retryable = (p for p in waiting if p.retry_after <= now)
+    for part in sorted(retryable, key=lambda p: p.pending_bytes, reverse=True):
         if held <= budget // 2:
             break
         early.append(part)

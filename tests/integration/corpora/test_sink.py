@@ -19,6 +19,7 @@ from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
 from rl_export.corpora.shards import verify
 from rl_export.corpora.store import ObjectStore, open_store
+from rl_export.local.faults import CuttableProxy
 from rl_export.local.seaweed import LocalS3
 from rl_export.local.synthetic import generate
 from tests.integration.stream.test_join_loop import scenario, shuffled_with_duplicates
@@ -158,6 +159,53 @@ async def test_a_paused_zombie_writer_cannot_overwrite_or_double_commit(
     await assert_verified(s3_settings)
     assert await merged_view_of(s3_settings) == expected_corpora(events)
     assert conflicts >= 1, "the zombie should have lost at least one commit race"
+
+
+async def test_a_store_outage_pauses_the_sink_at_its_buffer_bound_and_loses_nothing(
+    s3_settings: Settings, s3: LocalS3
+) -> None:
+    """SeaweedFS behind a proxy, cut after the first commits, while a backlog arrives: the
+    sink's flushes are refused, and once it holds more than its buffer bound (1 MiB here)
+    it pauses reading, so what it holds stops growing. Restored, it resumes and the corpora
+    are exact."""
+    events = generate(600, seed=27)  # one org/project: every chain is loaded by the first half
+    proxy = await CuttableProxy("127.0.0.1", s3.port).start()
+    small = s3_settings.model_copy(update={"sink_buffer_mib": 1})
+    worker = WorkerProcess(small, "w1", env={"AWS_ENDPOINT_URL": proxy.url})
+    try:
+        worker.launch()  # the proxy serves on this loop: wait without blocking it
+        await until_async(lambda: asyncio.to_thread(worker.ready), timeout_s=90)
+        # Committed before the outage: every chain is loaded (a sink that cannot load a
+        # chain reads its partition again instead, and holds nothing).
+        half = len(events) // 2
+        await publish(small, events[:half])
+        await wait_for_corpora(s3_settings, events[:half])
+        proxy.cut()
+        await publish(small, events[half:])
+
+        def metric(name: str) -> Any:
+            return asyncio.to_thread(worker.metric, name)
+
+        async def paused() -> bool:
+            return bool(await metric("rl_export_sink_paused") == 1)
+
+        await until_async(paused, timeout_s=120)  # a refused put takes the client ~30 s
+        held = await metric("rl_export_sink_buffered_bytes")
+        await asyncio.sleep(3)  # three age bounds: refused flushes tried again, no reading
+        assert await metric("rl_export_sink_buffered_bytes") == held
+        assert held > 2**20
+        assert await metric("rl_export_sink_store_errors_total") >= 1
+        proxy.restore()
+        got = await wait_for_corpora(s3_settings, events)
+        assert await metric("rl_export_sink_paused") == 0
+    finally:
+        worker.stop()
+        await proxy.stop()
+    assert got == expected_corpora(events)
+    await assert_verified(s3_settings)
+    log = worker.log_path.read_text()
+    assert "reading paused until it takes them again" in log
+    assert "reading resumed" in log
 
 
 async def snapshot_store(settings: Settings) -> dict[str, bytes]:
