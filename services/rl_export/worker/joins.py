@@ -89,20 +89,22 @@ class ChildJoins:
         """SIGTERM: each child finishes its batch and commits, like a worker, for as long as
         the stop grace allows; the worker cancels this stage then, and :meth:`_kill` ends the
         children still running (each would cancel its own batch at the same moment)."""
-        for child in self.children:
-            if child.proc is not None and child.proc.returncode is None:
-                child.proc.terminate()
+        for _, proc in self._running():
+            proc.terminate()
         if exits:
             await asyncio.wait(exits, timeout=self.settings.stop_grace_s)
 
     def _kill(self) -> None:
         """SIGKILL the children still running: like any SIGKILL, safe for exactly once."""
-        for child in self.children:
-            if child.proc is not None and child.proc.returncode is None:
-                log.warning("join process %d did not stop within %.0fs: killed", child.index,
-                            self.settings.stop_grace_s)  # fmt: skip
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.kill()
+        for child, proc in self._running():
+            log.warning("join process %d did not stop within %.0fs: killed", child.index,
+                        self.settings.stop_grace_s)  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+
+    def _running(self) -> list[tuple[_Child, asyncio.subprocess.Process]]:
+        """The children whose process has not exited (as far as this event loop has seen)."""
+        return [(c, c.proc) for c in self.children if c.proc and c.proc.returncode is None]
 
     async def _get(self, child: _Child, path: str) -> tuple[int, bytes] | None:
         if self.http is None or child.proc is None or child.proc.returncode is not None:
