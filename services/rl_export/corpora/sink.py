@@ -435,8 +435,10 @@ class PartitionSink:
         records = self.totals.records
         if not records:
             return False
-        aged = self.first_pending_at is not None and now - self.first_pending_at >= (
-            self.config.max_age_s
+        # The deadline as ``retry_after`` and the callers compute it: ``now - first`` can
+        # round below the bound at the very moment ``first + bound``.
+        aged = self.first_pending_at is not None and now >= (
+            self.first_pending_at + self.config.max_age_s
         )
         return (
             aged or records >= self.config.max_records or self.totals.bytes >= self.config.max_bytes

@@ -757,6 +757,16 @@ class RefusingStore(MemoryStore):
         await super().put_if_absent(key, data)
 
 
+def age(sink: Sink, seconds: float) -> None:
+    """As if ``seconds`` passed for the sink's partitions: their clocks move back. (A real
+    wait would have to outlast the rounds before it, whose collections take a while in a
+    process holding the whole test suite.)"""
+    for part in sink.parts.values():
+        if part.first_pending_at is not None:
+            part.first_pending_at -= seconds
+        part.retry_after -= seconds
+
+
 def partitions_of(keys: list[str]) -> set[int]:
     """The ``trajectories`` partitions whose shards these store keys are."""
     return {int(k.split(f"{TOPIC}-")[1].split("/")[0]) for k in keys}
@@ -770,7 +780,7 @@ async def test_a_sink_over_its_budget_with_the_store_down_pauses_reading_until_i
     held = sum(p.pending_bytes for p in probe.parts.values())
     store = RefusingStore()
     sink, registry = await buffering_sink(
-        store, {0: 1, 1: 6, 2: 3}, buffer_bytes=held - 1, max_age_s=0.5
+        store, {0: 1, 1: 6, 2: 3}, buffer_bytes=held - 1, max_age_s=60.0
     )
     consumer = CommittingConsumer([0, 1, 2])
     store.down = True
@@ -793,7 +803,7 @@ async def test_a_sink_over_its_budget_with_the_store_down_pauses_reading_until_i
     assert consumer.commits == []
 
     store.down = False
-    await asyncio.sleep(0.6)  # an age bound: every partition is due
+    age(sink, 60.0)  # an age bound later: every partition is due
     await sink._flush_due(consumer)  # type: ignore[arg-type]
     assert consumer.paused_tps == set()
     assert sample(registry, "rl_export_sink_paused") == 0
