@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-export bench-web profile soak bench-restart
+.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), benc
 
 bench-ab: install ## one worker with other settings against the defaults, on one backlog: AB="join_processes=1" (SHAPE=small)
 	$(BIN)/python -m rl_export.local.bench_ab --variant "" --variant "$(AB)" $(if $(SHAPE),--shape $(SHAPE))
+
+bench-ceiling: install ## one worker against the same worker with its join replayed (its own work free): what a faster join could give (SHAPE=small)
+	$(BIN)/python -m rl_export.local.ceiling $(if $(SHAPE),--shape $(SHAPE))
 
 bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
 	$(BIN)/python -m rl_export.local.bench_export

@@ -1,0 +1,305 @@
+"""``make bench-ceiling``: how fast one worker could be if the join's own work cost nothing.
+
+The bench (:mod:`rl_export.local.bench`) says how fast a worker is. This says how much of
+that any speed-up of the join's rules could change (a native core, say), by running
+:mod:`rl_export.local.bench_ab` with two variants on one backlog:
+
+1. the defaults;
+2. the join *replayed*. Before the rounds, the real :class:`JoinProcessor` runs over the
+   backlog in this process, one event at a time in the order it was produced, and keeps
+   what each event left behind (:class:`Output`: the state's head as written, the
+   conversation when it changed, the snapshot when one was due). In the worker's join
+   processes, :func:`replayed_process` then stands in for :meth:`JoinProcessor.process`.
+   Per batch it looks each event's output up by the event's bytes (and how often they came:
+   a repeat has the same bytes), asks the table for the
+   batch's keys (the same multi-get), reads each touched trace's state and conversation,
+   writes them back, sends the newest snapshot it has seen for each trace whose events in
+   the batch had one, and flushes (the changelog, the transaction, the offsets).
+
+So the table, the changelog, the producer, the transactions, the consumer, the sink, the
+store and the broker are the real ones, doing the same work per event. What costs nothing
+is decoding and checking the events, merging them, loading and dumping states and encoding
+snapshots. Left out, as they are rare on the bench's traffic: expiry marks, dead letters,
+forwarding (the bench's producer routes every event to its trace's partition).
+
+The hook reaches the join processes through ``sitecustomize`` (``ceiling_site/``, put first
+on the worker's ``PYTHONPATH`` by the second variant, which inherits it to its join
+processes), with the outputs' file in ``CEILING_REPLAY_OUTPUTS``. The outputs are pickled
+(this tool writes and reads them, under ``var/bench/``) and each join process holds all of
+them: its peak RSS is not the real one's. The events/s and CPU per event are the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pickle
+import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from prometheus_client import CollectorRegistry
+
+from rl_export.common.events import EventFamily, EventRejection
+from rl_export.common.metrics import Metrics
+from rl_export.common.records import Headers
+from rl_export.common.settings import Settings
+from rl_export.local.bench import DEFAULT_TRACES, log
+from rl_export.local.bench_ab import Variant, print_table, run
+from rl_export.local.profile import routed
+from rl_export.local.synthetic import SHAPES, generate
+from rl_export.stream.processor import (
+    CONVERSATION,
+    BatchResult,
+    InMessage,
+    JoinProcessor,
+    MemoryTable,
+    consumed_offsets,
+)
+from rl_export.stream.produce import topic_for
+from rl_export.stream.state import load_state
+
+OUTPUTS_ENV = "CEILING_REPLAY_OUTPUTS"
+SITE = Path(__file__).with_name("ceiling_site")
+
+
+class Snapshot(NamedTuple):
+    value: bytes
+    headers: Headers
+    revision: int
+
+
+class Output(NamedTuple):
+    """What one event left behind in the real join (run one event at a time)."""
+
+    head: bytes | None  # the state as the table holds it, None if the event left none
+    conversation_changed: bool
+    conversation: bytes | None  # the conversation after the event (None: none)
+    snapshot: Snapshot | None  # None: the event made no snapshot due
+
+
+Outputs = dict[bytes, tuple[Output, ...]]
+"""An event's bytes -> what it left behind, each time it came (a repeat has the same bytes)."""
+
+
+class _Capture:
+    """An emitter that keeps the last snapshot and sends nothing."""
+
+    def __init__(self) -> None:
+        self.last: tuple[bytes, Headers] | None = None
+
+    async def snapshot(
+        self, key: bytes, value: bytes, event_ms: int | None, partition: int,
+        headers: Headers,
+    ) -> None:  # fmt: skip
+        self.last = (value, list(headers))
+
+    def take(self) -> tuple[bytes, Headers] | None:
+        """The snapshot sent since the last call, if one was."""
+        last, self.last = self.last, None
+        return last
+
+    async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
+        raise AssertionError("the outputs are recorded with every event on its home partition")
+
+    async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None:
+        return None
+
+    async def flush(self, consumed: Mapping[tuple[str, int], int]) -> None:
+        return None
+
+
+def _revision(head: bytes) -> int:
+    state = load_state(head)
+    return state.deleted_revision if state.deleted else state.revision
+
+
+async def record_outputs(
+    settings: Settings, messages: list[InMessage], now: float | None = None
+) -> Outputs:
+    """Run the real join over ``messages`` one at a time; what each left behind.
+
+    ``now`` is the join's clock for all of them (default: the time of the call).
+    """
+    clock = time.time() if now is None else now
+    table = MemoryTable()
+    emitter = _Capture()
+    families = {topic_for(settings, f): f for f in EventFamily}
+    processor = JoinProcessor(settings, table, emitter, Metrics(CollectorRegistry()), families)
+    outputs: Outputs = {}
+    for message in messages:
+        assert message.key is not None
+        before = table.data.get(CONVERSATION + message.key)
+        await processor.process([message], now=clock)
+        head = table.data.get(message.key)
+        after = table.data.get(CONVERSATION + message.key)
+        sent, snapshot = emitter.take(), None
+        if sent is not None and head is not None:
+            snapshot = Snapshot(*sent, _revision(head))
+        made = Output(head, after != before, after, snapshot)
+        outputs[message.value] = (*outputs.get(message.value, ()), made)
+    return outputs
+
+
+class Replay:
+    """The replayed join's memory: the outputs, how often each event came, and each trace's
+    newest snapshot."""
+
+    def __init__(self, outputs: Outputs) -> None:
+        self.outputs = outputs
+        self.times: dict[bytes, int] = {}
+        self.newest: dict[bytes, Snapshot] = {}
+
+    async def process(
+        self, processor: JoinProcessor, messages: list[InMessage], now: float | None = None
+    ) -> BatchResult:
+        """One batch, as :meth:`JoinProcessor.process` does it but for the join's own work."""
+        table, emitter = processor.table, processor.emitter
+        touched: dict[bytes, tuple[InMessage, Output, bool, bool]] = {}
+        wanted: dict[int, list[bytes]] = {}
+        for message in messages:
+            key = message.key
+            assert key is not None
+            times = self.times.get(message.value, 0)
+            self.times[message.value] = times + 1
+            made = self.outputs[message.value]
+            out = made[min(times, len(made) - 1)]  # read again after a rebalance: the last
+            seen = touched.get(key)
+            if seen is None:
+                wanted.setdefault(message.partition, []).extend((key, CONVERSATION + key))
+                touched[key] = (message, out, out.conversation_changed, out.snapshot is not None)
+            else:
+                changed = seen[2] or out.conversation_changed
+                touched[key] = (message, out, changed, seen[3] or out.snapshot is not None)
+            if out.snapshot is not None:
+                newest = self.newest.get(key)
+                if newest is None or out.snapshot.revision > newest.revision:
+                    self.newest[key] = out.snapshot
+        table.prefetch(wanted)
+        result = BatchResult()
+        for key, (last, out, conversation_changed, emits) in touched.items():
+            table.get(key, last)
+            table.get(CONVERSATION + key, last)
+            if out.head is not None:
+                table.put(key, out.head, last)
+            if conversation_changed:
+                if out.conversation is None:
+                    table.delete(CONVERSATION + key, last)
+                else:
+                    table.put(CONVERSATION + key, out.conversation, last)
+            if emits:
+                snapshot = self.newest[key]
+                result.snapshots[key] = snapshot.value
+                await emitter.snapshot(
+                    key, snapshot.value, last.timestamp_ms, last.partition, snapshot.headers
+                )
+        await emitter.flush(consumed_offsets(messages))
+        return result
+
+
+def install(path: Path) -> None:
+    """Make every :class:`JoinProcessor` of this process replay ``path``'s outputs.
+
+    The outputs are loaded when the first processor is made (before its worker is ready),
+    not at the first batch, so loading them is not timed.
+    """
+    replays: list[Replay] = []
+    make = JoinProcessor.__init__
+
+    def init(self: JoinProcessor, *args: Any, **kwargs: Any) -> None:
+        make(self, *args, **kwargs)
+        if not replays:
+            with path.open("rb") as f:
+                replays.append(Replay(pickle.load(f)))  # this tool's own file
+
+    async def process(
+        self: JoinProcessor, messages: list[InMessage], now: float | None = None
+    ) -> BatchResult:
+        return await replays[0].process(self, messages, now)
+
+    setattr(JoinProcessor, "__init__", init)  # noqa: B010 - a method replaced on purpose
+    setattr(JoinProcessor, "process", process)  # noqa: B010
+
+
+async def outputs_file(shape: str, traces: int, seed: int, folder: Path) -> Path:
+    """The outputs of the bench's backlog for these arguments, recorded once and kept."""
+    path = folder / f"ceiling-{shape}-{traces}-{seed}.pickle"
+    if path.exists():
+        log(f"replay: the join's outputs from {path}")
+        return path
+    settings = Settings(partitions=8, state_store="memory://")
+    events = generate(traces, seed=seed, duplicate_rate=0.02, shape=SHAPES[shape])
+    log(f"replay: recording the join's outputs for {len(events):,} events, one at a time")
+    outputs = await record_outputs(settings, routed(settings, events))
+    _write(outputs, path)
+    return path
+
+
+def _write(outputs: Outputs, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    with partial.open("wb") as f:
+        pickle.dump(outputs, f, protocol=pickle.HIGHEST_PROTOCOL)
+    partial.replace(path)
+
+
+def replay_variant(path: Path) -> Variant:
+    """The second variant: the hook first on the worker's path, the outputs named."""
+    search = [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return Variant(
+        "the join replayed: its own work costs nothing",
+        env={"PYTHONPATH": os.pathsep.join(search), OUTPUTS_ENV: str(path.resolve())},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rl-export-bench-ceiling", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="standard")
+    parser.add_argument("--traces", type=int, help="traces (default: ~105k events)")
+    parser.add_argument("--runs", type=int, default=5, help="rounds of both variants")
+    parser.add_argument(
+        "--warm-up", type=int, default=8, metavar="N",
+        help="untimed catch-ups first, until the broker's JIT settles (at most N)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("var/bench"))
+    parser.add_argument(
+        "--record-only", action="store_true",
+        help="record the join's outputs (kept in --out for later runs) and stop",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if args.warm_up < 0:
+        parser.error("--warm-up must be 0 or more")
+    if args.traces is not None and args.traces < 1:
+        parser.error("--traces must be at least 1")
+    traces = args.traces or DEFAULT_TRACES[args.shape]
+    path = asyncio.run(outputs_file(args.shape, traces, args.seed, args.out))
+    if args.record_only:
+        print(f"the join's outputs: {path}")
+        return 0
+    variants = [Variant(""), replay_variant(path)]
+    result = asyncio.run(
+        run(variants, args.shape, traces=traces, runs=args.runs, seed=args.seed,
+            warm_up_runs=args.warm_up)
+    )  # fmt: skip
+    where = args.out / f"ceiling-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    where.write_text(json.dumps(result, indent=2))
+    print_table(result, where)
+    return 0
+
+
+if __name__ == "__main__":
+    # The outputs must be pickled as this module's classes, not as __main__'s, which the
+    # join processes that load them are not.
+    from rl_export.local.ceiling import main as ceiling_main
+
+    sys.exit(ceiling_main())
