@@ -81,6 +81,7 @@ class Output(NamedTuple):
     conversation_changed: bool
     conversation: bytes | None  # the conversation after the event (None: none)
     snapshot: Snapshot | None  # None: the event made no snapshot due
+    waited: bool  # it came before its trace and waited for it (no snapshot then)
 
 
 Outputs = dict[bytes, tuple[Output, ...]]
@@ -114,6 +115,14 @@ class _Capture:
         return None
 
 
+def _arrived(head: bytes | None) -> bool:
+    """Whether a stored state's trace has come (or it was deleted): events no longer wait."""
+    if head is None:
+        return False
+    state = load_state(head)
+    return state.trace is not None or state.deleted
+
+
 def _revision(head: bytes) -> int:
     state = load_state(head)
     return state.deleted_revision if state.deleted else state.revision
@@ -135,24 +144,37 @@ async def record_outputs(
     for message in messages:
         assert message.key is not None
         before = table.data.get(CONVERSATION + message.key)
+        waited = message.topic != settings.topic_traces and not _arrived(
+            table.data.get(message.key)
+        )
         await processor.process([message], now=clock)
         head = table.data.get(message.key)
         after = table.data.get(CONVERSATION + message.key)
         sent, snapshot = emitter.take(), None
         if sent is not None and head is not None:
             snapshot = Snapshot(*sent, _revision(head))
-        made = Output(head, after != before, after, snapshot)
+        made = Output(head, after != before, after, snapshot, waited)
         outputs[message.value] = (*outputs.get(message.value, ()), made)
     return outputs
 
 
 class Replay:
-    """The replayed join's memory: the outputs, how often each event came, and each trace's
-    newest snapshot."""
+    """The replayed join's memory: the outputs, how often each event came, the traces that
+    have come, and each trace's newest snapshot.
+
+    The join reads its three topics at their own paces, so it reads many events in another
+    order than they were recorded in (produced). Whether a snapshot is due follows the order
+    read, as in the join: none for a trace before its ``trace.completed`` was read (its
+    events wait), one for every batch that touches it after, except for an event that made
+    none when recorded for another reason than waiting (rejected, or after a deletion). The
+    snapshot sent is the newest recorded so far, so the sink gets as many records as the
+    real join would send it, not always the same ones.
+    """
 
     def __init__(self, outputs: Outputs) -> None:
         self.outputs = outputs
         self.times: dict[bytes, int] = {}
+        self.arrived: set[bytes] = set()
         self.newest: dict[bytes, Snapshot] = {}
 
     async def process(
@@ -160,6 +182,7 @@ class Replay:
     ) -> BatchResult:
         """One batch, as :meth:`JoinProcessor.process` does it but for the join's own work."""
         table, emitter = processor.table, processor.emitter
+        traces = processor.settings.topic_traces
         touched: dict[bytes, tuple[InMessage, Output, bool, bool]] = {}
         wanted: dict[int, list[bytes]] = {}
         for message in messages:
@@ -169,20 +192,23 @@ class Replay:
             self.times[message.value] = times + 1
             made = self.outputs[message.value]
             out = made[min(times, len(made) - 1)]  # read again after a rebalance: the last
+            if message.topic == traces:
+                self.arrived.add(key)
+            may_emit = out.snapshot is not None or out.waited
             seen = touched.get(key)
             if seen is None:
                 wanted.setdefault(message.partition, []).extend((key, CONVERSATION + key))
-                touched[key] = (message, out, out.conversation_changed, out.snapshot is not None)
+                touched[key] = (message, out, out.conversation_changed, may_emit)
             else:
                 changed = seen[2] or out.conversation_changed
-                touched[key] = (message, out, changed, seen[3] or out.snapshot is not None)
+                touched[key] = (message, out, changed, seen[3] or may_emit)
             if out.snapshot is not None:
                 newest = self.newest.get(key)
                 if newest is None or out.snapshot.revision > newest.revision:
                     self.newest[key] = out.snapshot
         table.prefetch(wanted)
         result = BatchResult()
-        for key, (last, out, conversation_changed, emits) in touched.items():
+        for key, (last, out, conversation_changed, may_emit) in touched.items():
             table.get(key, last)
             table.get(CONVERSATION + key, last)
             if out.head is not None:
@@ -192,8 +218,8 @@ class Replay:
                     table.delete(CONVERSATION + key, last)
                 else:
                     table.put(CONVERSATION + key, out.conversation, last)
-            if emits:
-                snapshot = self.newest[key]
+            snapshot = self.newest.get(key)
+            if may_emit and key in self.arrived and snapshot is not None:
                 result.snapshots[key] = snapshot.value
                 await emitter.snapshot(
                     key, snapshot.value, last.timestamp_ms, last.partition, snapshot.headers

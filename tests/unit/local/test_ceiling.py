@@ -21,6 +21,7 @@ from rl_export.local.ceiling import (
     OUTPUTS_ENV,
     SITE,
     Output,
+    Outputs,
     Replay,
     record_outputs,
     replay_variant,
@@ -87,7 +88,7 @@ async def test_a_trace_whose_events_in_a_batch_made_no_snapshot_sends_none() -> 
     settings = Settings(partitions=4, state_store="memory://")
     message = routed(settings, generate(1, seed=1, shape=SHAPES["small"]))[0]
     replayed, _, sent = processor(settings)
-    outputs = {message.value: (Output(b"head", False, None, None),)}
+    outputs = {message.value: (Output(b"head", False, None, None, False),)}
     result = await Replay(outputs).process(replayed, [message])
     assert result.snapshots == {}
     assert sent.batches == [[], []]
@@ -115,28 +116,50 @@ def test_the_hook_replaces_the_join_only_where_the_variant_puts_it(tmp_path: Pat
     assert hooked(tmp_path, {}) == "rl_export.stream.processor"
 
 
-async def test_events_replayed_out_of_their_recorded_order_send_the_newest_snapshot() -> None:
-    """Across topics the join may read a trace's events in another order than recorded:
-    the snapshot sent is never older than one sent before (the sink drops older ones)."""
+async def recorded(traces: int, seed: int) -> tuple[Settings, list[InMessage], Outputs]:
     settings = Settings(partitions=4, state_store="memory://")
-    messages = routed(settings, generate(20, seed=2, shape=SHAPES["small"]))
-    outputs = await record_outputs(settings, messages)
-    by_trace: dict[bytes | None, list[InMessage]] = {}
-    for m in messages:
-        if outputs[m.value][0].snapshot is not None:
-            by_trace.setdefault(m.key, []).append(m)
-    emitting = max(by_trace.values(), key=len)
-    assert len(emitting) >= 2
-    first, last = emitting[0], emitting[-1]
-    newest = outputs[last.value][0].snapshot
+    messages = routed(settings, generate(traces, seed=seed, shape=SHAPES["small"]))
+    return settings, messages, await record_outputs(settings, messages)
+
+
+def sent_values(sent: Sent) -> list[list[bytes]]:
+    return [[s[1] for s in batch] for batch in sent.batches[:-1]]
+
+
+async def test_events_read_before_their_trace_send_nothing_until_it_comes() -> None:
+    """The join reads its topics at their own paces: an event recorded after its trace may
+    be read before it, and then waits; the trace's batch sends the newest snapshot."""
+    settings, messages, outputs = await recorded(20, 2)
+    pairs = [
+        (trace, later)
+        for i, trace in enumerate(messages)
+        if trace.topic == settings.topic_traces
+        for later in messages[i + 1 :]
+        if later.key == trace.key and outputs[later.value][0].snapshot is not None
+    ]
+    trace, later = pairs[0]
+    newest = outputs[later.value][0].snapshot
     assert newest is not None
 
     replayed, _, sent = processor(settings)
     replay = Replay(outputs)
-    await replay.process(replayed, [last])
-    await replay.process(replayed, [first])
-    assert [s[1] for s in sent.batches[0]] == [newest.value]
-    assert [s[1] for s in sent.batches[1]] == [newest.value]
+    await replay.process(replayed, [later])
+    await replay.process(replayed, [trace])
+    assert sent_values(sent) == [[], [newest.value]]
+
+
+async def test_an_event_that_waited_when_recorded_sends_when_read_after_its_trace() -> None:
+    settings, messages, outputs = await recorded(20, 2)
+    waited = next(m for m in messages if outputs[m.value][0].waited)
+    trace = next(m for m in messages if m.key == waited.key and m.topic == settings.topic_traces)
+    snapshot = outputs[trace.value][0].snapshot
+    assert snapshot is not None
+
+    replayed, _, sent = processor(settings)
+    replay = Replay(outputs)
+    await replay.process(replayed, [trace])
+    await replay.process(replayed, [waited])
+    assert sent_values(sent) == [[snapshot.value], [snapshot.value]]
 
 
 def test_the_outputs_recorded_from_the_command_load_in_another_process(tmp_path: Path) -> None:
