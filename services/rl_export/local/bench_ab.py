@@ -195,12 +195,8 @@ def print_table(result: dict[str, Any], path: Path) -> None:
     print(f"\n  results: {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rl-export-bench-ab", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--variant", action="append", default=[], metavar="NAME=VALUE[,...]",
-        help="a setting or env:VARIABLE per pair; repeat for each variant ('' = the defaults)",
-    )  # fmt: skip
+def add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    """The backlog and rounds arguments this tool shares with ``make bench-ceiling``."""
     parser.add_argument("--shape", choices=sorted(SHAPES), default="standard")
     parser.add_argument("--traces", type=int, help="traces (default: ~105k events)")
     parser.add_argument(
@@ -215,28 +211,49 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
-    args = parser.parse_args(argv)
-    if len(args.variant) < 2:
-        parser.error("give at least two --variant (an empty one is the defaults)")
+
+
+def traces_asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Check :func:`add_round_arguments`' arguments (exit 2 if wrong); the traces to make."""
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if args.warm_up < 0:
         parser.error("--warm-up must be 0 or more")
     if args.traces is not None and args.traces < 1:
         parser.error("--traces must be at least 1")
-    try:
-        variants = [parse_variant(text) for text in args.variant]
-    except ValueError as exc:
-        parser.error(f"--variant {exc}")
-    traces = args.traces or DEFAULT_TRACES[args.shape]
+    return int(args.traces or DEFAULT_TRACES[args.shape])
+
+
+def run_and_print(
+    variants: list[Variant], args: argparse.Namespace, traces: int, name: str
+) -> None:
+    """Run the rounds; write the results to ``<out>/<name>-<time>.json`` and print them."""
     result = asyncio.run(
         run(variants, args.shape, traces=traces, runs=args.runs, seed=args.seed,
             warm_up_runs=args.warm_up)
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ab-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path = args.out / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2))
     print_table(result, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl-export-bench-ab", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=VALUE[,...]",
+        help="a setting or env:VARIABLE per pair; repeat for each variant ('' = the defaults)",
+    )  # fmt: skip
+    add_round_arguments(parser)
+    args = parser.parse_args(argv)
+    if len(args.variant) < 2:
+        parser.error("give at least two --variant (an empty one is the defaults)")
+    traces = traces_asked(parser, args)
+    try:
+        variants = [parse_variant(text) for text in args.variant]
+    except ValueError as exc:
+        parser.error(f"--variant {exc}")
+    run_and_print(variants, args, traces, "ab")
     return 0
 
 

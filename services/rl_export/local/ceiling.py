@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pickle
 import sys
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,8 +47,8 @@ from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.metrics import Metrics
 from rl_export.common.records import Headers
 from rl_export.common.settings import Settings
-from rl_export.local.bench import DEFAULT_TRACES, log
-from rl_export.local.bench_ab import Variant, print_table, run
+from rl_export.local.bench import log
+from rl_export.local.bench_ab import Variant, add_round_arguments, run_and_print, traces_asked
 from rl_export.local.profile import routed
 from rl_export.local.synthetic import SHAPES, generate
 from rl_export.stream.processor import (
@@ -287,39 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rl-export-bench-ceiling", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="standard")
-    parser.add_argument("--traces", type=int, help="traces (default: ~105k events)")
-    parser.add_argument("--runs", type=int, default=5, help="rounds of both variants")
-    parser.add_argument(
-        "--warm-up", type=int, default=8, metavar="N",
-        help="untimed catch-ups first, until the broker's JIT settles (at most N)",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path("var/bench"))
+    add_round_arguments(parser)
     parser.add_argument(
         "--record-only", action="store_true",
         help="record the join's outputs (kept in --out for later runs) and stop",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    if args.warm_up < 0:
-        parser.error("--warm-up must be 0 or more")
-    if args.traces is not None and args.traces < 1:
-        parser.error("--traces must be at least 1")
-    traces = args.traces or DEFAULT_TRACES[args.shape]
+    traces = traces_asked(parser, args)
     path = asyncio.run(outputs_file(args.shape, traces, args.seed, args.out))
     if args.record_only:
         print(f"the join's outputs: {path}")
         return 0
-    variants = [Variant(""), replay_variant(path)]
-    result = asyncio.run(
-        run(variants, args.shape, traces=traces, runs=args.runs, seed=args.seed,
-            warm_up_runs=args.warm_up)
-    )  # fmt: skip
-    where = args.out / f"ceiling-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    where.write_text(json.dumps(result, indent=2))
-    print_table(result, where)
+    run_and_print([Variant(""), replay_variant(path)], args, traces, "ceiling")
     return 0
 
 
