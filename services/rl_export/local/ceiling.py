@@ -8,13 +8,13 @@ that any speed-up of the join's rules could change (a native core, say), by runn
 2. the join *replayed*. Before the rounds, the real :class:`JoinProcessor` runs over the
    backlog in this process, one event at a time in the order it was produced, and keeps
    what each event left behind (:class:`Output`: the state's head as written, the
-   conversation when it changed, the snapshot when one was due). In the worker's join
-   processes, :func:`replayed_process` then stands in for :meth:`JoinProcessor.process`.
-   Per batch it looks each event's output up by the event's bytes (and how often they came:
-   a repeat has the same bytes), asks the table for the
+   conversation when it changed, the snapshot when one was due, whether it waited for its
+   trace). In the worker's join processes, :meth:`Replay.process` then stands in for
+   :meth:`JoinProcessor.process`. Per batch it looks each event's output up by the event's
+   bytes (and how often they came: a repeat has the same bytes), asks the table for the
    batch's keys (the same multi-get), reads each touched trace's state and conversation,
-   writes them back, sends the newest snapshot it has seen for each trace whose events in
-   the batch had one, and flushes (the changelog, the transaction, the offsets).
+   writes them back, sends a snapshot where the join would in the order it read the events
+   (:class:`Replay`), and flushes (the changelog, the transaction, the offsets).
 
 So the table, the changelog, the producer, the transactions, the consumer, the sink, the
 store and the broker are the real ones, doing the same work per event. What costs nothing
