@@ -16,28 +16,35 @@ that any speed-up of the join's rules could change (a native core, say), by runn
    writes them back, sends a snapshot where the join would in the order it read the events
    (:class:`Replay`), and flushes (the changelog, the transaction, the offsets).
 
-So the table, the changelog, the producer, the transactions, the consumer, the sink, the
-store and the broker are the real ones, doing the same work per event. What costs nothing
-is decoding and checking the events, merging them, loading and dumping states and encoding
-snapshots. Left out, as they are rare on the bench's traffic: expiry marks, dead letters,
-forwarding (the bench's producer routes every event to its trace's partition).
+So the table (states, conversations, the expiry index), the changelog, the producer, the
+transactions, the consumer, the sink, the store and the broker are the real ones. What
+costs nothing is decoding and checking the events, merging them, loading and dumping states
+and encoding snapshots, and with them the expiry heap and the per-outcome counters. Left
+out, as they do not happen on the bench's traffic: dead letters and forwarding (the bench's
+producer routes every event to its trace's partition). What is written is what the join
+wrote in the order produced: for events read before their trace, the join's state also
+holds their bytes, and the replay's heads are about a tenth smaller then. The outputs are
+recorded again when the code that makes them changes (:func:`recording_digest`).
 
 The hook reaches the join processes through ``sitecustomize`` (``ceiling_site/``, put first
 on the worker's ``PYTHONPATH`` by the second variant, which inherits it to its join
 processes), with the outputs' file in ``CEILING_REPLAY_OUTPUTS``. The outputs are pickled
 (this tool writes and reads them, under ``var/bench/``) and each join process holds all of
-them: its peak RSS is not the real one's. The events/s and CPU per event are the numbers.
+them: its peak RSS is not the real one's, nor is the worker's (its process imports the
+benches too). The events/s and CPU per event are the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import pickle
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -80,6 +87,7 @@ class Output(NamedTuple):
     conversation: bytes | None  # the conversation after the event (None: none)
     snapshot: Snapshot | None  # None: the event made no snapshot due
     waited: bool  # it came before its trace and waited for it (no snapshot then)
+    mark: bytes | None  # the trace's entry in the table's expiry index after it (None: none)
 
 
 Outputs = dict[bytes, tuple[Output, ...]]
@@ -151,9 +159,20 @@ async def record_outputs(
         sent, snapshot = emitter.take(), None
         if sent is not None and head is not None:
             snapshot = Snapshot(*sent, _revision(head))
-        made = Output(head, after != before, after, snapshot, waited)
+        made = Output(head, after != before, after, snapshot, waited, table.marks.get(message.key))
         outputs[message.value] = (*outputs.get(message.value, ()), made)
     return outputs
+
+
+@dataclass(slots=True)
+class _Touched:
+    """A trace a batch touches: its last event and output, and what any of its events did."""
+
+    last: InMessage
+    out: Output
+    conversation_changed: bool = False
+    repeated: bool = False
+    may_emit: bool = False
 
 
 class Replay:
@@ -173,15 +192,17 @@ class Replay:
         self.outputs = outputs
         self.times: dict[bytes, int] = {}
         self.arrived: set[bytes] = set()
+        self.marks: dict[bytes, bytes | None] = {}
         self.newest: dict[bytes, Snapshot] = {}
 
     async def process(
         self, processor: JoinProcessor, messages: list[InMessage], now: float | None = None
     ) -> BatchResult:
         """One batch, as :meth:`JoinProcessor.process` does it but for the join's own work."""
-        table, emitter = processor.table, processor.emitter
+        table, emitter, metrics = processor.table, processor.emitter, processor.metrics
+        metrics.batch_size.observe(len(messages))
         traces = processor.settings.topic_traces
-        touched: dict[bytes, tuple[InMessage, Output, bool, bool]] = {}
+        touched: dict[bytes, _Touched] = {}
         wanted: dict[int, list[bytes]] = {}
         for message in messages:
             key = message.key
@@ -192,37 +213,43 @@ class Replay:
             out = made[min(times, len(made) - 1)]  # read again after a rebalance: the last
             if message.topic == traces:
                 self.arrived.add(key)
-            may_emit = out.snapshot is not None or out.waited
-            seen = touched.get(key)
-            if seen is None:
+            entry = touched.get(key)
+            if entry is None:
                 wanted.setdefault(message.partition, []).extend((key, CONVERSATION + key))
-                touched[key] = (message, out, out.conversation_changed, may_emit)
-            else:
-                changed = seen[2] or out.conversation_changed
-                touched[key] = (message, out, changed, seen[3] or may_emit)
+                entry = touched[key] = _Touched(message, out)
+            entry.last, entry.out = message, out
+            entry.conversation_changed |= out.conversation_changed
+            entry.repeated |= times > 0  # the join rewrites the conversation after a repeat
+            entry.may_emit |= out.snapshot is not None or out.waited
             if out.snapshot is not None:
                 newest = self.newest.get(key)
                 if newest is None or out.snapshot.revision > newest.revision:
                     self.newest[key] = out.snapshot
         table.prefetch(wanted)
         result = BatchResult()
-        for key, (last, out, conversation_changed, may_emit) in touched.items():
+        for key, entry in touched.items():
+            last, out = entry.last, entry.out
             table.get(key, last)
             table.get(CONVERSATION + key, last)
             if out.head is not None:
                 table.put(key, out.head, last)
-            if conversation_changed:
+            if entry.conversation_changed or entry.repeated:
                 if out.conversation is None:
                     table.delete(CONVERSATION + key, last)
                 else:
                     table.put(CONVERSATION + key, out.conversation, last)
+            if out.mark != self.marks.get(key):  # as the join: what the index holds, or not
+                table.mark(key, out.mark, last)
+                self.marks[key] = out.mark
             snapshot = self.newest.get(key)
-            if may_emit and key in self.arrived and snapshot is not None:
+            if entry.may_emit and key in self.arrived and snapshot is not None:
                 result.snapshots[key] = snapshot.value
                 await emitter.snapshot(
                     key, snapshot.value, last.timestamp_ms, last.partition, snapshot.headers
                 )
+        metrics.snapshots.inc(len(result.snapshots))
         await emitter.flush(consumed_offsets(messages))
+        metrics.table_keys.set(len(table))
         return result
 
 
@@ -250,9 +277,26 @@ def install(path: Path) -> None:
     setattr(JoinProcessor, "process", process)  # noqa: B010
 
 
+RECORDED_BY = ("stream/join.py", "stream/state.py", "stream/processor.py", "common/records.py",
+               "common/eventview.py", "common/events.py", "common/codec.py",
+               "local/synthetic.py", "local/ceiling.py")  # fmt: skip
+"""The modules whose code decides the outputs (``rl_export/...``): a change to any of them
+records the outputs again."""
+
+
+def recording_digest() -> str:
+    """A digest of :data:`RECORDED_BY`'s sources, for the outputs' file name."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in RECORDED_BY:
+        digest.update((package / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 async def outputs_file(shape: str, traces: int, seed: int, folder: Path) -> Path:
-    """The outputs of the bench's backlog for these arguments, recorded once and kept."""
-    path = folder / f"ceiling-{shape}-{traces}-{seed}.pickle"
+    """The outputs of the bench's backlog for these arguments and this code, recorded once
+    and kept."""
+    path = folder / f"ceiling-{shape}-{traces}-{seed}-{recording_digest()}.pickle"
     if path.exists():
         log(f"replay: the join's outputs from {path}")
         return path

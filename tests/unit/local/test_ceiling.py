@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from rl_export.local.ceiling import (
 )
 from rl_export.local.profile import batches, routed
 from rl_export.local.synthetic import SHAPES, generate
-from rl_export.stream.processor import InMessage, JoinProcessor, MemoryTable
+from rl_export.stream.processor import CONVERSATION, InMessage, JoinProcessor, MemoryTable
 from rl_export.stream.produce import topic_for
 
 
@@ -54,8 +55,32 @@ class Sent:
         self.batches.append([])
 
 
-def processor(settings: Settings) -> tuple[JoinProcessor, MemoryTable, Sent]:
-    table, sent = MemoryTable(), Sent()
+class CountingTable(MemoryTable):
+    """A table that counts its writes by kind: state, conversation, expiry index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: Counter[str] = Counter()
+
+    @staticmethod
+    def kind(key: bytes) -> str:
+        return "conversation" if key.startswith(CONVERSATION) else "state"
+
+    def put(self, key: bytes, value: bytes, at: InMessage) -> None:
+        self.writes["put " + self.kind(key)] += 1
+        super().put(key, value, at)
+
+    def delete(self, key: bytes, at: InMessage) -> None:
+        self.writes["delete " + self.kind(key)] += 1
+        super().delete(key, at)
+
+    def mark(self, key: bytes, value: bytes | None, at: InMessage) -> None:
+        self.writes["mark"] += 1
+        super().mark(key, value, at)
+
+
+def processor(settings: Settings) -> tuple[JoinProcessor, CountingTable, Sent]:
+    table, sent = CountingTable(), Sent()
     families = {topic_for(settings, f): f for f in EventFamily}
     made = JoinProcessor(settings, table, sent, Metrics(CollectorRegistry()), families)
     return made, table, sent
@@ -82,13 +107,16 @@ async def test_the_replayed_join_writes_and_sends_what_the_real_one_does(shape: 
     assert replayed_sent.batches == real_sent.batches
     assert sum(len(b) for b in real_sent.batches) > 20
     assert replayed_table.data == real_table.data
+    assert replayed_table.marks == real_table.marks
+    assert replayed_table.writes == real_table.writes
+    assert {"put conversation", "delete conversation", "mark"} <= set(real_table.writes)
 
 
 async def test_a_trace_whose_events_in_a_batch_made_no_snapshot_sends_none() -> None:
     settings = Settings(partitions=4, state_store="memory://")
     message = routed(settings, generate(1, seed=1, shape=SHAPES["small"]))[0]
     replayed, _, sent = processor(settings)
-    outputs = {message.value: (Output(b"head", False, None, None, False),)}
+    outputs: Outputs = {message.value: (Output(b"head", False, None, None, False, None),)}
     result = await Replay(outputs).process(replayed, [message])
     assert result.snapshots == {}
     assert sent.batches == [[], []]
@@ -169,7 +197,7 @@ def test_the_outputs_recorded_from_the_command_load_in_another_process(tmp_path:
          "--record-only", "--out", str(tmp_path)],
         check=True, capture_output=True,
     )  # fmt: skip
-    [path] = tmp_path.glob("ceiling-small-3-7.pickle")
+    [path] = tmp_path.glob("ceiling-small-3-7-*.pickle")
     with path.open("rb") as f:
         outputs = pickle.load(f)
     assert outputs
