@@ -150,7 +150,14 @@ async def recorded(traces: int, seed: int) -> tuple[Settings, list[InMessage], O
     return settings, messages, await record_outputs(settings, messages)
 
 
-def sent_values(sent: Sent) -> list[list[bytes]]:
+async def sent_one_by_one(
+    settings: Settings, outputs: Outputs, *messages: InMessage
+) -> list[list[bytes]]:
+    """What the replay sends for ``messages``, each a batch of its own, in this order."""
+    replayed, _, sent = processor(settings)
+    replay = Replay(outputs)
+    for message in messages:
+        await replay.process(replayed, [message])
     return [[s[1] for s in batch] for batch in sent.batches[:-1]]
 
 
@@ -169,11 +176,7 @@ async def test_events_read_before_their_trace_send_nothing_until_it_comes() -> N
     newest = outputs[later.value][0].snapshot
     assert newest is not None
 
-    replayed, _, sent = processor(settings)
-    replay = Replay(outputs)
-    await replay.process(replayed, [later])
-    await replay.process(replayed, [trace])
-    assert sent_values(sent) == [[], [newest.value]]
+    assert await sent_one_by_one(settings, outputs, later, trace) == [[], [newest.value]]
 
 
 async def test_an_event_that_waited_when_recorded_sends_when_read_after_its_trace() -> None:
@@ -183,11 +186,8 @@ async def test_an_event_that_waited_when_recorded_sends_when_read_after_its_trac
     snapshot = outputs[trace.value][0].snapshot
     assert snapshot is not None
 
-    replayed, _, sent = processor(settings)
-    replay = Replay(outputs)
-    await replay.process(replayed, [trace])
-    await replay.process(replayed, [waited])
-    assert sent_values(sent) == [[snapshot.value], [snapshot.value]]
+    sent = await sent_one_by_one(settings, outputs, trace, waited)
+    assert sent == [[snapshot.value], [snapshot.value]]
 
 
 def test_the_outputs_recorded_from_the_command_load_in_another_process(tmp_path: Path) -> None:
