@@ -1,7 +1,8 @@
 """The package's layers: imports only point down (STYLE.md point 1).
 
 ``common`` is the ground every stage may import; ``stream`` joins events; ``corpora`` writes
-and reads what the stream emits; ``export`` renders corpora for trainers; ``worker``, ``web``
+and reads what the stream emits; ``export`` renders corpora for trainers and ``labeling``
+holds the team's labeling rules (both read corpora, neither imports the other); ``worker``, ``web``
 and ``local`` are processes built from the stages (and never import each other); ``cli`` and
 the package's own ``__init__`` (the trainers' short imports) sit on top. A module may import
 its own package and any lower layer, nothing else.
@@ -21,6 +22,7 @@ LAYERS: dict[str, int] = {
     "stream": 1,
     "corpora": 2,
     "export": 3,
+    "labeling": 3,
     "worker": 4,
     "web": 4,
     "local": 4,

@@ -20,6 +20,28 @@ from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
+REDACTION_KINDS = ("secrets", "email", "phone", "credit_card", "iban", "ip")
+"""The kinds of DESIGN.md section 4's redaction: the closed set of ``kind`` label values."""
+
+CLAIM_OUTCOMES = ("granted", "renewed", "lost", "released", "ended")
+"""What became of a claim attempt or a claim (the ``outcome`` label of the claims counter):
+granted a place, handed back unexpired on a repeated ask, lost a create-only race, released
+by its holder, ended by the holder's label or skip."""
+
+
+def redactions_counter(registry: CollectorRegistry) -> Counter:
+    """``rl_export_redactions_total{kind}``, every kind at 0 from the start (a dashboard's
+    rate() needs the series before the first redaction)."""
+    counter = Counter(
+        "rl_export_redactions_total",
+        "Substrings replaced by [REDACTED:KIND] in exports and redacted corpora, by kind.",
+        ["kind"],
+        registry=registry,
+    )
+    for kind in REDACTION_KINDS:
+        counter.labels(kind)
+    return counter
+
 
 class Metrics:
     """The metrics of one process."""
@@ -223,6 +245,7 @@ class SinkMetrics:
             "Messages on the trajectories topic that are not snapshots (skipped).",
             registry=registry,
         )
+        self.redactions = redactions_counter(registry)
 
 
 _WEB_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -303,5 +326,20 @@ class WebMetrics:
         self.index_corpora = Gauge(
             "rl_export_web_index_corpora",
             "Corpora this instance's query index follows.",
+            registry=registry,
+        )
+        self.redactions = redactions_counter(registry)
+        self.claims = Counter(
+            "rl_export_web_claims_total",
+            "Labeling claims by outcome (granted, renewed, lost, released, ended).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in CLAIM_OUTCOMES:
+            self.claims.labels(outcome)
+        self.labels_over_target = Counter(
+            "rl_export_labels_over_target_total",
+            "Labels accepted although their trace already held its target of labels and "
+            "claims (a label whose claim had expired and whose place someone else took).",
             registry=registry,
         )
