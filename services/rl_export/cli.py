@@ -234,9 +234,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     ref = _export_ref(args)
     pair_by = parse_pair_by(args.pair_by)
     margin = parse_margin(args.margin)
+    redact = args.redact if args.redact is not None else settings.redact
     check_export(
         args.format, columns=args.columns, pair_by=pair_by, margin=margin,
-        max_pairs=args.max_pairs, zip_data=args.zip_data,
+        max_pairs=args.max_pairs, zip_data=args.zip_data, redact=redact,
     )  # fmt: skip
     to_stdout = args.output == "-"
     if not to_stdout and Path(args.output).is_dir():
@@ -251,7 +252,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 return await write_export(
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
-                    zip_data=args.zip_data,
+                    zip_data=args.zip_data, redact=redact,
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -267,6 +268,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         note += f", {summary.skipped} without a {args.format} row"
     if args.format == "zip":
         note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
+    if summary.redactions:
+        replaced = ", ".join(f"{kind} {n}" for kind, n in summary.redactions.items())
+        note += f"; redacted {sum(summary.redactions.values())} substrings ({replaced})"
+    else:
+        note += "; nothing redacted (--redact none)"
     print(note, file=sys.stderr)
     return 0
 
@@ -464,6 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="preference: pairs per trajectory at most (default 1)",
     )  # fmt: skip
     p.add_argument("--zip-data", default="csv", metavar="csv|json", help="zip: the data file")
+    p.add_argument(
+        "--redact", metavar="KIND,...",
+        help="replace sensitive text with [REDACTED:KIND]: secrets, email, phone, credit_card, "
+        "iban, ip, pii (all but secrets), all, or none (default RL_EXPORT_REDACT: secrets)",
+    )  # fmt: skip
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="'-' for stdout")
     _add_filters(p)
     p.set_defaults(func=cmd_export)

@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 
 from rl_export.common.codec import RawJson, dumps_line
-from rl_export.common.errors import ConfigError
+from rl_export.common.errors import ExportError
 from rl_export.common.metrics import REDACTION_KINDS
 
 KINDS: tuple[str, ...] = REDACTION_KINDS
@@ -61,7 +61,7 @@ Counts = dict[str, int]
 _NO_COUNTS: Counts = {}
 
 
-class RedactError(ConfigError):
+class RedactError(ExportError):
     """An unknown redaction kind; ``setting`` names where it was given (``redact``)."""
 
 
@@ -459,8 +459,16 @@ class Redactor:
         self.kinds = tuple(k for k in KINDS if k in kinds)
         self.gates = Gates(self.kinds)
         # A line's own numbers, dates and ids open the phone and card gates: with those
-        # kinds every line is parsed, and the gates are tried on its free text only.
-        self._line_gate = None if {"phone", "credit_card"} & set(self.kinds) else self.gates
+        # kinds every line is parsed, and the gates are tried on its free text only. Else
+        # the gates run on the line's bytes, and an escape (\u, \/) counts as a match.
+        self._line_gate: Any = None
+        if self.kinds and not {"phone", "credit_card"} & set(self.kinds):
+            import re2
+
+            options = re2.Options()
+            options.max_mem = 64 << 20
+            pattern = "|".join(f"(?:{GATES[k]})" for k in self.kinds) + r"|\\u|\\/"
+            self._line_gate = re2.compile(pattern.encode(), options)
 
     def __bool__(self) -> bool:
         return bool(self.kinds)
@@ -555,11 +563,16 @@ class Redactor:
 
     def may_hold(self, data: bytes) -> bool:
         """Whether JSON text could hold anything to redact (False: it cannot)."""
-        if not self.kinds:
-            return False
-        if self._line_gate is None or b"\\u" in data or b"\\/" in data:
-            return True  # an escaped character could hide a gate's match
-        return self._line_gate.open(data.decode("utf-8", "surrogatepass"))
+        return self.next_hit(data) >= 0
+
+    def next_hit(self, data: bytes, pos: int = 0) -> int:
+        """Where the first possible match in JSON text at or after ``pos`` is (-1: none)."""
+        if not self.kinds or pos >= len(data):
+            return -1
+        if self._line_gate is None:
+            return pos
+        match = self._line_gate.search(data, pos)
+        return -1 if match is None else int(match.start())
 
     # places
 

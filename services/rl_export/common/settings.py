@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from rl_export.common.errors import ConfigError
 from rl_export.common.partitioning import Partitioner
+from rl_export.common.redact import RedactError, parse_kinds
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.common.storeurl import parse_store_url
 
@@ -187,6 +188,12 @@ class Settings(BaseSettings):
     web_export_heartbeat_s: float = Field(
         2.0, gt=0, description="How often a running export job writes its progress."
     )
+    redact: str = Field(
+        "secrets",
+        description="What exports redact unless asked otherwise, and corpus specs without a "
+        "'redact' of their own: kinds (secrets, email, phone, credit_card, iban, ip), pii, "
+        "all or none.",
+    )
     web_sync_export_max_records: int = Field(
         10_000,
         ge=0,
@@ -201,6 +208,23 @@ class Settings(BaseSettings):
         if not servers or not all(_BOOTSTRAP.match(s) for s in servers):
             raise ValueError(f"expected host:port[,host:port...], got {value!r}")
         return ",".join(servers)
+
+    @field_validator("redact")
+    @classmethod
+    def _check_redact(cls, value: str) -> str:
+        try:
+            kinds = parse_kinds(value)
+        except RedactError as exc:
+            raise ValueError(exc.detail) from None
+        return ",".join(kinds) or "none"
+
+    @model_validator(mode="after")
+    def _default_redaction(self) -> Settings:
+        """Corpus specs without a ``redact`` of their own take this setting's."""
+        kinds = parse_kinds(self.redact)
+        corpora = tuple(spec.with_redact_default(kinds) for spec in self.corpora)
+        object.__setattr__(self, "corpora", corpora)
+        return self
 
     @field_validator("store_url")
     @classmethod

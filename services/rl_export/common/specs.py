@@ -14,6 +14,13 @@ old equality test (``{"rules_version": 1}``); anything else is an error naming t
 Rows of a corpus in another format than ``trajectory`` lead with ``trace_id`` and
 ``revision`` (:func:`~rl_export.common.formats.corpus_row`), and its tombstones are the
 trajectory tombstones: the latest view, compaction and ``shards verify`` work the same.
+
+``redact`` (kinds, or ``pii``, ``all``, ``none``) writes the corpus already scrubbed
+(:mod:`rl_export.common.redact`); a spec without it takes ``RL_EXPORT_REDACT`` (default
+``secrets``): a corpus someone defines is one handed to a training team. The default corpora
+(``human``, ``evaluator``, ``traces``) are what every export reads, so they stay verbatim
+(redaction happens at the export, where ``--redact none`` can still give the data back): a
+spec that names one of them with kinds to redact is an error.
 """
 
 from __future__ import annotations
@@ -22,13 +29,21 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from rl_export.common.codec import dumps_line
 from rl_export.common.errors import FilterError
 from rl_export.common.filters import FILTER_NAMES, Filters, canonical_name, filters_from_json
 from rl_export.common.formats import CORPUS_FORMATS, corpus_row
 from rl_export.common.records import SnapshotLines, TrajectoryRecord, render
+from rl_export.common.redact import Counts, RedactError, parse_kinds, redactor
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 """Org, project, corpus and topic names become path segments in the store."""
@@ -76,6 +91,8 @@ class CorpusSpec(BaseModel):
     source: Literal["human", "evaluator"] | None
     format: str = "trajectory"
     filter: Filters = Field(default_factory=Filters)
+    # The kinds this corpus redacts; None until settings give the default (RL_EXPORT_REDACT).
+    redact: tuple[str, ...] | None = None
     equals: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # Derived (no filter at all); a plain field, not a private attribute: the sink reads it
     # for every snapshot and corpus, and pydantic serves private attributes through
@@ -108,8 +125,24 @@ class CorpusSpec(BaseModel):
         data["equals"] = {**data.get("equals", {}), **equals}
         return data
 
+    @field_validator("redact", mode="before")
+    @classmethod
+    def _parse_redact(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_kinds(value if value != [] else "none")
+        except RedactError as exc:
+            raise ValueError(f"redact: {exc.detail}") from None
+
     @model_validator(mode="after")
     def _check(self) -> CorpusSpec:
+        if self.redact and self.name in SOURCE_CORPORA:
+            raise ValueError(
+                f"corpus {self.name!r} is what exports read: it stays verbatim (exports "
+                f"redact as they write; --redact none gives the data back), so it takes no "
+                f"redact"
+            )
         if self.format not in CORPUS_FORMATS:
             hint = " (pairs need the whole latest view: use rl-export export)" if (
                 self.format == "preference") else ""  # fmt: skip
@@ -119,6 +152,22 @@ class CorpusSpec(BaseModel):
             )
         object.__setattr__(self, "everything", self.filter.is_empty() and not self.equals)
         return self
+
+    def with_redact_default(self, kinds: tuple[str, ...]) -> CorpusSpec:
+        """This spec, with ``kinds`` as its ``redact`` if it names none (the default corpora
+        none at all)."""
+        if self.redact is not None:
+            return self
+        default = () if self.name in SOURCE_CORPORA else kinds
+        return self.model_copy(update={"redact": default})
+
+    def scrub(self, line: bytes) -> tuple[bytes, Counts]:
+        """A line of this corpus, redacted as its ``redact`` asks (the line itself, and no
+        counts, when it asks for nothing)."""
+        if not self.redact:
+            return line, {}
+        new_line, _, counts = redactor(self.redact).line(line)
+        return new_line, counts
 
     @field_serializer("filter")
     def _dump_filter(self, value: Filters) -> dict[str, Any]:
@@ -174,8 +223,11 @@ class CorpusSpec(BaseModel):
         return None if row is None else dumps_line(row)
 
 
+SOURCE_CORPORA = ("human", "evaluator", "traces")
+"""The default corpora: what exports read (by reward source) and new corpora are seeded from."""
+
 DEFAULT_CORPORA: tuple[CorpusSpec, ...] = (
-    CorpusSpec(name="human", source="human"),
-    CorpusSpec(name="evaluator", source="evaluator"),
-    CorpusSpec(name="traces", source=None),
+    CorpusSpec(name="human", source="human", redact=()),
+    CorpusSpec(name="evaluator", source="evaluator", redact=()),
+    CorpusSpec(name="traces", source=None, redact=()),
 )

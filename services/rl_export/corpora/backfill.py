@@ -17,9 +17,10 @@ How a new corpus's chain is seeded (:func:`seed_chain`, called by the sink's
 2. Pass 1: per trace, which object holds its latest line (revision; a tombstone wins an
    equal revision): an index of this partition's traces, no records.
 3. Pass 2: each trace's latest live record becomes its snapshot, then this corpus's row
-   (:meth:`CorpusSpec.record_for`): the row the corpus would hold had it existed from the
-   start. What the corpus already holds goes through the writer's own keep rule (its
-   compaction may hold rows of this partition from other chains).
+   (:meth:`CorpusSpec.record_for`, redacted as the spec asks: :meth:`CorpusSpec.scrub`): the
+   row the corpus would hold had it existed from the start. What the corpus already holds
+   goes through the writer's own keep rule (its compaction may hold rows of this partition
+   from other chains).
 4. One commit covering offsets ``0 .. H-1`` of the stream, data first, then create-only,
    with ``"backfill": {"from": <seed corpus>, "records": n}`` in it. A writer that loses
    the race reloads the winner's chain. After it, the writer goes on from ``H``: records at
@@ -156,7 +157,11 @@ async def seed_chain(
                     if row is None:
                         lines.append(dumps_line(tombstone(snapshot, spec.source)))
                     else:
-                        lines.append(dumps_line(row))
+                        scrubbed, counts = spec.scrub(dumps_line(row))  # as the stream would
+                        if metrics is not None:
+                            for kind, n in counts.items():
+                                metrics.redactions.labels(kind).inc(n)
+                        lines.append(scrubbed)
                         stamps.append(record["updated_at"])
                     del latest[trace_id]  # once, even if a line repeats in a part
 

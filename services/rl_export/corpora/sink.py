@@ -5,7 +5,8 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
 1. The consumer (group ``sink_group``, manual offset commits) hands each record to the
    :class:`PartitionSink` of its partition.
 2. For every corpus spec, the snapshot becomes that corpus's record (or tombstone, or
-   nothing) and goes to the :class:`ChainWriter` of ``(org, project, corpus, partition)``.
+   nothing; redacted when the spec asks: :meth:`CorpusSpec.scrub`) and goes to the
+   :class:`ChainWriter` of ``(org, project, corpus, partition)``.
    A writer loads its chain head, and what the corpus holds for its partition's traces (on
    every chain: :func:`rl_export.corpora.layout.load_chain_state`), from the store when its
    first record arrives; records at offsets its chain already covers are skipped, and
@@ -214,6 +215,10 @@ class ChainWriter:
                       erased=erased):  # fmt: skip
             if line is None:
                 line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
+            if holds and spec.redact:  # a corpus written scrubbed (never the default ones)
+                line, counts = spec.scrub(line)
+                for kind, n in counts.items():
+                    self.metrics.redactions.labels(kind).inc(n)
             updated_at = snapshot.updated_at if holds else None
             self._append(
                 Pending(

@@ -6,16 +6,16 @@ Public interface::
     SOURCES = ("human", "evaluator", "traces")
     def source_ref(org, project, source) -> CorpusRef           # ExportError on a bad source
     def check_export(format, *, columns=None, pair_by=(), margin=0.0, max_pairs=1,
-                     zip_data="csv") -> list[Column] | None       # ExportError on bad input
+                     zip_data="csv", redact=None) -> list[Column] | None  # ExportError
     def parse_pair_by(text) -> tuple[str, ...]; def parse_margin(text) -> float
     def content_type(format) -> str; def file_name(ref, format) -> str
 
     async def iter_export(store, ref, *, format, filters=Filters(), columns=None, pair_by=(),
-                          margin=0.0, max_pairs=1, zip_data="csv", progress=None,
-                          summary=None) -> AsyncIterator[bytes]
+                          margin=0.0, max_pairs=1, zip_data="csv", redact=None,
+                          progress=None, summary=None) -> AsyncIterator[bytes]
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv",
-                           progress=None) -> ExportSummary
+                           redact=None, progress=None) -> ExportSummary
     async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
     async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
@@ -25,7 +25,10 @@ Public interface::
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
 :data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
 ``PATH[:HEADER],...`` text or list; ``pair_by``/``margin``/``max_pairs`` are for
-``preference``; ``zip_data`` picks ``data.csv`` or ``data.json`` in a zip. ``progress(done,
+``preference``; ``zip_data`` picks ``data.csv`` or ``data.json`` in a zip. ``redact`` is the
+kinds to redact (:func:`~rl_export.common.redact.parse_kinds`: ``secrets,email``, ``pii``,
+``all``, ``none``; None is the default, ``secrets``); the summary's ``redactions`` counts what
+was replaced. ``progress(done,
 total)`` is called as latest records are read (``total`` is known once the view is open).
 ``out`` is a path (written to a temporary name beside it, renamed when complete, removed on
 any error: never a partial file under the name) or a binary file object (``sys.stdout.buffer``).
@@ -50,6 +53,10 @@ How an export travels:
    (:mod:`rl_export.export.pairs`).
 4. ``zip`` writes the data file to a temporary file while each record's attachments are
    fetched into the archive, then adds the data file and ``files/errors.json``.
+5. Redaction (DESIGN.md section 4) applies to what is written, after the limit: a
+   ``trajectory`` line no gate of :mod:`rl_export.common.redact` opens for is copied without
+   being parsed; other rows are made from the redacted record; ``preference`` redacts the
+   paired records of its second pass (pairs are made on the prompts as stored).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ from rl_export.common.codec import dumps, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row
+from rl_export.common.redact import parse_kinds, redactor
 from rl_export.common.specs import check_name
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
@@ -152,8 +160,10 @@ def check_export(
     margin: float = 0.0,
     max_pairs: int = 1,
     zip_data: str = "csv",
+    redact: str | Sequence[str] | None = None,
 ) -> list[Column] | None:
     """Check an export's parameters; return its columns (None for JSON Lines formats)."""
+    parse_kinds(redact)
     if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS:
         raise ExportError(
             "format",
@@ -186,19 +196,26 @@ async def _jsonl(
     scan: Scan, fmt: str, limit: int | None, summary: ExportSummary
 ) -> AsyncGenerator[bytes | memoryview, None]:
     if fmt == "trajectory" and scan.filters.is_empty():
-        # The corpus's lines are already strict JSON Lines: copied as they are.
+        # The corpus's lines are already strict JSON Lines: copied as they are (but for the
+        # lines redaction changes).
         async for block, count in scan.raw():
             summary.records += count
-            yield block
+            yield scan.redact_block(block)
         return
     async for batch in scan.lines():
         if fmt == "trajectory":
-            out = [line for line, _ in batch]
+            out = [line for line, _ in scan.redact(limited(batch, summary, limit))]
         else:
-            rows = [render_row(fmt, record) for _, record in batch]
-            out = [dumps_line(r) for r in rows if r is not None]
-            summary.skipped += len(rows) - len(out)
-        yield b"".join(limited(out, summary, limit))
+            rows = [(record, render_row(fmt, record)) for _, record in batch]
+            kept = limited([(r, row) for r, row in rows if row is not None], summary, limit)
+            summary.skipped += sum(row is None for _, row in rows)
+            redacted = scan.redact([(b"", record) for record, _ in kept])
+            # A row is rendered again only from a record redaction changed.
+            out = [
+                dumps_line(row if new is record else render_row(fmt, new) or row)
+                for (record, row), (_, new) in zip(kept, redacted, strict=True)
+            ]
+        yield b"".join(out)
         if limit is not None and summary.records >= limit:
             return
 
@@ -211,7 +228,7 @@ async def _tabular_chunks(
     )
     yield encoder.begin()
     async for batch in scan.lines():
-        records = limited([record for _, record in batch], summary, limit)
+        records = [record for _, record in scan.redact(limited(batch, summary, limit))]
         yield encoder.encode(records)
         if limit is not None and summary.records >= limit:
             break
@@ -225,7 +242,7 @@ async def _parquet(
     try:
         pending: list[dict[str, Any]] = []
         async for batch in scan.lines():
-            pending.extend(limited([record for _, record in batch], summary, limit))
+            pending.extend(record for _, record in scan.redact(limited(batch, summary, limit)))
             if len(pending) >= 5000:
                 encoder.write(pending)
                 pending = []
@@ -257,7 +274,7 @@ async def _zip(
         ):
             data.write(encoder.begin())
             async for batch in scan.lines():
-                records = limited([record for _, record in batch], summary, limit)
+                records = [r for _, r in scan.redact(limited(batch, summary, limit))]
                 rows = []
                 for record in records:
                     attachments = record.get("attachments") or []
@@ -305,14 +322,15 @@ async def iter_export(
     margin: float = 0.0,
     max_pairs: int = 1,
     zip_data: str = "csv",
+    redact: str | Sequence[str] | None = None,
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The export's bytes, in chunks (see the module docstring)."""
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
-        margin=margin, max_pairs=max_pairs, zip_data=zip_data, progress=progress,
-        summary=summary,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, redact=redact,
+        progress=progress, summary=summary,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -330,6 +348,7 @@ async def _export_chunks(
     margin: float,
     max_pairs: int,
     zip_data: str,
+    redact: str | Sequence[str] | None,
     progress: Progress | None,
     summary: ExportSummary | None,
 ) -> AsyncGenerator[Chunk, None]:
@@ -337,13 +356,18 @@ async def _export_chunks(
     filters = filters or Filters()
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-        zip_data=zip_data,
+        zip_data=zip_data, redact=redact,
     )  # fmt: skip
+    kinds = parse_kinds(redact)
+    scrub = redactor(kinds) if kinds else None
     summary = summary if summary is not None else ExportSummary()
     summary.format = format
     view = await open_view(store, ref, progress)
     fields = export_fields(format, filters, picked, pair_by)
-    scan = Scan(view, filters, summary, progress, fields, with_lines=format == "trajectory")
+    scan = Scan(
+        view, filters, summary, progress, fields, with_lines=format == "trajectory",
+        redactor=None if format == "preference" else scrub,
+    )  # fmt: skip
     limit = filters.limit
     if format in ("parquet", "zip"):
         assert picked is not None
@@ -362,7 +386,7 @@ async def _export_chunks(
     if format == "preference":
         chunks = preference_chunks(
             store, ref, scan, pair_by=tuple(pair_by), margin=margin, max_pairs=max_pairs,
-            limit=limit, summary=summary,
+            limit=limit, summary=summary, redactor=scrub,
         )  # fmt: skip
     elif format in TABULAR_FORMATS:
         assert picked is not None
@@ -403,14 +427,15 @@ async def write_export(
     margin: float = 0.0,
     max_pairs: int = 1,
     zip_data: str = "csv",
+    redact: str | Sequence[str] | None = None,
     progress: Progress | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary."""
     summary = ExportSummary()
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
-        margin=margin, max_pairs=max_pairs, zip_data=zip_data, progress=progress,
-        summary=summary,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, redact=redact,
+        progress=progress, summary=summary,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
         await _write_chunks(chunks, out)
@@ -419,7 +444,7 @@ async def write_export(
     target = Path(out)
     # Check everything that can be checked before a temporary file exists.
     check_export(format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-                 zip_data=zip_data)  # fmt: skip
+                 zip_data=zip_data, redact=redact)  # fmt: skip
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise ExportError("output", f"no such directory: {directory}")
@@ -465,6 +490,8 @@ async def preview(
     pair_by: Sequence[str] = (),
     margin: float = 0.0,
     max_pairs: int = 1,
+    redact: str | Sequence[str] | None = None,
+    summary: ExportSummary | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
     if format not in JSONL_FORMATS:
@@ -473,7 +500,8 @@ async def preview(
     filters = (filters or Filters()).model_copy(update={"limit": limit})
     data = b"".join(
         [c async for c in iter_export(store, ref, format=format, filters=filters,
-                                      pair_by=pair_by, margin=margin, max_pairs=max_pairs)]
+                                      pair_by=pair_by, margin=margin, max_pairs=max_pairs,
+                                      redact=redact, summary=summary)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
 

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from rl_export.common.codec import dumps, dumps_line, loads
 from rl_export.common.formats import Candidate, pair_candidates, preference_group, preference_row
+from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.latest import LatestView
@@ -82,11 +83,14 @@ async def preference_chunks(
     max_pairs: int,
     limit: int | None,
     summary: ExportSummary,
+    redactor: Redactor | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The pairs of the records ``scan`` yields, as JSON Lines chunks (the module docstring):
     memory holds one run of candidates or one group, and two integers per record."""
     runs = CandidateRuns()
     position = 0
+    if redactor is not None:
+        summary.redactions = dict.fromkeys(redactor.kinds, 0)
     async for batch in scan.lines():  # pass 1: each record's group and reward
         for _, record in batch:
             grouped = preference_group(record, pair_by)
@@ -123,8 +127,12 @@ async def preference_chunks(
         await second.view.open()
         n = 0
         async for batch in second.lines():
-            for _, record in batch:
+            for _, stored in batch:
                 if needed[n >> 3] & (1 << (n & 7)):
+                    record = stored
+                    if redactor is not None:  # pairs were made on the prompts as stored
+                        record, counts = redactor.record(stored)
+                        add_counts(summary.redactions, counts)
                     grouped = preference_group(record, pair_by)
                     if grouped is not None:
                         data = dumps([grouped[1], grouped[2]])

@@ -8,12 +8,14 @@ renders what it yields, :mod:`rl_export.export.pairs` pairs it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
 
+from rl_export.common.codec import RawJson, dumps
 from rl_export.common.filters import Filters
+from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.layout import ChainError, CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.latest import LatestView
@@ -35,6 +37,8 @@ class ExportSummary:
     bytes: int = 0
     attachments: int = 0
     attachment_errors: int = 0
+    # Substrings replaced per kind (every kind asked for, 0 when none was found).
+    redactions: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +50,8 @@ class Scan:
     With ``fields`` (``(parsed, raw)``, :func:`~rl_export.export.lazy.export_fields`) only
     those top-level fields of each record are read (:class:`~rl_export.export.lazy.
     FieldDecoder`); else each line is parsed in full. ``with_lines`` also gives each
-    record's line (else an empty ``bytes``)."""
+    record's line (else an empty ``bytes``). ``redactor`` is what :meth:`redact` and
+    :meth:`redact_block` apply to what an export writes (after its limit)."""
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class Scan:
         fields: tuple[frozenset[str], frozenset[str]] | None = None,
         *,
         with_lines: bool = False,
+        redactor: Redactor | None = None,
     ) -> None:
         self.view = view
         self.filters = filters
@@ -65,6 +71,57 @@ class Scan:
         self.fields = fields
         self.with_lines = with_lines
         self.decoder = None if fields is None else FieldDecoder(*fields)
+        self.redactor = redactor if redactor else None
+        if self.redactor is not None:
+            summary.redactions = dict.fromkeys(self.redactor.kinds, 0)
+
+    def redact(
+        self, pairs: list[tuple[bytes, dict[str, Any]]]
+    ) -> list[tuple[bytes, dict[str, Any]]]:
+        """(line, record) pairs with their free text redacted, counted in the summary. With
+        lines (the ``trajectory`` format) a line no gate opens for is not parsed; a record
+        read in part is redacted in the fields it holds (all its row is made of)."""
+        redactor = self.redactor
+        if redactor is None:
+            return pairs
+        total = self.summary.redactions
+        out = []
+        for line, record in pairs:
+            if self.with_lines:
+                new_line, full, counts = redactor.line(line)
+                new = record if full is None else _project(full, record)
+            else:
+                new_line = line
+                new, counts = redactor.record(record)
+            if counts:
+                add_counts(total, counts)
+            out.append((new_line, new))
+        return out
+
+    def redact_block(self, block: bytes | memoryview) -> bytes | memoryview:
+        """A block of whole JSON Lines lines, redacted: only the lines a gate opens for are
+        parsed (the block itself when nothing changed)."""
+        redactor = self.redactor
+        if redactor is None:
+            return block
+        data = bytes(block)
+        hit = redactor.next_hit(data)
+        if hit < 0:
+            return block
+        total = self.summary.redactions
+        out: list[bytes] = []
+        pos = 0
+        while hit >= 0:
+            start = data.rfind(b"\n", pos, hit) + 1 or pos
+            end = data.find(b"\n", hit) + 1 or len(data)
+            new_line, _, counts = redactor.line(data[start:end])
+            if counts:
+                add_counts(total, counts)
+            out += [data[pos:start], new_line]
+            pos = end
+            hit = redactor.next_hit(data, pos)
+        out.append(data[pos:])
+        return b"".join(out)
 
     def _advance(self, count: int) -> None:
         self.summary.scanned += count
@@ -122,6 +179,13 @@ class Scan:
                 self.summary.matched += count
                 self._advance(count)
             yield block, count
+
+
+def _project(full: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """The fields ``record`` (maybe read in part) holds, from the whole redacted record."""
+    return {
+        k: RawJson(dumps(full[k])) if isinstance(v, RawJson) else full[k] for k, v in record.items()
+    }
 
 
 def line_starts(data: bytes, start: int, end: int) -> list[int]:
