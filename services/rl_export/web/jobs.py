@@ -58,6 +58,7 @@ class JobRequest(BaseModel):
     format: str
     filters: dict[str, str | list[str]] = Field(default_factory=dict)
     columns: str | None = None
+    redact: str | None = None  # kinds, "none"; None (older jobs): the service's default
 
 
 class JobStatus(BaseModel):
@@ -76,6 +77,7 @@ class JobStatus(BaseModel):
     file_name: str
     content_type: str
     bytes: int | None = None
+    redactions: dict[str, int] | None = None  # substrings replaced per kind, once ready
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
@@ -126,14 +128,17 @@ def new_status(org: str, project: str, request: JobRequest, now: datetime) -> Jo
 # --- in the export process ------------------------------------------------------------------
 
 
-def run_job(settings_json: Mapping[str, Any], status_json: Mapping[str, Any]) -> str:
-    """A job, in an export process: write the file, then the final status; return it."""
+def run_job(
+    settings_json: Mapping[str, Any], status_json: Mapping[str, Any]
+) -> tuple[str, dict[str, int]]:
+    """A job, in an export process: write the file, then the final status; return it and
+    what the job redacted (the parent counts it in its metric)."""
     settings = Settings.model_validate(settings_json)
     status = JobStatus.model_validate(status_json)
     return asyncio.run(_run(settings, status))
 
 
-async def _run(settings: Settings, status: JobStatus) -> JobState:
+async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[str, int]]:
     store = open_store(settings.store_url)
     progress = [0, 0]  # records read, records the view holds (0 until it is open)
 
@@ -158,6 +163,7 @@ async def _run(settings: Settings, status: JobStatus) -> JobState:
                 store, source_ref(status.org, status.project, request.source),
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, progress=note,
+                redact=request.redact if request.redact is not None else settings.redact,
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
@@ -165,7 +171,7 @@ async def _run(settings: Settings, status: JobStatus) -> JobState:
         now = datetime.now(UTC)
         final = status.model_copy(update={
             "status": "ready", "progress": 1.0, "records": summary.records, "bytes": size,
-            "updated_at": now, "finished_at": now,
+            "redactions": summary.redactions, "updated_at": now, "finished_at": now,
         })  # fmt: skip
     except Exception as exc:  # any failure of the job is the job's status
         log.warning("export job %s failed: %s", status.id, exc)
@@ -182,7 +188,7 @@ async def _run(settings: Settings, status: JobStatus) -> JobState:
         await write_status(store, final)
     finally:
         await store.close()
-    return final.status
+    return final.status, final.redactions or {}
 
 
 # --- in the API's process -------------------------------------------------------------------
@@ -222,9 +228,12 @@ class Jobs:
         try:
             loop = asyncio.get_running_loop()
             settings = self.settings.model_dump(mode="json")
-            outcome = await loop.run_in_executor(
+            outcome, redactions = await loop.run_in_executor(
                 self._executor(), run_job, settings, status.model_dump(mode="json")
             )
+            for kind, n in redactions.items():  # the job's process has no metrics of ours
+                if n:
+                    self.metrics.redactions.labels(kind).inc(n)
         except Exception as exc:  # the job failed outside its own handling
             if isinstance(exc, BrokenProcessPool):
                 self._pool = None  # a broken pool takes no more work: the next job makes one

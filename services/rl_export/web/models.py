@@ -101,6 +101,11 @@ class ExportIn(_In):
     columns: str | list[str] | None = Field(
         None, description="Tabular formats: PATH[:HEADER] items, in order."
     )
+    redact: str | list[str] | None = Field(
+        None,
+        description="Kinds to replace with [REDACTED:KIND] (secrets, email, phone, credit_card, "
+        "iban, ip, pii, all, none); default: the service's RL_EXPORT_REDACT (secrets).",
+    )
 
 
 class JobOut(BaseModel):
@@ -111,3 +116,6 @@ class JobOut(BaseModel):
     error: str | None = None
     file_name: str | None = None
     download: str | None = Field(None, description="Where the finished file is (ready only).")
+    redactions: dict[str, int] | None = Field(
+        None, description="Substrings replaced per kind (ready only)."
+    )

@@ -22,15 +22,18 @@ from rl_export.web.tokens import Scope, TokenStore
 from tests.integration.conftest import run_settings, unique
 from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import WorkerProcess, publish
-from tests.records import trace_events
+from tests.records import conversation, trace_events
 
 SCRIPT = "<script>window.pwned = true</script><img src=x onerror=alert(1)>"
+# tr-011's last user turn: a secret (redacted by default) and personal data (on request).
+PLANTED = "Mail jane.doe@acme-corp.com or call (415) 555-2671; my key is AKIAIOSFODNN7EXAMPLE."
 TRACES = 12
 
 
 def seed_events() -> list[dict[str, Any]]:
     """tr-000 .. tr-011 of acme/bot: scored 0.05 .. 0.95, every third labeled by someone
-    else, tr-009's transcript holds markup, tr-010 and tr-011 are of another scenario."""
+    else, tr-009's transcript holds markup, tr-010 and tr-011 are of another scenario, tr-011
+    holds a secret and personal data."""
     events: list[dict[str, Any]] = []
     for n in range(TRACES):
         messages = None
@@ -40,6 +43,8 @@ def seed_events() -> list[dict[str, Any]]:
                 {"role": "user", "content": f"Please echo this: {SCRIPT}"},
                 {"role": "assistant", "content": [{"type": "text", "text": SCRIPT}]},
             ]
+        if n == 11:
+            messages = [*conversation(n), {"role": "user", "content": PLANTED}]
         events += trace_events(
             n, score=round(0.05 + n * 0.08, 2), passed=n >= 6, minute=n,
             labels=({"correctness": 4, "helpfulness": 4, "efficiency": 3, "safety": 5},)

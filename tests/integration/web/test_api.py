@@ -516,3 +516,99 @@ def test_the_jsonl_exports_are_strict(admin: httpx.Client) -> None:
     for line in data.splitlines():
         assert orjson.loads(line)
         assert b"\n" not in line
+
+
+# --- redaction ----------------------------------------------------------------------------
+
+KEY, MAIL, PHONE = "AKIAIOSFODNN7EXAMPLE", "jane.doe@acme-corp.com", "(415) 555-2671"
+
+
+def redactions(response: httpx.Response) -> dict[str, int]:
+    counts: dict[str, int] = orjson.loads(response.headers["x-rl-export-redactions"])
+    return counts
+
+
+def test_the_preview_redacts_secrets_by_default_and_says_what_it_removed(
+    admin: httpx.Client,
+) -> None:
+    params = {"source": "evaluator", "scenario": "trip", "limit": 5}
+    default = admin.get("records", params=params)
+    assert default.status_code == 200, default.text
+    assert redactions(default) == {"secrets": 1}
+    body = default.text
+    assert KEY not in body
+    assert "[REDACTED:SECRETS]" in body
+    assert MAIL in body  # personal data only when asked for
+
+    everything = admin.get("records", params=params | {"redact": "all", "format": "messages"})
+    assert redactions(everything) == {
+        "secrets": 1, "email": 1, "phone": 1, "credit_card": 0, "iban": 0, "ip": 0}  # fmt: skip
+    assert all(v not in everything.text for v in (KEY, MAIL, PHONE))
+    table = admin.get("records", params=params | {"redact": "email", "format": "csv",
+                                                  "columns": "trace_id,messages"})  # fmt: skip
+    assert redactions(table) == {"email": 1}
+    assert MAIL not in table.text
+    assert KEY in table.text  # only the kinds asked for
+
+    verbatim = admin.get("records", params=params | {"redact": "none"})
+    assert redactions(verbatim) == {}
+    assert KEY in verbatim.text
+
+
+def test_direct_exports_redact_in_every_format_and_count_in_the_header(
+    admin: httpx.Client,
+) -> None:
+    params = {"source": "evaluator", "scenario": "trip", "redact": "pii,secrets"}
+    for fmt in ("trajectory", "messages", "executions", "csv", "json"):
+        response = admin.get("export", params=params | {"format": fmt})
+        assert response.status_code == 200, response.text
+        assert redactions(response)["email"] == 1, fmt
+        assert redactions(response)["secrets"] == 1, fmt
+        assert all(v not in response.text for v in (KEY, MAIL, PHONE)), fmt
+    parquet = admin.get("export", params=params | {"format": "parquet"})
+    table = pq.read_table(io.BytesIO(parquet.content)).to_pylist()
+    assert all(v not in str(table) for v in (KEY, MAIL, PHONE))
+    verbatim = admin.get("export", params={"source": "evaluator", "scenario": "trip",
+                                           "format": "trajectory", "redact": "none"})  # fmt: skip
+    assert "x-rl-export-redactions" not in verbatim.headers
+    assert KEY in verbatim.text
+    assert MAIL in verbatim.text
+
+
+def test_an_unknown_kind_is_a_422_naming_redact(admin: httpx.Client) -> None:
+    for path, params in (("export", {}), ("records", {})):
+        response = admin.get(path, params={"source": "evaluator", "redact": "secrets,emails"}
+                             | params)  # fmt: skip
+        assert_error(response, 422, "invalid", "redact", "'emails'")
+    response = admin.post("exports", json={"source": "evaluator", "format": "messages",
+                                           "redact": ["passwords"]})  # fmt: skip
+    assert_error(response, 422, "invalid", "redact", "'passwords'")
+
+
+def test_a_job_reports_its_redactions_and_the_metric_counts_them(
+    stack: Stack, admin: httpx.Client
+) -> None:
+    body = {"source": "evaluator", "format": "trajectory", "filters": {"scenario": "trip"},
+            "redact": "pii"}  # fmt: skip
+    response = admin.post("exports", json=body)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+
+    def finished() -> dict[str, Any] | None:
+        status = admin.get(f"exports/{job_id}").json()
+        return status if status["status"] != "processing" else None
+
+    done = wait_for("the job to finish", finished, every_s=0.1)
+    assert done["status"] == "ready", done
+    assert done["redactions"] == {
+        "email": 1, "phone": 1, "credit_card": 0, "iban": 0, "ip": 0}  # fmt: skip
+    data = admin.get(done["download"].split("/bot/", 1)[1]).text
+    assert MAIL not in data
+    assert PHONE not in data
+    assert KEY in data  # secrets were not asked for
+
+    text = stack.web.metrics()
+    for kind in ("email", "phone"):
+        line = next(x for x in text.splitlines()
+                    if x.startswith(f'rl_export_redactions_total{{kind="{kind}"}}'))  # fmt: skip
+        assert float(line.split()[-1]) >= 2  # this job, and the direct exports or previews

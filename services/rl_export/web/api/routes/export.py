@@ -3,24 +3,39 @@
 Stats and the preview are queries on this instance's index of the source's corpus; a direct
 export streams from the corpora (the same code as ``rl-export export``) on a thread of its
 own; a background export is a job (:mod:`rl_export.web.jobs`).
+
+Redaction (``redact=``, default ``RL_EXPORT_REDACT``) applies to the preview, the direct
+export and jobs; the preview and the direct export say what they replaced in the
+``X-RL-Export-Redactions`` header (JSON, kind -> count), a job in its status. A header goes
+before the body, so a direct export that redacts is made whole (spooled to a temporary file)
+before it is sent; ``redact=none`` streams from the first chunk.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 from urllib.parse import quote
 
 import orjson
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
 
 from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
+from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
 from rl_export.corpora.store import ObjectStore
-from rl_export.export import check_export, content_type, file_name, iter_export, source_ref
+from rl_export.export import (
+    ExportSummary,
+    check_export,
+    content_type,
+    file_name,
+    iter_export,
+    source_ref,
+)
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -54,17 +69,47 @@ ColumnsQuery = Annotated[
     str | None, Query(description="Tabular formats: PATH[:HEADER],... in order")
 ]
 JobPath = Annotated[str, Path(description="The job's id (32 hex digits).")]
+RedactQuery = Annotated[
+    str | None,
+    Query(
+        description="Kinds to replace with [REDACTED:KIND]: secrets, email, phone, credit_card, "
+        "iban, ip, pii, all or none (default: the service's RL_EXPORT_REDACT, secrets)"
+    ),
+]
+REDACTIONS_HEADER = "X-RL-Export-Redactions"
+_SPOOL_BYTES = 8 << 20  # a redacted direct export is held in memory up to this, then on disk
 
 PREVIEW_MAX = 100
 PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching records
 PREVIEW_SCAN = 5_000  # records a preview reads at most looking for rows of its format
 
 
-def _checked(fmt: str, columns: str | list[str] | None) -> Any:
+def _checked(fmt: str, columns: str | list[str] | None, redact: str | None = None) -> Any:
     try:
-        return check_export(fmt, columns=columns)
+        return check_export(fmt, columns=columns, redact=redact)
     except ExportError as exc:
         raise Invalid(str(exc)) from None
+
+
+def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
+    """The kinds a request asks to redact (the service's default when it names none)."""
+    try:
+        return parse_kinds(redact if redact is not None else svc.settings.redact)
+    except ExportError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _redactor(svc: Services, redact: str | None) -> Redactor | None:
+    kinds = _kinds(svc, redact)
+    return redactor(kinds) if kinds else None
+
+
+def _count(svc: Services, headers: Any, counts: dict[str, int]) -> None:
+    """Say what was replaced: the header, and the metric."""
+    headers[REDACTIONS_HEADER] = counts_header(counts)
+    for kind, n in counts.items():
+        if n:
+            svc.metrics.redactions.labels(kind).inc(n)
 
 
 @router.get("/stats", summary="Stats of a source's latest records, with a reward histogram")
@@ -100,13 +145,25 @@ def _records(bodies: list[bytes]) -> list[dict[str, Any]]:
     return [orjson.loads(b) for b in bodies]
 
 
+def _scrubbed(scrub: Redactor | None, item: dict[str, Any], counts: dict[str, int]) -> Any:
+    if scrub is None:
+        return item
+    new, found = scrub.record(item)
+    add_counts(counts, found)
+    return new
+
+
 async def _preview(
-    index: QueryIndex, corpus_id: int, filters: Filters, *, fmt: str, columns: Any, size: int
-) -> list[dict[str, Any]]:
-    """The first ``size`` rows of the format over the matching records, in read order."""
+    index: QueryIndex, corpus_id: int, filters: Filters, *, fmt: str, columns: Any, size: int,
+    scrub: Redactor | None = None, counts: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The first ``size`` rows of the format over the matching records, in read order,
+    redacted by ``scrub`` (what it replaced added to ``counts``)."""
+    counts = {} if counts is None else counts
     if fmt == "preference":
         sample = _records(await query(index.preview, corpus_id, filters, PAIRING_SAMPLE))
-        return list(preference_pairs(sample))[:size]
+        pairs = list(preference_pairs(sample))[:size]  # made on the prompts as stored
+        return [_scrubbed(scrub, row, counts) for row in pairs]
     rows: list[dict[str, Any]] = []
     offset = 0
     while len(rows) < size and offset < PREVIEW_SCAN:
@@ -118,11 +175,12 @@ async def _preview(
         offset += len(batch)
         for record in batch:
             if fmt in TABULAR_FORMATS:
-                rows.append({c.header: c.value(record) for c in columns})
+                scrubbed = _scrubbed(scrub, record, counts)
+                rows.append({c.header: c.value(scrubbed) for c in columns})
             else:
                 row = render_row(fmt, record)
                 if row is not None:
-                    rows.append(row)
+                    rows.append(render_row(fmt, _scrubbed(scrub, record, counts)) or row)
             if len(rows) >= size:
                 break
     return rows
@@ -132,18 +190,23 @@ async def _preview(
 async def get_records(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
-    filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
+    filters: FiltersQuery, response: Response, format: FormatQuery = "trajectory",
+    columns: ColumnsQuery = None, redact: RedactQuery = None,
 ) -> RecordsOut:  # fmt: skip
     picked = _checked(format, columns)
+    scrub = _redactor(svc, redact)
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
     followed = await corpus(svc, org, project, source)
     items: list[dict[str, Any]] = []
+    counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
     if followed.corpus_id is not None:
         items = await _preview(
-            svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size
-        )
+            svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
+            scrub=scrub, counts=counts,
+        )  # fmt: skip
+    _count(svc, response.headers, counts)
     return RecordsOut(
         items=items,
         columns=[c.header for c in picked] if picked is not None else None,
@@ -171,12 +234,18 @@ async def get_export(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
     filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
+    redact: RedactQuery = None,
 ) -> StreamingResponse:  # fmt: skip
-    _checked(format, columns)
+    kinds = ",".join(_kinds(svc, redact)) or "none"
+    _checked(format, columns, kinds)
     ref = source_ref(org, project, source)
+    summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
-        return iter_export(store, ref, format=format, filters=filters, columns=columns)
+        return iter_export(
+            store, ref, format=format, filters=filters, columns=columns, redact=kinds,
+            summary=summary,
+        )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
     try:
@@ -193,6 +262,13 @@ async def get_export(
         stream.close()
         raise
 
+    headers = {"Content-Disposition": _disposition(file_name(ref, format))}
+    if kinds != "none":
+        # The counts are known at the end, and a header goes first: the export is made whole.
+        spool = await _spooled(stream, first)
+        _count(svc, headers, summary.redactions)
+        return StreamingResponse(_read(spool), media_type=content_type(format), headers=headers)
+
     async def body() -> AsyncIterator[bytes]:
         try:
             chunk = first
@@ -202,11 +278,32 @@ async def get_export(
         finally:
             stream.close()
 
-    return StreamingResponse(
-        body(),
-        media_type=content_type(format),
-        headers={"Content-Disposition": _disposition(file_name(ref, format))},
-    )
+    return StreamingResponse(body(), media_type=content_type(format), headers=headers)
+
+
+async def _spooled(stream: ThreadStream, first: bytes | None) -> IO[bytes]:
+    """The rest of a stream after its first chunk, in a temporary file (memory up to a bound)."""
+    spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115  # read later
+    try:
+        chunk = first
+        while chunk is not None:
+            spool.write(chunk)
+            chunk = await stream.next()
+    except BaseException:
+        spool.close()
+        raise
+    finally:
+        stream.close()
+    spool.seek(0)
+    return spool
+
+
+async def _read(spool: IO[bytes]) -> AsyncIterator[bytes]:
+    try:
+        while piece := spool.read(1 << 20):
+            yield piece
+    finally:
+        spool.close()
 
 
 def _job_out(status: JobStatus) -> JobOut:
@@ -216,6 +313,7 @@ def _job_out(status: JobStatus) -> JobOut:
     return JobOut(
         id=status.id, status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
+        redactions=status.redactions,
     )  # fmt: skip
 
 
@@ -224,13 +322,14 @@ async def post_exports(
     *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, body: ExportIn
 ) -> JobOut:
     columns = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
-    _checked(body.format, columns)
+    redact = ",".join(_kinds(svc, body.redact)) or "none"
+    _checked(body.format, columns, redact)
     try:
         parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
     request = JobRequest(source=body.source, format=body.format, filters=body.filters,
-                         columns=columns)  # fmt: skip
+                         columns=columns, redact=redact)  # fmt: skip
     return _job_out(await svc.jobs.start(org, project, request))
 
 
