@@ -20,7 +20,9 @@ Kinds (:data:`KINDS`) and who detects them, all kept libraries run without any N
   written with a ``+`` or separators: a bare run of digits is an order number as often as a
   phone.
 
-The replacement is presidio-anonymizer's ``replace`` operator (it also settles overlaps).
+The replacement is :func:`replace_spans` (overlapping findings become one placeholder), not
+presidio-anonymizer: that package imports presidio-analyzer and with it spaCy (seconds of
+CPU and about 100 MB) only to splice strings, which the default ``secrets`` never needs.
 
 Which strings (:meth:`Redactor.record`): message ``content`` (a string, or the ``text`` of
 its parts, ``tool_result`` parts' content and ``tool_use`` parts' ``input``), tool-call
@@ -29,10 +31,11 @@ encoded again, only when something changed), message ``metadata`` string values,
 ``reasoning`` and assessment ``explanation``, label ``comment``, a record's ``metadata``
 string values. Never keys, ids, roles, names, numbers or datetimes.
 
-Speed: a cheap pre-filter (:class:`Gates`, one RE2 automaton per kind, built so that every
-finding of a detector is preceded by a match of its gate) keeps text without any candidate
-away from the detectors, and :meth:`Redactor.line` keeps a JSON line without any candidate
-from being parsed. The heavy libraries are imported on first use.
+Speed: a cheap pre-filter (:class:`Gates`, one RE2 automaton per kind, and a detector runs
+only on text its kind's gate matches) keeps text without any candidate away from the
+detectors, and :meth:`Redactor.line` keeps a JSON line without any candidate from being
+parsed. The libraries are imported on first use (Presidio's imports spaCy: seconds of CPU);
+:func:`warm_up` does it ahead, for a server.
 """
 
 from __future__ import annotations
@@ -398,33 +401,30 @@ def _presidio() -> _Presidio:
     return _Presidio()
 
 
-@functools.cache
-def _anonymizer() -> tuple[Any, Any, Any]:
-    # Imported on the first finding only: presidio-anonymizer imports presidio-analyzer, and
-    # with it spaCy (about 3 s of CPU), which text without findings never needs.
-    from presidio_anonymizer import AnonymizerEngine
-    from presidio_anonymizer.entities import OperatorConfig, RecognizerResult
-
-    engine = AnonymizerEngine()  # type: ignore[no-untyped-call]  # the library is untyped
-    return engine, OperatorConfig, RecognizerResult
-
-
 def replace_spans(text: str, spans: Sequence[Span]) -> tuple[str, Counts]:
-    """``text`` with each span replaced by its kind's placeholder (presidio-anonymizer's
-    ``replace``, which also settles overlapping spans), and the count per kind."""
+    """``text`` with each span replaced by its kind's placeholder, and the count per kind.
+
+    Overlapping spans become one, of the kind of the span that starts first (the longer one
+    at the same start; then secrets before the others): one substring, one count.
+    """
     if not spans:
         return text, _NO_COUNTS
-    engine, operator, result = _anonymizer()
-    ordered = sorted(set(spans), key=lambda s: (s[0], -s[1], s[2]))
-    done = engine.anonymize(
-        text=text,
-        analyzer_results=[result(entity_type=k, start=a, end=b, score=1.0) for a, b, k in ordered],
-        operators={k: operator("replace", {"new_value": placeholder(k)}) for k in KINDS},
-    )
+    order = {k: n for n, k in enumerate(KINDS)}
+    merged: list[list[Any]] = []
+    for start, end, kind in sorted(set(spans), key=lambda s: (s[0], -s[1], order[s[2]])):
+        if merged and start < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end, kind])
+    pieces: list[str] = []
     counts: Counts = {}
-    for item in done.items:
-        counts[item.entity_type] = counts.get(item.entity_type, 0) + 1
-    return done.text, counts
+    at = 0
+    for start, end, kind in merged:
+        pieces += [text[at:start], placeholder(kind)]
+        counts[kind] = counts.get(kind, 0) + 1
+        at = end
+    pieces.append(text[at:])
+    return "".join(pieces), counts
 
 
 # --- the redactor ---------------------------------------------------------------------------
@@ -838,6 +838,14 @@ def _each_field(items: Any, key: str, fn: Callable[[Any], Any], *, whole: bool =
     if whole:
         return one(items)
     return _each(items, one) if isinstance(items, list) else items
+
+
+def warm_up(kinds: Sequence[str] = KINDS) -> None:
+    """Import and build the detectors of ``kinds`` now, not on a first request."""
+    if "secrets" in kinds:
+        _secrets()
+    if set(kinds) & set(PII_KINDS):
+        _presidio()
 
 
 @functools.lru_cache(maxsize=32)

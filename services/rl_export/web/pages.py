@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rl_export import __version__
 from rl_export.common.records import EvaluationView, RubricMean
+from rl_export.common.redact import KINDS, parse_kinds
 from rl_export.common.specs import SAFE_NAME
 from rl_export.export.columns import METADATA_COLUMNS, RECORD_FIELDS
 from rl_export.web.services import Services
@@ -62,6 +63,8 @@ async def rl_export_page(request: Request, org: str, project: str, svc: Svc) -> 
         "project": project,
         "pass_threshold": svc.settings.human_pass_threshold,
         "sync_export_max_records": svc.settings.web_sync_export_max_records,
+        "redact_kinds": list(KINDS),
+        "redact": list(parse_kinds(svc.settings.redact)),  # what the Redact control starts at
         **COLUMNS,
     }
     return templates.TemplateResponse(

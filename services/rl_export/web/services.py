@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from rl_export.common.errors import RlExportError
 from rl_export.common.metrics import WebMetrics
+from rl_export.common.redact import warm_up
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.stream.topics import ensure_service_topics
@@ -45,6 +47,9 @@ class Services:
 
     async def start(self) -> None:
         self.indexer.start()
+        # The redaction libraries load in a thread at start (Presidio's brings spaCy: seconds
+        # of CPU), so that the first preview that redacts does not wait for them.
+        threading.Thread(target=warm_up, name="redact-warm-up", daemon=True).start()
         self._tasks = [
             asyncio.create_task(self._topics(), name="topics"),
             asyncio.create_task(

@@ -277,6 +277,41 @@ def test_download_gives_valid_json_lines(stack: Stack, web: WebProcess, page: Pa
     expect(page.locator("#job")).to_be_hidden()
 
 
+def test_the_redact_control_scrubs_the_preview_and_the_download(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    key, mail, phone = "AKIAIOSFODNN7EXAMPLE", "jane.doe@acme-corp.com", "(415) 555-2671"
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Evaluator score")
+    choose(page, "format", "Messages")
+    page.locator("#filters-box summary").click()
+    page.locator("input[name=scenario]").fill("trip")  # tr-010, and tr-011 holds them all
+    expect(page.locator("#stat-records")).to_have_text("2")
+    # By default secrets only: the key goes, the customer's words stay.
+    expect(page.locator("#redact-kinds input[value=secrets]")).to_be_checked()
+    expect(page.locator("#redact-kinds input[value=email]")).not_to_be_checked()
+    expect(page.locator("#redactions")).to_have_text("Redacted from this preview: 1 secret.")
+    expect(page.locator("#preview")).to_contain_text("[REDACTED:SECRETS]")
+    expect(page.locator("#preview")).to_contain_text(mail)
+    page.get_by_label("E-mail").check()
+    page.get_by_label("Phone").check()
+    expect(page.locator("#redactions")).to_have_text(
+        "Redacted from this preview: 1 secret, 1 e-mail address, 1 phone number."
+    )
+    preview = page.locator("#preview").inner_text()
+    assert "[REDACTED:EMAIL]" in preview
+    assert all(v not in preview for v in (key, mail, phone))
+    with page.expect_download() as download:
+        page.locator("#download").click()
+    data = Path(download.value.path()).read_text()
+    assert "[REDACTED:PHONE]" in data
+    assert all(v not in data for v in (key, mail, phone))
+    for kind in ("secrets", "email", "phone"):
+        page.locator(f"#redact-kinds input[value={kind}]").uncheck()
+    expect(page.locator("#redactions")).to_have_text("Nothing redacted: the preview is verbatim.")
+    expect(page.locator("#preview")).to_contain_text(key)
+
+
 def test_a_csv_with_chosen_renamed_and_reordered_columns(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:

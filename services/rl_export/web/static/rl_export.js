@@ -572,6 +572,38 @@
 
   function isTabular() { return TABULAR.some(([value]) => value === exp.format); }
 
+  // The Redact control: one box per kind, the service's default (secrets) checked at first.
+  const KIND_NAMES = {
+    secrets: ["Secrets", "secret", "secrets"], email: ["E-mail", "e-mail address", "e-mail addresses"],
+    phone: ["Phone", "phone number", "phone numbers"],
+    credit_card: ["Credit card", "card number", "card numbers"],
+    iban: ["IBAN", "IBAN", "IBANs"], ip: ["IP address", "IP address", "IP addresses"],
+  };
+  for (const kind of config.redact_kinds) {
+    const box = h("input", { type: "checkbox", name: "redact", value: kind });
+    box.checked = config.redact.includes(kind);
+    box.addEventListener("change", refreshExport);
+    $("redact-kinds").append(h("label", {}, box, (KIND_NAMES[kind] || [kind])[0]));
+  }
+
+  function redactValue() {
+    const kinds = [...$("redact-kinds").querySelectorAll("input:checked")].map((b) => b.value);
+    return kinds.length ? kinds.join(",") : "none";
+  }
+
+  function showRedactions(response) {
+    const line = $("redactions");
+    const header = response.headers.get("X-RL-Export-Redactions");
+    const counts = header ? JSON.parse(header) : {};
+    const removed = Object.entries(counts).filter(([, n]) => n > 0)
+      .map(([kind, n]) => `${n} ${(KIND_NAMES[kind] || [kind, kind, kind])[n === 1 ? 1 : 2]}`);
+    line.className = removed.length ? "redactions removed" : "redactions";
+    line.dataset.counts = JSON.stringify(counts);
+    if (!Object.keys(counts).length) line.textContent = "Nothing redacted: the preview is verbatim.";
+    else if (!removed.length) line.textContent = "Redacted from this preview: nothing found.";
+    else line.textContent = `Redacted from this preview: ${removed.join(", ")}.`;
+  }
+
   function filterValues() {
     const values = {};
     for (const field of $("filters").querySelectorAll("input, select")) {
@@ -594,8 +626,9 @@
     return exp.columns.map((c) => (c.header && c.header !== c.path ? `${c.path}:${c.header}` : c.path)).join(",");
   }
 
-  function query(extra) {
+  function query(extra, { redact = true } = {}) {
     const params = new URLSearchParams({ source: exp.source, ...extra });
+    if (redact) params.set("redact", redactValue());
     for (const [key, value] of Object.entries(filterValues())) {
       if (Array.isArray(value)) value.forEach((v) => params.append(key, v));
       else params.set(key, value);
@@ -639,9 +672,9 @@
     if (columns) previewParams.set("columns", columns);
     const limit = Number(previewParams.get("limit") || 0);
     previewParams.set("limit", String(limit && limit < 5 ? limit : 5));
-    const statsParams = query({});
+    const statsParams = query({}, { redact: false });
     const shown = `${statsParams} ${previewParams}`; // what the tab shows once this succeeds
-    const askPreview = () => api(`records?${previewParams}`);
+    const askPreview = () => api(`records?${previewParams}`, { raw: true });
     try {
       const statsAsked = api(`stats?${statsParams}`);
       const previewAsked = follow ? null : askPreview();
@@ -655,13 +688,15 @@
       // until the whole of a later look succeeds.)
       if (follow && error.hidden && shown === exp.shown
           && JSON.stringify(stats) === JSON.stringify(exp.stats)) return;
-      const preview = await (previewAsked || askPreview());
+      const answer = await (previewAsked || askPreview());
+      const preview = await answer.json();
       if (seq !== exp.seq) return;
       error.hidden = true;
       exp.stats = stats;
       exp.shown = shown;
       renderStats(stats);
       renderPreview(preview, stats);
+      showRedactions(answer);
     } catch (err) {
       if (seq !== exp.seq || err.status === 401) return;
       error.textContent = err.status === 403
@@ -786,7 +821,7 @@
   async function startJob(filters) {
     clearTimeout(job.timer);
     job.seen = [];
-    const body = { source: exp.source, format: exp.format, filters };
+    const body = { source: exp.source, format: exp.format, filters, redact: redactValue() };
     const columns = columnsText();
     if (columns) body.columns = columns;
     try {
