@@ -203,6 +203,9 @@ class Claims:
         self.book = book
         self.broadcast = broadcast
         self.clock = clock
+        # Places this instance is writing right now: its other requests leave them alone
+        # rather than race themselves for them (the store would refuse all but one anyway).
+        self._writing: set[tuple[str, str, str, int]] = set()
 
     async def claim(
         self, org: str, project: str, trace_id: str, labeler: str, *, target: int,
@@ -264,8 +267,10 @@ class Claims:
                 holders = {who for who in held.values() if who is not None}
                 taken = (holders | set(labelers)) - {labeler}
                 free = [n for n in range(target) if held.get(n) is None]
-                if len(taken) >= target or not free:
+                busy = [n for n in free if (org, project, trace_id, n) in self._writing]
+                if len(taken) + len(busy) >= target or len(free) == len(busy):
                     return None
+                free = [n for n in free if n not in busy]
                 known = slots.get(free[0])
                 entry = SlotEntry(
                     org, project, trace_id, free[0], 0 if known is None else known.generation + 1,
@@ -299,12 +304,16 @@ class Claims:
 
     async def _write(self, entry: SlotEntry) -> bool:
         """Create the entry's generation; on a lost race, learn the chain up to its head."""
+        place = (entry.org, entry.project, entry.trace_id, entry.slot)
+        self._writing.add(place)
         try:
             await self.store.put_if_absent(entry.key, entry.encode())
         except ObjectExistsError:
             await self.read_chain(entry.org, entry.project, entry.trace_id, entry.slot,
                                   entry.generation)  # fmt: skip
             return False
+        finally:
+            self._writing.discard(place)
         self.book.learn(entry)
         await self.broadcast(entry)
         return True

@@ -24,6 +24,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from rl_export.common.events import EVENT_ADAPTER, LabelRetracted, LabelSkipped, LabelSubmitted
+from rl_export.labeling.queue import FreshAction
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Known:
     label: tuple[tuple[datetime, str], bool] | None = None  # (order, True: label, False: retract)
     skipped: bool = False
     noted_at: float = 0.0  # monotonic, of the latest note
+    ratings_sum: int | None = None  # of the latest label (for the team's adjudication)
 
 
 class Overlay:
@@ -56,6 +58,24 @@ class Overlay:
         order = event.order_key()
         if known.label is None or order > known.label[0]:
             known.label = (order, isinstance(event, LabelSubmitted))
+            if isinstance(event, LabelSubmitted):
+                r = event.rubric
+                known.ratings_sum = r.correctness + r.helpfulness + r.efficiency + r.safety
+
+    def fresh(self, org: str, project: str) -> dict[str, dict[str, FreshAction]]:
+        """Every labeler's recent actions in a project, by trace then labeler: what the team's
+        queue corrects the corpora with."""
+        found: dict[str, dict[str, FreshAction]] = {}
+        for (key_org, key_project, labeler), per_trace in self._known.items():
+            if (key_org, key_project) != (org, project):
+                continue
+            self._drop_old(per_trace)
+            for trace_id, known in per_trace.items():
+                label = None if known.label is None else known.label[1]
+                found.setdefault(trace_id, {})[labeler] = FreshAction(
+                    label=label, sum=known.ratings_sum if label else None, skipped=known.skipped
+                )
+        return found
 
     def ask(self, org: str, project: str, labeler: str) -> tuple[list[str], list[str]]:
         """(hidden, returned) trace ids for the labeler's queue: labeled or skipped since,
