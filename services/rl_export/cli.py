@@ -308,6 +308,13 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     group.add_argument("--since", dest="f_since", metavar="RFC3339", help="updated_at >= since")
     group.add_argument("--until", dest="f_until", metavar="RFC3339", help="updated_at < until")
     group.add_argument("--labeled", dest="f_labeled", metavar="true|false")
+    group.add_argument(
+        "--min-labels", dest="f_min_labels", metavar="N", help="at least N current human labels"
+    )
+    group.add_argument(
+        "--max-spread", dest="f_max_spread", metavar="X",
+        help="the largest difference between two labelers' rewards is at most X (0..1)",
+    )  # fmt: skip
     group.add_argument("--limit", dest="f_limit", metavar="N")
 
 
