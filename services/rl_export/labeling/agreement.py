@@ -268,8 +268,10 @@ def value_counts(units: IntArray, values: IntArray, domain: int) -> IntArray:
     """``(units, domain)``: how many labelers gave each value (``0 .. domain - 1``) to each
     unit (``0 .. units.max()``)."""
     count = int(units.max()) + 1 if len(units) else 0
-    flat = np.bincount(units * domain + values, minlength=count * domain)
-    return flat.reshape(count, domain).astype(np.int64)
+    flat = np.bincount(values * count + units, minlength=count * domain)
+    # Laid out value by value (a transposed view): patterns reads it a value at a time.
+    counts: IntArray = flat.reshape(domain, count).T
+    return counts
 
 
 def patterns(counts: IntArray) -> tuple[IntArray, IntArray]:
@@ -361,8 +363,8 @@ def alpha_with_interval(
     if not np.isfinite(point):
         return Alpha(alpha=None, ci95=None, units=count)
     rng = np.random.default_rng(seed)
-    drawn = rng.multinomial(count, weights / count, size=resamples)
-    spread = alphas(drawn @ terms, level, scale)
+    drawn = rng.multinomial(count, weights / count, size=resamples).astype(np.float64)
+    spread = alphas(drawn @ terms, level, scale)  # float @ float: BLAS
     spread = spread[np.isfinite(spread)]  # resamples left with no variation have no alpha
     if not len(spread):
         return Alpha(alpha=float(point), ci95=None, units=count)
@@ -416,9 +418,10 @@ def agreement_report(
     pairable = per_trace[data.label_trace] >= 2
     unit_of = np.cumsum(per_trace >= 2) - 1
     units = unit_of[data.label_trace[pairable]]
+    paired = data.ratings[pairable].T.astype(np.int64) - 1  # a row per dimension, 0 .. 4
     found: dict[str, Alpha] = {}
     for n, dimension in enumerate(DIMENSIONS):
-        ratings = data.ratings[pairable, n].astype(np.int64) - 1  # 0 .. 4
+        ratings = paired[n]
         found[dimension] = alpha_with_interval(
             units, ratings, RATINGS, "ordinal", resamples=resamples, seed=seed
         )
