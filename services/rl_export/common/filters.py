@@ -205,7 +205,7 @@ def record_spread(record: Mapping[str, Any]) -> float | None:
         return 0.0 if (record.get("labels_count") or 0) < 2 else None
     if len(labels) < 2:
         return 0.0
-    sums = [sum(label["rubric"][d] for d in _DIMENSIONS) for label in labels]
+    sums: list[int] = [sum(label["rubric"][d] for d in _DIMENSIONS) for label in labels]
     return (max(sums) - min(sums)) / 20
 
 
