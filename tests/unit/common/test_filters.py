@@ -171,6 +171,13 @@ def labels(*sums: tuple[int, int, int, int]) -> list[dict[str, object]]:
     ]  # fmt: skip
 
 
+def legacy(trace_id: str, count: int) -> dict[str, object]:
+    """A record written before records carried ``labels``: ``count`` labels, ratings unknown."""
+    value = record(trace_id, labels=count)
+    del value["labels"]
+    return value
+
+
 def labeled(trace_id: str, *ratings: tuple[int, int, int, int]) -> dict[str, object]:
     value = record(trace_id, labels=min(len(ratings), 2))
     value["labels"] = labels(*ratings)
@@ -185,16 +192,17 @@ def test_spread_is_the_largest_difference_of_two_labelers_rewards() -> None:
     # Rewards 16/20, 10/20 and 13/20: the spread is 6/20.
     assert record_spread(labeled("a", (4, 4, 4, 4), (1, 3, 3, 3), (4, 3, 3, 3))) == 0.3
     # Written before records carried labels: known for fewer than two labels only.
-    assert record_spread(record("a", labels=0)) == 0.0
-    assert record_spread(record("a", labels=1)) == 0.0
-    assert record_spread(record("a", labels=2)) is None
+    assert record_spread(legacy("a", 0)) == 0.0
+    assert record_spread(legacy("a", 1)) == 0.0
+    assert record_spread(legacy("a", 2)) is None
+    assert record_spread(record("a", labels=2)) == 0.05  # ana 16/20, bo 17/20
 
 
 def test_min_labels_and_max_spread_match() -> None:
     none, one = labeled("none"), labeled("one", (5, 5, 5, 5))
     close = labeled("close", (4, 4, 4, 4), (4, 4, 4, 3))  # spread 1/20 = 0.05
     apart = labeled("apart", (5, 5, 5, 5), (1, 1, 1, 1), (5, 5, 5, 4))  # 16/20 = 0.8
-    old = record("old", labels=2)  # two labels, no `labels`: spread unknown
+    old = legacy("old", 2)  # two labels, no `labels`: spread unknown
     rows = (none, one, close, apart, old)
     cases = [
         (Filters(min_labels=0), rows),

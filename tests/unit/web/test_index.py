@@ -165,7 +165,10 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
     )
     # Current labels as submitted (ratings near each other, so spreads fall on the filters'
     # bounds), or none of them: a record written before records carried `labels`.
-    if draw(st.booleans()):
+    kind = draw(st.sampled_from(["rated", "legacy", "as made"]))
+    if kind == "legacy":
+        del value["labels"]
+    elif kind == "rated":
         rubrics = draw(st.lists(st.lists(st.integers(3, 5), min_size=4, max_size=4), max_size=3))
         value["labels"] = [
             {"labeler": f"l{k}", "rubric": dict(zip(RUBRIC, r, strict=True)), "comment": None,
