@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from rl_export.labeling.agreement import (
     DIMENSIONS,
@@ -21,10 +22,12 @@ from rl_export.labeling.agreement import (
     agreement_report,
     alpha_with_interval,
     alphas,
+    average_ranks,
     cohen_kappa,
     coincidences,
     patterns,
     spearman,
+    spearman_coded,
     value_counts,
 )
 from tests.records import record
@@ -200,6 +203,22 @@ def test_spearman_of_a_published_example_and_with_ties() -> None:
     x = np.array([0.1, 0.5, 0.5, 0.9])
     y = np.array([0.2, 0.2, 0.6, 0.8])
     assert spearman(x, y) == pytest.approx(3.75 / 4.5, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=3, max_size=60))
+def test_ranks_and_rho_are_scipys(pairs: list[tuple[int, int]]) -> None:
+    x = np.array([a / 6 for a, _ in pairs])
+    y = np.array([b / 4 for _, b in pairs])
+    assert np.array_equal(average_ranks(x), stats.rankdata(x))
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        assert spearman(x, y) is None
+        return
+    expected = stats.spearmanr(x, y).statistic
+    assert spearman(x, y) == pytest.approx(expected, abs=1e-12)
+    # The human rewards' way: their values as order-preserving codes.
+    distinct, codes = np.unique(y, return_inverse=True)
+    assert spearman_coded(x, codes, len(distinct)) == pytest.approx(expected, abs=1e-12)
 
 
 def test_spearman_is_null_when_undefined() -> None:
