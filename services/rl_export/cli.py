@@ -295,6 +295,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_agreement(args: argparse.Namespace) -> int:
     from rl_export.common.codec import dumps
+    from rl_export.common.errors import NoDataError
     from rl_export.common.filters import parse_filters
     from rl_export.common.gctune import tune_gc
     from rl_export.export import latest_records, source_ref
@@ -314,6 +315,12 @@ def cmd_agreement(args: argparse.Namespace) -> int:
             ):
                 for record in batch:
                     builder.add(record)
+        except NoDataError:  # its message names --source, which this command has not
+            raise ConfigError(
+                "--org/--project",
+                f"no traces corpus for {ref.org}/{ref.project} in {store.url} (check --org "
+                "and --project)",
+            ) from None
         finally:
             await store.close()
         return builder.build()

@@ -180,5 +180,7 @@ def test_bad_flags_are_one_line_and_exit_2(store_url: str) -> None:
               "--org", ORG, "--project", "nobody"]  # fmt: skip
     result = subprocess.run(nobody, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2
-    assert "no data for acme/nobody/traces" in result.stderr
+    assert result.stderr.startswith(
+        "rl-export: error: --org/--project: no traces corpus for acme/nobody in s3://"
+    )
     assert "Traceback" not in result.stderr
