@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
+.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -89,6 +89,9 @@ bench-export: install ## export benchmark: 1,000,000 records (built once, cached
 
 bench-web: install ## web benchmark: index catch-up and query latency on 1,000,000 records, label to visible
 	$(BIN)/python -m rl_export.local.bench_web
+
+bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package
+	$(BIN)/python -m rl_export.local.bench_agreement
 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
 	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000

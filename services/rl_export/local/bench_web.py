@@ -14,6 +14,8 @@
 4. Label submission to visible in the stats: a broker, a worker and a web service on a small
    corpus of their own; a label is posted through the API and ``GET stats`` is polled until
    ``human_labeled`` counts it.
+5. The agreement report's computation over 1,000,000 traces, 200,000 multi-labeled
+   (:mod:`rl_export.local.bench_agreement`, without its baseline: ``make bench-agreement``).
 
 Results are printed and written as JSON to ``var/bench/web-<time>.json``.
 """
@@ -48,6 +50,7 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.local import bench_agreement
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
@@ -414,6 +417,8 @@ def print_table(result: dict[str, Any], path: Path) -> None:
               f"(shard age bound {label['settings']['shard_max_age_s']} s, index poll "
               f"{label['settings']['web_index_poll_s']} s)")  # fmt: skip
     print(f"targets: stats and queue p99 < 100 ms, catch-up >= 50,000 records/s; written to {path}")
+    if "agreement" in result:
+        bench_agreement.print_table(result["agreement"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=200, help="requests per query")
     parser.add_argument("--labels", type=int, default=20, help="labels timed to visible")
+    parser.add_argument("--agreement-rounds", type=int, default=10, help="agreement reports")
     parser.add_argument("--dir", default="var/bench")
     parser.add_argument("--build-only", action="store_true", help="only build the corpora")
     args = parser.parse_args(argv)
@@ -435,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.labels:
         log(f"label to visible: {args.labels} labels on a live broker, worker and web service")
         result["label"] = label_to_visible(args.labels, traces=200)
+    if args.agreement_rounds:
+        log(f"agreement report: {args.agreement_rounds} runs over 1,000,000 traces")
+        result["agreement"] = bench_agreement.run(args.agreement_rounds, baseline=False)
     path = Path(args.dir) / f"web-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     path.write_text(json.dumps(result, indent=2))
     print_table(result, path)

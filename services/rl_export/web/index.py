@@ -9,10 +9,10 @@ the bodies stay out of it, in local segment files (:mod:`rl_export.web.segments`
 index keeps where each one is.
 
 One row per (corpus, trace): the columns the filters need (DESIGN.md section 4: reward,
-passed, labels, agent version, scenario, updated_at, the worst severity and the report types
-that passed), ``labelers`` and ``skipped_by`` for the queue, ``seq`` (the order lines were
-read, for previews), and the body's location. A tombstone keeps its row (``deleted``) so an
-older revision read later cannot bring the trace back.
+passed, labels, agent version, scenario, updated_at, the worst severity, the report types
+that passed and the labelers' spread), ``labelers`` and ``skipped_by`` for the queue, ``seq``
+(the order lines were read, for previews), and the body's location. A tombstone keeps its
+row (``deleted``) so an older revision read later cannot bring the trace back.
 
 How verified corpus lines are ingested (:meth:`QueryIndex.ingest`; one writer thread), in
 slices of at most ``SLICE`` lines:
@@ -46,11 +46,12 @@ import duckdb
 import orjson
 
 from rl_export.common.codec import dumps, loads
+from rl_export.common.events import Rubric
 from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
 from rl_export.web.segments import Segments
 
-SCHEMA_VERSION = "3"  # bumped when the index or its segments change: rebuilt from the corpora
+SCHEMA_VERSION = "4"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
 CHECKED_ROWS = 64  # rows per slice whose trace id is checked against the segment's bytes
@@ -68,12 +69,15 @@ _COLUMNS = {
     "completed_at": "VARCHAR",
     "labelers": "VARCHAR[]",
     "skipped_by": "VARCHAR[]",
+    "labels": "STRUCT(rubric STRUCT(correctness BIGINT, helpfulness BIGINT, efficiency BIGINT, "
+    "safety BIGINT))[]",
     "evaluation": "STRUCT(report STRUCT(outcomes "
     "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]))",
 }
 # A report type passes when at least one of its outcomes was decided and none decided false
 # (Filters.matches, pass-dimension); the worst severity counts an absent one as 0.
 _OUTCOMES = "evaluation.report.outcomes"
+_LABEL_SUM = "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
 _EXTRACT = f"""
     trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
     labels_count, agent_version, scenario,
@@ -91,17 +95,25 @@ _EXTRACT = f"""
     coalesce(labels_count, 0) > 0 AS labeled,
     CASE WHEN reward IS NOT NULL THEN least(greatest(floor(reward * {BINS}), 0), {BINS} - 1)
         END::UTINYINT AS bucket,
-    epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us
+    epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us,
+    CASE WHEN labels IS NULL THEN
+            CASE WHEN coalesce(labels_count, 0) < 2 THEN 0.0 END
+        WHEN len(labels) < 2 THEN 0.0
+        ELSE (list_max(list_transform(labels, lambda x: {_LABEL_SUM}))
+              - list_min(list_transform(labels, lambda x: {_LABEL_SUM}))) / 20.0
+    END AS spread
 """
 # ``bucket`` is the reward's histogram bin and ``labeled`` whether a human label counts,
 # computed once at ingest: as expressions in the stats query they cost it three times over.
+# ``spread`` is filters.record_spread: NULL (unknown) for a record written before records
+# carried ``labels`` that has two or more labels; (greatest - least sum) / 20 as a double.
 _RECORD_COLUMNS = (
     "corpus_id INTEGER, trace_id VARCHAR, revision BIGINT, deleted BOOLEAN, reward DOUBLE, "
     "passed BOOLEAN, labels_count BIGINT, agent_version VARCHAR, scenario VARCHAR, "
     "updated_at TIMESTAMPTZ, completed_at TIMESTAMPTZ, max_severity BIGINT, "
     "pass_dims VARCHAR[], labelers VARCHAR[], skipped_by VARCHAR[], seq BIGINT, "
     "seg INTEGER, off BIGINT, len BIGINT, labeled BOOLEAN, bucket UTINYINT, "
-    "completed_us BIGINT"
+    "completed_us BIGINT, spread DOUBLE"
 )
 
 
@@ -165,6 +177,10 @@ def filter_sql(filters: Filters) -> tuple[str, list[Any]]:
         add("list_has_all(pass_dims, ?::VARCHAR[])", list(filters.pass_dimension))
     if filters.max_severity is not None:
         add("max_severity <= ?", filters.max_severity)
+    if filters.min_labels is not None:
+        add("coalesce(labels_count, 0) >= ?", filters.min_labels)
+    if filters.max_spread is not None:
+        add("spread <= ?", filters.max_spread)  # NULL (unknown) never passes
     return " AND ".join(clauses), params
 
 
@@ -372,7 +388,8 @@ class QueryIndex:
                 "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
                 "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
                 "pass_dims, labelers, skipped_by, (?::BIGINT << 40) + _o, "
-                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us "
+                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us, "
+                "spread "
                 "FROM batch b WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.corpus_id = ? "
                 "AND r.trace_id = b.trace_id)",
                 [corpus_id, segment, segment, corpus_id],

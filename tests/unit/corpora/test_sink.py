@@ -969,6 +969,7 @@ FILTERED = [
     CorpusSpec(name="reward", source="evaluator", filter={"reward": 0.9}),
     CorpusSpec(name="min-reward", source="evaluator", filter={"min-reward": 0.5}),
     CorpusSpec(name="labeled", source=None, filter={"labeled": True, "max_severity": 0}),
+    CorpusSpec(name="agreed", source=None, filter={"min-labels": 1, "max-spread": 0.1}),
     CorpusSpec(name="sft", source="evaluator", format="messages", filter={"passed": True}),
     CorpusSpec(name="pc", source="human", format="prompt_completion"),
     CorpusSpec(name="kto", source=None, format="kto"),  # traces: no verdict, no kto row

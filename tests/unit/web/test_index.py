@@ -133,6 +133,7 @@ def test_queue_is_oldest_first_without_what_the_labeler_labeled_or_skipped(
 # --- the SQL filters and stats agree with the Python ones --------------------------------
 
 DIMENSIONS = ("goal_met", "compliance", "tone")
+RUBRIC = ("correctness", "helpfulness", "efficiency", "safety")
 
 
 @st.composite
@@ -149,7 +150,7 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
             max_size=4,
         )
     )  # fmt: skip
-    return record(
+    value = record(
         f"tr-{n}",
         source=source,
         reward=reward,
@@ -162,6 +163,21 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
         labels=draw(st.integers(0, 2)),
         outcomes=outcomes if draw(st.booleans()) else None,
     )
+    # Current labels as submitted (ratings near each other, so spreads fall on the filters'
+    # bounds), or none of them: a record written before records carried `labels`.
+    kind = draw(st.sampled_from(["rated", "legacy", "as made"]))
+    if kind == "legacy":
+        del value["labels"]
+    elif kind == "rated":
+        rubrics = draw(st.lists(st.lists(st.integers(3, 5), min_size=4, max_size=4), max_size=3))
+        value["labels"] = [
+            {"labeler": f"l{k}", "rubric": dict(zip(RUBRIC, r, strict=True)), "comment": None,
+             "occurred_at": "2026-01-02T00:00:00Z"}
+            for k, r in enumerate(rubrics)
+        ]  # fmt: skip
+        value["labels_count"] = len(rubrics)
+        value["labelers"] = [f"l{k}" for k in range(len(rubrics))]
+    return value
 
 
 @st.composite
@@ -182,6 +198,8 @@ filters_strategy = st.builds(
     since=st.sampled_from([None, START + timedelta(hours=12)]),
     until=st.sampled_from([None, START + timedelta(hours=36)]),
     labeled=st.sampled_from([None, True, False]),
+    min_labels=st.sampled_from([None, 0, 1, 2, 3]),
+    max_spread=st.sampled_from([None, 0.0, 0.05, 0.1, 0.25]),
     limit=st.sampled_from([None, 3]),
 )
 
