@@ -245,7 +245,8 @@ def worst_severity(outcomes: Sequence[Mapping[str, Any]]) -> int:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def _bool(name: str, text: str) -> bool:
+def parse_bool(name: str, text: str) -> bool:
+    """``true``/``1``/``yes`` or ``false``/``0``/``no``; FilterError naming ``name`` else."""
     lowered = text.strip().lower()
     if lowered in ("true", "1", "yes"):
         return True
@@ -302,7 +303,7 @@ def _datetime(name: str, text: str) -> datetime:
 
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "passed": _bool,
+    "passed": parse_bool,
     "min-reward": _reward,
     "max-reward": _reward,
     "pass-dimension": _text,
@@ -311,7 +312,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "scenario": _text,
     "since": _datetime,
     "until": _datetime,
-    "labeled": _bool,
+    "labeled": parse_bool,
     "min-labels": _count,
     "max-spread": _spread,
     "limit": _count,
@@ -366,13 +367,14 @@ def filters_from_json(value: Mapping[str, Any]) -> Filters:
     texts: dict[str, str | list[str]] = {}
     for name, item in value.items():
         if isinstance(item, list):
-            texts[name] = [_as_text(name, v) for v in item]
+            texts[name] = [filter_text(name, v) for v in item]
         else:
-            texts[name] = _as_text(name, item)
+            texts[name] = filter_text(name, item)
     return parse_filters(texts)
 
 
-def _as_text(name: str, value: Any) -> str:
+def filter_text(name: str, value: Any) -> str:
+    """A filter's JSON value as its text (``true``, ``0.5``); FilterError for null, objects."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float | str):

@@ -166,16 +166,20 @@ async def refuse_unknown_query(request: Request) -> None:
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    known = _KNOWN.get(route)
-    if known is None:
-        known = _KNOWN[route] = known_query(route.dependant)
+    cached = _KNOWN.get(id(route))
+    if cached is not None and cached[0] is route:
+        known = cached[1]
+    else:
+        known = known_query(route.dependant)
+        _KNOWN[id(route)] = (route, known)
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         names = ", ".join(sorted(known)) or "none"
         raise Invalid(f"{unknown[0]}: unknown query parameter (this route takes: {names})")
 
 
-_KNOWN: dict[APIRoute, frozenset[str]] = {}
+# By id: routes are not hashable (starlette >= 1.0); the route is kept to check the id's owner.
+_KNOWN: dict[int, tuple[APIRoute, frozenset[str]]] = {}
 
 
 class RequestMetrics:

@@ -12,8 +12,10 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from rl_export.common.events import Rubric
+from rl_export.common.filters import filter_text
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
 from rl_export.export import SOURCES
+from rl_export.labeling.settings import Order
 
 Source = Literal["human", "evaluator", "traces"]
 Format = Literal[
@@ -72,9 +74,53 @@ class RecordsOut(BaseModel):
 
 
 class QueueOut(BaseModel):
-    items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
     remaining: int = Field(description="Traces left in the caller's queue, these included.")
+    team_remaining: int = Field(
+        description="Traces whose current labels are still short of their target."
+    )
+    items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
     index: IndexState
+
+
+class ClaimIn(_In):
+    limit: int = Field(1, ge=1, le=10, description="How many traces to hold at once.")
+    scenario: str | None = None
+    agent_version: str | None = None
+    passed: bool | None = Field(None, description="Only traces the evaluators passed (or not).")
+
+
+class ClaimItem(BaseModel):
+    trace_id: str
+    expires_at: str = Field(description="When the claim ends unless labeled, skipped or renewed.")
+
+
+class ClaimOut(BaseModel):
+    lease_expires_at: str | None = Field(
+        description="When the earliest of the returned claims ends (null: none returned)."
+    )
+    claims: list[ClaimItem]
+    remaining: int
+    team_remaining: int
+    items: list[dict[str, Any]] = Field(description="The claimed traces' records, in order.")
+    index: IndexState
+
+
+class LabelingOut(BaseModel):
+    """A project's labeling settings (DESIGN.md section 8)."""
+
+    labels_per_trace: int
+    lease_s: int
+    order: Order
+    adjudicate_spread: float | None
+
+
+class LabelingIn(_In):
+    """A change of the labeling settings: the fields given replace the current ones."""
+
+    labels_per_trace: int | None = Field(None, description="1..10")
+    lease_s: int | None = Field(None, description="30..86400")
+    order: str | None = Field(None, description="oldest, newest, uncertain or random")
+    adjudicate_spread: float | None = Field(None, description="null, or 0..0.8")
 
 
 class LabelIn(_In):
@@ -91,22 +137,15 @@ class AcceptedOut(BaseModel):
     event_id: str = Field(description="The published event's id (a UUID).")
 
 
-def filter_text(value: Any) -> Any:
-    """A filter's JSON value as the query string spells it: ``true`` -> ``"true"``, ``0.5``
-    -> ``"0.5"``; lists item by item. Anything else is left for validation to refuse."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return [filter_text(item) for item in value]
-    return value
-
-
 def _filters_text(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {name: filter_text(item) for name, item in value.items()}
-    return value
+    """Filters given as JSON values (``{"passed": true}``) as the query string spells them."""
+    if not isinstance(value, dict):
+        return value
+    return {
+        name: [filter_text(name, v) for v in item] if isinstance(item, list)
+        else filter_text(name, item)
+        for name, item in value.items()
+    }  # fmt: skip
 
 
 FilterValues = Annotated[dict[str, str | list[str]], BeforeValidator(_filters_text)]

@@ -82,6 +82,7 @@ def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
 
 LabelCaller = Annotated[Caller, Depends(require("label"))]
 ExportCaller = Annotated[Caller, Depends(require("export"))]
+AdminCaller = Annotated[Caller, Depends(require("admin"))]
 
 _Text = Annotated[str | None, Query()]
 
