@@ -74,28 +74,28 @@ clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are 
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), bench-export, bench-web
-	$(BIN)/python -m rl_export.local.bench
-	$(BIN)/python -m rl_export.local.bench_export
-	$(BIN)/python -m rl_export.local.bench_web
+	$(BIN)/python -m tests.perf.bench
+	$(BIN)/python -m tests.perf.bench_export
+	$(BIN)/python -m tests.perf.bench_web
 
 bench-ab: install ## one worker with other settings against the defaults, on one backlog: AB="join_processes=1" (SHAPE=small)
-	$(BIN)/python -m rl_export.local.bench_ab --variant "" --variant "$(AB)" $(if $(SHAPE),--shape $(SHAPE))
+	$(BIN)/python -m tests.perf.bench_ab --variant "" --variant "$(AB)" $(if $(SHAPE),--shape $(SHAPE))
 
 bench-ceiling: install ## one worker against the same worker with its join replayed (its own work free): what a faster join could give (SHAPE=small)
-	$(BIN)/python -m rl_export.local.ceiling $(if $(SHAPE),--shape $(SHAPE))
+	$(BIN)/python -m tests.perf.ceiling $(if $(SHAPE),--shape $(SHAPE))
 
 bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
-	$(BIN)/python -m rl_export.local.bench_export
+	$(BIN)/python -m tests.perf.bench_export
 
 bench-web: install ## web benchmark: index catch-up and query latency on 1,000,000 records, label to visible
-	$(BIN)/python -m rl_export.local.bench_web
+	$(BIN)/python -m tests.perf.bench_web
 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
-	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000
-	$(BIN)/python -m rl_export.local.profile --shape small --traces 24000
+	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000
+	$(BIN)/python -m tests.perf.profile --shape small --traces 24000
 
 soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
-	$(BIN)/python -m rl_export.local.soak $(if $(SEED),--seed $(SEED))
+	$(BIN)/python -m tests.soak.soak $(if $(SEED),--seed $(SEED))
 
 bench-restart: install ## restart-to-ready and first commits of a worker on 1,000,000 traces (built once in var/)
-	$(BIN)/python -m rl_export.local.bench_restart
+	$(BIN)/python -m tests.perf.bench_restart

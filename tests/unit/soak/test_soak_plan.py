@@ -9,10 +9,10 @@ import orjson
 
 from rl_export.common.events import EVENT_ADAPTER, EventRejection, RejectReason, decode_event
 from rl_export.common.partitioning import partition_for
-from rl_export.local.fold import expected_final
-from rl_export.local.soak import SHORT
-from rl_export.local.soak_checks import check_dead_letters, compare_corpus
-from rl_export.local.soak_plan import SoakSize, make_plan
+from tests.harness.fold import expected_final
+from tests.soak.soak import SHORT
+from tests.soak.soak_checks import check_dead_letters, compare_corpus
+from tests.soak.soak_plan import SoakSize, make_plan
 
 START = datetime(2026, 6, 1, tzinfo=UTC)
 

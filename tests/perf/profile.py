@@ -1,6 +1,6 @@
 """``make profile``: the join and the sink in process, without Kafka: CPU time per event.
 
-The bench (:mod:`rl_export.local.bench`) measures whole workers against a real broker, on a
+The bench (:mod:`tests.perf.bench`) measures whole workers against a real broker, on a
 machine they share with it; its numbers move by 20 % between runs. This measures the two
 stages' own Python in one process, on the same synthetic backlog (``--shape``), with CPU
 time (``time.process_time``), so that one change to the hot path can be judged alone:

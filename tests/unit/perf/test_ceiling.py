@@ -18,7 +18,10 @@ from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.metrics import Metrics
 from rl_export.common.records import Headers
 from rl_export.common.settings import Settings
-from rl_export.local.ceiling import (
+from rl_export.local.synthetic import SHAPES, generate
+from rl_export.stream.processor import CONVERSATION, InMessage, JoinProcessor, MemoryTable
+from rl_export.stream.produce import topic_for
+from tests.perf.ceiling import (
     OUTPUTS_ENV,
     SITE,
     Output,
@@ -27,10 +30,7 @@ from rl_export.local.ceiling import (
     record_outputs,
     replay_variant,
 )
-from rl_export.local.profile import batches, routed
-from rl_export.local.synthetic import SHAPES, generate
-from rl_export.stream.processor import CONVERSATION, InMessage, JoinProcessor, MemoryTable
-from rl_export.stream.produce import topic_for
+from tests.perf.profile import batches, routed
 
 
 class Sent:
@@ -139,7 +139,7 @@ def test_the_hook_replaces_the_join_only_where_the_variant_puts_it(tmp_path: Pat
     assert variant.env["PYTHONPATH"].split(os.pathsep)[0] == str(SITE)
     assert variant.env[OUTPUTS_ENV] == str(outputs.resolve())
 
-    assert hooked(tmp_path, variant.env) == "rl_export.local.ceiling"
+    assert hooked(tmp_path, variant.env) == "tests.perf.ceiling"
     assert hooked(tmp_path, {"PYTHONPATH": str(SITE)}) == "rl_export.stream.processor"
     assert hooked(tmp_path, {}) == "rl_export.stream.processor"
 
@@ -193,7 +193,7 @@ async def test_an_event_that_waited_when_recorded_sends_when_read_after_its_trac
 def test_the_outputs_recorded_from_the_command_load_in_another_process(tmp_path: Path) -> None:
     """Recorded by ``python -m``, they must not be pickled as ``__main__``'s classes."""
     subprocess.run(
-        [sys.executable, "-m", "rl_export.local.ceiling", "--shape", "small", "--traces", "3",
+        [sys.executable, "-m", "tests.perf.ceiling", "--shape", "small", "--traces", "3",
          "--record-only", "--out", str(tmp_path)],
         check=True, capture_output=True,
     )  # fmt: skip

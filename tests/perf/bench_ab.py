@@ -4,7 +4,7 @@ The bench's before-and-after (``--baseline-python``) compares two checkouts; a c
 is a setting, or an environment variable of the worker (glibc's, CPython's), needs only one.
 This produces one traffic shape's backlog on the local broker, then, ``--runs`` rounds
 over, runs one worker per variant catching up on it, timed as the bench times it
-(:func:`rl_export.local.bench.catch_up`). Each round runs the variants in a rotated order:
+(:func:`tests.perf.bench.catch_up`). Each round runs the variants in a rotated order:
 on a shared 2-core machine the place of a run in its round moves it by up to 15 %, so
 every variant gets every place as often as the rounds allow.
 
@@ -13,7 +13,7 @@ of the join processes, the worker's own process (the sink) and the broker, and t
 peak RSS (each process's peak, summed), and writes them as JSON to
 ``var/bench/ab-<time>.json``. Each later variant is compared with the first as benchstat
 compares: the ratio of the medians, of events/s and of the whole CPU per event, with the
-p of a Mann-Whitney U test over the runs (:mod:`rl_export.local.significance`): ``~``
+p of a Mann-Whitney U test over the runs (:mod:`tests.perf.significance`): ``~``
 where the runs show no difference. Give four rounds or more: three never show one.
 
 A variant is ``name=value`` pairs separated by commas: a setting (a field of
@@ -40,7 +40,9 @@ from pydantic import ValidationError
 
 from rl_export.common.net import free_port
 from rl_export.common.settings import Settings
-from rl_export.local.bench import (
+from rl_export.local.broker import LocalKafka
+from rl_export.local.synthetic import SHAPES
+from tests.perf.bench import (
     DEFAULT_TRACES,
     MIB,
     bench_settings,
@@ -56,9 +58,7 @@ from rl_export.local.bench import (
     warm_up,
     warm_up_text,
 )
-from rl_export.local.broker import LocalKafka
-from rl_export.local.significance import SIGNIFICANT_P, compare, verdict
-from rl_export.local.synthetic import SHAPES
+from tests.perf.significance import SIGNIFICANT_P, compare, verdict
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The soak's plan, from a seed: the load it produces and the faults it injects, when.
 
 Pure: the same seed, sizes and start time always give the same plan
-(:mod:`rl_export.local.soak` carries it out).
+(:mod:`tests.soak.soak` carries it out).
 
 The load is realistic traces (:func:`rl_export.local.synthetic.trace_events`: evaluations,
 labels, skips, retractions) in two projects, and on top of them:

@@ -57,12 +57,12 @@ from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings, env_name
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import tail
-from rl_export.local.reads import unread
-from rl_export.local.significance import compare, verdict
 from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_events
-from rl_export.local.usage import compiler_cpu, cpu_seconds, peak_rss_parts_mib, worker_cpu
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
+from tests.harness.reads import unread
+from tests.harness.usage import compiler_cpu, cpu_seconds, peak_rss_parts_mib, worker_cpu
+from tests.perf.significance import compare, verdict
 
 logging.getLogger("aiokafka").setLevel(logging.ERROR)  # retries while leaders settle
 

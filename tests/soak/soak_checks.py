@@ -1,6 +1,6 @@
 """The soak's verdicts, pure: corpora against the fold, dead letters against what was meant.
 
-:mod:`rl_export.local.soak` reads the topics and the store; these functions only compare,
+:mod:`tests.soak.soak` reads the topics and the store; these functions only compare,
 so their rules are unit-tested with made-up inputs.
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rl_export.common.events import RejectReason
-from rl_export.local.soak import SHORT, Soak
+from tests.soak.soak import SHORT, Soak
 
 
 @pytest.mark.timeout(900)

@@ -3,9 +3,9 @@
 How a soak runs (the steps match :meth:`Soak.run`):
 
 1. Start a Kafka broker and SeaweedFS (S3) of its own, under ``--work``, with a proxy in
-   front of SeaweedFS that can cut it off (:mod:`rl_export.local.faults`); create the topics;
+   front of SeaweedFS that can cut it off (:mod:`tests.harness.faults`); create the topics;
    start two workers (RocksDB tables, two join processes each, S3 through the proxy).
-2. From the seed, plan the load and the faults (:mod:`rl_export.local.soak_plan`). Produce
+2. From the seed, plan the load and the faults (:mod:`tests.soak.soak_plan`). Produce
    the load at its pace (an idempotent producer that retries until the broker takes each
    record), and inject the faults at their moments: SIGKILLs of whole workers and of single
    join processes (a killed worker is started again a few seconds later; a worker whose join
@@ -16,7 +16,7 @@ How a soak runs (the steps match :meth:`Soak.run`):
    nothing left to read (the join on the input topics, the sink on ``trajectories``).
 4. Stop the workers, and check, from what the topics hold (read committed):
    a. every corpus's latest view equals the pure join folded over the valid input events
-      (:mod:`rl_export.local.fold`);
+      (:mod:`tests.harness.fold`);
    b. ``shards verify`` finds no problem (chains without gap or overlap, checksums, no
       ``(trace_id, revision)`` twice);
    c. every input record marked for the dead-letter topic is there exactly once, with the
@@ -57,17 +57,17 @@ from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.shards import verify
 from rl_export.corpora.store import S3Store
 from rl_export.local.broker import LocalKafka
-from rl_export.local.faults import CuttableProxy
-from rl_export.local.fold import expected_corpora
 from rl_export.local.process import ManagedProcess
-from rl_export.local.reads import read_topics, unread, wait_caught_up
 from rl_export.local.seaweed import LOCAL_CREDENTIALS, LocalS3
-from rl_export.local.soak_checks import check_dead_letters, compare_corpus
-from rl_export.local.soak_plan import EXPECT_HEADER, Fault, SoakPlan, SoakSize, make_plan
-from rl_export.local.workers import WorkerProcess, descendants, log_tail
 from rl_export.stream.emitter import HEADER_FORWARDED_FROM
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
+from tests.harness.faults import CuttableProxy
+from tests.harness.fold import expected_corpora
+from tests.harness.reads import read_topics, unread, wait_caught_up
+from tests.harness.workers import WorkerProcess, descendants, log_tail
+from tests.soak.soak_checks import check_dead_letters, compare_corpus
+from tests.soak.soak_plan import EXPECT_HEADER, Fault, SoakPlan, SoakSize, make_plan
 
 BUCKET = "rl-export-soak"
 Guarantee = Literal["exactly_once", "at_least_once"]

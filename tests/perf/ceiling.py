@@ -1,8 +1,8 @@
 """``make bench-ceiling``: how fast one worker could be if the join's own work cost nothing.
 
-The bench (:mod:`rl_export.local.bench`) says how fast a worker is. This says how much of
+The bench (:mod:`tests.perf.bench`) says how fast a worker is. This says how much of
 that any speed-up of the join's rules could change (a native core, say), by running
-:mod:`rl_export.local.bench_ab` with two variants on one backlog:
+:mod:`tests.perf.bench_ab` with two variants on one backlog:
 
 1. the defaults;
 2. the join *replayed*. Before the rounds, the real :class:`JoinProcessor` runs over the
@@ -54,9 +54,6 @@ from rl_export.common.events import EventFamily, EventRejection
 from rl_export.common.metrics import Metrics
 from rl_export.common.records import Headers
 from rl_export.common.settings import Settings
-from rl_export.local.bench import log
-from rl_export.local.bench_ab import Variant, add_round_arguments, run_and_print, traces_asked
-from rl_export.local.profile import routed
 from rl_export.local.synthetic import SHAPES, generate
 from rl_export.stream.processor import (
     CONVERSATION,
@@ -68,9 +65,15 @@ from rl_export.stream.processor import (
 )
 from rl_export.stream.produce import topic_for
 from rl_export.stream.state import load_state
+from tests.perf.bench import log
+from tests.perf.bench_ab import Variant, add_round_arguments, run_and_print, traces_asked
+from tests.perf.profile import routed
 
 OUTPUTS_ENV = "CEILING_REPLAY_OUTPUTS"
 SITE = Path(__file__).with_name("ceiling_site")
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout: the hook imports :mod:`tests.perf.ceiling` from it, whatever the worker's
+working directory."""
 
 
 class Snapshot(NamedTuple):
@@ -277,19 +280,22 @@ def install(path: Path) -> None:
     setattr(JoinProcessor, "process", process)  # noqa: B010
 
 
-RECORDED_BY = ("stream/join.py", "stream/state.py", "stream/processor.py", "common/records.py",
-               "common/eventview.py", "common/events.py", "common/codec.py",
-               "local/synthetic.py", "local/ceiling.py")  # fmt: skip
-"""The modules whose code decides the outputs (``rl_export/...``): a change to any of them
-records the outputs again."""
+RECORDED_BY = (
+    *(f"services/rl_export/{name}" for name in (
+        "stream/join.py", "stream/state.py", "stream/processor.py", "common/records.py",
+        "common/eventview.py", "common/events.py", "common/codec.py", "local/synthetic.py",
+    )),
+    "tests/perf/ceiling.py",
+)  # fmt: skip
+"""The files whose code decides the outputs (relative to the checkout): a change to any of
+them records the outputs again."""
 
 
 def recording_digest() -> str:
     """A digest of :data:`RECORDED_BY`'s sources, for the outputs' file name."""
-    package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for name in RECORDED_BY:
-        digest.update((package / name).read_bytes())
+        digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -318,7 +324,7 @@ def _write(outputs: Outputs, path: Path) -> None:
 
 def replay_variant(path: Path) -> Variant:
     """The second variant: the hook first on the worker's path, the outputs named."""
-    search = [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    search = [str(SITE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     return Variant(
         "the join replayed: its own work costs nothing",
         env={"PYTHONPATH": os.pathsep.join(search), OUTPUTS_ENV: str(path.resolve())},
@@ -347,6 +353,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # The outputs must be pickled as this module's classes, not as __main__'s, which the
     # join processes that load them are not.
-    from rl_export.local.ceiling import main as ceiling_main
+    from tests.perf.ceiling import main as ceiling_main
 
     sys.exit(ceiling_main())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_export.local.significance import compare, verdict
+from tests.perf.significance import compare, verdict
 
 
 def test_runs_that_all_beat_the_others_are_a_difference_and_mixed_ones_are_not() -> None:

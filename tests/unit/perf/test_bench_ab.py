@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rl_export.local.bench_ab import Variant, main, parse_variant, print_table, rotated
-from rl_export.local.significance import compare
+from tests.perf.bench_ab import Variant, main, parse_variant, print_table, rotated
+from tests.perf.significance import compare
 
 
 def test_a_variant_is_settings_validated_as_the_worker_would_and_environment() -> None:

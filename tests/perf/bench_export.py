@@ -51,6 +51,7 @@ ORG, PROJECT, SOURCE = "acme", "support-bot", "evaluator"
 CHUNK = 50_000
 COMPACT_AFTER_CHUNKS = 2
 VERSION = 1  # bump when the corpus's recipe changes, so caches are rebuilt
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, so a child can import this module
 CSV_COLUMNS = (
     "trace_id,scenario,agent_version,reward,passed,rubric.safety:safety,"
     "evaluator_scores.faithfulness:faithfulness,updated_at"
@@ -287,14 +288,14 @@ def measure_backfill(base: Path, history: int, seed: int) -> dict[str, Any]:
     code = (
         "import asyncio, json, sys\n"
         "from pathlib import Path\n"
-        "from rl_export.local.bench_export import _seed_once\n"
+        "from tests.perf.bench_export import _seed_once\n"
         "result = asyncio.run(_seed_once(Path(sys.argv[1])))\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
         "result['peak_rss_mib'] = int(hwm[0].split()[1]) / 1024\n"
         "print(json.dumps(result))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(directory / "store")], check=True,
-                         capture_output=True)  # fmt: skip
+                         capture_output=True, env=_env(str(ROOT)))  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout)
     result["history_traces"] = info["traces"]
     result["history_records_per_s"] = info["snapshots"] / result["seconds"]

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from rl_export.common.settings import Settings
-from rl_export.local.bench import histogram, quantile
+from tests.perf.bench import histogram, quantile
 
 
 def reading(values: list[float], registry: CollectorRegistry | None = None) -> str:
@@ -50,7 +50,7 @@ def test_a_bench_worker_gets_only_the_settings_that_differ_from_the_defaults() -
     from pathlib import Path
 
     from rl_export.common.settings import Settings
-    from rl_export.local.bench import worker_env
+    from tests.perf.bench import worker_env
 
     settings = Settings(app_id="bench-x-join", shard_max_age_s=1.0)
     env = worker_env(settings, 7000, Path("/tmp/w"))
@@ -68,8 +68,8 @@ def test_peak_rss_is_read_per_process_and_printed_with_its_parts() -> None:
     import subprocess
     import sys
 
-    from rl_export.local.bench import rss_text
-    from rl_export.local.usage import peak_rss_parts_mib
+    from tests.harness.usage import peak_rss_parts_mib
+    from tests.perf.bench import rss_text
 
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
@@ -91,7 +91,7 @@ def test_peak_rss_is_read_per_process_and_printed_with_its_parts() -> None:
 
 
 def test_the_highest_peak_rss_is_the_run_with_the_highest_sum() -> None:
-    from rl_export.local.bench import highest_rss
+    from tests.perf.bench import highest_rss
 
     runs = [
         {"peak_rss_parts_mib": [[100.0, 200.0, 150.0], [90.0]]},
@@ -102,8 +102,8 @@ def test_the_highest_peak_rss_is_the_run_with_the_highest_sum() -> None:
 
 
 def test_the_baseline_line_says_whether_the_runs_apart_show_a_difference() -> None:
-    from rl_export.local.bench import shape_rows
-    from rl_export.local.significance import compare
+    from tests.perf.bench import shape_rows
+    from tests.perf.significance import compare
 
     cpu = {"join": 60.0, "worker": 20.0, "broker": 10.0}
     rss = {"mib": 400.0, "parts": [150.0, 125.0, 125.0]}
@@ -142,7 +142,7 @@ def test_warm_up_runs_untimed_catch_ups_until_the_jit_settles(
     compiled: list[float], most: int, expected: list[float],
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:  # fmt: skip
-    from rl_export.local import bench
+    from tests.perf import bench
 
     clock = iter([sum(compiled[:i]) for i in range(len(compiled) + 1) for _ in (0, 1)][1:])
     ran: list[str] = []
@@ -163,7 +163,7 @@ def test_warm_up_runs_untimed_catch_ups_until_the_jit_settles(
 
 
 def test_the_table_says_how_the_broker_was_warmed_up() -> None:
-    from rl_export.local.bench import warm_up_text
+    from tests.perf.bench import warm_up_text
 
     assert warm_up_text([4.9, 2.04, 0.3]) == (
         "3 catch-ups; JIT compiler CPU in each: 4.9, 2.0, 0.3 s"
