@@ -11,7 +11,7 @@ time (``time.process_time``), so that one change to the hot path can be judged a
    ``join_batch_size`` events with the real table (RocksDB, in a temporary folder, or
    ``--state memory``) and an emitter that builds the real aiokafka record batches (the
    producer's own code, without a network).
-3. The sink: every snapshot through :class:`~rl_export.corpora.sink.PartitionSink` into
+3. The sink: every snapshot through :class:`~rl_export.corpora.partition.PartitionSink` into
    an in-memory store, with the default corpora.
 
 It prints CPU µs per input event for each stage (best of ``--repeat`` passes), and with
@@ -45,7 +45,8 @@ from rl_export.common.metrics import Metrics, SinkMetrics
 from rl_export.common.partitioning import partition_for
 from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
 from rl_export.common.settings import Settings
-from rl_export.corpora.sink import PartitionSink, SinkConfig
+from rl_export.corpora.chain import SinkConfig
+from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
 from rl_export.stream.processor import InMessage, JoinProcessor
