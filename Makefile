@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
+.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -46,18 +46,21 @@ run: install ## start the embedded stack (Kafka, every stage, synthetic traffic)
 	$(BIN)/rl-export dev
 
 lint: install ## ruff lint and format check
-	$(BIN)/ruff check services tests
-	$(BIN)/ruff format --check services tests
+	$(BIN)/ruff check services tests docs/hooks
+	$(BIN)/ruff format --check services tests docs/hooks
 
 typecheck: install ## mypy --strict
 	$(BIN)/mypy
 
 format: install ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff format services tests
-	$(BIN)/ruff check --fix services tests
+	$(BIN)/ruff format services tests docs/hooks
+	$(BIN)/ruff check --fix services tests docs/hooks
 
 schemas: install ## regenerate schemas/ from the pydantic models
 	$(BIN)/python -m rl_export.common.schemas schemas
+
+docs: install ## the docs site (MkDocs, Material) into site/, with --strict: a broken link fails
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 unit: install ## the fast unit tests only
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
@@ -71,7 +74,7 @@ test: lint typecheck ## the whole suite: lint, types, unit and integration tests
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
-	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), bench-export, bench-web
 	$(BIN)/python -m tests.perf.bench

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS = re.compile(r"(^|/)(bench\w*|soak\w*|ceiling\w*|profile|significance|faults|fold)(/|\.py$)")
+HARNESS = re.compile(
+    r"(^|/)(bench\w*|soak\w*|ceiling\w*|profile|significance|faults|fold)(/|\.py$)"
+)
 
 
 @pytest.fixture(scope="module")
