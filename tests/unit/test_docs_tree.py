@@ -1,4 +1,5 @@
-"""The README's module tree names every module of the package (it is how newcomers find them)."""
+"""The architecture page's module tree names every module of the package (it is how newcomers
+find them): ``docs/concepts/architecture.md``, under ``services/rl_export/``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "services" / "rl_export"
+PAGE = ROOT / "docs" / "concepts" / "architecture.md"
 
 
 def tree_entries() -> set[str]:
     """The tree's entries, as paths relative to the package (``stream/loop.py``)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     block = text.split("services/rl_export/\n", 1)[1].split("```", 1)[0]
     entries: set[str] = set()
     folders: list[str] = []  # the folder open at each depth
@@ -28,7 +30,7 @@ def tree_entries() -> set[str]:
     return entries
 
 
-def test_every_module_has_a_line_in_the_readme_tree() -> None:
+def test_every_module_has_a_line_in_the_tree() -> None:
     entries = tree_entries()
     modules = {
         str(p.relative_to(PACKAGE))
@@ -41,9 +43,9 @@ def test_every_module_has_a_line_in_the_readme_tree() -> None:
             m.startswith(e + "/") and e.endswith("routes") for e in entries
         )
     )  # fmt: skip
-    assert not missing, f"modules missing from the README's tree: {missing}"
+    assert not missing, f"modules missing from the tree of docs/concepts/architecture.md: {missing}"
 
 
-def test_every_line_of_the_readme_tree_is_a_module_or_folder() -> None:
+def test_every_line_of_the_tree_is_a_module_or_folder() -> None:
     gone = sorted(e for e in tree_entries() if not (PACKAGE / e).exists())
-    assert not gone, f"the README's tree names what is not there: {gone}"
+    assert not gone, f"the tree of docs/concepts/architecture.md names what is not there: {gone}"

@@ -1,4 +1,6 @@
-"""The README's configuration table names real settings and gives the defaults they have."""
+"""The configuration guide's table of the main settings (``docs/guides/configuration.md``) names
+real settings and gives the defaults they have. (The full table, generated from the settings
+class, is checked by ``tests/packaging/test_docs.py``.)"""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ FIELDS = set(Settings.model_fields)
 
 def table_rows() -> list[tuple[str, str]]:
     """The configuration table's (variable cell, default cell) pairs, as written."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "guides" / "configuration.md").read_text(encoding="utf-8")
+    section = text.split("# Configuration\n", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
