@@ -69,11 +69,11 @@ integration: install ## the integration tests (real Kafka broker and SeaweedFS)
 	$(BIN)/python -m pytest -m integration $(PYTEST_ARGS)
 
 # pytest exits 5 when it collected no tests: for us that is a failure, not a pass.
-test: lint typecheck ## the whole suite: lint, types, unit and integration tests
+test: lint typecheck ## the whole suite: lint, types, unit tests, the strict docs build, integration tests
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
+clean: ## remove the virtualenv, caches, var/ and site/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), bench-export, bench-web
