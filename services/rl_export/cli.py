@@ -179,8 +179,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 print(report.summary())
                 return 0 if report.ok else 1
             elif args.action == "compact":
+                from rl_export.corpora.chain import writer_id
                 from rl_export.corpora.compaction import compact_all
-                from rl_export.corpora.sink import writer_id
 
                 written = await compact_all(
                     store, args.prefix, writer=writer_id(),

@@ -128,9 +128,12 @@ def traced(
     return line(value)
 
 
+ANYWHERE = QueueFilter()
+
+
 def queue_of(
     index: QueryIndex, cid: int, labeler: str, settings: LabelingSettings, *,
-    scope: QueueFilter = QueueFilter(), touched: tuple[str, ...] = (), limit: int = 10,
+    scope: QueueFilter = ANYWHERE, touched: tuple[str, ...] = (), limit: int = 10,
 ) -> tuple[list[str], int, int]:  # fmt: skip
     """(the head of the queue, remaining, team_remaining) as the index alone says."""
     ask = QueueAsk(labeler, limit, settings, 0.7, scope, touched)
