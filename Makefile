@@ -7,8 +7,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
+# installed from its Go module path into the project's .cache/: a version bump is a new path.
+KUSTOMIZE_VERSION := v5.8.1
+KUSTOMIZE := .cache/kustomize/$(KUSTOMIZE_VERSION)/kustomize
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
+.PHONY: help prereqs install browser kustomize run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,7 +31,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) browser ## create .venv and install rl-export with the dev tools (idempotent)
+install: $(STAMP) browser kustomize ## create .venv and install rl-export with the dev tools (idempotent)
+
+# Go is on the developers' and CI's machines; without it the kustomize build tests are
+# skipped, with one line in pytest's summary that says so.
+kustomize: ## kustomize (go install, into .cache/) for the Kubernetes manifests' tests
+	@if [ -x $(KUSTOMIZE) ]; then :; \
+	elif command -v go >/dev/null 2>&1; then \
+	  echo "installing kustomize $(KUSTOMIZE_VERSION) with go install (a few minutes, once) ..."; \
+	  GOBIN="$(CURDIR)/$(dir $(KUSTOMIZE))" GOFLAGS=-buildvcs=false \
+	    go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION) \
+	    || { echo "make: go install of kustomize failed" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: go is missing: kustomize is not installed and the kustomize build tests will be skipped" >&2; \
+	fi
 
 # The page's end-to-end tests drive Debian's chromium (Playwright never downloads a browser
 # here). Installed with apt-get when missing and we are root (CI is); otherwise the browser

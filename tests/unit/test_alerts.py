@@ -1,0 +1,132 @@
+"""Offline checks of the alert rules (deploy/prometheus/alerts.yml) and their runbook.
+
+Every expression parses (promql-parser); every metric it reads is one rl-export defines
+(:mod:`rl_export.common.metrics`) or one an exporter documents (``EXTERNAL_METRICS``); every
+alert links a section of docs/operations/runbook.md that exists, and every section belongs
+to an alert. That running services really export the rl_export_* names is checked by
+tests/integration/test_deploy_metrics.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rl_export.common.metrics import Metrics, SinkMetrics, WebMetrics
+from tests.deployfiles import (
+    EXTERNAL_METRICS,
+    OUR_PREFIX,
+    RUNBOOK_FILE,
+    alert_queries,
+    exposed_sample_names,
+    load_alert_rules,
+    metric_names,
+)
+
+# What the alerts must cover (issue 34): each concern, and the alert that pages on it.
+REQUIRED_ALERTS = {
+    "lag growing for 10 minutes": "RlExportConsumerLagGrowing",
+    "freshness p99 above its objective": "RlExportFreshnessSlow",
+    "dead-letter rate spike": "RlExportDeadLetterSpike",
+    "store errors": "RlExportStoreErrors",
+    "a worker not ready": "RlExportWorkerNotReady",
+    "the web 5xx ratio": "RlExportWeb5xx",
+    "export jobs failing": "RlExportExportJobsFailing",
+    "index lag": "RlExportIndexLag",
+}
+SEVERITIES = {"warning", "critical"}
+
+
+def defined_metric_names() -> set[str]:
+    """Every sample name the metric classes of rl-export declare, on fresh registries."""
+    worker, web = CollectorRegistry(), CollectorRegistry()
+    Metrics(worker)
+    SinkMetrics(worker)
+    WebMetrics(web)
+    return exposed_sample_names(generate_latest(worker).decode()) | exposed_sample_names(
+        generate_latest(web).decode()
+    )
+
+
+@pytest.fixture(scope="module")
+def rules() -> list[dict[str, Any]]:
+    return load_alert_rules()
+
+
+def runbook_anchors() -> set[str]:
+    """The anchors of the runbook's sections, as GitHub and MkDocs make them (lowercase)."""
+    text = RUNBOOK_FILE.read_text(encoding="utf-8")
+    return {m.lower() for m in re.findall(r"^## (\S+)\s*$", text, re.MULTILINE)}
+
+
+def test_the_required_alerts_exist(rules: list[dict[str, Any]]) -> None:
+    names = [rule["alert"] for rule in rules]
+    assert len(names) == len(set(names)), "an alert name repeats"
+    assert set(REQUIRED_ALERTS.values()) <= set(names)
+
+
+def test_lag_alert_waits_ten_minutes(rules: list[dict[str, Any]]) -> None:
+    lag = next(r for r in rules if r["alert"] == REQUIRED_ALERTS["lag growing for 10 minutes"])
+    assert lag["for"] == "10m"
+    assert "[10m]" in lag["expr"]
+
+
+@pytest.mark.parametrize("query", alert_queries(load_alert_rules()), ids=lambda q: q.where)
+def test_every_expression_parses(query: Any) -> None:
+    assert metric_names(query.expr)
+
+
+def test_the_parser_refuses_a_broken_expression() -> None:
+    with pytest.raises(ValueError, match="parenthesis"):
+        metric_names("sum(rate(rl_export_dead_letters_total[5m])")
+
+
+def test_metrics_are_ours_or_documented_by_their_exporter(rules: list[dict[str, Any]]) -> None:
+    defined = defined_metric_names()
+    unknown = {
+        (query.where, name)
+        for query in alert_queries(rules)
+        for name in metric_names(query.expr)
+        if (name not in defined if name.startswith(OUR_PREFIX) else name not in EXTERNAL_METRICS)
+    }
+    assert unknown == set()
+
+
+def test_a_metric_that_does_not_exist_is_caught() -> None:
+    defined = defined_metric_names()
+    assert "rl_export_sink_store_errors_total" in defined
+    assert "rl_export_sink_freshness_seconds_bucket" in defined
+    assert "rl_export_consumer_lag" not in defined
+
+
+@pytest.mark.parametrize("rule", load_alert_rules(), ids=lambda r: r["alert"])
+def test_each_alert_is_labelled_and_links_its_runbook_section(rule: dict[str, Any]) -> None:
+    assert rule["labels"]["severity"] in SEVERITIES
+    assert rule["annotations"]["summary"]
+    url = rule["annotations"]["runbook_url"]
+    path, _, anchor = url.partition("#")
+    assert path == str(RUNBOOK_FILE.relative_to(RUNBOOK_FILE.parents[2]))
+    assert anchor == rule["alert"].lower()
+    assert anchor in runbook_anchors(), f"no section '## {rule['alert']}' in the runbook"
+
+
+def test_every_runbook_section_belongs_to_an_alert(rules: list[dict[str, Any]]) -> None:
+    assert runbook_anchors() == {rule["alert"].lower() for rule in rules}
+
+
+def test_runbook_sections_say_what_it_means_and_what_to_do() -> None:
+    text = RUNBOOK_FILE.read_text(encoding="utf-8")
+    sections = re.split(r"^## ", text, flags=re.MULTILINE)[1:]
+    for section in sections:
+        title = section.splitlines()[0]
+        assert "**Means.**" in section, title
+        assert "**Do.**" in section, title
+
+
+def test_exposed_names_read_prometheus_text() -> None:
+    """A counter by its TYPE line, a histogram by its three sample names."""
+    text = '# HELP a_total x\n# TYPE a_total counter\n# TYPE h histogram\nh_bucket{le="1"} 0\n'
+    assert exposed_sample_names(text) == {"a_total", "h_bucket", "h_sum", "h_count"}
