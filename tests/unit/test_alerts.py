@@ -1,6 +1,9 @@
 """Offline checks of the alert rules (deploy/prometheus/alerts.yml) and their runbook.
 
-Every expression parses (promql-parser); every metric it reads is one rl-export defines
+Prometheus's own promtool (``make install`` unpacks it from Debian's prometheus package into
+``.cache/``) checks the rule file and runs its unit tests, deploy/prometheus/alerts.test.yml:
+each alert fires on series that should page and stays quiet on a near miss. Every
+expression parses (promql-parser); every metric it reads is one rl-export defines
 (:mod:`rl_export.common.metrics`) or one an exporter documents (``EXTERNAL_METRICS``); every
 alert links a section of docs/operations/runbook.md that exists, and every section belongs
 to an alert. That running services really export the rl_export_* names is checked by
@@ -10,15 +13,20 @@ tests/integration/test_deploy_metrics.py.
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.common.metrics import Metrics, SinkMetrics, WebMetrics
 from tests.deployfiles import (
+    ALERTS_FILE,
     EXTERNAL_METRICS,
     OUR_PREFIX,
+    ROOT,
     RUNBOOK_FILE,
     alert_queries,
     exposed_sample_names,
@@ -38,6 +46,8 @@ REQUIRED_ALERTS = {
     "index lag": "RlExportIndexLag",
 }
 SEVERITIES = {"warning", "critical"}
+PROMTOOL = ROOT / ".cache" / "promtool" / "promtool"
+ALERT_TESTS_FILE = ALERTS_FILE.with_name("alerts.test.yml")
 
 
 def defined_metric_names() -> set[str]:
@@ -130,3 +140,45 @@ def test_exposed_names_read_prometheus_text() -> None:
     """A counter by its TYPE line, a histogram by its three sample names."""
     text = '# HELP a_total x\n# TYPE a_total counter\n# TYPE h histogram\nh_bucket{le="1"} 0\n'
     assert exposed_sample_names(text) == {"a_total", "h_bucket", "h_sum", "h_count"}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    if not PROMTOOL.is_file():
+        pytest.skip(f"promtool is not installed at {PROMTOOL} (make install fetches it)")
+    return subprocess.run(
+        [str(PROMTOOL), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_promtool_accepts_the_rule_file() -> None:
+    done = promtool("check", "rules", str(ALERTS_FILE))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_alerts_fire_as_their_unit_tests_say() -> None:
+    done = promtool("test", "rules", str(ALERT_TESTS_FILE))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_a_unit_test_that_fires_it(rules: list[dict[str, Any]]) -> None:
+    tests = yaml.safe_load(ALERT_TESTS_FILE.read_text(encoding="utf-8"))["tests"]
+    fired = {
+        case["alertname"]
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    assert fired == {rule["alert"] for rule in rules}
+
+
+def test_a_wrong_expectation_fails_the_promtool_tests(tmp_path: Path) -> None:
+    """The same tests against rules whose freshness objective is 60 s instead of 30 s."""
+    (tmp_path / "alerts.yml").write_text(
+        ALERTS_FILE.read_text(encoding="utf-8").replace(") > 30\n", ") > 60\n"), encoding="utf-8"
+    )
+    (tmp_path / "alerts.test.yml").write_text(
+        ALERT_TESTS_FILE.read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    done = promtool("test", "rules", str(tmp_path / "alerts.test.yml"))
+    assert done.returncode != 0
+    assert "RlExportFreshnessSlow" in done.stdout + done.stderr
