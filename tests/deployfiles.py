@@ -16,6 +16,9 @@ from typing import Any
 
 import promql_parser
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rl_export.common.metrics import Metrics, SinkMetrics, WebMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -178,3 +181,26 @@ def exposed_sample_names(text: str) -> set[str]:
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{\s]", line, maxsplit=1)[0])
     return names
+
+
+def defined_metric_names() -> set[str]:
+    """Every sample name the metric classes of rl-export declare, on fresh registries."""
+    worker, web = CollectorRegistry(), CollectorRegistry()
+    Metrics(worker)
+    SinkMetrics(worker)
+    WebMetrics(web)
+    return exposed_sample_names(generate_latest(worker).decode()) | exposed_sample_names(
+        generate_latest(web).decode()
+    )
+
+
+def unknown_metrics(queries: list[Query]) -> set[tuple[str, str]]:
+    """(where, name) of each metric read that rl-export does not define (rl_export_*) or
+    that is not in ``EXTERNAL_METRICS`` (anything else)."""
+    defined = defined_metric_names()
+    return {
+        (query.where, name)
+        for query in queries
+        for name in metric_names(query.expr)
+        if (name not in defined if name.startswith(OUR_PREFIX) else name not in EXTERNAL_METRICS)
+    }

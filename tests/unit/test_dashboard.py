@@ -18,8 +18,6 @@ import yaml
 
 from tests.deployfiles import (
     DASHBOARD_FILE,
-    EXTERNAL_METRICS,
-    OUR_PREFIX,
     ROOT,
     Query,
     dashboard_panels,
@@ -27,8 +25,8 @@ from tests.deployfiles import (
     interpolate,
     load_dashboard,
     metric_names,
+    unknown_metrics,
 )
-from tests.unit.test_alerts import defined_metric_names
 
 GRAFANA_PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
 
@@ -94,14 +92,7 @@ def test_an_unknown_variable_is_an_error() -> None:
 
 
 def test_metrics_are_ours_or_documented_by_their_exporter(dashboard: dict[str, Any]) -> None:
-    defined = defined_metric_names()
-    unknown = {
-        (query.where, name)
-        for query in dashboard_queries(dashboard)
-        for name in metric_names(query.expr)
-        if (name not in defined if name.startswith(OUR_PREFIX) else name not in EXTERNAL_METRICS)
-    }
-    assert unknown == set()
+    assert unknown_metrics(dashboard_queries(dashboard)) == set()
 
 
 @pytest.mark.parametrize(("panel", "metric"), REQUIRED_PANELS.items())
