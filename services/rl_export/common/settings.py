@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     topic_labels: str = "labels.submitted"
     topic_trajectories: str = "trajectories"
     topic_dead_letter: str = "rl-export.dead-letter"
+    topic_claims: str = Field(
+        "rl-export.claims",
+        description="Where web instances tell each other of the labeling claims they write "
+        "(the object store decides who holds a place; the topic only spreads the news).",
+    )
     partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
     partitioner: Partitioner = Field(
         "murmur2",
@@ -187,6 +192,26 @@ class Settings(BaseSettings):
     web_export_heartbeat_s: float = Field(
         2.0, gt=0, description="How often a running export job writes its progress."
     )
+    labels_per_trace: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="Labels per trace a project's team aims for, until an admin sets "
+        "labels_per_trace with PUT labeling.",
+    )
+    lease_s: int = Field(
+        600,
+        ge=30,
+        le=DAY_S,
+        description="How long a claim holds a trace for its labeler, until an admin sets "
+        "lease_s with PUT labeling.",
+    )
+    labeling_cache_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a web instance uses a project's labeling settings before it reads "
+        "them again: a change applies everywhere within this time.",
+    )
     web_sync_export_max_records: int = Field(
         10_000,
         ge=0,
@@ -228,6 +253,7 @@ class Settings(BaseSettings):
             self.topic_trajectories,
             self.topic_dead_letter,
             self.topic_changelog,
+            self.topic_claims,
         )
 
     @property

@@ -7,9 +7,9 @@ labeler is always the token's subject.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from rl_export.common.events import Rubric
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
@@ -91,12 +91,34 @@ class AcceptedOut(BaseModel):
     event_id: str = Field(description="The published event's id (a UUID).")
 
 
+def filter_text(value: Any) -> Any:
+    """A filter's JSON value as the query string spells it: ``true`` -> ``"true"``, ``0.5``
+    -> ``"0.5"``; lists item by item. Anything else is left for validation to refuse."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return [filter_text(item) for item in value]
+    return value
+
+
+def _filters_text(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: filter_text(item) for name, item in value.items()}
+    return value
+
+
+FilterValues = Annotated[dict[str, str | list[str]], BeforeValidator(_filters_text)]
+
+
 class ExportIn(_In):
     source: Source
     format: Format
-    filters: dict[str, str | list[str]] = Field(
+    filters: FilterValues = Field(
         default_factory=dict,
-        description='Filters as the query parameters spell them: {"min_reward": "0.5"}.',
+        description="Filters by their query parameter names, as JSON values or their text: "
+        '{"passed": true, "min_reward": 0.5, "pass_dimension": ["goal"]}.',
     )
     columns: str | list[str] | None = Field(
         None, description="Tabular formats: PATH[:HEADER] items, in order."
