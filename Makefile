@@ -7,8 +7,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
+# installed from its Go module path into the project's .cache/: a version bump is a new path.
+KUSTOMIZE_VERSION := v5.8.1
+KUSTOMIZE := .cache/kustomize/$(KUSTOMIZE_VERSION)/kustomize
+# promtool for the alert rules' tests (`promtool test rules`), taken from Debian's prometheus
+# package and unpacked, not installed: installing it would start a Prometheus server.
+PROMTOOL := .cache/promtool/promtool
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
+.PHONY: help prereqs install browser kustomize promtool run test unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,7 +34,34 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) browser ## create .venv and install rl-export with the dev tools (idempotent)
+install: $(STAMP) browser kustomize promtool ## create .venv and install rl-export with the dev tools (idempotent)
+
+# Go is on the developers' and CI's machines; without it the kustomize build tests are
+# skipped, with one line in pytest's summary that says so.
+kustomize: ## kustomize (go install, into .cache/) for the Kubernetes manifests' tests
+	@if [ -x $(KUSTOMIZE) ]; then :; \
+	elif command -v go >/dev/null 2>&1; then \
+	  echo "installing kustomize $(KUSTOMIZE_VERSION) with go install (a few minutes, once) ..."; \
+	  GOBIN="$(CURDIR)/$(dir $(KUSTOMIZE))" GOFLAGS=-buildvcs=false \
+	    go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION) \
+	    || { echo "make: go install of kustomize failed" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: go is missing: kustomize is not installed and the kustomize build tests will be skipped" >&2; \
+	fi
+
+promtool: ## promtool (Debian's prometheus package, unpacked into .cache/) for the alert rules' tests
+	@if [ -x $(PROMTOOL) ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then \
+	  echo "fetching promtool from Debian's prometheus package ..."; \
+	  dir=$$(mktemp -d) && chmod 755 $$dir && cd $$dir && \
+	  { apt-get download prometheus >/dev/null 2>&1 \
+	    || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get download prometheus >/dev/null; }; } && \
+	  dpkg-deb -x prometheus_*.deb unpacked && cd "$(CURDIR)" && mkdir -p $(dir $(PROMTOOL)) && \
+	  cp $$dir/unpacked/usr/bin/promtool $(PROMTOOL); rc=$$?; rm -rf $$dir; \
+	  [ $$rc = 0 ] || { echo "make: could not fetch promtool with apt-get download" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: apt-get is missing: promtool is not fetched and the alert rules' promtool tests will be skipped" >&2; \
+	fi
 
 # The page's end-to-end tests drive Debian's chromium (Playwright never downloads a browser
 # here). Installed with apt-get when missing and we are root (CI is); otherwise the browser
