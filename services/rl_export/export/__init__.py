@@ -11,7 +11,8 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.tabular`     CSV, JSON array and Parquet encoders
 - :mod:`~rl_export.export.attachments` attachment fetching for zip exports
 - :mod:`~rl_export.export.stats`       stats and the reward histogram
-- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``
+- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
+  ``latest_records``
 """
 
 from rl_export.export.exports import (
@@ -20,6 +21,7 @@ from rl_export.export.exports import (
     content_type,
     file_name,
     iter_export,
+    latest_records,
     parse_margin,
     parse_pair_by,
     preview,
@@ -38,6 +40,7 @@ __all__ = [
     "content_type",
     "file_name",
     "iter_export",
+    "latest_records",
     "parse_margin",
     "parse_pair_by",
     "preview",
