@@ -39,19 +39,20 @@ async def test_a_job_writes_its_file_and_says_ready(tmp_path: Path) -> None:
     settings = Settings(store_url=str(tmp_path / "store"), web_export_heartbeat_s=0.05)
     status = new_status("acme", "bot", JobRequest(source="evaluator", format="csv",
                         columns="trace_id:id"), NOW)  # fmt: skip
-    assert await _run(settings, status) == "ready"
+    assert await _run(settings, status) == ("ready", {"secrets": 0})  # the default: secrets
     data = await store.get(file_key(status))
     assert data.decode().splitlines() == ["id", *(f"tr-{i}" for i in range(5))]
     jobs = Jobs(settings, open_store(settings.store_url), WebMetrics(CollectorRegistry()))
     done = await jobs.get("acme", "bot", status.id)
     assert done is not None
     assert (done.status, done.progress, done.records) == ("ready", 1.0, 5)
+    assert done.redactions == {"secrets": 0}
 
 
 async def test_a_job_that_fails_says_why(tmp_path: Path) -> None:
     settings = Settings(store_url=str(tmp_path / "store"))
     status = new_status("acme", "nothing", JobRequest(source="human", format="trajectory"), NOW)
-    assert await _run(settings, status) == "failed"
+    assert await _run(settings, status) == ("failed", {})
     jobs = Jobs(settings, open_store(settings.store_url), WebMetrics(CollectorRegistry()))
     failed = await jobs.get("acme", "nothing", status.id)
     assert failed is not None
