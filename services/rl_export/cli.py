@@ -269,8 +269,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "zip":
         note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
     if summary.redactions:
-        replaced = ", ".join(f"{kind} {n}" for kind, n in summary.redactions.items())
-        note += f"; redacted {sum(summary.redactions.values())} substrings ({replaced})"
+        note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:
         note += "; nothing redacted (--redact none)"
     print(note, file=sys.stderr)

@@ -9,9 +9,10 @@
    compacted, so an export reads a compaction and a tail of commits after it, as in
    production. Its latest view holds exactly ``--records`` live records.
 2. Export it with ``rl-export export`` in a child process, per case: ``trajectory`` JSON
-   Lines, ``messages`` with ``--passed true``, and CSV with chosen columns (and, with
-   ``--all``, ``executions``, Parquet and ``preference``). Wall time, records/s, CPU time
-   and the child's peak RSS (its own VmHWM) are measured.
+   Lines without redaction, with the default ``--redact secrets`` and with ``--redact all``
+   (side by side: the redaction's cost), ``messages`` with ``--passed true``, and CSV with
+   chosen columns (and, with ``--all``, ``executions``, Parquet and ``preference``). Wall
+   time, records/s, CPU time and the child's peak RSS (its own VmHWM) are measured.
 3. Profile each case once more under cProfile and report where the time goes.
 4. Backfill (``--backfill``): a ``traces`` corpus whose one chain holds the history of
    ``--history`` traces (one partition's share of a large deployment; built once through
@@ -115,15 +116,26 @@ async def build_corpus(directory: Path, records: int, seed: int, partitions: int
     return info
 
 
+# Without redaction (--redact none) unless the case says otherwise: the cases measure what
+# they always did, and the redaction cases are side by side with the first.
 CASES: dict[str, list[str]] = {
-    "trajectory": ["--format", "trajectory"],
-    "messages --passed true": ["--format", "messages", "--passed", "true"],
-    "csv (8 columns)": ["--format", "csv", "--columns", CSV_COLUMNS],
+    "trajectory": ["--format", "trajectory", "--redact", "none"],
+    "trajectory --redact secrets": ["--format", "trajectory", "--redact", "secrets"],
+    "trajectory --redact all": ["--format", "trajectory", "--redact", "all"],
+    "messages --passed true": ["--format", "messages", "--passed", "true", "--redact", "none"],
+    "csv (8 columns)": ["--format", "csv", "--columns", CSV_COLUMNS, "--redact", "none"],
 }
 MORE_CASES: dict[str, list[str]] = {
-    "executions": ["--format", "executions"],
-    "parquet (8 columns)": ["--format", "parquet", "--columns", CSV_COLUMNS],
-    "preference --pair-by scenario": ["--format", "preference", "--pair-by", "scenario"],
+    "executions": ["--format", "executions", "--redact", "none"],
+    "parquet (8 columns)": ["--format", "parquet", "--columns", CSV_COLUMNS, "--redact", "none"],
+    "preference --pair-by scenario": [
+        "--format",
+        "preference",
+        "--pair-by",
+        "scenario",
+        "--redact",
+        "none",
+    ],
 }
 
 
@@ -435,6 +447,15 @@ def print_table(result: dict[str, Any], path: Path) -> None:
                   f"{m['records_per_s'] / 100_000:.2f} x wall-clock, "
                   f"{m['records_per_cpu_s'] / 100_000:.2f} x per CPU-second")  # fmt: skip
         print(f"worst peak RSS vs 200 MiB: {worst / 200:.2f} x")
+        for name in ("trajectory --redact secrets", "trajectory --redact all"):
+            scrubbed = result["cases"].get(name, {}).get("current")
+            for sink, m in (scrubbed or {}).items():
+                plain = trajectory[sink]
+                print(f"{name} to {sink} vs without redaction: "
+                      f"{m['seconds'] / plain['seconds']:.2f} x the wall time, "
+                      f"{m['cpu_s'] / plain['cpu_s']:.2f} x the CPU time (goal: at most 2 x), "
+                      f"peak RSS {m['peak_rss_mib']:.0f} vs "
+                      f"{plain['peak_rss_mib']:.0f} MiB")  # fmt: skip
     for name, r in result["cases"].items():
         if "profile" in r:
             print(f"where the time goes, {name} (own time, top 5):")

@@ -230,6 +230,7 @@ class _Secrets:
                 SquareOAuthDetector, StripeDetector, TwilioKeyDetector,
             )
         ]  # fmt: skip
+        self.private_key = next(p for p in self.plugins if isinstance(p, PrivateKeyDetector))
         self.keyword = KeywordDetector()
         self.keyword_rules = (
             QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP,
@@ -261,25 +262,37 @@ class _Secrets:
                     found.add(value)
         return found
 
-    def spans(self, text: str, values: Iterable[str] = ()) -> list[Span]:
-        """Where the secrets of ``text`` (and the given values) are; a private key block
-        from its BEGIN line to its END line."""
+    def spans(
+        self, text: str, windows: Iterable[tuple[int, int]], values: Iterable[str] = ()
+    ) -> list[Span]:
+        """Where the secrets in the windows of ``text`` (and the given values anywhere in it)
+        are; a private key block, from its BEGIN line to its END line, anywhere."""
         spans: list[Span] = []
-        for plugin in self.plugins:
-            found = set(plugin.analyze_string(text))  # what the plugin vouches for
+        keyword: set[str] = set(values)
+        for offset, piece in [(a, text[a:b]) for a, b in windows]:
+            for plugin in self.plugins:
+                if plugin is self.private_key:
+                    continue  # a block can be longer than any window: the whole text, below
+                found = set(plugin.analyze_string(piece))  # what the plugin vouches for
+                if found:
+                    spans += _plugin_spans(piece, plugin.denylist, found, offset)
+            for pattern in self.extra:
+                for match in pattern.finditer(piece):
+                    group = match.lastindex or 0
+                    spans.append(
+                        (offset + match.start(group), offset + match.end(group), "secrets")
+                    )
+            keyword |= self.keyword_values(piece)
+        if "PRIVATE KEY" in text or "PuTTY" in text:
+            found = set(self.private_key.analyze_string(text))
             if found:
-                spans += _plugin_spans(text, plugin.denylist, found)
-        if spans:
-            spans += [
-                (m.start(), m.end(), "secrets")
-                for m in self.pem.finditer(text)
-                if any(a < m.end() and m.start() < b for a, b, _ in spans)
-            ]
-        for pattern in self.extra:
-            for match in pattern.finditer(text):
-                group = match.lastindex or 0
-                spans.append((match.start(group), match.end(group), "secrets"))
-        for value in sorted({*self.keyword_values(text), *values}, key=lambda v: (-len(v), v)):
+                keys = _plugin_spans(text, self.private_key.denylist, found)
+                spans += keys + [
+                    (m.start(), m.end(), "secrets")
+                    for m in self.pem.finditer(text)
+                    if any(a < m.end() and m.start() < b for a, b, _ in keys)
+                ]
+        for value in sorted(keyword, key=lambda v: (-len(v), v)):
             spans += [(i, i + len(value), "secrets") for i in _find_all(text, value)]
         return spans
 
@@ -287,7 +300,9 @@ class _Secrets:
 _DELIMITERS = " \t\r\n\"'=:`"
 
 
-def _plugin_spans(text: str, denylist: Iterable[Any], found: set[str]) -> list[Span]:
+def _plugin_spans(
+    text: str, denylist: Iterable[Any], found: set[str], offset: int = 0
+) -> list[Span]:
     """Where a plugin's patterns matched a value it vouched for. A plugin yields a pattern's
     groups (the secret after its name, or only a token's prefix: GitHub's ``ghp``), so the
     span is the longest group when it is a secret's length, else the whole match, without
@@ -307,7 +322,7 @@ def _plugin_spans(text: str, denylist: Iterable[Any], found: set[str]) -> list[S
             while end > start and text[end - 1] in _DELIMITERS:
                 end -= 1
             if start < end:
-                spans.append((start, end, "secrets"))
+                spans.append((offset + start, offset + end, "secrets"))
     return spans
 
 
@@ -354,15 +369,11 @@ class _Presidio:
         }
         self.min_score = 0.3  # IpRecognizer scores a bare '::' 0.1
 
-    def spans(self, text: str, kind: str, windows: Iterable[tuple[int, int]] = ()) -> list[Span]:
-        """The kind's findings in ``text``; for ``phone``, in the given windows only (the
-        gate's matches: phonenumbers' matcher costs milliseconds per region on long text)."""
+    def spans(self, text: str, kind: str, windows: Iterable[tuple[int, int]]) -> list[Span]:
+        """The kind's findings in the given windows of ``text``."""
         recognizer = self.recognizers[kind]
         out: list[Span] = []
-        pieces = [(0, text)] if kind != "phone" else [
-            (a, text[a:b]) for a, b in _widen(text, windows)
-        ]  # fmt: skip
-        for offset, piece in pieces:
+        for offset, piece in [(a, text[a:b]) for a, b in windows]:
             for result in recognizer.analyze(piece, recognizer.supported_entities, None):
                 if result.score < self.min_score:
                     continue
@@ -372,18 +383,28 @@ class _Presidio:
         return out
 
 
+# How far around a gate's match its detector looks: more than the longest thing it finds
+# (an IBAN is up to 34 characters and 8 spaces; an e-mail's local part up to 64), or, for
+# secrets, the reach of the plugins' patterns (a name, an assignment, the value after it).
+_MARGINS = {"secrets": 320, "email": 100, "phone": 24, "credit_card": 32, "iban": 48, "ip": 48}
+
+
 def _widen(
     text: str, windows: Iterable[tuple[int, int]], margin: int = 24
 ) -> list[tuple[int, int]]:
-    """Windows grown by up to ``margin`` characters each side, to a space, merged."""
+    """Windows grown by ``margin`` characters each side and on to the next space (at most
+    another ``margin``: a token is not cut), merged."""
     out: list[tuple[int, int]] = []
+    size = len(text)
     for a, b in sorted(windows):
         start = max(0, a - margin)
-        space = text.find(" ", start, a)
-        start = space + 1 if space >= 0 else start
-        end = min(len(text), b + margin)
-        space = text.rfind(" ", b, end)
-        end = space if space >= 0 else end
+        if start > 0:
+            space = text.rfind(" ", max(0, start - margin), start)
+            start = space + 1 if space >= 0 else max(0, start - margin)
+        end = min(size, b + margin)
+        if end < size:
+            space = text.find(" ", end, end + margin)
+            end = space if space >= 0 else min(size, end + margin)
         if out and start <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], end))
         else:
@@ -485,14 +506,16 @@ class Redactor:
             return []
         spans: list[Span] = []
         for kind in self.gates.which(text):
+            # The detectors run on windows around their gate's matches: their patterns cost
+            # milliseconds on a long text (Presidio's e-mail pattern backtracks over every
+            # word, phonenumbers' matcher runs once per region), little on a window.
+            found = [m.span() for m in self.gates.each[kind].finditer(text)]
+            windows = _widen(text, found, _MARGINS[kind])
             if kind == "secrets":
-                spans += _secrets().spans(text, values)
+                spans += _secrets().spans(text, windows, values)
                 values = []
-            elif kind == "phone":
-                windows = [m.span() for m in self.gates.each[kind].finditer(text)]
-                spans += _presidio().spans(text, kind, windows)
             else:
-                spans += _presidio().spans(text, kind)
+                spans += _presidio().spans(text, kind, windows)
         if values:  # found in the text around this one (a JSON object's other keys)
             spans += [(i, i + len(v), "secrets") for v in values for i in _find_all(text, v)]
         if any(k in _DIGIT_KINDS for _, _, k in spans):

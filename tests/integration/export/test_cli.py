@@ -85,6 +85,8 @@ def test_stats_prints_one_json_object(store_dir: Path) -> None:
         (["--format", "preference", "--margin", "lots"], "margin: 'lots' is not a number"),
         (["--format", "messages", "--margin", "0.2"], "margin: only applies"),
         (["--format"], "argument --format: expected one argument"),
+        (["--format", "messages", "--redact", "secrets,emails"], "redact: unknown kind 'emails'"),
+        (["--format", "csv", "--redact", "none,ip"], "redact: 'none' cannot be combined"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_file(
@@ -176,3 +178,26 @@ async def test_zip_from_s3_fetches_s3_and_http_attachments(
             assert "404" in error["error"]
     finally:
         await store.close()
+
+
+def test_redact_replaces_and_the_summary_counts(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    key, mail = "AKIAIOSFODNN7EXAMPLE", "jane.doe@acme-corp.com"
+    events = trace_events(
+        1, score=0.9, passed=True,
+        messages=[{"role": "user", "content": f"key {key}, mail {mail}, twice {mail}"}],
+    )  # fmt: skip
+    asyncio.run(replay_events(LocalStore(root), events, "r"))
+    out = tmp_path / "out.jsonl"
+    result = rl_export(*base(root), "--format", "messages", "--redact", "pii", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert b"; redacted: email 2, phone 0, credit_card 0, iban 0, ip 0\n" in result.stderr
+    assert json.loads(out.read_bytes())["messages"][0]["content"] == (
+        f"key {key}, mail [REDACTED:EMAIL], twice [REDACTED:EMAIL]"
+    )
+    result = rl_export(*base(root), "--format", "messages", "-o", "-")  # the default: secrets
+    assert b"; redacted: secrets 1\n" in result.stderr
+    assert key.encode() not in result.stdout
+    result = rl_export(*base(root), "--format", "messages", "--redact", "none", "-o", "-")
+    assert b"nothing redacted (--redact none)" in result.stderr
+    assert key.encode() in result.stdout
