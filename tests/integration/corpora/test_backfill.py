@@ -47,6 +47,20 @@ async def view(settings: Settings, name: str) -> dict[str, dict[str, Any]]:
         await store.close()
 
 
+async def wait_for_views(
+    settings: Settings, want: dict[str, dict[str, dict[str, Any]]], timeout_s: float = 60
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Poll the named corpora's latest views until they are ``want`` (or the time is up)."""
+    got: dict[str, dict[str, dict[str, Any]]] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = {name: await view(settings, name) for name in want}
+        if got == want:
+            break
+        await asyncio.sleep(1.0)
+    return got
+
+
 async def test_a_corpus_added_later_has_its_history(settings: Settings) -> None:
     settings = settings.model_copy(update={"shard_max_age_s": 1.0})
     events = workload(120, seed=31)
@@ -60,14 +74,8 @@ async def test_a_corpus_added_later_has_its_history(settings: Settings) -> None:
     with WorkerProcess(grown, "w2").start() as worker:
         await publish(grown, after)  # the stream goes on while the new corpora are seeded
         await wait_for_corpora(grown, events)
-        deadline = time.monotonic() + 60
-        got: dict[str, dict[str, dict[str, Any]]] = {}
         want = {spec.name: expected(events, spec) for spec in ADDED}
-        while time.monotonic() < deadline:
-            got = {spec.name: await view(grown, spec.name) for spec in ADDED}
-            if got == want:
-                break
-            await asyncio.sleep(1.0)
+        got = await wait_for_views(grown, want)
         seeded = worker.metric("rl_export_sink_backfilled_records_total", corpus="sft")
     assert got == want
     assert want["sft"]

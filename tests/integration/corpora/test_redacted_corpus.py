@@ -4,9 +4,7 @@ real store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 from rl_export.common.codec import dumps_line
@@ -14,7 +12,7 @@ from rl_export.common.redact import KINDS
 from rl_export.common.settings import Settings
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from tests.factories import event
-from tests.integration.corpora.test_backfill import view
+from tests.integration.corpora.test_backfill import view, wait_for_views
 from tests.integration.corpora.test_sink import (
     ORG,
     PROJECT,
@@ -89,13 +87,7 @@ async def test_a_redacted_corpus_is_scrubbed_from_its_history_and_from_the_strea
         await publish(grown, after)  # the stream goes on while the new corpora are seeded
         await wait_for_corpora(grown, before + after)
         want = {spec.name: expected(before + after, spec) for spec in ADDED}
-        got: dict[str, dict[str, dict[str, Any]]] = {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            got = {spec.name: await view(grown, spec.name) for spec in ADDED}
-            if got == want:
-                break
-            await asyncio.sleep(1.0)
+        got = await wait_for_views(grown, want)
         seeded = worker.metric("rl_export_sink_backfilled_records_total", corpus="scrubbed")
         emails = worker.metric("rl_export_redactions_total", kind="email")
         secrets = worker.metric("rl_export_redactions_total", kind="secrets")

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from rl_export.common.errors import ConfigError
 from rl_export.common.filters import Filters
+from rl_export.common.redact import KINDS, PII_KINDS
 from rl_export.common.settings import Settings, load_settings
 from rl_export.common.storeurl import parse_store_url
 
@@ -120,6 +121,8 @@ def test_a_messages_corpus_of_passed_conversations_is_one_line(
         ('{"name":"x","source":"human","filter":{"min-reward":"abc"}}', "'abc' is not a number"),
         ('{"name":"x","source":"human","filter":{"colour":"red"}}', "'colour' is neither"),
         ('{"name":"x","source":"human","filter":{"limit":3}}', "does not apply to a corpus"),
+        ('{"name":"x","source":"human","redact":["emails"]}', "redact: unknown kind 'emails'"),
+        ('{"name":"human","source":"human","redact":"pii"}', "'human' is what exports read"),
     ],
 )
 def test_bad_corpus_specs_say_why(monkeypatch: pytest.MonkeyPatch, spec: str, message: str) -> None:
@@ -128,6 +131,25 @@ def test_bad_corpus_specs_say_why(monkeypatch: pytest.MonkeyPatch, spec: str, me
         load_settings()
     assert info.value.setting == "RL_EXPORT_CORPORA"
     assert message in str(info.value)
+
+
+def test_corpus_specs_redact_as_asked_or_as_the_setting_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "RL_EXPORT_CORPORA",
+        '[{"name":"human","source":"human"},{"name":"a","source":null},'
+        '{"name":"b","source":null,"redact":["pii"]},{"name":"c","source":null,"redact":"none"},'
+        '{"name":"d","source":null,"redact":[]}]',
+    )
+    specs = {s.name: s.redact for s in load_settings().corpora}
+    assert specs == {"human": (), "a": ("secrets",), "b": PII_KINDS, "c": (), "d": ()}
+    specs = {s.name: s.redact for s in load_settings(redact="email,ip").corpora}
+    assert specs["a"] == ("email", "ip")
+    assert specs["human"] == ()  # the default corpora stay verbatim
+    assert load_settings(redact="ALL").redact == ",".join(KINDS)
+    with pytest.raises(ConfigError, match=r"^RL_EXPORT_REDACT: unknown kind 'emails'"):
+        load_settings(redact="emails")
 
 
 @pytest.mark.parametrize("value", ["not json", '[{"name": "../x", "source": null}]'])
