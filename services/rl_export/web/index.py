@@ -666,18 +666,21 @@ class QueryIndex:
         )
         return [_trace_labels(*row) for row in rows]
 
-    def queue_counts(self, corpus_id: int, ask: QueueAsk) -> tuple[int, int, list[TraceLabels]]:
-        """``remaining`` and ``team_remaining`` over the untouched traces of the scope, and
-        the touched traces of the scope (for the caller to count)."""
+    def queue_counts(
+        self, corpus_id: int, ask: QueueAsk
+    ) -> tuple[int, int, int, list[TraceLabels]]:
+        """``remaining``, ``team_remaining`` and the labeler's own labels over the untouched
+        traces of the scope, and the touched traces of the scope (for the caller to count)."""
         scope, eligible, scope_params, eligible_params = self._queue_where(ask)
         target, target_params = target_sql(ask.settings)
         touched = list(ask.touched)
         db = self._reader()
         row = db.execute(
             f"SELECT count(*) FILTER (WHERE {eligible}), "
-            f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}) FROM records "
+            f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}), "
+            "count(*) FILTER (WHERE list_contains(labelers, ?)) FROM records "
             f"WHERE corpus_id = ? AND {scope} AND NOT list_contains(?::VARCHAR[], trace_id)",
-            [*eligible_params, *target_params, corpus_id, *scope_params, touched],
+            [*eligible_params, *target_params, ask.labeler, corpus_id, *scope_params, touched],
         ).fetchone()
         rows = []
         if touched:
@@ -686,8 +689,8 @@ class QueryIndex:
                 "list_contains(?::VARCHAR[], trace_id)",
                 [corpus_id, *scope_params, touched],
             ).fetchall()
-        remaining, short = (int(row[0]), int(row[1])) if row is not None else (0, 0)
-        return remaining, short, [_trace_labels(*r) for r in rows]
+        counts = (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
+        return (*counts, [_trace_labels(*r) for r in rows])
 
     def trace_labels(self, corpus_id: int, trace_id: str) -> TraceLabels | None:
         """A live trace's labels and skips as the corpora show them (None: not live)."""

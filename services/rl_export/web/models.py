@@ -78,6 +78,7 @@ class QueueOut(BaseModel):
     team_remaining: int = Field(
         description="Traces whose current labels are still short of their target."
     )
+    labeled: int = Field(description="Traces the caller has a current label on.")
     items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
     index: IndexState
 
@@ -101,6 +102,7 @@ class ClaimOut(BaseModel):
     claims: list[ClaimItem]
     remaining: int
     team_remaining: int
+    labeled: int
     items: list[dict[str, Any]] = Field(description="The claimed traces' records, in order.")
     index: IndexState
 
@@ -112,6 +114,7 @@ class LabelingOut(BaseModel):
     lease_s: int
     order: Order
     adjudicate_spread: float | None
+    editable: bool = Field(False, description="Whether the caller may change them (admin).")
 
 
 class LabelingIn(_In):

@@ -48,11 +48,17 @@ async def team_of(svc: Services, org: str, project: str) -> Team:
 
 
 @dataclass(frozen=True)
+class Counts:
+    remaining: int  # the labeler's queue
+    team_remaining: int  # traces short of their target
+    labeled: int  # the labeler's current labels
+
+
+@dataclass(frozen=True)
 class QueueView:
     bodies: list[bytes]
     trace_ids: list[str]
-    remaining: int
-    team_remaining: int
+    counts: Counts
 
 
 @dataclass(frozen=True)
@@ -88,16 +94,17 @@ class LabelerQueue:
                                               current.sums.keys())  # fmt: skip
         return in_queue(self.labeler, current, holders, team.settings)
 
-    async def counts(self) -> tuple[int, int]:
-        """(remaining, team_remaining): the index's counts of untouched traces, plus the
-        touched ones decided here."""
+    async def counts(self) -> Counts:
+        """The index's counts of untouched traces, plus the touched ones decided here."""
         index = self.svc.index
         found = await query(index.queue_counts, self.corpus_id, self._ask(0, self._touched()))
-        remaining, team_remaining, rows = found
+        remaining, team_remaining, labeled, rows = found
         for row in rows:
+            current = self.team.labels(row)
             remaining += self._keeps(row)
-            team_remaining += short(self.team.labels(row), self.team.settings)
-        return remaining, team_remaining
+            team_remaining += short(current, self.team.settings)
+            labeled += self.labeler in current.sums
+        return Counts(remaining, team_remaining, labeled)
 
     async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
         """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
@@ -116,8 +123,7 @@ class LabelerQueue:
         """The head of the queue (``limit`` traces) and the counts; claims nothing."""
         picked = [row.trace_id for row in await self.head(limit)]
         bodies = await query(self.svc.index.bodies, self.corpus_id, picked)
-        remaining, team_remaining = await self.counts()
-        return QueueView(bodies, picked, remaining, team_remaining)
+        return QueueView(bodies, picked, await self.counts())
 
     async def _claim_one(self, row: TraceLabels) -> SlotEntry | None:
         team = self.team
@@ -164,5 +170,4 @@ class LabelerQueue:
                         break
         trace_ids = [e.trace_id for e in entries]
         bodies = await query(svc.index.bodies, self.corpus_id, trace_ids)
-        remaining, team_remaining = await self.counts()
-        return Claimed(QueueView(bodies, trace_ids, remaining, team_remaining), entries)
+        return Claimed(QueueView(bodies, trace_ids, await self.counts()), entries)

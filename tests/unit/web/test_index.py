@@ -138,7 +138,7 @@ def queue_of(
     """(the head of the queue, remaining, team_remaining) as the index alone says."""
     ask = QueueAsk(labeler, limit, settings, 0.7, scope, touched)
     head = [row.trace_id for row in index.queue_candidates(cid, ask)]
-    remaining, short, rows = index.queue_counts(cid, ask)
+    remaining, short, _, rows = index.queue_counts(cid, ask)
     assert sorted(r.trace_id for r in rows) == sorted(
         t for t in touched if t in {r.trace_id for r in index.queue_candidates(
             cid, QueueAsk("nobody", 1000, LabelingSettings(labels_per_trace=10), 0.7, scope))}
@@ -201,6 +201,14 @@ def test_adjudication_opens_one_more_place_where_labelers_disagree(index: QueryI
     adjudicated = LabelingSettings(labels_per_trace=2, adjudicate_spread=0.5)
     assert queue_of(index, cid, "dee", plain) == ([], 0, 0)
     assert queue_of(index, cid, "dee", adjudicated) == (["t1"], 1, 1)
+
+
+def test_the_labelers_own_labels_are_counted(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    index.ingest(cid, b"".join([traced(0, labels={"ana": 4}), traced(1, labels={"ana": 2, "bo": 3}),
+                                traced(2, labels={"bo": 1}), traced(3)]), {})  # fmt: skip
+    ask = QueueAsk("ana", 0, K3, 0.7, ANYWHERE, ("t1",))
+    assert index.queue_counts(cid, ask)[2] == 1  # t0; t1 is touched: the caller counts it
 
 
 def test_trace_labels_and_bodies_in_the_order_asked(index: QueryIndex) -> None:
