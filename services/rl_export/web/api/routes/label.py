@@ -23,6 +23,7 @@ from rl_export.common.errors import FilterError
 from rl_export.common.filters import parse_bool
 from rl_export.labeling.queue import target
 from rl_export.labeling.settings import LabelingSettings, SettingsInvalid
+from rl_export.web import labelindex
 from rl_export.web.api.deps import (
     AdminCaller,
     LabelCaller,
@@ -35,7 +36,7 @@ from rl_export.web.api.deps import (
 )
 from rl_export.web.errors import Invalid, NotFound, Unavailable
 from rl_export.web.follower import Followed
-from rl_export.web.index import QueueFilter
+from rl_export.web.labelindex import QueueFilter
 from rl_export.web.labels import LabelEvent, label_retracted, label_skipped, label_submitted
 from rl_export.web.models import (
     TRACE_ID_PATTERN,
@@ -216,7 +217,7 @@ async def _publish(svc: Services, event: LabelEvent) -> AcceptedOut:
 
 
 async def _current(svc: Services, team: Team, corpus_id: int, trace_id: str) -> dict[str, Any]:
-    row = await query(svc.index.trace_labels, corpus_id, trace_id)
+    row = await query(labelindex.trace_labels, svc.index, corpus_id, trace_id)
     if row is None:
         return {}
     return dict(team.labels(row).sums)
