@@ -10,9 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from rl_export.common.filters import Filters
+from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
 from rl_export.labeling.queue import TraceLabels, order_sql, target_sql
 from rl_export.labeling.settings import LabelingSettings
-from rl_export.web.index import LABEL_SUM, QueryIndex
+from rl_export.web.index import LABEL_SUM, QueryIndex, filter_sql
 
 # A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
 # record written before ``labels``), skips.
@@ -157,3 +161,79 @@ def bodies(index: QueryIndex, corpus_id: int, trace_ids: Sequence[str]) -> list[
     )
     where = {r[0]: r[1:] for r in rows}
     return index.bodies_at([where[t] for t in trace_ids if t in where])
+
+
+def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> AgreementInput:
+    """The agreement report's input over the latest records matching ``filters`` (the
+    ``traces`` corpus, usually), built in DuckDB and fetched as columns: a row per current
+    label and per evaluator result, a value per trace and per labeler."""
+    where, params = filter_sql(filters)
+    db = index.reader()
+    limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
+    db.execute(
+        "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT row_number() OVER () - 1 AS t, "
+        "labels, labels_count, skipped_by, pass_threshold, results FROM (SELECT * FROM records "
+        f"WHERE corpus_id = ? AND {where}{limit})",
+        [corpus_id, *params],
+    )
+    try:
+        return _agreement_input(db)
+    finally:
+        db.execute("DROP TABLE IF EXISTS agreement_traces")
+
+
+def _agreement_input(db: Any) -> AgreementInput:
+    traces, unrated, unrated_multi = db.execute(
+        "SELECT count(*), count(*) FILTER (WHERE labels IS NULL AND labels_count >= 1), "
+        "count(*) FILTER (WHERE labels IS NULL AND labels_count >= 2) FROM agreement_traces"
+    ).fetchone()
+    # Labelers: whoever labeled or skipped, numbered in name order.
+    db.execute(
+        "CREATE OR REPLACE TEMP TABLE agreement_labelers AS SELECT name, "
+        "row_number() OVER (ORDER BY name) - 1 AS n FROM (SELECT DISTINCT name FROM ("
+        "SELECT unnest(labels).labeler AS name FROM agreement_traces UNION ALL "
+        "SELECT unnest(skipped_by) FROM agreement_traces))"
+    )
+    names = [r[0] for r in db.execute("SELECT name FROM agreement_labelers ORDER BY n").fetchall()]
+    labels = db.execute(
+        "SELECT a.t, l.n, " + ", ".join(f"a.label.rubric.{d} AS {d}" for d in DIMENSIONS)
+        + " FROM (SELECT t, unnest(labels) AS label FROM agreement_traces) a "
+        "JOIN agreement_labelers l ON l.name = a.label.labeler ORDER BY a.t, l.n"
+    ).fetchnumpy()
+    skips = db.execute(
+        "SELECT l.n, count(*) FROM (SELECT unnest(skipped_by) AS name FROM agreement_traces) s "
+        "JOIN agreement_labelers l USING (name) GROUP BY l.n"
+    ).fetchall()
+    # An evaluator named twice in one evaluation: its last result (the records'
+    # ``evaluator_scores`` keep the last too).
+    results = db.execute(
+        "SELECT t, dense_rank() OVER (ORDER BY r.evaluator) - 1 AS e, r.evaluator AS evaluator, "
+        "r.score AS score, r.passed AS passed FROM (SELECT t, unnest(results) AS r, "
+        "unnest(range(len(results))) AS i FROM agreement_traces) "
+        "QUALIFY row_number() OVER (PARTITION BY t, r.evaluator ORDER BY i DESC) = 1 ORDER BY t, e"
+    ).fetchnumpy()
+    thresholds = db.execute("SELECT pass_threshold FROM agreement_traces ORDER BY t").fetchnumpy()
+    db.execute("DROP TABLE IF EXISTS agreement_labelers")
+    skip_counts = np.zeros(len(names), np.int64)
+    for n, count in skips:
+        skip_counts[int(n)] = int(count)
+    evaluators = sorted(set(results["evaluator"].tolist()))
+    ratings = (
+        np.column_stack([labels[d] for d in DIMENSIONS]) if len(labels["t"]) else np.zeros((0, 4))
+    )
+    return AgreementInput(
+        traces=int(traces),
+        labelers=tuple(names),
+        label_trace=np.asarray(labels["t"], np.int64),
+        label_labeler=np.asarray(labels["n"], np.int64),
+        ratings=np.asarray(ratings, np.int8).reshape(-1, 4),
+        pass_threshold=np.asarray(thresholds["pass_threshold"], np.float64),
+        skips=skip_counts,
+        evaluators=tuple(evaluators),
+        result_trace=np.asarray(results["t"], np.int64),
+        result_evaluator=np.asarray(results["e"], np.int64),
+        result_score=np.asarray(results["score"], np.float64),
+        result_passed=np.asarray(results["passed"], np.bool_),
+        unrated_labeled=int(unrated),
+        unrated_multi_labeled=int(unrated_multi),
+    )

@@ -15,6 +15,7 @@ from rl_export.common.events import Rubric
 from rl_export.common.filters import filter_text
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
 from rl_export.export import SOURCES
+from rl_export.labeling.agreement import AgreementReport
 from rl_export.labeling.settings import Order
 
 Source = Literal["human", "evaluator", "traces"]
@@ -104,6 +105,12 @@ class ClaimOut(BaseModel):
     team_remaining: int
     labeled: int
     items: list[dict[str, Any]] = Field(description="The claimed traces' records, in order.")
+    index: IndexState
+
+
+class AgreementOut(AgreementReport):
+    """The agreement report (DESIGN.md section 8), and how current the index is."""
+
     index: IndexState
 
 
