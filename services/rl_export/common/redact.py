@@ -589,13 +589,25 @@ class Redactor:
         return self.next_hit(data) >= 0
 
     def next_hit(self, data: bytes, pos: int = 0) -> int:
-        """Where the first possible match in JSON text at or after ``pos`` is (-1: none)."""
+        """Where the first possible match in JSON Lines text at or after ``pos`` is (-1:
+        none). A match in a trajectory record's fields that are never redacted (the head
+        before ``evaluation``, the tail from ``agent_version`` to ``labels``: ids, names,
+        the scenario, dates) does not count."""
         if not self.kinds or pos >= len(data):
             return -1
         if self._line_gate is None:
             return pos
-        match = self._line_gate.search(data, pos)
-        return -1 if match is None else int(match.start())
+        while (match := self._line_gate.search(data, pos)) is not None:
+            hit = int(match.start())
+            start = data.rfind(b"\n", 0, hit) + 1
+            end = data.find(b"\n", hit)
+            for a, b in _fixed_fields(data, start, len(data) if end < 0 else end):
+                if a <= hit < b:
+                    pos = b
+                    break
+            else:
+                return hit
+        return -1
 
     # places
 
@@ -743,6 +755,35 @@ _PLACES: dict[str, Callable[[Redactor, Any, _Pass], Any]] = {
     "report": Redactor._report,  # executions rows carry the report and results on their own
     "results": Redactor._results,
 }
+
+
+# The record layout's fields around the free text, in order (records.TrajectoryRecord): keys
+# of our own encoding, which no text can hold (a quote in a string is escaped).
+_HEAD_END = b',"evaluation":'
+_TAIL_START = b',"agent_version":"'
+_TAIL_END = b',"labels":['
+
+
+def _fixed_fields(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    """Where the line ``data[start:end]`` holds a trajectory record's fields that are never
+    redacted: from its start to ``evaluation`` (the first such key: an evaluator named so
+    in ``evaluator_scores`` ends the region early, never late), and from the last
+    ``agent_version`` key (only ``labels``, whose keys are fixed, comes after it) to
+    ``labels`` or the end. Nothing for lines of another shape (a key ``evaluation`` inside a
+    ``messages`` row's conversation is not the record's)."""
+    regions = []
+    head = data.find(_HEAD_END, start, end)
+    if (
+        head >= 0
+        and data.startswith(b'{"trace_id":', start)
+        and data.find(b'"messages":', start, head) < 0  # a row of another shape (messages)
+    ):
+        regions.append((start, head))
+        tail = data.rfind(_TAIL_START, head, end)
+        if tail >= 0:
+            labels = data.find(_TAIL_END, tail, end)
+            regions.append((tail, end if labels < 0 else labels))
+    return regions
 
 
 # --- gathering: the strings of the places above, without copying anything ------------------

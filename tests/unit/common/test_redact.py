@@ -387,3 +387,23 @@ def test_gathering_walks_the_places_redaction_walks() -> None:
     _gather(rec, gathered)
     text = "\n".join(gathered.texts)
     assert text.count("AKIAIOSFODNN7EXAMPLE") == PLACES
+
+
+def test_a_records_own_fields_never_open_the_gates_and_other_rows_are_scanned_whole() -> None:
+    rec = record("tr-1", scenario="password_reset token AKIAIOSFODNN7EXAMPLE", labels=1,
+                 messages=[{"role": "user", "content": "Where is my order?"}])  # fmt: skip
+    rec["agent_version"] = "jane.doe@acme-corp.com"
+    line = dumps_line(rec)
+    assert not ALL.may_hold(line) or ALL.line(line) == (line, None, {})
+    assert not Redactor(("secrets", "email")).may_hold(line)
+    rec["labels"] = [{"labeler": "ana", "rubric": {}, "comment": "mail jane.doe@acme-corp.com",
+                      "occurred_at": "2026-01-02T03:04:05Z"}]  # fmt: skip
+    _, new_record, counts = Redactor(("email",)).line(dumps_line(rec))
+    assert counts == {"email": 1}
+    assert new_record is not None
+    assert new_record["agent_version"] == "jane.doe@acme-corp.com"  # never a free-text field
+    # A messages row whose conversation holds an "evaluation" key is scanned whole.
+    row = {"trace_id": "tr-1", "revision": 1, "messages": [
+        {"role": "user", "content": "x", "metadata": {"evaluation": 1}},
+        {"role": "user", "content": "key AKIAIOSFODNN7EXAMPLE"}]}  # fmt: skip
+    assert Redactor(("secrets",)).line(dumps_line(row))[2] == {"secrets": 1}
