@@ -129,9 +129,11 @@ GATES: dict[str, str] = {
         r"[MNO][a-zA-Z0-9_-]{23,25}\.|sk-|AIza|glpat-|hf_"
     ),
     "email": "@",
-    # At least 7 digits in a run of digits and a few separators (PhoneRecognizer's results
-    # are filtered to the same shape in :func:`_phone_ok`).
-    "phone": r"\p{Nd}(?:[^\p{Nd}\n]{0,4}\p{Nd}){6,}",
+    # At least 7 digits in a run of digits and phone punctuation (python-phonenumbers'
+    # VALID_PUNCTUATION; PhoneRecognizer's results are kept only in that shape: _phone_ok).
+    "phone": r"\p{Nd}(?:[ \t\-x\x{2010}-\x{2015}\x{2212}\x{30FC}\x{FF0D}-\x{FF0F}\x{00A0}"
+    r"\x{00AD}\x{200B}\x{2060}\x{3000}()\x{FF08}\x{FF09}\x{FF3B}\x{FF3D}.\[\]/~\x{2053}"
+    r"\x{223C}\x{FF5E}+]{0,4}\p{Nd}){6,}",
     # CreditCardRecognizer's pattern starts with 4 digits, a separator or not, 3 digits.
     "credit_card": r"\p{Nd}{4}[ -]?\p{Nd}{3}",
     # IbanRecognizer's pattern starts with a country code and two check digits.
@@ -327,6 +329,7 @@ def _plugin_spans(
 
 
 _DIGIT_KINDS = frozenset({"phone", "credit_card"})
+_DATE = re.compile(rb"\d{4}-\d\d-\d\d")
 _DATETIME = re.compile(
     r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d(?::?\d\d)?)?)?"
 )
@@ -479,11 +482,10 @@ class Redactor:
             raise RedactError("redact", f"unknown kind {unknown[0]!r}")
         self.kinds = tuple(k for k in KINDS if k in kinds)
         self.gates = Gates(self.kinds)
-        # A line's own numbers, dates and ids open the phone and card gates: with those
-        # kinds every line is parsed, and the gates are tried on its free text only. Else
-        # the gates run on the line's bytes, and an escape (\u, \/) counts as a match.
+        # The gates run on a line's bytes too (:meth:`next_hit`), where an escape (\u, \/)
+        # counts as a match: a line none opens for is not parsed.
         self._line_gate: Any = None
-        if self.kinds and not {"phone", "credit_card"} & set(self.kinds):
+        if self.kinds:
             import re2
 
             options = re2.Options()
@@ -599,6 +601,11 @@ class Redactor:
             return pos
         while (match := self._line_gate.search(data, pos)) is not None:
             hit = int(match.start())
+            if _DATE.match(data, hit):
+                # A date opens the phone gate, and no finding of any kind starts with one
+                # (digits inside a date are never a phone or a card): read on after it.
+                pos = hit + 10
+                continue
             start = data.rfind(b"\n", 0, hit) + 1
             end = data.find(b"\n", hit)
             for a, b in _fixed_fields(data, start, len(data) if end < 0 else end):

@@ -348,11 +348,12 @@ _pieces = st.sampled_from(
     + [s for s, _ in SECRET_SENTENCES]
     + UNCHANGED
     + ["\n", "\\", '"', "/", "\u2028", "é", " ", ":", "password", "key=", "@", "\x01"]
+    + ["2026-01-01", "2026-01-01T00:00:00Z ", "call_0_754100", "-", "0.30000000000000004"]
 )
 _texts = st.lists(_pieces, max_size=6).map("".join)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     texts=st.lists(_texts, min_size=1, max_size=4),
     kinds=st.sampled_from([("secrets",), KINDS, ("email", "ip"), ("phone", "credit_card", "iban")]),
