@@ -290,7 +290,7 @@ def test_the_redact_control_scrubs_the_preview_and_the_download(
     choose(page, "source", "Evaluator score")
     choose(page, "format", "Messages")
     page.locator("#filters-box summary").click()
-    page.locator("input[name=scenario]").fill("trip")  # tr-010, and tr-011 holds them all
+    page.locator("#filters input[name=scenario]").fill("trip")  # tr-010, and tr-011 holds them all
     expect(page.locator("#stat-records")).to_have_text("2")
     # By default secrets only: the key goes, the customer's words stay.
     expect(page.locator("#redact-kinds input[value=secrets]")).to_be_checked()
