@@ -8,7 +8,7 @@ renders what it yields, :mod:`rl_export.export.pairs` pairs it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -35,9 +35,13 @@ class ExportSummary:
     bytes: int = 0
     attachments: int = 0
     attachment_errors: int = 0
+    turns_outside: int = 0  # failing outcomes whose turn the conversation lacks (masks)
+    rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["rules_versions"] = sorted(self.rules_versions)
+        return out
 
 
 class Scan:
@@ -46,7 +50,8 @@ class Scan:
     With ``fields`` (``(parsed, raw)``, :func:`~rl_export.export.lazy.export_fields`) only
     those top-level fields of each record are read (:class:`~rl_export.export.lazy.
     FieldDecoder`); else each line is parsed in full. ``with_lines`` also gives each
-    record's line (else an empty ``bytes``)."""
+    record's line (else an empty ``bytes``). ``collect_rules`` notes the ``rules_version``
+    of every record that passes (it must be among ``fields``) in the summary."""
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class Scan:
         fields: tuple[frozenset[str], frozenset[str]] | None = None,
         *,
         with_lines: bool = False,
+        collect_rules: bool = False,
     ) -> None:
         self.view = view
         self.filters = filters
@@ -64,6 +70,7 @@ class Scan:
         self.progress = progress
         self.fields = fields
         self.with_lines = with_lines
+        self.collect_rules = collect_rules
         self.decoder = None if fields is None else FieldDecoder(*fields)
 
     def _advance(self, count: int) -> None:
@@ -84,7 +91,7 @@ class Scan:
                 record = orjson.loads(line)
                 if matches(record):
                     out.append((line, record))
-            self.summary.matched += len(out)
+            self._matched(out)
             self._advance(len(batch))
             if out:
                 yield out
@@ -110,10 +117,19 @@ class Scan:
                 ]
             else:
                 out = [(b"", record) for record in records if matches(record)]
-            self.summary.matched += len(out)
+            self._matched(out)
             self._advance(len(records))
             if out:
                 yield out
+
+    def _matched(self, out: list[tuple[bytes, dict[str, Any]]]) -> None:
+        self.summary.matched += len(out)
+        if self.collect_rules:
+            versions = self.summary.rules_versions
+            for _, record in out:
+                version = record.get("rules_version")
+                if isinstance(version, int):
+                    versions.add(version)
 
     async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Blocks of whole lines and their counts, unparsed: only when no filter is set."""

@@ -19,8 +19,16 @@ from fastapi.responses import StreamingResponse
 from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
+from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
-from rl_export.export import check_export, content_type, file_name, iter_export, source_ref
+from rl_export.export import (
+    check_export,
+    content_type,
+    file_name,
+    iter_export,
+    parse_mask,
+    source_ref,
+)
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -36,6 +44,7 @@ from rl_export.web.index import BINS, QueryIndex
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
 from rl_export.web.models import (
     ExportIn,
+    File,
     Format,
     HistogramBin,
     JobOut,
@@ -54,17 +63,42 @@ ColumnsQuery = Annotated[
     str | None, Query(description="Tabular formats: PATH[:HEADER],... in order")
 ]
 JobPath = Annotated[str, Path(description="The job's id (32 hex digits).")]
+MaskQuery = Annotated[
+    bool,
+    Query(
+        description="messages, prompt_completion: a weight on every assistant message, 0 in "
+        "turns with a failing outcome (DESIGN.md section 4)"
+    ),
+]
+MaskTypesQuery = Annotated[
+    str | None, Query(description="With mask_failed_turns: TYPE,... of the outcomes that mask")
+]
+FileQuery = Annotated[File, Query(description="rl_prompts: jsonl, or parquet (verl's files)")]
 
 PREVIEW_MAX = 100
 PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching records
 PREVIEW_SCAN = 5_000  # records a preview reads at most looking for rows of its format
 
 
-def _checked(fmt: str, columns: str | list[str] | None) -> Any:
+def _checked(
+    fmt: str,
+    columns: str | list[str] | None,
+    *,
+    mask: TurnMask | None = None,
+    file: str = "jsonl",
+) -> Any:
     try:
-        return check_export(fmt, columns=columns)
+        return check_export(fmt, columns=columns, mask=mask, file=file)
     except ExportError as exc:
         raise Invalid(str(exc)) from None
+
+
+def _mask(fmt: str, mask_failed_turns: bool, mask_types: str | list[str] | None) -> Any:
+    """The turn mask of a request; 422 naming the parameter when it does not apply."""
+    try:
+        return parse_mask(fmt, mask_failed_turns, mask_types)
+    except ExportError as exc:
+        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
 
 
 @router.get("/stats", summary="Stats of a source's latest records, with a reward histogram")
@@ -101,7 +135,14 @@ def _records(bodies: list[bytes]) -> list[dict[str, Any]]:
 
 
 async def _preview(
-    index: QueryIndex, corpus_id: int, filters: Filters, *, fmt: str, columns: Any, size: int
+    index: QueryIndex,
+    corpus_id: int,
+    filters: Filters,
+    *,
+    fmt: str,
+    columns: Any,
+    size: int,
+    mask: TurnMask | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``size`` rows of the format over the matching records, in read order."""
     if fmt == "preference":
@@ -120,7 +161,7 @@ async def _preview(
             if fmt in TABULAR_FORMATS:
                 rows.append({c.header: c.value(record) for c in columns})
             else:
-                row = render_row(fmt, record)
+                row = render_row(fmt, record, mask=mask, index=len(rows))
                 if row is not None:
                     rows.append(row)
             if len(rows) >= size:
@@ -133,8 +174,10 @@ async def get_records(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
     filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
+    mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
 ) -> RecordsOut:  # fmt: skip
-    picked = _checked(format, columns)
+    mask = _mask(format, mask_failed_turns, mask_types)
+    picked = _checked(format, columns, mask=mask)
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
@@ -142,8 +185,9 @@ async def get_records(
     items: list[dict[str, Any]] = []
     if followed.corpus_id is not None:
         items = await _preview(
-            svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size
-        )
+            svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
+            mask=mask,
+        )  # fmt: skip
     return RecordsOut(
         items=items,
         columns=[c.header for c in picked] if picked is not None else None,
@@ -171,12 +215,16 @@ async def get_export(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
     filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
+    mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
+    file: FileQuery = "jsonl",
 ) -> StreamingResponse:  # fmt: skip
-    _checked(format, columns)
+    mask = _mask(format, mask_failed_turns, mask_types)
+    _checked(format, columns, mask=mask, file=file)
     ref = source_ref(org, project, source)
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
-        return iter_export(store, ref, format=format, filters=filters, columns=columns)
+        return iter_export(store, ref, format=format, filters=filters, columns=columns,
+                           mask=mask, file=file)  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
     try:
@@ -204,8 +252,8 @@ async def get_export(
 
     return StreamingResponse(
         body(),
-        media_type=content_type(format),
-        headers={"Content-Disposition": _disposition(file_name(ref, format))},
+        media_type=content_type(format, file),
+        headers={"Content-Disposition": _disposition(file_name(ref, format, file))},
     )
 
 
@@ -216,6 +264,7 @@ def _job_out(status: JobStatus) -> JobOut:
     return JobOut(
         id=status.id, status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
+        turns_outside=status.turns_outside,
     )  # fmt: skip
 
 
@@ -224,13 +273,18 @@ async def post_exports(
     *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, body: ExportIn
 ) -> JobOut:
     columns = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
-    _checked(body.format, columns)
+    mask_types = ",".join(body.mask_types) if isinstance(body.mask_types, list) else (
+        body.mask_types)  # fmt: skip
+    mask = _mask(body.format, body.mask_failed_turns, mask_types)
+    _checked(body.format, columns, mask=mask, file=body.file)
     try:
         parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
-    request = JobRequest(source=body.source, format=body.format, filters=body.filters,
-                         columns=columns)  # fmt: skip
+    request = JobRequest(
+        source=body.source, format=body.format, filters=body.filters, columns=columns,
+        mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
+    )  # fmt: skip
     return _job_out(await svc.jobs.start(org, project, request))
 
 
