@@ -46,15 +46,15 @@ run: install ## start the embedded stack (Kafka, every stage, synthetic traffic)
 	$(BIN)/rl-export dev
 
 lint: install ## ruff lint and format check
-	$(BIN)/ruff check services tests
-	$(BIN)/ruff format --check services tests
+	$(BIN)/ruff check services tests examples
+	$(BIN)/ruff format --check services tests examples
 
 typecheck: install ## mypy --strict
 	$(BIN)/mypy
 
 format: install ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff format services tests
-	$(BIN)/ruff check --fix services tests
+	$(BIN)/ruff format services tests examples
+	$(BIN)/ruff check --fix services tests examples
 
 schemas: install ## regenerate schemas/ from the pydantic models
 	$(BIN)/python -m rl_export.common.schemas schemas
