@@ -348,7 +348,15 @@ def _examples_class() -> type:
         def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from _iterate(self.plan, self.shard_ids, self.follow_ids, self._state_dict)
 
+    # Pickled by name (DataLoader workers that spawn): found through the module's __getattr__.
+    CorpusExamples.__qualname__ = CorpusExamples.__name__
     return CorpusExamples
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CorpusExamples":
+        return _examples_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _iterate(

@@ -277,3 +277,20 @@ def test_rl_export_imports_without_datasets_and_says_what_to_install() -> None:
                             timeout=120, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "pip install 'rl-export[hf]'" in result.stdout
+
+
+def test_a_dataset_pickles_for_worker_processes(story: Path, tmp_path: Path) -> None:
+    import pickle
+
+    dataset = corpus_dataset(str(story), ORG, PROJECT, "evaluator")
+    expected = identities(list(dataset))
+    (tmp_path / "ds.pickle").write_bytes(pickle.dumps(dataset))
+    code = (  # a fresh interpreter, as a spawned DataLoader worker is
+        "import pickle, sys\n"
+        "ds = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "print([(r['trace_id'], r['revision']) for r in ds])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ds.pickle")],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(expected)

@@ -514,7 +514,7 @@
   const JSONL = [
     ["trajectory", "Trajectory"], ["prompt_completion", "Prompt/completion"],
     ["messages", "Messages"], ["kto", "KTO"], ["preference", "Preference"],
-    ["executions", "Executions"],
+    ["executions", "Executions"], ["rl_prompts", "RL prompts"],
   ];
   const TABULAR = [["csv", "CSV"], ["json", "JSON"], ["parquet", "Parquet"], ["zip", "ZIP"]];
   const EXTENSIONS = { csv: ".csv", json: ".json", parquet: ".parquet", zip: ".zip" };
