@@ -28,7 +28,7 @@ async def test_a_corpus_on_s3_as_a_dataset(s3: LocalS3) -> None:
         await replay_events(store, story_after(), "after")
         reader = CorpusReader(store, ref)
         expected = sorted(
-            (r["trace_id"], r["revision"]) async for r in reader.records(latest_only=True)
+            [(r["trace_id"], r["revision"]) async for r in reader.records(latest_only=True)]
         )
     finally:
         await store.close()
