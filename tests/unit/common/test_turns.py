@@ -198,8 +198,10 @@ def test_openai_weight_rules_hold_on_every_row(
     for message, weighted, turn in zip(messages, weighed.messages, turns, strict=True):
         assert weighted["role"] == message["role"]
         if message["role"] == "assistant":
-            # weight only on assistant messages, and always 0 or 1 there
-            assert weighted["weight"] == (0 if turn in failing else 1)
+            # weight only on assistant messages, and always 0 or 1 there; 0 only in a turn
+            # (turn 0, before the first user message, is no turn: an outcome naming it is
+            # outside the conversation)
+            assert weighted["weight"] == (0 if turn >= 1 and turn in failing else 1)
         else:
             assert "weight" not in weighted
         rest = {k: v for k, v in message.items() if k != "weight"}
