@@ -7,8 +7,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
+# installed from its Go module path into the project's .cache/: a version bump is a new path.
+KUSTOMIZE_VERSION := v5.8.1
+KUSTOMIZE := .cache/kustomize/$(KUSTOMIZE_VERSION)/kustomize
+# promtool for the alert rules' tests (`promtool test rules`), taken from Debian's prometheus
+# package and unpacked, not installed: installing it would start a Prometheus server.
+PROMTOOL := .cache/promtool/promtool
 
-.PHONY: help prereqs install browser run test unit integration lint typecheck format schemas clean bench bench-ab bench-ceiling bench-export bench-web profile soak bench-restart
+.PHONY: help prereqs install browser kustomize promtool run test unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,7 +34,34 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) browser ## create .venv and install rl-export with the dev tools (idempotent)
+install: $(STAMP) browser kustomize promtool ## create .venv and install rl-export with the dev tools (idempotent)
+
+# Go is on the developers' and CI's machines; without it the kustomize build tests are
+# skipped, with one line in pytest's summary that says so.
+kustomize: ## kustomize (go install, into .cache/) for the Kubernetes manifests' tests
+	@if [ -x $(KUSTOMIZE) ]; then :; \
+	elif command -v go >/dev/null 2>&1; then \
+	  echo "installing kustomize $(KUSTOMIZE_VERSION) with go install (a few minutes, once) ..."; \
+	  GOBIN="$(CURDIR)/$(dir $(KUSTOMIZE))" GOFLAGS=-buildvcs=false \
+	    go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION) \
+	    || { echo "make: go install of kustomize failed" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: go is missing: kustomize is not installed and the kustomize build tests will be skipped" >&2; \
+	fi
+
+promtool: ## promtool (Debian's prometheus package, unpacked into .cache/) for the alert rules' tests
+	@if [ -x $(PROMTOOL) ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then \
+	  echo "fetching promtool from Debian's prometheus package ..."; \
+	  dir=$$(mktemp -d) && chmod 755 $$dir && cd $$dir && \
+	  { apt-get download prometheus >/dev/null 2>&1 \
+	    || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get download prometheus >/dev/null; }; } && \
+	  dpkg-deb -x prometheus_*.deb unpacked && cd "$(CURDIR)" && mkdir -p $(dir $(PROMTOOL)) && \
+	  cp $$dir/unpacked/usr/bin/promtool $(PROMTOOL); rc=$$?; rm -rf $$dir; \
+	  [ $$rc = 0 ] || { echo "make: could not fetch promtool with apt-get download" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: apt-get is missing: promtool is not fetched and the alert rules' promtool tests will be skipped" >&2; \
+	fi
 
 # The page's end-to-end tests drive Debian's chromium (Playwright never downloads a browser
 # here). Installed with apt-get when missing and we are root (CI is); otherwise the browser
@@ -46,18 +80,21 @@ run: install ## start the embedded stack (Kafka, every stage, synthetic traffic)
 	$(BIN)/rl-export dev
 
 lint: install ## ruff lint and format check
-	$(BIN)/ruff check services tests examples
-	$(BIN)/ruff format --check services tests examples
+	$(BIN)/ruff check services tests docs/hooks examples
+	$(BIN)/ruff format --check services tests docs/hooks examples
 
 typecheck: install ## mypy --strict
 	$(BIN)/mypy
 
 format: install ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff format services tests examples
-	$(BIN)/ruff check --fix services tests examples
+	$(BIN)/ruff format services tests docs/hooks examples
+	$(BIN)/ruff check --fix services tests docs/hooks examples
 
 schemas: install ## regenerate schemas/ from the pydantic models
 	$(BIN)/python -m rl_export.common.schemas schemas
+
+docs: install ## the docs site (MkDocs, Material) into site/, with --strict: a broken link fails
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 unit: install ## the fast unit tests only
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
@@ -66,36 +103,39 @@ integration: install ## the integration tests (real Kafka broker and SeaweedFS)
 	$(BIN)/python -m pytest -m integration $(PYTEST_ARGS)
 
 # pytest exits 5 when it collected no tests: for us that is a failure, not a pass.
-test: lint typecheck ## the whole suite: lint, types, unit and integration tests
+test: lint typecheck ## the whole suite: lint, types, unit tests, the strict docs build, integration tests
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-clean: ## remove the virtualenv, caches and var/ (the Kafka jars in .cache/ are kept)
-	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
+clean: ## remove the virtualenv, caches, var/ and site/ (the Kafka jars in .cache/ are kept)
+	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), bench-export, bench-web
-	$(BIN)/python -m rl_export.local.bench
-	$(BIN)/python -m rl_export.local.bench_export
-	$(BIN)/python -m rl_export.local.bench_web
+	$(BIN)/python -m tests.perf.bench
+	$(BIN)/python -m tests.perf.bench_export
+	$(BIN)/python -m tests.perf.bench_web
 
 bench-ab: install ## one worker with other settings against the defaults, on one backlog: AB="join_processes=1" (SHAPE=small)
-	$(BIN)/python -m rl_export.local.bench_ab --variant "" --variant "$(AB)" $(if $(SHAPE),--shape $(SHAPE))
+	$(BIN)/python -m tests.perf.bench_ab --variant "" --variant "$(AB)" $(if $(SHAPE),--shape $(SHAPE))
 
 bench-ceiling: install ## one worker against the same worker with its join replayed (its own work free): what a faster join could give (SHAPE=small)
-	$(BIN)/python -m rl_export.local.ceiling $(if $(SHAPE),--shape $(SHAPE))
+	$(BIN)/python -m tests.perf.ceiling $(if $(SHAPE),--shape $(SHAPE))
 
 bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
-	$(BIN)/python -m rl_export.local.bench_export
+	$(BIN)/python -m tests.perf.bench_export
 
 bench-web: install ## web benchmark: index catch-up and query latency on 1,000,000 records, label to visible
-	$(BIN)/python -m rl_export.local.bench_web
+	$(BIN)/python -m tests.perf.bench_web
+
+bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package
+	$(BIN)/python -m tests.perf.bench_agreement
 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
-	$(BIN)/python -m rl_export.local.profile --shape standard --traces 24000
-	$(BIN)/python -m rl_export.local.profile --shape small --traces 24000
+	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000
+	$(BIN)/python -m tests.perf.profile --shape small --traces 24000
 
 soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
-	$(BIN)/python -m rl_export.local.soak $(if $(SEED),--seed $(SEED))
+	$(BIN)/python -m tests.soak.soak $(if $(SEED),--seed $(SEED))
 
 bench-restart: install ## restart-to-ready and first commits of a worker on 1,000,000 traces (built once in var/)
-	$(BIN)/python -m rl_export.local.bench_restart
+	$(BIN)/python -m tests.perf.bench_restart

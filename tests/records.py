@@ -98,7 +98,21 @@ def record(
         "updated_at": updated_at,
         "pass_threshold": 0.7,
         "rules_version": 1,
+        "labels": [
+            {
+                "labeler": name,
+                "rubric": dict(zip(DIMENSIONS, ratings, strict=True)),
+                "comment": None,
+                "occurred_at": "2026-01-02T02:00:00Z",
+            }
+            for name, ratings in list(LABELS.items())[:labels]
+        ],
     }
+
+
+DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
+# The labels of record(labels=n): the first n (their mean is the record's rubric for n = 2).
+LABELS = {"ana": (4, 3, 5, 4), "bo": (4, 4, 5, 4)}
 
 
 def trace_events(

@@ -179,8 +179,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 print(report.summary())
                 return 0 if report.ok else 1
             elif args.action == "compact":
+                from rl_export.corpora.chain import writer_id
                 from rl_export.corpora.compaction import compact_all
-                from rl_export.corpora.sink import writer_id
 
                 written = await compact_all(
                     store, args.prefix, writer=writer_id(),
@@ -309,6 +309,43 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agreement(args: argparse.Namespace) -> int:
+    from rl_export.common.codec import dumps
+    from rl_export.common.errors import NoDataError
+    from rl_export.common.filters import parse_filters
+    from rl_export.common.gctune import tune_gc
+    from rl_export.export import latest_records, source_ref
+    from rl_export.labeling.agreement import AgreementBuilder, AgreementInput, agreement_report
+
+    settings = _settings(args, store_url="store")
+    filters = parse_filters(_filter_values(args))
+    ref = source_ref(args.org, args.project, "traces")
+    tune_gc()
+
+    async def run() -> AgreementInput:
+        store = _open(args.store, settings)
+        builder = AgreementBuilder()
+        try:
+            async for batch in latest_records(
+                store, ref, filters=filters, fields=AgreementBuilder.FIELDS
+            ):
+                for record in batch:
+                    builder.add(record)
+        except NoDataError:  # its message names --source, which this command has not
+            raise ConfigError(
+                "--org/--project",
+                f"no traces corpus for {ref.org}/{ref.project} in {store.url} (check --org "
+                "and --project)",
+            ) from None
+        finally:
+            await store.close()
+        return builder.build()
+
+    report = agreement_report(asyncio.run(run()))
+    print(dumps(report.model_dump(mode="json")).decode())
+    return 0
+
+
 def _add_filters(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("filters (DESIGN.md section 4)")
     group.add_argument("--passed", dest="f_passed", metavar="true|false")
@@ -324,6 +361,13 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     group.add_argument("--since", dest="f_since", metavar="RFC3339", help="updated_at >= since")
     group.add_argument("--until", dest="f_until", metavar="RFC3339", help="updated_at < until")
     group.add_argument("--labeled", dest="f_labeled", metavar="true|false")
+    group.add_argument(
+        "--min-labels", dest="f_min_labels", metavar="N", help="at least N current human labels"
+    )
+    group.add_argument(
+        "--max-spread", dest="f_max_spread", metavar="X",
+        help="the largest difference between two labelers' rewards is at most X (0..1)",
+    )  # fmt: skip
     group.add_argument("--limit", dest="f_limit", metavar="N")
 
 
@@ -501,6 +545,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(p)
     _add_filters(p)
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser(
+        "agreement",
+        help="print the agreement report (Krippendorff's alpha, labelers, evaluators) as JSON",
+        description="The agreement report (DESIGN.md section 8) over the latest records of "
+        "the traces corpus that match the filters, as one JSON object on stdout.",
+    )
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.add_argument("--org", required=True)
+    p.add_argument("--project", required=True)
+    _add_filters(p)
+    p.set_defaults(func=cmd_agreement)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")

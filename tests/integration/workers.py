@@ -1,7 +1,7 @@
 """Publish events, and read what the workers emit, for the tests.
 
-The worker process (:mod:`rl_export.local.workers`) and the expected results
-(:mod:`rl_export.local.fold`) live in the package, shared with the soak.
+The worker process (:mod:`tests.harness.workers`) and the expected results
+(:mod:`tests.harness.fold`) live in tests/harness/, shared with the soak.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from rl_export.common.specs import DEFAULT_CORPORA
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import ObjectStore
-from rl_export.local.fold import comparable, expected_corpora, expected_final, plain
-from rl_export.local.workers import WorkerProcess, settings_env
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
+from tests.harness.fold import comparable, expected_corpora, expected_final, plain
+from tests.harness.workers import WorkerProcess, settings_env
 
 __all__ = [  # the tests import these from here
     "TopicReader", "WorkerProcess", "comparable", "corpus_view", "expected_corpora",

@@ -1,4 +1,5 @@
-"""Static checks of docker-compose.yml, deploy/prometheus/prometheus.yml and deploy/Dockerfile.
+"""Static checks of docker-compose.yml, deploy/prometheus/prometheus.yml and deploy/Dockerfile
+(Grafana's provisioning and the alert rules' mount: tests/unit/test_dashboard.py).
 
 Docker is neither needed nor run: the files are parsed and checked against each other and
 against the settings the service really reads. Each ``*_problems`` helper returns what is wrong
@@ -24,7 +25,9 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 PROMETHEUS_FILE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 
-EXPECTED_SERVICES = {"kafka", "minio", "minio-init", "worker", "web", "prometheus"}
+EXPECTED_SERVICES = {
+    "kafka", "minio", "minio-init", "worker", "web", "prometheus", "kafka-exporter", "grafana",
+}  # fmt: skip
 RL_EXPORT_SERVICES = ("worker", "web")
 MINIO_DEFAULT_S3_PORT = 9000
 
@@ -95,8 +98,13 @@ def flag_value(words: list[str], *flags: str) -> str | None:
 
 
 def served_port(svc: dict[str, Any]) -> int | None:
-    """The port an rl-export command serves HTTP on (``--web-port N`` or ``--port N``)."""
-    value = flag_value(argv(svc.get("command")), "--web-port", "--port")
+    """The port a command serves HTTP on: rl-export's ``--web-port N`` or ``--port N``,
+    kafka-exporter's ``--web.listen-address=[HOST]:N``."""
+    words = argv(svc.get("command"))
+    value = flag_value(words, "--web-port", "--port")
+    if value is None:
+        address = flag_value(words, "--web.listen-address")
+        value = address.rpartition(":")[2] if address else None
     return int(value) if value is not None else None
 
 
@@ -260,7 +268,9 @@ def test_depends_on_targets_are_services(compose: Compose) -> None:
 
 
 def test_named_volumes_are_declared(compose: Compose) -> None:
-    assert {"kafka-data", "minio-data", "worker-data"} <= named_volumes_used(compose)
+    assert {"kafka-data", "minio-data", "worker-data", "grafana-data"} <= named_volumes_used(
+        compose
+    )
     assert volume_problems(compose) == []
 
 
@@ -317,6 +327,14 @@ def test_the_worker_is_given_the_time_its_stop_takes(compose: Compose) -> None:
     assert int(match[1]) > grace + 5.0
 
 
+def test_kafka_exporter_reads_the_in_network_listener(compose: Compose) -> None:
+    words = argv(service(compose, "kafka-exporter")["command"])
+    server = flag_value(words, "--kafka.server")
+    assert server is not None
+    assert host_port(server) in advertised_listeners(compose)
+    assert host_port(server)[0] == "kafka"
+
+
 def test_kafka_host_listener_is_published(compose: Compose) -> None:
     ports = {str(mapping) for mapping in service(compose, "kafka").get("ports", [])}
     host_listeners = {port for host, port in advertised_listeners(compose) if host == "localhost"}
@@ -325,7 +343,8 @@ def test_kafka_host_listener_is_published(compose: Compose) -> None:
 
 
 def test_prometheus_scrapes_the_served_ports(compose: Compose, prometheus: dict[str, Any]) -> None:
-    assert {host_port(t)[0] for _, t in scrape_targets(prometheus)} == set(RL_EXPORT_SERVICES)
+    scraped = {host_port(t)[0] for _, t in scrape_targets(prometheus)}
+    assert scraped == {*RL_EXPORT_SERVICES, "kafka-exporter"}
     assert scrape_problems(compose, prometheus) == []
 
 

@@ -54,7 +54,7 @@ class EventView:
     ``micros`` is ``occurred_at`` in microseconds since the epoch (exact). Payload fields are
     set for their event type only: ``messages`` (the conversation as compact JSON, parsed and
     written back once), ``attachments`` / ``results`` / ``report`` as the models dump them,
-    ``rubric`` as (correctness, helpfulness, efficiency, safety).
+    ``rubric`` as (correctness, helpfulness, efficiency, safety) and the label's ``comment``.
     """
 
     event_type: str
@@ -72,6 +72,7 @@ class EventView:
     report: dict[str, Any] | None = None
     labeler: str = ""
     rubric: tuple[int, int, int, int] | None = None
+    comment: str | None = None
 
 
 def view_of(event: BaseEvent) -> EventView:
@@ -94,6 +95,7 @@ def view_of(event: BaseEvent) -> EventView:
         view.labeler = event.labeler
         r = event.rubric
         view.rubric = (r.correctness, r.helpfulness, r.efficiency, r.safety)
+        view.comment = event.comment
     elif isinstance(event, LabelSkipped | LabelRetracted):
         view.labeler = event.labeler
     return view
@@ -324,6 +326,7 @@ def _fast(raw: bytes) -> tuple[EventView, datetime]:
         view.labeler = event.labeler
         r = event.rubric
         view.rubric = (r.correctness, r.helpfulness, r.efficiency, r.safety)
+        view.comment = event.comment
     elif isinstance(event, _LabelSkipped | _LabelRetracted):
         view.labeler = event.labeler
     elif isinstance(event, _TraceCompleted):

@@ -15,12 +15,15 @@ Public interface (the web service and the corpus specs rely on these names)::
         since: datetime | None               # updated_at >= since (inclusive)
         until: datetime | None               # updated_at < until (exclusive)
         labeled: bool | None                 # at least one current human label
+        min_labels: int | None               # labels_count >= N
+        max_spread: float | None             # record_spread(record) <= X (unknown: no match)
         limit: int | None                    # at most N rows (applied by the export)
         def matches(record: Mapping) -> bool # every given filter holds (limit aside)
         def fields() -> frozenset[str]       # the record fields matches reads
         def to_params(*, sep="_") -> dict[str, str | list[str]]   # inverse of parse_filters
         def is_empty() -> bool
     def parse_filters(values: Mapping[str, str | Sequence[str]], *, strict=True) -> Filters
+    def record_spread(record: Mapping) -> float | None   # what max-spread compares
     class FilterError(ConfigError)           # .setting is the filter's name ("min-reward")
 
 ``parse_filters`` accepts both spellings (``min-reward`` and ``min_reward``), a string or a
@@ -40,7 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from rl_export.common.errors import FilterError
-from rl_export.common.events import format_utc, parse_rfc3339
+from rl_export.common.events import Rubric, format_utc, parse_rfc3339
 
 FILTER_NAMES: tuple[str, ...] = (
     "passed",
@@ -53,11 +56,15 @@ FILTER_NAMES: tuple[str, ...] = (
     "since",
     "until",
     "labeled",
+    "min-labels",
+    "max-spread",
     "limit",
 )
 _REPEATABLE = frozenset({"pass-dimension"})
 
-__all__ = ["FILTER_NAMES", "FilterError", "Filters", "parse_filters", "worst_severity"]
+__all__ = [
+    "FILTER_NAMES", "FilterError", "Filters", "parse_filters", "record_spread", "worst_severity",
+]  # fmt: skip
 
 
 class Filters(BaseModel):
@@ -75,6 +82,8 @@ class Filters(BaseModel):
     since: datetime | None = None
     until: datetime | None = None
     labeled: bool | None = None
+    min_labels: int | None = None
+    max_spread: float | None = None
     limit: int | None = None
 
     def is_empty(self) -> bool:
@@ -85,7 +94,8 @@ class Filters(BaseModel):
         """True when the trajectory record passes every filter (``limit`` is the caller's).
 
         A tombstone never matches. A record whose reward or ``passed`` is null (the
-        ``traces`` corpus) fails ``passed``, ``min-reward`` and ``max-reward``.
+        ``traces`` corpus) fails ``passed``, ``min-reward`` and ``max-reward``; one whose
+        spread is unknown (:func:`record_spread`) fails ``max-spread``.
         """
         if record.get("deleted"):
             return False
@@ -105,6 +115,12 @@ class Filters(BaseModel):
             return False
         if self.labeled is not None and (bool(record.get("labels_count")) is not self.labeled):
             return False
+        if self.min_labels is not None and (record.get("labels_count") or 0) < self.min_labels:
+            return False
+        if self.max_spread is not None:
+            spread = record_spread(record)
+            if spread is None or spread > self.max_spread:
+                return False
         if self.since is not None or self.until is not None:
             stamp = _updated_at(record)
             if stamp is None:
@@ -133,6 +149,8 @@ class Filters(BaseModel):
                 wanted.add(name)
         if self.min_reward is not None or self.max_reward is not None:
             wanted.add("reward")
+        if self.max_spread is not None:
+            wanted.update(("labels", "labels_count"))
         return frozenset(wanted)
 
     def to_params(self, *, sep: str = "_") -> dict[str, str | list[str]]:
@@ -163,11 +181,32 @@ _FIELDS = (
     ("agent_version", "agent_version"),
     ("scenario", "scenario"),
     ("labeled", "labels_count"),
+    ("min_labels", "labels_count"),
     ("since", "updated_at"),
     ("until", "updated_at"),
     ("pass_dimension", "evaluation"),
     ("max_severity", "evaluation"),
 )  # (filter, the record field it reads); min/max reward read reward
+
+
+_DIMENSIONS = tuple(Rubric.model_fields)  # correctness, helpfulness, efficiency, safety
+
+
+def record_spread(record: Mapping[str, Any]) -> float | None:
+    """The largest difference between two current labelers' rewards (each labeler's four
+    ratings summed / 20): 0 with fewer than two labels; None when unknown (a record with two
+    or more labels written before records carried ``labels``).
+
+    Computed as (greatest sum - least sum) / 20, one division of integers, so that it equals
+    the query index's SQL to the bit and a spread of exactly X passes ``max-spread X``.
+    """
+    labels = record.get("labels")
+    if not isinstance(labels, list):
+        return 0.0 if (record.get("labels_count") or 0) < 2 else None
+    if len(labels) < 2:
+        return 0.0
+    sums: list[int] = [sum(label["rubric"][d] for d in _DIMENSIONS) for label in labels]
+    return (max(sums) - min(sums)) / 20
 
 
 def _updated_at(record: Mapping[str, Any]) -> datetime | None:
@@ -206,7 +245,8 @@ def worst_severity(outcomes: Sequence[Mapping[str, Any]]) -> int:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def _bool(name: str, text: str) -> bool:
+def parse_bool(name: str, text: str) -> bool:
+    """``true``/``1``/``yes`` or ``false``/``0``/``no``; FilterError naming ``name`` else."""
     lowered = text.strip().lower()
     if lowered in ("true", "1", "yes"):
         return True
@@ -215,7 +255,7 @@ def _bool(name: str, text: str) -> bool:
     raise FilterError(name, f"{text!r} is not true or false")
 
 
-def _reward(name: str, text: str) -> float:
+def _unit_number(name: str, text: str, why: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -223,8 +263,16 @@ def _reward(name: str, text: str) -> float:
     if not math.isfinite(value):
         raise FilterError(name, f"{text!r} is not a finite number")
     if not 0.0 <= value <= 1.0:
-        raise FilterError(name, f"{text} is outside 0..1 (rewards are 0..1)")
+        raise FilterError(name, f"{text} is outside 0..1 ({why})")
     return value
+
+
+def _reward(name: str, text: str) -> float:
+    return _unit_number(name, text, "rewards are 0..1")
+
+
+def _spread(name: str, text: str) -> float:
+    return _unit_number(name, text, "a spread is a difference of two rewards, 0..1")
 
 
 def _count(name: str, text: str) -> int:
@@ -255,7 +303,7 @@ def _datetime(name: str, text: str) -> datetime:
 
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "passed": _bool,
+    "passed": parse_bool,
     "min-reward": _reward,
     "max-reward": _reward,
     "pass-dimension": _text,
@@ -264,7 +312,9 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "scenario": _text,
     "since": _datetime,
     "until": _datetime,
-    "labeled": _bool,
+    "labeled": parse_bool,
+    "min-labels": _count,
+    "max-spread": _spread,
     "limit": _count,
 }
 
@@ -317,13 +367,14 @@ def filters_from_json(value: Mapping[str, Any]) -> Filters:
     texts: dict[str, str | list[str]] = {}
     for name, item in value.items():
         if isinstance(item, list):
-            texts[name] = [_as_text(name, v) for v in item]
+            texts[name] = [filter_text(name, v) for v in item]
         else:
-            texts[name] = _as_text(name, item)
+            texts[name] = filter_text(name, item)
     return parse_filters(texts)
 
 
-def _as_text(name: str, value: Any) -> str:
+def filter_text(name: str, value: Any) -> str:
+    """A filter's JSON value as its text (``true``, ``0.5``); FilterError for null, objects."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float | str):

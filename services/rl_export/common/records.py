@@ -38,6 +38,24 @@ class RubricMean(_Record):
     safety: float = Field(ge=1, le=5)
 
 
+class LabelRubric(_Record):
+    """One labeler's ratings, each an integer 1..5."""
+
+    correctness: int = Field(ge=1, le=5)
+    helpfulness: int = Field(ge=1, le=5)
+    efficiency: int = Field(ge=1, le=5)
+    safety: int = Field(ge=1, le=5)
+
+
+class LabelDetail(_Record):
+    """One current human label as submitted: who, the four ratings, the comment, when."""
+
+    labeler: str
+    rubric: LabelRubric
+    comment: str | None
+    occurred_at: UtcDatetime
+
+
 class EvaluationView(_Record):
     """The current evaluation, with the judges' reasoning and the report."""
 
@@ -71,6 +89,10 @@ class TrajectoryRecord(_Record):
     updated_at: UtcDatetime
     pass_threshold: float = Field(ge=0, le=1)
     rules_version: int = Field(ge=1)
+    labels: list[LabelDetail] = Field(
+        description="Each current label, sorted by labeler ([] when unlabeled). Records "
+        "written before schema version 2 lack the field: unknown, not empty."
+    )
 
 
 class Tombstone(_Record):
@@ -100,7 +122,13 @@ def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | N
     scored = _scored(snapshot, source)
     if scored is None:
         return None
-    return {k: scored[k] if k in scored else snapshot[k] for k in _RECORD_FIELDS}
+    return {k: scored[k] if k in scored else snapshot[k] for k in _fields(snapshot)}
+
+
+def _fields(snapshot: dict[str, Any]) -> list[str]:
+    """The record's fields of a snapshot: all of them, but ``labels`` when the snapshot was
+    made from a record written before it existed (the field is unknown there, not empty)."""
+    return _RECORD_FIELDS if "labels" in snapshot else _FIELDS_BEFORE_LABELS
 
 
 # The scored fields of the ``traces`` corpus, which has no reward source.
@@ -133,6 +161,7 @@ def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
 # The record's fields, in DESIGN.md order.
 _RECORD_FIELDS = list(TrajectoryRecord.model_fields)
 _RECORD_KEYS = frozenset(_RECORD_FIELDS)
+_FIELDS_BEFORE_LABELS = [k for k in _RECORD_FIELDS if k != "labels"]
 
 # What SnapshotLines leaves as holes in a snapshot's shared encoding, in record order: the
 # fields in which corpora differ (``_scored``), and the messages (RawJson, most of the bytes).
@@ -257,7 +286,7 @@ class SnapshotLines:
         if key in _SCORED_FIELDS:
             scored = self._scored(source)
             return None if scored is None else scored[key]
-        return self.snapshot[key] if key in _RECORD_KEYS else None
+        return self.snapshot.get(key) if key in _RECORD_KEYS else None
 
     def line(self, source: CorpusSource) -> bytes:
         """``dumps_line(render(snapshot, source))`` of a :meth:`ready` snapshot."""
@@ -281,7 +310,7 @@ class SnapshotLines:
         """The record's encoding with holes, cut at them, the messages and the newline put
         in: the parts of every line. [] if the encoding has a NUL byte of its own."""
         holes, snapshot = _HOLES, self.snapshot
-        data = dumps({k: holes[k] if k in holes else snapshot[k] for k in _RECORD_FIELDS})
+        data = dumps({k: holes[k] if k in holes else snapshot[k] for k in _fields(snapshot)})
         pieces = data.split(b"\0")
         if len(pieces) != len(holes) + 1:
             return []
@@ -367,7 +396,7 @@ def encode_snapshot_record(snapshot: dict[str, Any]) -> tuple[bytes, bytes] | No
     value's own bytes (:meth:`SnapshotLines.from_record`) without encoding it again.
     None when the encoding holds a NUL byte of its own.
     """
-    data = dumps({k: _HOLE if k in _SCORED_FIELDS else snapshot[k] for k in _RECORD_FIELDS})
+    data = dumps({k: _HOLE if k in _SCORED_FIELDS else snapshot[k] for k in _fields(snapshot)})
     pieces = data.split(b"\0")
     if len(pieces) != 4:
         return None

@@ -36,20 +36,38 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Comma-separated host:port list of Kafka brokers."
     )
-    topic_traces: str = "traces.completed"
-    topic_evaluations: str = "evaluations.finished"
-    topic_labels: str = "labels.submitted"
-    topic_trajectories: str = "trajectories"
-    topic_dead_letter: str = "rl-export.dead-letter"
+    topic_traces: str = Field("traces.completed", description="Input topic of trace events.")
+    topic_evaluations: str = Field(
+        "evaluations.finished", description="Input topic of evaluation events."
+    )
+    topic_labels: str = Field(
+        "labels.submitted", description="Input topic of label, skip and retraction events."
+    )
+    topic_trajectories: str = Field(
+        "trajectories", description="Where the join sends a snapshot of each changed trace."
+    )
+    topic_dead_letter: str = Field(
+        "rl-export.dead-letter",
+        description="Rejected events, with their original bytes and the reason in headers.",
+    )
+    topic_claims: str = Field(
+        "rl-export.claims",
+        description="Where web instances tell each other of the labeling claims they write "
+        "(the object store decides who holds a place; the topic only spreads the news).",
+    )
     partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
     partitioner: Partitioner = Field(
         "murmur2",
         description="How producers hash trace_id to a partition: murmur2 (Java-compatible "
         "clients), crc32 (librdkafka: confluent-kafka, node-rdkafka) or fnv1a (Sarama).",
     )
-    replication_factor: int = Field(1, ge=1, le=32)
+    replication_factor: int = Field(
+        1, ge=1, le=32, description="Replication factor of every topic we create."
+    )
     app_id: str = Field("rl-export", min_length=1, description="Consumer group of the join.")
-    sink_group: str = Field("rl-export-sink", min_length=1)
+    sink_group: str = Field(
+        "rl-export-sink", min_length=1, description="Consumer group of the sink."
+    )
     session_timeout_s: float = Field(
         10.0, ge=1, description="How soon the group notices a dead worker and rebalances."
     )
@@ -65,11 +83,32 @@ class Settings(BaseSettings):
 
     # Events and the join
     max_event_bytes: int = Field(MIB, ge=1024, description="Larger events are dead-lettered.")
-    future_tolerance_s: float = Field(DAY_S, ge=0)
-    human_pass_threshold: float = Field(0.7, ge=0.0, le=1.0)
-    orphan_retention_s: float = Field(7 * DAY_S, gt=0)
-    tombstone_retention_s: float = Field(7 * DAY_S, gt=0)
-    state_store: str = Field("rocksdb://", pattern=r"^(rocksdb|memory)://$")
+    future_tolerance_s: float = Field(
+        DAY_S,
+        ge=0,
+        description="Events whose occurred_at is further ahead of the worker's clock are "
+        "dead-lettered.",
+    )
+    human_pass_threshold: float = Field(
+        0.7, ge=0.0, le=1.0, description="Human reward needed to pass."
+    )
+    orphan_retention_s: float = Field(
+        7 * DAY_S,
+        gt=0,
+        description="How long events whose trace never came are kept before they are dropped.",
+    )
+    tombstone_retention_s: float = Field(
+        7 * DAY_S,
+        gt=0,
+        description="How long a deleted trace's tombstone is kept (in the table and beside "
+        "compactions).",
+    )
+    state_store: str = Field(
+        "rocksdb://",
+        pattern=r"^(rocksdb|memory)://$",
+        description="The join table's store: rocksdb:// on disk, or memory:// (rebuilt from "
+        "the changelog at start).",
+    )
     state_cache_mib: int = Field(
         4, ge=0, description="Recently used join states kept in memory per join process."
     )
@@ -86,7 +125,9 @@ class Settings(BaseSettings):
         description="On a backlog, a batch is topped up from further fetch responses until it "
         "holds this many bytes of events (fewer transactions; more memory); 0: one response.",
     )
-    expiry_scan_interval_s: float = Field(3600.0, gt=0)
+    expiry_scan_interval_s: float = Field(
+        3600.0, gt=0, description="How often the join drops expired orphans and tombstones."
+    )
     join_processes: int = Field(
         2,
         ge=0,
@@ -110,16 +151,24 @@ class Settings(BaseSettings):
 
     # Object storage and shards
     store_url: str = Field("var/store", description="file:///abs/path, a path, or s3://bucket/p")
-    shard_max_records: int = Field(10_000, ge=1)
-    shard_max_bytes: int = Field(64 * MIB, ge=1024)
-    shard_max_age_s: float = Field(10.0, gt=0)
+    shard_max_records: int = Field(
+        10_000, ge=1, description="A partition's pending records are committed at this many."
+    )
+    shard_max_bytes: int = Field(
+        64 * MIB, ge=1024, description="... or at this many bytes of records."
+    )
+    shard_max_age_s: float = Field(
+        10.0, gt=0, description="... or when the oldest has waited this long."
+    )
     sink_buffer_mib: int = Field(
         32,
         ge=1,
         description="Bytes of records the sink holds for its next shards, over all its "
         "partitions and corpora; past it, the partitions holding most commit early.",
     )
-    shard_compression: Literal["none", "gzip"] = "none"
+    shard_compression: Literal["none", "gzip"] = Field(
+        "none", description="Compression of the shards' data objects: none or gzip."
+    )
     compaction_interval_s: float = Field(
         300.0, gt=0, description="How often a worker compacts the corpora it writes."
     )
@@ -137,11 +186,19 @@ class Settings(BaseSettings):
 
     # Local stack and servers
     data_dir: Path = Field(Path("var"), description="Where the embedded stack keeps its data.")
-    broker_port: int = Field(9092, ge=1, le=65535)
-    worker_web_port: int = Field(6066, ge=1, le=65535)
-    web_port: int = Field(8080, ge=1, le=65535)
+    broker_port: int = Field(
+        9092, ge=1, le=65535, description="Port of the local broker (broker, dev) on 127.0.0.1."
+    )
+    worker_web_port: int = Field(
+        6066, ge=1, le=65535, description="Port of a worker's /metrics, /healthz and /readyz."
+    )
+    web_port: int = Field(8080, ge=1, le=65535, description="Port of the web service.")
     web_host: str = Field("127.0.0.1", description="Address the HTTP servers bind to.")
-    log_level: str = Field("warn", pattern=r"^(crit|error|warn|info|debug)$")
+    log_level: str = Field(
+        "warn",
+        pattern=r"^(crit|error|warn|info|debug)$",
+        description="Log level of the processes: crit, error, warn, info or debug.",
+    )
 
     # The web service (``rl-export web``)
     web_index_dir: Path | None = Field(
@@ -187,6 +244,26 @@ class Settings(BaseSettings):
     web_export_heartbeat_s: float = Field(
         2.0, gt=0, description="How often a running export job writes its progress."
     )
+    labels_per_trace: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="Labels per trace a project's team aims for, until an admin sets "
+        "labels_per_trace with PUT labeling.",
+    )
+    lease_s: int = Field(
+        600,
+        ge=30,
+        le=DAY_S,
+        description="How long a claim holds a trace for its labeler, until an admin sets "
+        "lease_s with PUT labeling.",
+    )
+    labeling_cache_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a web instance uses a project's labeling settings before it reads "
+        "them again: a change applies everywhere within this time.",
+    )
     web_sync_export_max_records: int = Field(
         10_000,
         ge=0,
@@ -228,6 +305,7 @@ class Settings(BaseSettings):
             self.topic_trajectories,
             self.topic_dead_letter,
             self.topic_changelog,
+            self.topic_claims,
         )
 
     @property

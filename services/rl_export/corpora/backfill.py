@@ -8,7 +8,7 @@ keeps it for as long as the store does; ``trajectories`` keeps 7 days of snapsho
 cannot seed a corpus added later.
 
 How a new corpus's chain is seeded (:func:`seed_chain`, called by the sink's
-:class:`~rl_export.corpora.sink.ChainWriter` when it loads its chain; the steps match):
+:class:`~rl_export.corpora.chain.ChainWriter` when it loads its chain; the steps match):
 
 1. A chain is new when, loaded, its head is 0: no commit on this stream and no compaction
    position for it. Then read the seed corpus (``traces``) on the same stream: its latest

@@ -49,7 +49,10 @@ from rl_export.common.codec import dumps, dumps_lines, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
 from rl_export.corpora.store import ObjectStore
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The record schema of the objects this code writes. 2: records carry ``labels``. A compaction
+copies the records it keeps as they were written, so it may hold records of version 1, which
+lack ``labels``: readers treat a missing ``labels`` as unknown."""
 OFFSET_WIDTH = 20
 Compression = Literal["none", "gzip"]
 

@@ -5,7 +5,7 @@
 2. Batches go through the same :class:`~rl_export.stream.processor.JoinProcessor` as the
    worker, with an in-memory table; what it would dead-letter is reported, with the file and
    line.
-3. Snapshots go to the same :class:`~rl_export.corpora.sink.PartitionSink` as the stream, on
+3. Snapshots go to the same :class:`~rl_export.corpora.partition.PartitionSink` as the stream, on
    chains of their own: topic ``replay-<run id>``, partition = murmur2(trace_id) mod the partition
    count, offsets = a sequence per partition. A backfill never collides with the stream.
 """
@@ -26,7 +26,8 @@ from rl_export.common.metrics import Metrics, SinkMetrics
 from rl_export.common.partitioning import partition_for
 from rl_export.common.records import HEADER_RECORD_AT, Headers
 from rl_export.common.settings import Settings
-from rl_export.corpora.sink import PartitionSink, SinkConfig, writer_id
+from rl_export.corpora.chain import SinkConfig, writer_id
+from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import ObjectStore
 from rl_export.stream.processor import InMessage, JoinProcessor, MemoryTable
 from rl_export.stream.produce import route, topic_for

@@ -12,7 +12,8 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.attachments` attachment fetching for zip exports
 - :mod:`~rl_export.export.card`        the dataset card (README.md) of an export
 - :mod:`~rl_export.export.stats`       stats and the reward histogram
-- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``
+- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
+  ``latest_records``
 """
 
 from rl_export.export.exports import (
@@ -22,6 +23,7 @@ from rl_export.export.exports import (
     file_for,
     file_name,
     iter_export,
+    latest_records,
     parse_margin,
     parse_mask,
     parse_pair_by,
@@ -42,6 +44,7 @@ __all__ = [
     "file_for",
     "file_name",
     "iter_export",
+    "latest_records",
     "parse_margin",
     "parse_mask",
     "parse_pair_by",

@@ -24,6 +24,10 @@ Public interface::
     async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
                       margin=0.0, max_pairs=1) -> list[dict]
         # the first rows of a JSON Lines format, as dicts (the API's GET records)
+    async def latest_records(store, ref, *, filters=Filters(), fields=None,
+                             progress=None) -> AsyncIterator[list[dict]]
+        # batches of the filtered latest records, parsed only as far as ``fields`` (and the
+        # filters) need: what ``rl-export agreement`` hands to the labeling package
 
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
 :data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
@@ -73,7 +77,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
 
@@ -708,3 +712,32 @@ async def stats(
     if histogram_bins:
         out["reward_histogram"] = accumulator.histogram()
     return out
+
+
+async def latest_records(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    filters: Filters | None = None,
+    fields: Iterable[str] | None = None,
+    progress: Progress | None = None,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Batches of the latest records that pass the filters (at most ``limit`` of them), in
+    the view's order. With ``fields`` a record holds only those top-level fields (and what
+    the filters read), so the rest of each line is never built; else the whole record."""
+    filters = filters or Filters()
+    parsed: tuple[frozenset[str], frozenset[str]] | None = None
+    if fields is not None:
+        parsed = filters.fields() | frozenset(fields), frozenset()
+    view = await open_view(store, ref, progress)
+    scan = Scan(view, filters, ExportSummary(), progress, parsed)
+    left = filters.limit
+    async for batch in scan.lines():
+        records = [record for _, record in batch]
+        if left is not None:
+            records = records[:left]
+            left -= len(records)
+        if records:
+            yield records
+        if left == 0:
+            return

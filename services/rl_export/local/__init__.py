@@ -1,2 +1,3 @@
-"""The local stack: the Kafka broker, SeaweedFS, process handling, ``dev``, synthetic traffic
-and the benchmarks. For development and tests; production runs none of it."""
+"""The local stack: the Kafka broker, SeaweedFS, process handling, ``dev`` and its synthetic
+traffic. For development and tests; production runs none of it. The benchmarks and the soak
+that drive it live outside the package, in ``tests/perf/`` and ``tests/soak/``."""

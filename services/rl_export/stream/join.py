@@ -126,6 +126,7 @@ class LabelView:
 
     key: OrderKey
     rubric: tuple[int, int, int, int] | None
+    comment: str | None = None
 
 
 @dataclass(slots=True)
@@ -289,7 +290,7 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
     if kind in {"label.submitted", "label.retracted"}:
         current = st.labels.get(event.labeler)
         if current is None or key > current.key:
-            st.labels[event.labeler] = LabelView(key, event.rubric)
+            st.labels[event.labeler] = LabelView(key, event.rubric, event.comment)
     elif kind == "label.skipped":
         st.skipped_by.add(event.labeler)
     elif kind == "trace.completed":
@@ -375,6 +376,20 @@ def human_reward(labels: dict[str, LabelView], threshold: float) -> dict[str, An
         "rubric": {d: s / n for d, s in zip(RUBRIC_DIMENSIONS, sums, strict=True)},
         "labelers": sorted(k for k, v in labels.items() if v.rubric is not None),
     }
+
+
+def label_details(labels: dict[str, LabelView]) -> list[dict[str, Any]]:
+    """The records' ``labels``: each current label as submitted, sorted by labeler."""
+    return [
+        {
+            "labeler": labeler,
+            "rubric": dict(zip(RUBRIC_DIMENSIONS, view.rubric, strict=True)),
+            "comment": view.comment,
+            "occurred_at": format_micros(view.key[0]),
+        }
+        for labeler, view in sorted(labels.items())
+        if view.rubric is not None
+    ]
 
 
 def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | None:
@@ -474,6 +489,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "updated_at": format_micros(st.updated_at),
         "pass_threshold": config.human_pass_threshold,
         "rules_version": RULES_VERSION,
+        "labels": label_details(st.labels),
     }
 
 

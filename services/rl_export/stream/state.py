@@ -64,13 +64,23 @@ def dump_state_parts(st: TraceState) -> tuple[bytes, bytes]:
         [
             st.trace_id, st.org, st.project, sorted(st.seen), st.first_pending_at, trace_head,
             evaluation_head,
-            [[k, *v.key, *(v.rubric or ())] for k, v in sorted(st.labels.items())],
+            [_label_item(k, v) for k, v in sorted(st.labels.items())],
             sorted(st.skipped_by), st.updated_at, st.deleted_at, st.deleted_revision, pending,
             [len(s) for s in segments],
         ]
     )  # fmt: skip
     conversation = b"" if trace is None else trace.messages.data
     return b"".join([b"\x03", _HEAD_LENGTH.pack(len(head)), head, *segments]), conversation
+
+
+def _label_item(labeler: str, view: LabelView) -> list[Any]:
+    """A label in the head: ``[labeler, micros, event_id]``, then a label's four ratings and
+    its comment when it has one (a retraction has neither; states written before comments
+    were kept end after the ratings and load with none)."""
+    item: list[Any] = [labeler, *view.key, *(view.rubric or ())]
+    if view.comment is not None:
+        item.append(view.comment)
+    return item
 
 
 def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
@@ -124,7 +134,9 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
         evaluation=evaluation,
         labels={
             item[0]: LabelView(
-                (item[1], item[2]), (item[3], item[4], item[5], item[6]) if len(item) > 3 else None
+                (item[1], item[2]),
+                (item[3], item[4], item[5], item[6]) if len(item) > 3 else None,
+                item[7] if len(item) > 7 else None,
             )
             for item in labels
         },

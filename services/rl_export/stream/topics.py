@@ -58,6 +58,9 @@ class TopicSpec:
     configs: dict[str, str]
 
 
+DAY_MS = 24 * 3600 * 1000
+
+
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     """Return the specs of every topic the service needs."""
 
@@ -67,6 +70,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         limit = {"max.message.bytes": str(topic_max_bytes(settings))}
         if name == settings.topic_changelog:
             return limit | {"cleanup.policy": "compact"}
+        if name == settings.topic_claims:  # news of claims: the store keeps the claims
+            return limit | {"retention.ms": str(2 * DAY_MS)}
         return limit
 
     return [TopicSpec(name, settings.partitions, configs(name)) for name in settings.all_topics]

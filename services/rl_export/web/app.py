@@ -3,7 +3,9 @@
 Every error is JSON ``{error, detail}`` (:class:`~rl_export.web.models.ErrorOut`) with the
 status of DESIGN.md section 7; bad input of any kind is a 4xx, never a 500: a body over
 ``web_max_body_bytes`` is 413 before it is read, a body or parameter that does not validate
-is 422 naming the field, and a broker or store that does not answer is 503.
+is 422 naming the field (a query parameter the route does not know included), and a broker
+or store that does not answer is 503. Every response carries the security headers of DESIGN.md
+section 7 (:class:`SecurityHeaders`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,7 +28,7 @@ from rl_export import __version__
 from rl_export.common.errors import ConfigError, StoreError
 from rl_export.common.metrics import WebMetrics
 from rl_export.web.api.routes import export, label
-from rl_export.web.errors import ApiError
+from rl_export.web.errors import ApiError, Invalid
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
 from rl_export.web.pages import static_files
@@ -112,6 +116,72 @@ class _BodyTooLarge(StarletteHTTPException):
         super().__init__(413, f"the request body is over {limit} bytes")
 
 
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+"""The pages hold an API token: no injected or inline script may run (only the page's own
+file), and no other site may frame them. Sent with every response, pages or not."""
+
+SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+]
+
+
+class SecurityHeaders:
+    """Add :data:`SECURITY_HEADERS` to every HTTP response (DESIGN.md section 7)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(n, v) for n, v in SECURITY_HEADERS if n not in names]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, secured)
+
+
+def known_query(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route declares, its dependencies' included (by alias)."""
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= known_query(sub)
+    return frozenset(names)
+
+
+async def refuse_unknown_query(request: Request) -> None:
+    """422 for a query parameter the route does not know (DESIGN.md section 7): a
+    misspelled filter must never export unfiltered data."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    cached = _KNOWN.get(id(route))
+    if cached is not None and cached[0] is route:
+        known = cached[1]
+    else:
+        known = known_query(route.dependant)
+        _KNOWN[id(route)] = (route, known)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        names = ", ".join(sorted(known)) or "none"
+        raise Invalid(f"{unknown[0]}: unknown query parameter (this route takes: {names})")
+
+
+# By id: routes are not hashable (starlette >= 1.0); the route is kept to check the id's owner.
+_KNOWN: dict[int, tuple[APIRoute, frozenset[str]]] = {}
+
+
 class RequestMetrics:
     """Count and time requests by route template (``other`` when no route matched)."""
 
@@ -162,6 +232,7 @@ def create_app(services: Services) -> FastAPI:
         redoc_url=None,
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
+        dependencies=[Depends(refuse_unknown_query)],
     )
     app.state.services = services
     app.include_router(export.router)
@@ -197,5 +268,6 @@ def create_app(services: Services) -> FastAPI:
         return _error(500, "internal", "an unexpected error (logged on the server)")
 
     app.add_middleware(BodyLimit, limit=services.settings.web_max_body_bytes)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(RequestMetrics, metrics=services.metrics)
     return app

@@ -9,10 +9,10 @@ the bodies stay out of it, in local segment files (:mod:`rl_export.web.segments`
 index keeps where each one is.
 
 One row per (corpus, trace): the columns the filters need (DESIGN.md section 4: reward,
-passed, labels, agent version, scenario, updated_at, the worst severity and the report types
-that passed), ``labelers`` and ``skipped_by`` for the queue, ``seq`` (the order lines were
-read, for previews), and the body's location. A tombstone keeps its row (``deleted``) so an
-older revision read later cannot bring the trace back.
+passed, labels, agent version, scenario, updated_at, the worst severity, the report types
+that passed and the labelers' spread), ``labelers`` and ``skipped_by`` for the queue, ``seq``
+(the order lines were read, for previews), and the body's location. A tombstone keeps its
+row (``deleted``) so an older revision read later cannot bring the trace back.
 
 How verified corpus lines are ingested (:meth:`QueryIndex.ingest`; one writer thread), in
 slices of at most ``SLICE`` lines:
@@ -46,15 +46,19 @@ import duckdb
 import orjson
 
 from rl_export.common.codec import dumps, loads
+from rl_export.common.events import Rubric
 from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
+from rl_export.labeling.queue import TraceLabels, order_sql, target_sql
+from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.segments import Segments
 
-SCHEMA_VERSION = "3"  # bumped when the index or its segments change: rebuilt from the corpora
+SCHEMA_VERSION = "5"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
 CHECKED_ROWS = 64  # rows per slice whose trace id is checked against the segment's bytes
 BINS = 10  # the reward histogram's bins over 0..1 (the export package's stats use ten)
+_RUBRIC = "STRUCT(correctness UTINYINT, helpfulness UTINYINT, efficiency UTINYINT, safety UTINYINT)"
 _COLUMNS = {
     "trace_id": "VARCHAR",
     "revision": "BIGINT",
@@ -68,12 +72,18 @@ _COLUMNS = {
     "completed_at": "VARCHAR",
     "labelers": "VARCHAR[]",
     "skipped_by": "VARCHAR[]",
+    "labels": f"STRUCT(labeler VARCHAR, rubric {_RUBRIC})[]",
     "evaluation": "STRUCT(report STRUCT(outcomes "
-    "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]))",
+    "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]), "
+    "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[])",
+    "pass_threshold": "DOUBLE",
 }
 # A report type passes when at least one of its outcomes was decided and none decided false
 # (Filters.matches, pass-dimension); the worst severity counts an absent one as 0.
 _OUTCOMES = "evaluation.report.outcomes"
+_RESULTS = "evaluation.results"
+_PASSES = f"list_transform({_RESULTS}, lambda r: r.passed)"
+_LABEL_SUM = "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
 _EXTRACT = f"""
     trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
     labels_count, agent_version, scenario,
@@ -91,17 +101,37 @@ _EXTRACT = f"""
     coalesce(labels_count, 0) > 0 AS labeled,
     CASE WHEN reward IS NOT NULL THEN least(greatest(floor(reward * {BINS}), 0), {BINS} - 1)
         END::UTINYINT AS bucket,
-    epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us
+    epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us,
+    CASE WHEN labels IS NULL THEN
+            CASE WHEN coalesce(labels_count, 0) < 2 THEN 0.0 END
+        WHEN len(labels) < 2 THEN 0.0
+        ELSE (list_max(list_transform(labels, lambda x: {_LABEL_SUM}))
+              - list_min(list_transform(labels, lambda x: {_LABEL_SUM}))) / 20.0
+    END AS spread,
+    labels, {_RESULTS} AS results, pass_threshold,
+    CASE WHEN len({_RESULTS}) > 0 THEN list_avg(list_transform({_RESULTS}, lambda r: r.score))
+        END AS eval_reward,
+    CASE WHEN len({_RESULTS}) > 0 THEN list_bool_and({_PASSES}) END AS eval_passed,
+    CASE WHEN len({_RESULTS}) > 0 THEN list_bool_or({_PASSES}) AND NOT list_bool_and({_PASSES})
+        END AS eval_split
 """
 # ``bucket`` is the reward's histogram bin and ``labeled`` whether a human label counts,
 # computed once at ingest: as expressions in the stats query they cost it three times over.
+# ``spread`` is filters.record_spread: NULL (unknown) for a record written before records
+# carried ``labels`` that has two or more labels; (greatest - least sum) / 20 as a double.
+# ``labels`` (NULL for such a record), ``results`` and ``pass_threshold`` feed the agreement
+# report; ``eval_reward``, ``eval_passed`` and ``eval_split`` (the current evaluation's mean
+# score, all passed, some passed and some not; NULL without results) the team's queue.
 _RECORD_COLUMNS = (
     "corpus_id INTEGER, trace_id VARCHAR, revision BIGINT, deleted BOOLEAN, reward DOUBLE, "
     "passed BOOLEAN, labels_count BIGINT, agent_version VARCHAR, scenario VARCHAR, "
     "updated_at TIMESTAMPTZ, completed_at TIMESTAMPTZ, max_severity BIGINT, "
     "pass_dims VARCHAR[], labelers VARCHAR[], skipped_by VARCHAR[], seq BIGINT, "
     "seg INTEGER, off BIGINT, len BIGINT, labeled BOOLEAN, bucket UTINYINT, "
-    "completed_us BIGINT"
+    "completed_us BIGINT, spread DOUBLE, "
+    f"labels STRUCT(labeler VARCHAR, rubric {_RUBRIC})[], "
+    "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[], pass_threshold DOUBLE, "
+    "eval_reward DOUBLE, eval_passed BOOLEAN, eval_split BOOLEAN"
 )
 
 
@@ -116,6 +146,23 @@ class _Slice:
     lengths: list[int]
     data: bytes
     begin: int  # where the slice starts in ``data``
+
+
+# A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
+# record written before ``labels``), skips.
+_LABELS_OF = (
+    f"trace_id, labelers, list_transform(labels, lambda x: {{'labeler': x.labeler, "
+    f"'sum': {_LABEL_SUM}}}), skipped_by"
+)
+
+
+def _trace_labels(
+    trace_id: str, labelers: list[str], sums: list[dict[str, Any]] | None, skipped: list[str]
+) -> TraceLabels:
+    known: dict[str, int | None] = (
+        dict.fromkeys(labelers) if sums is None else {x["labeler"]: int(x["sum"]) for x in sums}
+    )
+    return TraceLabels(trace_id, known, frozenset(skipped))
 
 
 class IndexError_(Exception):
@@ -165,6 +212,10 @@ def filter_sql(filters: Filters) -> tuple[str, list[Any]]:
         add("list_has_all(pass_dims, ?::VARCHAR[])", list(filters.pass_dimension))
     if filters.max_severity is not None:
         add("max_severity <= ?", filters.max_severity)
+    if filters.min_labels is not None:
+        add("coalesce(labels_count, 0) >= ?", filters.min_labels)
+    if filters.max_spread is not None:
+        add("spread <= ?", filters.max_spread)  # NULL (unknown) never passes
     return " AND ".join(clauses), params
 
 
@@ -180,13 +231,35 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class QueueFilter:
+    """What a labeler's queue may be narrowed to (``passed``: the evaluator's verdict)."""
+
+    scenario: str | None = None
+    agent_version: str | None = None
+    passed: bool | None = None
+
+    def sql(self) -> tuple[str, list[Any]]:
+        clauses, params = ["NOT deleted"], []
+        for column, value in (("scenario", self.scenario), ("agent_version", self.agent_version),
+                              ("eval_passed", self.passed)):  # fmt: skip
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
 class QueueAsk:
-    """A labeler's queue, with what this instance knows the corpora do not show yet."""
+    """A labeler's queue (:mod:`rl_export.labeling.queue`): the ``touched`` traces are
+    always returned (if they match ``scope``) for the caller to decide; the others are
+    decided here, from the corpora's view."""
 
     labeler: str
     limit: int
-    hidden: Sequence[str] = ()  # labeled or skipped since: not in the queue
-    returned: Sequence[str] = ()  # their label retracted since: back in it (unless skipped)
+    settings: LabelingSettings
+    pass_threshold: float
+    scope: QueueFilter = QueueFilter()
+    touched: Sequence[str] = ()
 
 
 class QueryIndex:
@@ -372,7 +445,8 @@ class QueryIndex:
                 "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
                 "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
                 "pass_dims, labelers, skipped_by, (?::BIGINT << 40) + _o, "
-                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us "
+                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us, "
+                "spread, labels, results, pass_threshold, eval_reward, eval_passed, eval_split "
                 "FROM batch b WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.corpus_id = ? "
                 "AND r.trace_id = b.trace_id)",
                 [corpus_id, segment, segment, corpus_id],
@@ -556,64 +630,93 @@ class QueryIndex:
     def _bodies(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
         return self.segments.read_many([(int(s), int(o), int(n)) for s, o, n in rows])
 
-    def queue(self, corpus_id: int, ask: QueueAsk) -> tuple[list[bytes], int]:
-        """The oldest traces the labeler has neither labeled nor skipped, and how many.
+    def _queue_where(self, ask: QueueAsk) -> tuple[str, str, list[Any], list[Any]]:
+        """The scope's condition and whether a trace is in the labeler's queue by the
+        corpora's view (labels fill the target, the labeler's own labels and skips exclude)."""
+        scope, scope_params = ask.scope.sql()
+        target, target_params = target_sql(ask.settings)
+        eligible = (
+            "(NOT list_contains(labelers, ?) AND NOT list_contains(skipped_by, ?) "
+            f"AND coalesce(labels_count, 0) < {target})"
+        )
+        return scope, eligible, scope_params, [ask.labeler, ask.labeler, *target_params]
 
-        Most labelers have seen few of the oldest traces, so the oldest ``4 * limit`` (and as
-        many more as the labeler's fresh actions) are fetched and filtered here; when that is
-        not enough, the labeler's seen traces are left out in SQL. The count is the corpus's
-        live traces less the ones the labeler has seen (the ``seen`` table), corrected by
-        their fresh actions.
-        """
+    def queue_candidates(self, corpus_id: int, ask: QueueAsk) -> list[TraceLabels]:
+        """The head of the labeler's queue in the project's order: up to ``limit`` traces,
+        the touched ones among them whatever the corpora say (the caller decides those)."""
+        scope, eligible, scope_params, eligible_params = self._queue_where(ask)
+        order, order_params = order_sql(
+            ask.settings.order, labeler=ask.labeler, pass_threshold=ask.pass_threshold
+        )
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
+                f"({eligible} OR list_contains(?::VARCHAR[], trace_id)) ORDER BY {order} LIMIT ?",
+                [
+                    corpus_id,
+                    *scope_params,
+                    *eligible_params,
+                    list(ask.touched),
+                    *order_params,
+                    ask.limit,
+                ],
+            )
+            .fetchall()
+        )
+        return [_trace_labels(*row) for row in rows]
+
+    def queue_counts(self, corpus_id: int, ask: QueueAsk) -> tuple[int, int, list[TraceLabels]]:
+        """``remaining`` and ``team_remaining`` over the untouched traces of the scope, and
+        the touched traces of the scope (for the caller to count)."""
+        scope, eligible, scope_params, eligible_params = self._queue_where(ask)
+        target, target_params = target_sql(ask.settings)
+        touched = list(ask.touched)
         db = self._reader()
-        hidden, returned = set(ask.hidden), set(ask.returned)
-        order = "ORDER BY completed_us, trace_id"
-        rows = db.execute(
-            "SELECT trace_id, labelers, skipped_by, seg, off, len FROM records "
-            f"WHERE corpus_id = ? AND NOT deleted {order} LIMIT ?",
-            [corpus_id, 4 * ask.limit + len(hidden)],
-        ).fetchall()
-
-        def visible(trace_id: str, labelers: list[str], skipped_by: list[str]) -> bool:
-            if trace_id in hidden or ask.labeler in skipped_by:
-                return False
-            return ask.labeler not in labelers or trace_id in returned
-
-        found = [r[3:] for r in rows if visible(r[0], r[1], r[2])][: ask.limit]
-        if len(found) < ask.limit and len(rows) == 4 * ask.limit + len(hidden):
-            found = db.execute(
-                "SELECT seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
-                "AND NOT list_contains(skipped_by, ?) AND (NOT list_contains(labelers, ?) "
-                "OR list_contains(?::VARCHAR[], trace_id)) AND NOT list_contains(?::VARCHAR[], "
-                f"trace_id) {order} LIMIT ?",
-                [corpus_id, ask.labeler, ask.labeler, list(returned), list(hidden), ask.limit],
+        row = db.execute(
+            f"SELECT count(*) FILTER (WHERE {eligible}), "
+            f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}) FROM records "
+            f"WHERE corpus_id = ? AND {scope} AND NOT list_contains(?::VARCHAR[], trace_id)",
+            [*eligible_params, *target_params, corpus_id, *scope_params, touched],
+        ).fetchone()
+        rows = []
+        if touched:
+            rows = db.execute(
+                f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
+                "list_contains(?::VARCHAR[], trace_id)",
+                [corpus_id, *scope_params, touched],
             ).fetchall()
-        return self._bodies(found), self._remaining(corpus_id, ask)
+        remaining, short = (int(row[0]), int(row[1])) if row is not None else (0, 0)
+        return remaining, short, [_trace_labels(*r) for r in rows]
 
-    def _remaining(self, corpus_id: int, ask: QueueAsk) -> int:
-        db = self._reader()
-        live = db.execute(
-            "SELECT count(*) FROM records WHERE corpus_id = ? AND NOT deleted", [corpus_id]
-        ).fetchone()
-        seen = db.execute(
-            "SELECT count(*) FROM seen WHERE corpus_id = ? AND labeler = ?",
-            [corpus_id, ask.labeler],
-        ).fetchone()
-        remaining = (live[0] if live else 0) - (seen[0] if seen else 0)
-        fresh = [*ask.hidden, *ask.returned]
-        if fresh:  # what the corpus says of the traces the labeler acted on since
-            hidden, returned = set(ask.hidden), set(ask.returned)
-            for trace_id, labelers, skipped_by in db.execute(
-                "SELECT trace_id, labelers, skipped_by FROM records WHERE corpus_id = ? "
-                "AND NOT deleted AND trace_id IN (SELECT unnest(?::VARCHAR[]))",
-                [corpus_id, fresh],
-            ).fetchall():
-                already = ask.labeler in labelers or ask.labeler in skipped_by
-                if trace_id in hidden and not already:
-                    remaining -= 1
-                elif trace_id in returned and already and ask.labeler not in skipped_by:
-                    remaining += 1
-        return max(int(remaining), 0)
+    def trace_labels(self, corpus_id: int, trace_id: str) -> TraceLabels | None:
+        """A live trace's labels and skips as the corpora show them (None: not live)."""
+        row = (
+            self._reader()
+            .execute(
+                f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND trace_id = ? "
+                "AND NOT deleted",
+                [corpus_id, trace_id],
+            )
+            .fetchone()
+        )
+        return None if row is None else _trace_labels(*row)
+
+    def bodies(self, corpus_id: int, trace_ids: Sequence[str]) -> list[bytes]:
+        """The records of live traces, in the order asked (traces not live left out)."""
+        if not trace_ids:
+            return []
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
+                "AND list_contains(?::VARCHAR[], trace_id)",
+                [corpus_id, list(trace_ids)],
+            )
+            .fetchall()
+        )
+        where = {r[0]: r[1:] for r in rows}
+        return self._bodies([where[t] for t in trace_ids if t in where])
 
     def has_trace(self, corpus_id: int, trace_id: str) -> bool:
         """Whether the corpus holds a live record of the trace."""

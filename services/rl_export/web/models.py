@@ -7,13 +7,15 @@ labeler is always the token's subject.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from rl_export.common.events import Rubric
+from rl_export.common.filters import filter_text
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
 from rl_export.export import SOURCES
+from rl_export.labeling.settings import Order
 
 Source = Literal["human", "evaluator", "traces"]
 Format = Literal[
@@ -73,9 +75,53 @@ class RecordsOut(BaseModel):
 
 
 class QueueOut(BaseModel):
-    items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
     remaining: int = Field(description="Traces left in the caller's queue, these included.")
+    team_remaining: int = Field(
+        description="Traces whose current labels are still short of their target."
+    )
+    items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
     index: IndexState
+
+
+class ClaimIn(_In):
+    limit: int = Field(1, ge=1, le=10, description="How many traces to hold at once.")
+    scenario: str | None = None
+    agent_version: str | None = None
+    passed: bool | None = Field(None, description="Only traces the evaluators passed (or not).")
+
+
+class ClaimItem(BaseModel):
+    trace_id: str
+    expires_at: str = Field(description="When the claim ends unless labeled, skipped or renewed.")
+
+
+class ClaimOut(BaseModel):
+    lease_expires_at: str | None = Field(
+        description="When the earliest of the returned claims ends (null: none returned)."
+    )
+    claims: list[ClaimItem]
+    remaining: int
+    team_remaining: int
+    items: list[dict[str, Any]] = Field(description="The claimed traces' records, in order.")
+    index: IndexState
+
+
+class LabelingOut(BaseModel):
+    """A project's labeling settings (DESIGN.md section 8)."""
+
+    labels_per_trace: int
+    lease_s: int
+    order: Order
+    adjudicate_spread: float | None
+
+
+class LabelingIn(_In):
+    """A change of the labeling settings: the fields given replace the current ones."""
+
+    labels_per_trace: int | None = Field(None, description="1..10")
+    lease_s: int | None = Field(None, description="30..86400")
+    order: str | None = Field(None, description="oldest, newest, uncertain or random")
+    adjudicate_spread: float | None = Field(None, description="null, or 0..0.8")
 
 
 class LabelIn(_In):
@@ -92,12 +138,27 @@ class AcceptedOut(BaseModel):
     event_id: str = Field(description="The published event's id (a UUID).")
 
 
+def _filters_text(value: Any) -> Any:
+    """Filters given as JSON values (``{"passed": true}``) as the query string spells them."""
+    if not isinstance(value, dict):
+        return value
+    return {
+        name: [filter_text(name, v) for v in item] if isinstance(item, list)
+        else filter_text(name, item)
+        for name, item in value.items()
+    }  # fmt: skip
+
+
+FilterValues = Annotated[dict[str, str | list[str]], BeforeValidator(_filters_text)]
+
+
 class ExportIn(_In):
     source: Source
     format: Format
-    filters: dict[str, str | list[str]] = Field(
+    filters: FilterValues = Field(
         default_factory=dict,
-        description='Filters as the query parameters spell them: {"min_reward": "0.5"}.',
+        description="Filters by their query parameter names, as JSON values or their text: "
+        '{"passed": true, "min_reward": 0.5, "pass_dimension": ["goal"]}.',
     )
     columns: str | list[str] | None = Field(
         None, description="Tabular formats: PATH[:HEADER] items, in order."

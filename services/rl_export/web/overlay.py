@@ -6,31 +6,25 @@ A label travels broker -> join -> sink -> corpus -> index before the queue can s
 traces labeled or skipped since and brings back those whose label was retracted since.
 
 Two sources feed it: the instance that published an event notes it at once (before it answers
-202), and every instance reads the labels topic (:class:`LabelsFollower`), so a labeler whose
+202), and every instance reads the labels topic (a :class:`~rl_export.web.tailing.Tail` that
+calls :func:`note_label_event`), so a labeler whose
 next request lands on another instance behind a load balancer sees the same queue within that
 instance's consumer lag (milliseconds), not the corpora's. An entry is dropped after
 ``web_overlay_ttl_s``: by then the corpora hold the event (or the worker is down, and the
-queue shows what the corpora say). Pure but for the clock; the follower is the I/O.
+queue shows what the corpora say). Pure but for the clock; the tail is the I/O.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from rl_export.common.events import EVENT_ADAPTER, LabelRetracted, LabelSkipped, LabelSubmitted
-from rl_export.common.settings import Settings
-
-log = logging.getLogger(__name__)
+from rl_export.labeling.queue import FreshAction
 
 
 @dataclass
@@ -42,6 +36,7 @@ class Known:
     label: tuple[tuple[datetime, str], bool] | None = None  # (order, True: label, False: retract)
     skipped: bool = False
     noted_at: float = 0.0  # monotonic, of the latest note
+    ratings_sum: int | None = None  # of the latest label (for the team's adjudication)
 
 
 class Overlay:
@@ -63,6 +58,24 @@ class Overlay:
         order = event.order_key()
         if known.label is None or order > known.label[0]:
             known.label = (order, isinstance(event, LabelSubmitted))
+            if isinstance(event, LabelSubmitted):
+                r = event.rubric
+                known.ratings_sum = r.correctness + r.helpfulness + r.efficiency + r.safety
+
+    def fresh(self, org: str, project: str) -> dict[str, dict[str, FreshAction]]:
+        """Every labeler's recent actions in a project, by trace then labeler: what the team's
+        queue corrects the corpora with."""
+        found: dict[str, dict[str, FreshAction]] = {}
+        for (key_org, key_project, labeler), per_trace in self._known.items():
+            if (key_org, key_project) != (org, project):
+                continue
+            self._drop_old(per_trace)
+            for trace_id, known in per_trace.items():
+                label = None if known.label is None else known.label[1]
+                found.setdefault(trace_id, {})[labeler] = FreshAction(
+                    label=label, sum=known.ratings_sum if label else None, skipped=known.skipped
+                )
+        return found
 
     def ask(self, org: str, project: str, labeler: str) -> tuple[list[str], list[str]]:
         """(hidden, returned) trace ids for the labeler's queue: labeled or skipped since,
@@ -93,65 +106,13 @@ class Overlay:
                 del self._known[key]
 
 
-class LabelsFollower:
-    """Reads the labels topic from ``ttl`` ago on and notes every label event (module)."""
-
-    def __init__(self, settings: Settings, overlay: Overlay) -> None:
-        self.settings = settings
-        self.overlay = overlay
-
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self._consume(stop)
-            except (KafkaError, OSError) as exc:
-                log.warning("labels follower: %s; retrying in 5 s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 5.0)
-
-    async def _consume(self, stop: asyncio.Event) -> None:
-        topic = self.settings.topic_labels
-        # Without a group every partition of the topic is assigned to this consumer.
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="latest",
-        )
-        await consumer.start()
-        try:
-            for _ in range(100):
-                if consumer.assignment():
-                    break
-                await asyncio.sleep(0.1)
-            assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
-            if not assigned:
-                raise KafkaError(f"no partition of {topic} was assigned (does it exist?)")
-            # From one TTL ago: a new instance knows what the corpora may not show yet.
-            since_ms = int((time.time() - self.overlay.ttl_s) * 1000)
-            offsets = await consumer.offsets_for_times(dict.fromkeys(assigned, since_ms))
-            for tp in assigned:
-                found = offsets.get(tp)
-                if found is None:
-                    await consumer.seek_to_end(tp)
-                else:
-                    consumer.seek(tp, found.offset)
-            while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
-                for records in batches.values():
-                    for record in records:
-                        self._note(record.value)
-                self.overlay.expire()
-        finally:
-            await consumer.stop()
-
-    def _note(self, value: bytes | None) -> None:
-        if value is None:
-            return
-        try:
-            event = EVENT_ADAPTER.validate_json(value)
-        except ValidationError:
-            return  # the worker dead-letters it; nothing for the queue
-        if isinstance(event, LabelSubmitted | LabelSkipped | LabelRetracted):
-            self.overlay.note(event)
+def note_label_event(overlay: Overlay, value: bytes | None) -> None:
+    """Note a value of the labels topic in the overlay (anything else on it is ignored)."""
+    if value is None:
+        return
+    try:
+        event = EVENT_ADAPTER.validate_json(value)
+    except ValidationError:
+        return  # the worker dead-letters it; nothing for the queue
+    if isinstance(event, LabelSubmitted | LabelSkipped | LabelRetracted):
+        overlay.note(event)

@@ -1,5 +1,7 @@
 """Publishing label events: acks=all, and the API's 202 only once the broker acknowledged.
 
+The same producer spreads the news of claims to the other web instances (:meth:`broadcast`).
+
 One idempotent producer per web process (``make_producer``: the configured partitioner, so a
 label meets its trace's other events in one partition). It is started on first use and again
 after a failure; an event the broker does not acknowledge within ``web_publish_timeout_s``
@@ -21,6 +23,7 @@ from aiokafka.errors import KafkaError
 from rl_export.common.errors import RlExportError
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
+from rl_export.labeling.claims import SlotEntry
 from rl_export.stream.produce import make_producer
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.web.errors import Unavailable
@@ -51,16 +54,19 @@ class Publisher:
                 self._producer = producer
             return self._producer
 
+    async def _send(self, topic: str, value: bytes, key: bytes, within_s: float) -> None:
+        async with asyncio.timeout(within_s):
+            producer = await self._ready()
+            sent = await producer.send(topic, value, key=key)
+            await sent
+
     async def publish(self, event: LabelEvent) -> None:
         """Publish and wait for the broker's acknowledgement; Unavailable when it does not."""
         timeout = self.settings.web_publish_timeout_s
         try:
-            async with asyncio.timeout(timeout):
-                producer = await self._ready()
-                sent = await producer.send(
-                    self.settings.topic_labels, encode(event), key=event.trace_id.encode()
-                )
-                await sent
+            await self._send(
+                self.settings.topic_labels, encode(event), event.trace_id.encode(), timeout
+            )
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
             self.metrics.publish_failures.inc()
             await self._reset()
@@ -72,6 +78,18 @@ class Publisher:
                 "label replaces the earlier one)"
             ) from None
         self.metrics.published.labels(event.event_type).inc()
+
+    async def broadcast(self, entry: SlotEntry) -> None:
+        """Tell the other instances of a claim entry this one wrote (best effort: the store
+        holds the claim, and an instance that misses the news only loses a race to it)."""
+        try:
+            await self._send(
+                self.settings.topic_claims, entry.encode(), entry.trace_id.encode(),
+                min(self.settings.web_publish_timeout_s, 2.0),
+            )  # fmt: skip
+        except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
+            log.warning("claims topic: the news of a claim was not sent (%s)", type(exc).__name__)
+            await self._reset()
 
     async def _reset(self) -> None:
         producer, self._producer = self._producer, None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -17,12 +18,15 @@ from rl_export.common.errors import RlExportError
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
+from rl_export.labeling.claims import ClaimBook, Claims, entry_from_wire
+from rl_export.labeling.settings import LabelingSettings, SettingsBook
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.web.follower import Indexer
 from rl_export.web.index import QueryIndex
 from rl_export.web.jobs import Jobs
-from rl_export.web.overlay import LabelsFollower, Overlay
+from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
+from rl_export.web.tailing import Tail
 from rl_export.web.tokens import TokenStore, TokenVerifier
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ class Services:
     overlay: Overlay
     publisher: Publisher
     jobs: Jobs
+    labeling: SettingsBook
+    claim_book: ClaimBook
+    claims: Claims
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -47,11 +54,31 @@ class Services:
         self.indexer.start()
         self._tasks = [
             asyncio.create_task(self._topics(), name="topics"),
-            asyncio.create_task(
-                LabelsFollower(self.settings, self.overlay).run(self._stop), name="labels"
-            ),
+            asyncio.create_task(self._labels_tail().run(self._stop), name="labels"),
+            asyncio.create_task(self._claims_tail().run(self._stop), name="claims"),
             asyncio.create_task(self.jobs.sweep_forever(self._stop), name="sweep"),
         ]
+
+    def _labels_tail(self) -> Tail:
+        """Everyone's label events since one overlay TTL ago, into the overlay."""
+        overlay = self.overlay
+        return Tail(self.settings, self.settings.topic_labels, lookback_s=overlay.ttl_s,
+                    note=lambda value: note_label_event(overlay, value),
+                    tick=overlay.expire)  # fmt: skip
+
+    def _claims_tail(self) -> Tail:
+        """Every instance's claim entries since one overlay TTL ago, into the claim book.
+        Older claims (leases can last a day) are learnt from the store when a race is lost."""
+        book = self.claim_book
+        keep_s = 2 * self.overlay.ttl_s
+
+        def note(value: bytes | None) -> None:
+            entry = None if value is None else entry_from_wire(value)
+            if entry is not None:
+                book.learn(entry)
+
+        return Tail(self.settings, self.settings.topic_claims, lookback_s=self.overlay.ttl_s,
+                    note=note, tick=lambda: book.forget(time.time(), keep_s))  # fmt: skip
 
     async def _topics(self) -> None:
         """Create or check the topics; a broker that is down now is tried again later."""
@@ -83,6 +110,11 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
     index = QueryIndex(
         settings.index_dir, threads=settings.web_index_threads, memory=settings.web_index_memory
     )
+    publisher = Publisher(settings, metrics)
+    # A label made through a claim counts before the index shows it for one overlay TTL.
+    claim_book = ClaimBook(label_grace_s=settings.web_overlay_ttl_s)
+    defaults = LabelingSettings(labels_per_trace=settings.labels_per_trace,
+                                lease_s=settings.lease_s)  # fmt: skip
     return Services(
         settings=settings,
         registry=registry,
@@ -98,6 +130,9 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
             poll_interval_s=settings.web_index_poll_s,
         ),
         overlay=Overlay(settings.web_overlay_ttl_s),
-        publisher=Publisher(settings, metrics),
+        publisher=publisher,
         jobs=Jobs(settings, store, metrics),
+        labeling=SettingsBook(store, defaults, cache_s=settings.labeling_cache_s),
+        claim_book=claim_book,
+        claims=Claims(store, claim_book, publisher.broadcast),
     )

@@ -19,8 +19,9 @@ from rl_export.common.errors import StoreError
 from rl_export.common.gctune import tune_gc
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.settings import MIB, Settings
+from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.compaction import compact, expire
-from rl_export.corpora.sink import Sink, SinkConfig
+from rl_export.corpora.sink import Sink
 from rl_export.corpora.store import open_store
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.worker.inprocess import InProcessJoin, JoinStage

@@ -19,9 +19,9 @@ from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
 from rl_export.corpora.shards import verify
 from rl_export.corpora.store import ObjectStore, open_store
-from rl_export.local.faults import CuttableProxy
 from rl_export.local.seaweed import LocalS3
 from rl_export.local.synthetic import generate
+from tests.harness.faults import CuttableProxy
 from tests.integration.stream.test_join_loop import scenario, shuffled_with_duplicates
 from tests.integration.workers import (
     WorkerProcess,

@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaProducer
 from rl_export.common.errors import LocalStackError
 from rl_export.common.net import free_port
 from rl_export.local.broker import LocalKafka
-from rl_export.local.usage import compiler_cpu
 from rl_export.stream.topics import TopicSpec, ensure_topics, partition_counts
+from tests.harness.usage import compiler_cpu
 
 
 def test_the_broker_keeps_its_data_across_a_restart(tmp_path: Path) -> None:

@@ -21,11 +21,11 @@ import pytest
 
 from rl_export.common.settings import Settings
 from rl_export.local.process import child_pids
-from rl_export.local.reads import read_topics, wait_caught_up
 from rl_export.local.synthetic import generate
 from rl_export.stream.processor import CONVERSATION
 from rl_export.stream.state import load_state
 from tests.factories import RUBRIC, event
+from tests.harness.reads import read_topics, wait_caught_up
 from tests.integration.workers import WorkerProcess, expected_final, publish
 
 

@@ -14,7 +14,6 @@ from rl_export.common.codec import dumps_lines
 from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError
 from rl_export.common.net import free_port
 from rl_export.common.settings import Settings
-from rl_export.local.faults import CuttableProxy
 from rl_export.local.synthetic import generate
 from rl_export.stream.produce import produce_lines, read_lines
 from rl_export.stream.topics import (
@@ -23,6 +22,7 @@ from rl_export.stream.topics import (
     ensure_topics,
     partition_counts,
 )
+from tests.harness.faults import CuttableProxy
 
 
 async def consume_all(settings: Settings, topics: list[str], expected: int) -> list[object]:

@@ -6,7 +6,7 @@ Export tab follows labels given elsewhere; skip and undo persist; the source and
 toggles change the preview; downloads parse (JSON Lines, and CSV with chosen, renamed and
 reordered columns); a large export runs as a job behind the floating indicator; a transcript
 holding markup shows it as text. Each tab is photographed into docs/screenshots/ for the
-README.
+README and the docs site.
 """
 
 from __future__ import annotations

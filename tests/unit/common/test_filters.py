@@ -12,6 +12,7 @@ from rl_export.common.filters import (
     Filters,
     filters_from_json,
     parse_filters,
+    record_spread,
 )
 from tests.records import record
 
@@ -29,6 +30,8 @@ def test_both_spellings_and_every_filter_parse() -> None:
             "since": "2026-01-01T00:00:00+02:00",
             "until": "2026-02-01T00:00:00Z",
             "labeled": "false",
+            "min_labels": "2",
+            "max-spread": "0.15",
             "limit": "10",
         }
     )
@@ -43,6 +46,8 @@ def test_both_spellings_and_every_filter_parse() -> None:
         since=datetime(2025, 12, 31, 22, tzinfo=UTC),
         until=datetime(2026, 2, 1, tzinfo=UTC),
         labeled=False,
+        min_labels=2,
+        max_spread=0.15,
         limit=10,
     )
     assert set(FILTER_NAMES) == {n.replace("_", "-") for n in Filters.model_fields}
@@ -59,6 +64,11 @@ def test_both_spellings_and_every_filter_parse() -> None:
         ({"passed": "maybe"}, "passed: 'maybe' is not true or false"),
         ({"max-severity": "-1"}, "max-severity: '-1' is not an integer >= 0"),
         ({"limit": "ten"}, "limit: 'ten' is not an integer >= 0"),
+        ({"min-labels": "-2"}, "min-labels: '-2' is not an integer >= 0"),
+        ({"min_labels": "1.5"}, "min-labels: '1.5' is not an integer >= 0"),
+        ({"max-spread": "wide"}, "max-spread: 'wide' is not a number"),
+        ({"max_spread": "1.2"}, "max-spread: 1.2 is outside 0..1 (a spread is a difference"),
+        ({"max-spread": "inf"}, "max-spread: 'inf' is not a finite number"),
         ({"scenario": "  "}, "scenario: is empty"),
         ({"scenario": ["a", "b"]}, "scenario: given more than once"),
         ({"min-reward": "0.8", "max-reward": "0.2"}, "min-reward: 0.8 is above max-reward 0.2"),
@@ -91,6 +101,8 @@ def test_to_params_is_the_inverse_of_parse_filters(sep: str) -> None:
             "since": "2026-01-01T00:00:00.5Z",
             "limit": "3",
             "labeled": "true",
+            "min-labels": "2",
+            "max-spread": "0.1",
         }
     )
     params = filters.to_params(sep=sep)
@@ -147,3 +159,78 @@ def test_corpus_spec_filters_read_json_values() -> None:
         filters_from_json({"passed": "yes please"})
     with pytest.raises(FilterError, match="scenario: "):
         filters_from_json({"scenario": {"nested": 1}})
+
+
+def labels(*sums: tuple[int, int, int, int]) -> list[dict[str, object]]:
+    """Current labels as records carry them, one per labeler, with these four ratings."""
+    names = ("correctness", "helpfulness", "efficiency", "safety")
+    return [
+        {"labeler": f"l{n}", "rubric": dict(zip(names, ratings, strict=True)), "comment": None,
+         "occurred_at": "2026-01-02T00:00:00Z"}
+        for n, ratings in enumerate(sums)
+    ]  # fmt: skip
+
+
+def legacy(trace_id: str, count: int) -> dict[str, object]:
+    """A record written before records carried ``labels``: ``count`` labels, ratings unknown."""
+    value = record(trace_id, labels=count)
+    del value["labels"]
+    return value
+
+
+def labeled(trace_id: str, *ratings: tuple[int, int, int, int]) -> dict[str, object]:
+    value = record(trace_id, labels=min(len(ratings), 2))
+    value["labels"] = labels(*ratings)
+    value["labels_count"] = len(ratings)
+    value["labelers"] = [f"l{n}" for n in range(len(ratings))]
+    return value
+
+
+def test_spread_is_the_largest_difference_of_two_labelers_rewards() -> None:
+    assert record_spread(labeled("a")) == 0.0  # no label
+    assert record_spread(labeled("a", (1, 2, 3, 4))) == 0.0  # one label: 0
+    # Rewards 16/20, 10/20 and 13/20: the spread is 6/20.
+    assert record_spread(labeled("a", (4, 4, 4, 4), (1, 3, 3, 3), (4, 3, 3, 3))) == 0.3
+    # Written before records carried labels: known for fewer than two labels only.
+    assert record_spread(legacy("a", 0)) == 0.0
+    assert record_spread(legacy("a", 1)) == 0.0
+    assert record_spread(legacy("a", 2)) is None
+    assert record_spread(record("a", labels=2)) == 0.05  # ana 16/20, bo 17/20
+
+
+def test_min_labels_and_max_spread_match() -> None:
+    none, one = labeled("none"), labeled("one", (5, 5, 5, 5))
+    close = labeled("close", (4, 4, 4, 4), (4, 4, 4, 3))  # spread 1/20 = 0.05
+    apart = labeled("apart", (5, 5, 5, 5), (1, 1, 1, 1), (5, 5, 5, 4))  # 16/20 = 0.8
+    old = legacy("old", 2)  # two labels, no `labels`: spread unknown
+    rows = (none, one, close, apart, old)
+    cases = [
+        (Filters(min_labels=0), rows),
+        (Filters(min_labels=1), (one, close, apart, old)),
+        (Filters(min_labels=2), (close, apart, old)),
+        (Filters(min_labels=3), (apart,)),
+        (Filters(max_spread=0.0), (none, one)),
+        (Filters(max_spread=0.05), (none, one, close)),  # exactly 0.05 passes
+        (Filters(max_spread=0.04), (none, one)),
+        (Filters(max_spread=0.8), (none, one, close, apart)),  # unknown never matches
+        (Filters(min_labels=2, max_spread=0.1), (close,)),
+    ]
+    for filters, expected in cases:
+        got = [r["trace_id"] for r in rows if filters.matches(r)]
+        assert got == [r["trace_id"] for r in expected], filters
+        # A record holding only the fields the filter reads matches as the whole one does.
+        fields = filters.fields()
+        assert [r["trace_id"] for r in rows if filters.matches(
+            {k: v for k, v in r.items() if k in fields})] == got  # fmt: skip
+
+
+def test_corpus_specs_take_min_labels_and_max_spread() -> None:
+    from rl_export.common.specs import CorpusSpec
+
+    spec = CorpusSpec.model_validate(
+        {"name": "agreed", "source": "human", "filter": {"min-labels": 2, "max_spread": 0.1}}
+    )
+    assert spec.filter == Filters(min_labels=2, max_spread=0.1)
+    assert CorpusSpec.model_validate(spec.model_dump()) == spec
+    with pytest.raises(ValueError, match="filter max-spread: 'x' is not a number"):
+        CorpusSpec.model_validate({"name": "x", "source": "human", "filter": {"max-spread": "x"}})

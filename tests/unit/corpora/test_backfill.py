@@ -103,6 +103,21 @@ def test_a_traces_record_gives_back_the_snapshot_it_came_from() -> None:
     assert compared > 15
 
 
+def test_a_record_written_before_labels_existed_backfills_without_them() -> None:
+    """Schema version 1 records lack ``labels``: a corpus seeded from them says nothing of the
+    labels (unknown), rather than claiming there were none."""
+    a = Trace(IDS[0])
+    for snapshot in (a.completed(), a.labelled("ana"), a.evaluated(passed=True)):
+        old = {k: v for k, v in loads(dumps_line(render(snapshot, None))).items()
+               if k != "labels"}  # fmt: skip
+        rebuilt = snapshot_from_record(old)
+        for source in ("human", "evaluator", None):
+            record = render(rebuilt, source)
+            if record is not None:
+                assert "labels" not in record
+                assert list(record) == [k for k in render(snapshot, source) or {} if k != "labels"]
+
+
 @pytest.mark.parametrize("compacted", [False, True])
 async def test_a_corpus_added_later_holds_what_it_would_have_held(compacted: bool) -> None:
     before, after = history()

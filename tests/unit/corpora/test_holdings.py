@@ -17,11 +17,12 @@ from prometheus_client import CollectorRegistry
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.partitioning import partition_for
 from rl_export.common.specs import DEFAULT_CORPORA
+from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef, latest_compaction, load_chain_state, read_chain
+from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.shards import verify
-from rl_export.corpora.sink import PartitionSink, SinkConfig
 from rl_export.corpora.store import MemoryStore
 from tests.unit.corpora.test_sink import REPEATS, Trace, feed, sample
 

@@ -11,6 +11,12 @@ a deleted trace gets its tombstone in every corpus even where the corpus held no
 (here ``tr-deleted``, deleted within its first batch), so that an older revision replayed
 later on another chain finds the deletion. Those three tombstone lines are the whole
 difference from fd337d1's output (compared line by line when the digest was updated).
+
+A second (issue 29, DESIGN.md section 4's per-label detail): every record ends with
+``"labels": [...]``, each current label as submitted. Compared line by line when the digest
+was updated: each of the 1,102 lines is the line before with that field added before its
+closing brace (tombstones unchanged), and each record's ``labels`` has ``labels_count``
+entries.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
 from tests.factories import event
 
-EXPECTED = "3bbae609a0587cb92fa45ee43d6d609528a7b7c1404ab3d2eb16759dcaa47f4b"
+EXPECTED = "43d08087ae49bd63bcfbad78ba9074bcd224b8f0ea135f444dc7817472fdd38f"
 
 
 def special_events() -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from rl_export.common.records import (
     tombstone,
 )
 from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
     Commit,
@@ -45,8 +46,9 @@ from rl_export.corpora.layout import (
     follow_chain,
     read_shard,
 )
+from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.shards import verify
-from rl_export.corpora.sink import PartitionSink, Sink, SinkConfig, _seek_committed, flushed_early
+from rl_export.corpora.sink import Sink, _seek_committed, flushed_early
 from rl_export.corpora.store import MemoryStore
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from tests.factories import event, raw
@@ -297,13 +299,13 @@ async def test_live_snapshots_in_the_record_layout_are_never_parsed_whole(
     """The default corpora's lines come from the value's own bytes: parsing each snapshot
     whole (its conversation, most of its bytes) once cost the sink half its time."""
     import rl_export.common.records
-    import rl_export.corpora.sink
+    import rl_export.corpora.partition
 
     def parsed_whole(value: bytes) -> dict[str, Any]:
         raise AssertionError("a live snapshot in the record layout was parsed whole")
 
     monkeypatch.setattr(rl_export.common.records, "decode_snapshot", parsed_whole)
-    monkeypatch.setattr(rl_export.corpora.sink, "decode_snapshot", parsed_whole)
+    monkeypatch.setattr(rl_export.corpora.partition, "decode_snapshot", parsed_whole)
     store = MemoryStore()
     sink, _ = make_sink(store)
     t = Trace("tr-1")
@@ -969,6 +971,7 @@ FILTERED = [
     CorpusSpec(name="reward", source="evaluator", filter={"reward": 0.9}),
     CorpusSpec(name="min-reward", source="evaluator", filter={"min-reward": 0.5}),
     CorpusSpec(name="labeled", source=None, filter={"labeled": True, "max_severity": 0}),
+    CorpusSpec(name="agreed", source=None, filter={"min-labels": 1, "max-spread": 0.1}),
     CorpusSpec(name="sft", source="evaluator", format="messages", filter={"passed": True}),
     CorpusSpec(name="pc", source="human", format="prompt_completion"),
     CorpusSpec(name="kto", source=None, format="kto"),  # traces: no verdict, no kto row

@@ -23,6 +23,7 @@ from rl_export.export import (
     content_type,
     file_name,
     iter_export,
+    latest_records,
     reward_histogram,
     source_ref,
     stats,
@@ -310,6 +311,26 @@ async def test_stats_and_histogram(story: MemoryStore) -> None:
         {"lo": 0.0, "hi": 0.5, "count": 1},
         {"lo": 0.5, "hi": 1.0, "count": 2},
     ]
+
+
+async def collect(store: Any, ref: CorpusRef, **kw: Any) -> list[dict[str, Any]]:
+    return [record async for batch in latest_records(store, ref, **kw) for record in batch]
+
+
+async def test_latest_records_are_the_filtered_view_read_as_far_as_asked(
+    story: MemoryStore,
+) -> None:
+    data, _ = await export(story, TRACES, "trajectory")
+    view = check_jsonl(data)
+    assert await collect(story, TRACES) == view
+    labeled = await collect(story, TRACES, filters=Filters(labeled=True), fields={"skipped_by"})
+    assert [r["labels_count"] for r in labeled] == [
+        r["labels_count"] for r in view if r["labels_count"]
+    ]
+    assert all(set(r) <= {"skipped_by", "labels_count", "deleted"} for r in labeled)
+    assert len(await collect(story, TRACES, filters=Filters(limit=2), fields=())) == 2
+    with pytest.raises(NoDataError):
+        await collect(story, CorpusRef(ORG, "other", "traces"))
 
 
 async def test_bad_requests_raise_before_any_byte(story: MemoryStore) -> None:

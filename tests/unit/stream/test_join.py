@@ -58,12 +58,12 @@ T1 = "2026-01-01T00:00:01Z"
 T2 = "2026-01-01T00:00:02Z"
 T3 = "2026-01-01T00:00:03Z"
 
-# DESIGN.md section 4, in the order written there.
+# DESIGN.md section 4, in the order written there ("records also carry labels": last).
 RECORD_FIELDS = [
     "trace_id", "org", "project", "reward_source", "revision", "reward", "passed", "rubric",
     "labels_count", "labelers", "skipped_by", "evaluator_scores", "evaluation", "messages",
     "agent_version", "scenario", "attachments", "completed_at", "updated_at", "pass_threshold",
-    "rules_version",
+    "rules_version", "labels",
 ]  # fmt: skip
 TOMBSTONE_FIELDS = ["trace_id", "org", "project", "reward_source", "revision", "deleted"]
 
@@ -494,6 +494,34 @@ def test_labelers_are_sorted() -> None:
     j = joined(trace(), label("l-1", "zoe"), label("l-2", "ana"), label("l-3", "mia"))
     assert j.ready("human")["labelers"] == ["ana", "mia", "zoe"]
     assert j.ready("human")["labels_count"] == 3
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_labels_hold_each_current_label_as_submitted_sorted_by_labeler(reverse: bool) -> None:
+    events = [
+        {**label("l-1", "zoe", T1, r=(1, 2, 3, 4)), "comment": "missed the refund"},
+        label("l-2", "ana", T2, r=(5, 5, 4, 5)),
+        label("l-3", "mia", T1),
+        retract("r-1", "mia", T2),  # mia's latest is a retraction: no label
+        {**label("l-4", "bo", T1, r=(2, 2, 2, 2)), "comment": "old"},
+        label("l-5", "bo", T3, r=(3, 3, 3, 3)),  # bo's latest has no comment
+        skip("s-1", "cy"),
+    ]
+    j = joined(trace(), *(reversed(events) if reverse else events))
+    for source in (None, "human"):
+        assert j.ready(source)["labels"] == [
+            {"labeler": "ana", "rubric": rubric(5, 5, 4, 5), "comment": None, "occurred_at": T2},
+            {"labeler": "bo", "rubric": rubric(3, 3, 3, 3), "comment": None, "occurred_at": T3},
+            {"labeler": "zoe", "rubric": rubric(1, 2, 3, 4), "comment": "missed the refund",
+             "occurred_at": T1},
+        ]  # fmt: skip
+    assert j.ready("human")["labelers"] == ["ana", "bo", "zoe"]
+
+
+def test_an_unlabeled_record_has_empty_labels() -> None:
+    assert (
+        joined(trace(), evaluation(results=[result("j", 0.5)])).ready("evaluator")["labels"] == []
+    )
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -935,6 +963,7 @@ def _state(name: str) -> TraceState:
                 report={"outcomes": [{"type": "x"}], "classifications": []},
             ),
             label("l-1", "ana"),
+            {**label("l-2", "dee"), "comment": "tone: \u2028 <b>curt</b>"},
             retract("r-1", "bob"),
             skip("s-1", "cy"),
         ).st

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from rl_export.common.codec import dumps_line
 from rl_export.common.filters import Filters
 from rl_export.export.stats import StatsAccumulator
-from rl_export.web.index import CorpusKey, QueryIndex, QueueAsk
+from rl_export.labeling.settings import LabelingSettings
+from rl_export.web.index import CorpusKey, QueryIndex, QueueAsk, QueueFilter
 from tests.records import record
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -100,39 +101,131 @@ def test_an_index_whose_segments_are_short_is_rebuilt(tmp_path: Path) -> None:
         again.close()
 
 
+def traced(
+    n: int, *, labels: dict[str, int] | None = None, skipped: tuple[str, ...] = (),
+    scenario: str = "refund", scores: tuple[tuple[float, bool], ...] = (), revision: int = 1,
+) -> bytes:  # fmt: skip
+    """A ``traces`` record completed at minute 50 - n (so t5 is older than t4), labeled by
+    ``labels`` (labeler -> the one rating they gave each dimension), evaluated by ``scores``."""
+    value = record(f"t{n}", source=None, reward=None, passed=None, scenario=scenario,
+                   revision=revision)  # fmt: skip
+    value["completed_at"] = f"2026-01-01T00:{50 - n:02d}:00Z"
+    labels = labels or {}
+    value["labelers"] = sorted(labels)
+    value["labels_count"] = len(labels)
+    value["labels"] = [
+        {"labeler": name, "rubric": dict.fromkeys(RUBRIC, rating), "comment": None,
+         "occurred_at": "2026-01-02T00:00:00Z"}
+        for name, rating in sorted(labels.items())
+    ]  # fmt: skip
+    value["skipped_by"] = sorted(skipped)
+    value["evaluation"] = None if not scores else {
+        "evaluation_id": f"ev-{n}", "occurred_at": "2026-01-02T00:00:00Z",
+        "results": [{"evaluator": f"j{i}", "score": sc, "passed": ok, "reasoning": ""}
+                    for i, (sc, ok) in enumerate(scores)],
+        "report": {"outcomes": [], "classifications": []},
+    }  # fmt: skip
+    return line(value)
+
+
+ANYWHERE = QueueFilter()
+
+
+def queue_of(
+    index: QueryIndex, cid: int, labeler: str, settings: LabelingSettings, *,
+    scope: QueueFilter = ANYWHERE, touched: tuple[str, ...] = (), limit: int = 10,
+) -> tuple[list[str], int, int]:  # fmt: skip
+    """(the head of the queue, remaining, team_remaining) as the index alone says."""
+    ask = QueueAsk(labeler, limit, settings, 0.7, scope, touched)
+    head = [row.trace_id for row in index.queue_candidates(cid, ask)]
+    remaining, short, rows = index.queue_counts(cid, ask)
+    assert sorted(r.trace_id for r in rows) == sorted(
+        t for t in touched if t in {r.trace_id for r in index.queue_candidates(
+            cid, QueueAsk("nobody", 1000, LabelingSettings(labels_per_trace=10), 0.7, scope))}
+    )  # fmt: skip
+    return head, remaining, short
+
+
+K3 = LabelingSettings(labels_per_trace=3)
+K1 = LabelingSettings(labels_per_trace=1)
+
+
 def test_queue_is_oldest_first_without_what_the_labeler_labeled_or_skipped(
     index: QueryIndex,
 ) -> None:
     cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
-    rows = []
-    for n, (labelers, skipped) in enumerate(
-        [([], []), (["ana"], []), ([], ["ana"]), (["bo"], []), ([], []), (["ana"], ["bo"])]
-    ):
-        value = record(f"t{n}", source=None, reward=None, passed=None)
-        value["completed_at"] = (
-            (START + timedelta(minutes=10 - n)).isoformat().replace("+00:00", "Z")
-        )
-        value["labelers"], value["skipped_by"] = labelers, skipped
-        rows.append(line(value))
-    index.ingest(cid, b"".join(rows), {"t-0": 6})
+    index.ingest(cid, b"".join([
+        traced(0), traced(1, labels={"ana": 4}), traced(2, skipped=("ana",)),
+        traced(3, labels={"bo": 3}), traced(4), traced(5, labels={"ana": 2}, skipped=("bo",)),
+    ]), {"t-0": 6})  # fmt: skip
+    assert queue_of(index, cid, "ana", K3) == (["t4", "t3", "t0"], 3, 6)
+    assert queue_of(index, cid, "ana", K3, limit=2) == (["t4", "t3"], 3, 6)
+    assert queue_of(index, cid, "bo", K3) == (["t4", "t2", "t1", "t0"], 4, 6)
+    # With a target of one label, the labeled traces are full for everyone.
+    assert queue_of(index, cid, "bo", K1) == (["t4", "t2", "t0"], 3, 3)
+    # Touched traces come back for the caller to decide, whatever the corpora say.
+    assert queue_of(index, cid, "ana", K1, touched=("t1", "t9")) == (["t4", "t1", "t0"], 2, 3)
 
-    def ids(ask: QueueAsk) -> tuple[list[str], int]:
-        found, remaining = index.queue(cid, ask)
-        return [r["trace_id"] for r in bodies(found)], remaining
 
-    assert ids(QueueAsk("ana", 10)) == (["t4", "t3", "t0"], 3)
-    assert ids(QueueAsk("ana", 2)) == (["t4", "t3"], 3)
-    assert ids(QueueAsk("bo", 10)) == (["t4", "t2", "t1", "t0"], 4)
-    # Read-your-writes: just labeled t4, just retracted the label of t1 (not t2: skipped).
-    assert ids(QueueAsk("ana", 10, hidden=["t4"], returned=["t1", "t2"])) == (
-        ["t3", "t1", "t0"],
-        3,
-    )
+def test_queue_orders_and_filters(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    index.ingest(cid, b"".join([
+        traced(0, scores=((0.9, True),)), traced(1, scores=((0.2, False), (0.9, True))),
+        traced(2), traced(3, scores=((0.68, False),), scenario="trip"),
+        traced(4, scores=((0.4, False),)),
+    ]), {})  # fmt: skip
+    order = {name: LabelingSettings(order=name) for name in ("oldest", "newest", "uncertain")}
+    assert queue_of(index, cid, "ana", order["oldest"])[0] == ["t4", "t3", "t2", "t1", "t0"]
+    assert queue_of(index, cid, "ana", order["newest"])[0] == ["t0", "t1", "t2", "t3", "t4"]
+    # Split evaluators first, then nearest to the 0.7 threshold, no evaluation last.
+    assert queue_of(index, cid, "ana", order["uncertain"])[0] == ["t1", "t3", "t0", "t4", "t2"]
+    passed = QueueFilter(passed=True)
+    assert queue_of(index, cid, "ana", K1, scope=passed) == (["t0"], 1, 1)
+    assert queue_of(index, cid, "ana", K1, scope=QueueFilter(passed=False))[0] == [
+        "t4", "t3", "t1"]  # fmt: skip
+    assert queue_of(index, cid, "ana", K1, scope=QueueFilter(scenario="trip"))[0] == ["t3"]
+    shuffled = LabelingSettings(order="random")
+    ana, bo = queue_of(index, cid, "ana", shuffled)[0], queue_of(index, cid, "bo", shuffled)[0]
+    assert sorted(ana) == sorted(bo) == ["t0", "t1", "t2", "t3", "t4"]
+    assert queue_of(index, cid, "ana", shuffled)[0] == ana
+
+
+def test_adjudication_opens_one_more_place_where_labelers_disagree(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    index.ingest(cid, b"".join([
+        traced(0, labels={"ana": 5, "bo": 5}),  # agree: full at k = 2
+        traced(1, labels={"ana": 5, "bo": 2}),  # 0.6 apart: one more label
+        traced(2, labels={"ana": 5, "bo": 2, "cy": 4}),  # got it: full at k + 1
+    ]), {})  # fmt: skip
+    plain = LabelingSettings(labels_per_trace=2)
+    adjudicated = LabelingSettings(labels_per_trace=2, adjudicate_spread=0.5)
+    assert queue_of(index, cid, "dee", plain) == ([], 0, 0)
+    assert queue_of(index, cid, "dee", adjudicated) == (["t1"], 1, 1)
+
+
+def test_trace_labels_and_bodies_in_the_order_asked(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    index.ingest(cid, b"".join([traced(0, labels={"ana": 4, "bo": 2}, skipped=("cy",)),
+                                traced(1), line(tombstone("t2", 1))]), {})  # fmt: skip
+    found = index.trace_labels(cid, "t0")
+    assert found is not None
+    assert dict(found.sums) == {"ana": 16, "bo": 8}
+    assert found.skipped_by == {"cy"}
+    assert index.trace_labels(cid, "t2") is None
+    assert [r["trace_id"] for r in bodies(index.bodies(cid, ["t1", "t2", "t0"]))] == ["t1", "t0"]
+    # A record written before ``labels``: its labelers' sums are unknown.
+    old = orjson.loads(traced(3, labels={"ana": 4}))
+    del old["labels"]
+    index.ingest(cid, line(old), {})
+    unknown = index.trace_labels(cid, "t3")
+    assert unknown is not None
+    assert dict(unknown.sums) == {"ana": None}
 
 
 # --- the SQL filters and stats agree with the Python ones --------------------------------
 
 DIMENSIONS = ("goal_met", "compliance", "tone")
+RUBRIC = ("correctness", "helpfulness", "efficiency", "safety")
 
 
 @st.composite
@@ -149,7 +242,7 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
             max_size=4,
         )
     )  # fmt: skip
-    return record(
+    value = record(
         f"tr-{n}",
         source=source,
         reward=reward,
@@ -162,6 +255,21 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
         labels=draw(st.integers(0, 2)),
         outcomes=outcomes if draw(st.booleans()) else None,
     )
+    # Current labels as submitted (ratings near each other, so spreads fall on the filters'
+    # bounds), or none of them: a record written before records carried `labels`.
+    kind = draw(st.sampled_from(["rated", "legacy", "as made"]))
+    if kind == "legacy":
+        del value["labels"]
+    elif kind == "rated":
+        rubrics = draw(st.lists(st.lists(st.integers(3, 5), min_size=4, max_size=4), max_size=3))
+        value["labels"] = [
+            {"labeler": f"l{k}", "rubric": dict(zip(RUBRIC, r, strict=True)), "comment": None,
+             "occurred_at": "2026-01-02T00:00:00Z"}
+            for k, r in enumerate(rubrics)
+        ]  # fmt: skip
+        value["labels_count"] = len(rubrics)
+        value["labelers"] = [f"l{k}" for k in range(len(rubrics))]
+    return value
 
 
 @st.composite
@@ -182,6 +290,8 @@ filters_strategy = st.builds(
     since=st.sampled_from([None, START + timedelta(hours=12)]),
     until=st.sampled_from([None, START + timedelta(hours=36)]),
     labeled=st.sampled_from([None, True, False]),
+    min_labels=st.sampled_from([None, 0, 1, 2, 3]),
+    max_spread=st.sampled_from([None, 0.0, 0.05, 0.1, 0.25]),
     limit=st.sampled_from([None, 3]),
 )
 
@@ -245,27 +355,13 @@ def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: Quer
     assert len(index.preview(other, Filters(), 10)) == 1
 
 
-def test_queue_past_many_seen_traces_and_the_seen_table_follows_revisions(
-    index: QueryIndex,
-) -> None:
+def test_queue_past_many_labeled_traces_follows_revisions(index: QueryIndex) -> None:
     cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
-
-    def trace(n: int, revision: int = 1, labelers: tuple[str, ...] = ()) -> bytes:
-        value = record(f"t{n:02d}", source=None, reward=None, passed=None, revision=revision)
-        value["completed_at"] = f"2026-01-01T00:{n:02d}:00Z"
-        value["labelers"] = list(labelers)
-        return line(value)
-
-    # ana labeled the twelve oldest of twenty: more than the first candidates hold.
-    index.ingest(
-        cid, b"".join([trace(n, labelers=("ana",) if n < 12 else ()) for n in range(20)]), {}
-    )
-    found, remaining = index.queue(cid, QueueAsk("ana", 2))
-    assert [r["trace_id"] for r in bodies(found)] == ["t12", "t13"]
-    assert remaining == 8
-    # A later revision without her label (retracted) brings t03 back; deleting t12 drops it.
-    index.ingest(cid, b"".join([trace(3, revision=2), line(tombstone("t12", 2))]), {})
-    found, remaining = index.queue(cid, QueueAsk("ana", 2))
-    assert [r["trace_id"] for r in bodies(found)] == ["t03", "t13"]
-    assert remaining == 8
-    assert index.queue(cid, QueueAsk("bo", 1))[1] == 19
+    # ana labeled the twelve oldest of twenty.
+    index.ingest(cid, b"".join([traced(n, labels={"ana": 4} if n >= 8 else None)
+                                for n in range(20)]), {})  # fmt: skip
+    assert queue_of(index, cid, "ana", K3, limit=2) == (["t7", "t6"], 8, 20)
+    # A later revision without her label (retracted) brings t10 back; deleting t7 drops it.
+    index.ingest(cid, b"".join([traced(10, revision=2), line(tombstone("t7", 2))]), {})
+    assert queue_of(index, cid, "ana", K3, limit=2) == (["t10", "t6"], 8, 19)
+    assert queue_of(index, cid, "bo", K3, limit=1)[1] == 19

@@ -82,6 +82,7 @@ def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
 
 LabelCaller = Annotated[Caller, Depends(require("label"))]
 ExportCaller = Annotated[Caller, Depends(require("export"))]
+AdminCaller = Annotated[Caller, Depends(require("admin"))]
 
 _Text = Annotated[str | None, Query()]
 
@@ -101,6 +102,15 @@ def filters(
     since: Annotated[str | None, Query(description="updated_at >= (RFC 3339)")] = None,
     until: Annotated[str | None, Query(description="updated_at < (RFC 3339)")] = None,
     labeled: Annotated[str | None, Query(description="At least one human label")] = None,
+    min_labels: Annotated[str | None, Query(description="At least N current human labels")] = None,
+    max_spread: Annotated[
+        str | None,
+        Query(
+            description="The largest difference between two labelers' rewards is at most "
+            "this (0..1; one label: 0; records without `labels` and two or more labels: "
+            "unknown, never match)"
+        ),
+    ] = None,
     limit: Annotated[str | None, Query(description="At most N records")] = None,
 ) -> Filters:
     """The filters of DESIGN.md section 4 from the query string; 422 naming a bad one."""
@@ -110,7 +120,8 @@ def filters(
             "passed": passed, "min_reward": min_reward, "max_reward": max_reward,
             "pass_dimension": pass_dimension, "max_severity": max_severity,
             "agent_version": agent_version, "scenario": scenario, "since": since,
-            "until": until, "labeled": labeled, "limit": limit,
+            "until": until, "labeled": labeled, "min_labels": min_labels,
+            "max_spread": max_spread, "limit": limit,
         }.items()
         if value is not None
     }  # fmt: skip

@@ -1,23 +1,30 @@
-"""The Label tab's routes (scope ``label``): the queue, labels, skips and retractions.
+"""The Label tab's routes (scope ``label``; ``PUT labeling`` needs ``admin``): the team's queue,
+claims, labels, skips, retractions and the project's labeling settings (DESIGN.md section 8).
 
-The queue is a query on this instance's index of the ``traces`` corpus, corrected by what the
-labeler did since (:mod:`rl_export.web.overlay`). A label, skip or retraction is checked
-against that corpus (404 for a trace not in this org/project), published with acks=all
-(503 when the broker does not acknowledge it), noted for the labeler's queue, then answered
-202 with the event's id.
+Thin on purpose: the rules are :mod:`rl_export.labeling` (settings, claims, the queue's
+policy) applied over this instance's index by :mod:`rl_export.web.team`. A label, skip or
+retraction is checked against the ``traces`` corpus (404 for a trace not in this
+org/project), published with acks=all (503 when the broker does not acknowledge it), noted
+for every labeler's queue, and settles the caller's place in the trace's slots (a label
+turns their claim into its place, a skip ends it, a retraction frees it), then answered 202.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 
 from rl_export.common.codec import dumps
+from rl_export.common.errors import FilterError
+from rl_export.common.filters import parse_bool
+from rl_export.labeling.queue import target
+from rl_export.labeling.settings import SettingsInvalid
 from rl_export.web.api.deps import (
+    AdminCaller,
     LabelCaller,
     OrgPath,
     ProjectPath,
@@ -26,65 +33,205 @@ from rl_export.web.api.deps import (
     index_state,
     query,
 )
-from rl_export.web.errors import NotFound, Unavailable
-from rl_export.web.index import QueueAsk
+from rl_export.web.errors import Invalid, NotFound, Unavailable
+from rl_export.web.follower import Followed
+from rl_export.web.index import QueueFilter
 from rl_export.web.labels import LabelEvent, label_retracted, label_skipped, label_submitted
-from rl_export.web.models import TRACE_ID_PATTERN, AcceptedOut, LabelIn, QueueOut, SkipIn
+from rl_export.web.models import (
+    TRACE_ID_PATTERN,
+    AcceptedOut,
+    ClaimIn,
+    ClaimOut,
+    LabelIn,
+    LabelingIn,
+    LabelingOut,
+    QueueOut,
+    SkipIn,
+)
 from rl_export.web.services import Services
+from rl_export.web.team import LabelerQueue, Team, team_of
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["label"])
 
 TRACES = "traces"
 QUEUE_MAX = 100
+TraceIdPath = Annotated[str, Path(min_length=1, max_length=512, pattern=TRACE_ID_PATTERN)]
+
+
+def queue_scope(
+    scenario: Annotated[str | None, Query(description="Only traces of this scenario.")] = None,
+    agent_version: Annotated[str | None, Query(description="Only this agent version.")] = None,
+    passed: Annotated[
+        str | None, Query(description="true or false: only traces the evaluators passed (or not).")
+    ] = None,
+) -> QueueFilter:
+    """The queue's filters from the query string; 422 naming a bad one."""
+    return _scope(scenario, agent_version, passed)
+
+
+def _scope(
+    scenario: str | None, agent_version: str | None, passed: str | bool | None
+) -> QueueFilter:
+    verdict = None
+    if isinstance(passed, bool):
+        verdict = passed
+    elif passed is not None:
+        try:
+            verdict = parse_bool("passed", passed)
+        except FilterError as exc:
+            raise Invalid(str(exc)) from None
+    return QueueFilter(scenario=scenario, agent_version=agent_version, passed=verdict)
+
+
+async def _traces(svc: Services, org: str, project: str) -> Followed:
+    return await corpus(svc, org, project, TRACES)
+
+
+def _answer(fields: dict[str, Any], bodies: list[bytes], followed: Followed) -> Response:
+    """The answer with the corpus's lines as ``items``, handed on as they are (never parsed)."""
+    state = dumps(index_state(followed, time.monotonic()).model_dump())
+    head = dumps(fields)[:-1]  # the other fields; ``items`` and ``index`` go after them
+    content = b'%b,"items":[%b],"index":%b}' % (head, b",".join(bodies), state)
+    return Response(content, media_type="application/json")
 
 
 @router.get(
     "/queue",
-    summary="The caller's queue: traces they have neither labeled nor skipped, oldest first",
+    summary="A preview of the caller's queue (claims nothing), in the project's order",
     response_model=QueueOut,
 )
 async def get_queue(
     *,
     org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc,
+    scope: Annotated[QueueFilter, Depends(queue_scope)],
     limit: Annotated[int, Query(ge=1, le=QUEUE_MAX)] = 10,
 ) -> Response:  # fmt: skip
-    followed = await corpus(svc, org, project, TRACES)
-    bodies: list[bytes] = []
-    remaining = 0
-    if followed.corpus_id is not None:
-        hidden, returned = svc.overlay.ask(org, project, caller.subject)
-        ask = QueueAsk(caller.subject, limit, hidden=hidden, returned=returned)
-        bodies, remaining = await query(svc.index.queue, followed.corpus_id, ask)
-    # The records are the corpus's lines: handed on as they are, never parsed here.
-    state = dumps(index_state(followed, time.monotonic()).model_dump())
-    content = b'{"items":[%b],"remaining":%d,"index":%b}' % (b",".join(bodies), remaining, state)
-    return Response(content, media_type="application/json")
+    followed = await _traces(svc, org, project)
+    if followed.corpus_id is None:
+        return _answer({"remaining": 0, "team_remaining": 0}, [], followed)
+    team = await team_of(svc, org, project)
+    view = await LabelerQueue(svc, followed.corpus_id, team, caller.subject, scope).view(limit)
+    fields = {"remaining": view.remaining, "team_remaining": view.team_remaining}
+    return _answer(fields, view.bodies, followed)
 
 
-async def _known_trace(svc: Services, org: str, project: str, trace_id: str) -> None:
-    followed = await corpus(svc, org, project, TRACES)
+@router.post(
+    "/queue/claim",
+    summary="Claim the next traces of the caller's queue (their unexpired claims first)",
+    response_model=ClaimOut,
+)
+async def post_claim(
+    *,
+    org: OrgPath,
+    project: ProjectPath,
+    caller: LabelCaller,
+    svc: Svc,
+    body: ClaimIn | None = None,
+) -> Response:
+    body = body or ClaimIn()
+    scope = _scope(body.scenario, body.agent_version, body.passed)
+    followed = await _traces(svc, org, project)
+    if followed.corpus_id is None or followed.passes == 0:
+        raise Unavailable(
+            f"this instance is still reading the traces of {org}/{project}; retry in a moment"
+        )
+    team = await team_of(svc, org, project)
+    queue = LabelerQueue(svc, followed.corpus_id, team, caller.subject, scope)
+    got = await queue.claim(body.limit)
+    expiries = [e.expires_at for e in got.entries if e.expires_at is not None]
+    fields = {
+        "lease_expires_at": _stamp(min(expiries)) if expiries else None,
+        "claims": [
+            {"trace_id": e.trace_id, "expires_at": _stamp(e.expires_at or 0.0)} for e in got.entries
+        ],
+        "remaining": got.view.remaining,
+        "team_remaining": got.view.team_remaining,
+    }
+    return _answer(fields, got.view.bodies, followed)
+
+
+def _stamp(epoch: float) -> str:
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+@router.delete(
+    "/queue/claims/{trace_id}", status_code=204, summary="Release the caller's claim on a trace"
+)
+async def delete_claim(
+    *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
+) -> Response:
+    if not await svc.claims.release(org, project, trace_id, caller.subject):
+        raise NotFound(f"you hold no unexpired claim on {trace_id!r}")
+    svc.metrics.claims.labels("released").inc()
+    return Response(status_code=204)
+
+
+@router.get("/labeling", summary="This project's labeling settings")
+async def get_labeling(
+    *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc
+) -> LabelingOut:
+    found = await svc.labeling.get(org, project)
+    return LabelingOut(**found.model_dump(include=set(LabelingOut.model_fields)))
+
+
+@router.put("/labeling", summary="Change this project's labeling settings (admin)")
+async def put_labeling(
+    *, org: OrgPath, project: ProjectPath, caller: AdminCaller, svc: Svc, body: LabelingIn
+) -> LabelingOut:
+    change = body.model_dump(exclude_unset=True)
+    try:
+        stored = await svc.labeling.put(org, project, change, by=caller.subject,
+                                        now=datetime.now(UTC))  # fmt: skip
+    except SettingsInvalid as exc:
+        raise Invalid(str(exc)) from None
+    return LabelingOut(**stored.model_dump(include=set(LabelingOut.model_fields)))
+
+
+async def _known_trace(svc: Services, org: str, project: str, trace_id: str) -> int:
+    followed = await _traces(svc, org, project)
     if followed.corpus_id is None or followed.passes == 0:
         raise Unavailable(
             f"this instance is still reading the traces of {org}/{project}; retry in a moment"
         )
     if not await query(svc.index.has_trace, followed.corpus_id, trace_id):
         raise NotFound(f"no trace {trace_id!r} in {org}/{project}")
+    return followed.corpus_id
 
 
 async def _publish(svc: Services, event: LabelEvent) -> AcceptedOut:
     await svc.publisher.publish(event)  # 503 unless the broker acknowledged it
-    svc.overlay.note(event)  # read-your-writes: the caller's queue changes at once
+    svc.overlay.note(event)  # every labeler's queue changes at once
     return AcceptedOut(event_id=event.event_id)
+
+
+async def _current(svc: Services, team: Team, corpus_id: int, trace_id: str) -> dict[str, Any]:
+    row = await query(svc.index.trace_labels, corpus_id, trace_id)
+    if row is None:
+        return {}
+    return dict(team.labels(row).sums)
 
 
 @router.post("/labels", status_code=202, summary="Label a trace (label.submitted)")
 async def post_label(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, body: LabelIn
 ) -> AcceptedOut:
-    await _known_trace(svc, org, project, body.trace_id)
+    corpus_id = await _known_trace(svc, org, project, body.trace_id)
+    team = await team_of(svc, org, project)
+    labelers = await _current(svc, team, corpus_id, body.trace_id)
+    place = await svc.claims.label(
+        org, project, body.trace_id, caller.subject,
+        target=target(team.settings, labelers), labelers=labelers.keys(),
+    )  # fmt: skip
     event = label_submitted(org, project, body.trace_id, caller.subject, rubric=body.rubric,
                             comment=body.comment, now=datetime.now(UTC))  # fmt: skip
-    return await _publish(svc, event)
+    accepted = await _publish(svc, event)
+    if place == "claim":
+        svc.metrics.claims.labels("ended").inc()
+    elif place == "over":  # DESIGN.md section 8's exception: accepted, and counted
+        svc.metrics.labels_over_target.inc()
+    return accepted
 
 
 @router.post("/skips", status_code=202, summary="Skip a trace (label.skipped)")
@@ -93,17 +240,20 @@ async def post_skip(
 ) -> AcceptedOut:
     await _known_trace(svc, org, project, body.trace_id)
     event = label_skipped(org, project, body.trace_id, caller.subject, datetime.now(UTC))
-    return await _publish(svc, event)
+    accepted = await _publish(svc, event)
+    if await svc.claims.release(org, project, body.trace_id, caller.subject):
+        svc.metrics.claims.labels("ended").inc()
+    return accepted
 
 
 @router.delete(
     "/labels/{trace_id}", status_code=202, summary="Retract the caller's label (label.retracted)"
 )
 async def delete_label(
-    *,
-    org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc,
-    trace_id: Annotated[str, Path(min_length=1, max_length=512, pattern=TRACE_ID_PATTERN)],
-) -> AcceptedOut:  # fmt: skip
+    *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
+) -> AcceptedOut:
     await _known_trace(svc, org, project, trace_id)
     event = label_retracted(org, project, trace_id, caller.subject, datetime.now(UTC))
-    return await _publish(svc, event)
+    accepted = await _publish(svc, event)
+    await svc.claims.retract(org, project, trace_id, caller.subject)
+    return accepted

@@ -1,0 +1,159 @@
+"""The partition sink: everything the sink does for one ``trajectories`` partition.
+
+A :class:`PartitionSink` turns each record of its partition into a snapshot, once, and hands
+it to the :class:`~rl_export.corpora.chain.ChainWriter` of every corpus of the snapshot's
+``(org, project)`` (step 2 of :mod:`rl_export.corpora.sink`); it says when its pending
+records are due, and flushes every writer's commit together (step 3 (a) and (b)), returning
+the Kafka offset then safe to commit. The stream's consumer loop and the offline ``replay``
+(:mod:`rl_export.corpora.replay`) drive it the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rl_export.common.metrics import SinkMetrics
+from rl_export.common.records import SnapshotLines, decode_snapshot
+from rl_export.common.specs import CorpusSpec
+from rl_export.corpora.chain import ChainWriter, PendingTotals, SinkConfig
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def seed_source(specs: Sequence[CorpusSpec]) -> CorpusSpec | None:
+    """The corpus new corpora are backfilled from: the first that holds every trace's latest
+    snapshot (no reward source, ``trajectory`` format, no filter), ``traces`` by default."""
+    for spec in specs:
+        if spec.source is None and spec.format == "trajectory" and spec.everything:
+            return spec
+    return None
+
+
+@dataclass
+class PartitionSink:
+    """Everything the sink does for one ``trajectories`` partition."""
+
+    store: ObjectStore
+    topic: str
+    partition: int
+    specs: Sequence[CorpusSpec]
+    config: SinkConfig
+    metrics: SinkMetrics
+    writer: str
+    writers: dict[tuple[str, str, str], ChainWriter] = field(default_factory=dict)
+    last_offset: int = -1
+    first_pending_at: float | None = None
+    committed: int = -1  # the Kafka offset last committed for this partition
+    retry_after: float = 0.0  # a flush the store refused: not tried early before this
+    totals: PendingTotals = field(default_factory=PendingTotals, init=False)
+    # The writers of each (org, project), one per spec in order: one lookup per record.
+    _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def idle_offset(self) -> int | None:
+        """With nothing pending, the offset after the last record read, if not yet committed.
+
+        Records that wrote nothing (repeats, not ready, skipped) must still move the group
+        offset, or a partition whose tail is all repeats would lag forever.
+        """
+        if self.pending_records or self.last_offset + 1 <= self.committed:
+            return None
+        return self.last_offset + 1
+
+    def _writer(self, org: str, project: str, spec: CorpusSpec) -> ChainWriter:
+        key = (org, project, spec.name)
+        writer = self.writers.get(key)
+        if writer is None:
+            ref = CorpusRef(org, project, spec.name)
+            seed = seed_source(self.specs)
+            writer = ChainWriter(
+                self.store, ref, spec, topic=self.topic, partition=self.partition,
+                config=self.config, metrics=self.metrics, writer=self.writer,
+                totals=self.totals,
+                seed=None if seed is None or seed is spec else CorpusRef(org, project, seed.name),
+            )  # fmt: skip
+            self.writers[key] = writer
+        return writer
+
+    def _writers_of(self, org: str, project: str) -> tuple[ChainWriter, ...]:
+        writers = self._project_writers.get((org, project))
+        if writers is None:
+            writers = tuple(self._writer(org, project, spec) for spec in self.specs)
+            self._project_writers[(org, project)] = writers
+        return writers
+
+    async def handle(
+        self, offset: int, value: bytes, event_ms: int | None, record_at: bytes | None = None
+    ) -> None:
+        """Step 2 for one record of the partition (``record_at``: the snapshot's header).
+
+        The snapshot's lines are shared by the corpora: encoded at most once, and not at all
+        for a snapshot in the record layout, whose value holds them.
+        """
+        self.last_offset = max(self.last_offset, offset)
+        lines = None if record_at is None else SnapshotLines.from_record(value, record_at)
+        if lines is None:
+            try:
+                lines = SnapshotLines(decode_snapshot(value))
+            except ValueError as exc:
+                self.metrics.bad_snapshots.inc()
+                log.error(
+                    "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition,
+                    offset, exc,
+                )  # fmt: skip
+                return
+        for writer in self._writers_of(lines.org, lines.project):
+            if writer.state is None:
+                await writer.loaded()
+            writer.add(offset, lines, event_ms)
+        if self.first_pending_at is None and self.totals.records:
+            self.first_pending_at = time.monotonic()
+
+    @property
+    def pending_records(self) -> int:
+        return self.totals.records
+
+    @property
+    def pending_bytes(self) -> int:
+        return self.totals.bytes
+
+    def due(self, now: float) -> bool:
+        records = self.totals.records
+        if not records:
+            return False
+        # The deadline as ``retry_after`` and the callers compute it: ``now - first`` can
+        # round below the bound at the very moment ``first + bound``.
+        aged = self.first_pending_at is not None and now >= (
+            self.first_pending_at + self.config.max_age_s
+        )
+        return (
+            aged or records >= self.config.max_records or self.totals.bytes >= self.config.max_bytes
+        )
+
+    async def flush(self) -> int | None:
+        """Steps 3 (a) and (b) for every writer; return the Kafka offset now safe to commit.
+
+        The writers' chains are independent, so they commit concurrently (a store round trip
+        or an fsync each, not one after another). Every commit finishes before the first
+        error is raised: a writer is never committing twice at once.
+        """
+        results = await asyncio.gather(
+            *(w.commit(self.last_offset) for w in self.writers.values() if w.pending),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        self.first_pending_at = None
+        if self.config.crash_at == "after_commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.last_offset + 1 if self.last_offset >= 0 else None

@@ -1,0 +1,82 @@
+"""Reading a topic's every partition from a moment ago on, with no consumer group.
+
+Each web instance keeps two pictures of what other instances and labelers did that the
+corpora may not show yet: the labels topic feeds the overlay (:mod:`rl_export.web.overlay`)
+and the claims topic the claim book (:mod:`rl_export.labeling.claims`). A :class:`Tail`
+assigns itself every partition (no group: each instance reads everything), starts from
+``lookback_s`` ago (``offsets_for_times``), hands each value to ``note``, calls ``tick`` after
+each fetch, and reconnects after any Kafka error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+
+from rl_export.common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Tail:
+    """Follows one topic from ``lookback_s`` ago on (see the module)."""
+
+    def __init__(
+        self, settings: Settings, topic: str, *, lookback_s: float,
+        note: Callable[[bytes | None], None], tick: Callable[[], object] = lambda: None,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.topic = topic
+        self.lookback_s = lookback_s
+        self.note = note
+        self.tick = tick
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._consume(stop)
+            except (KafkaError, OSError) as exc:
+                log.warning("following %s: %s; retrying in 5 s", self.topic, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 5.0)
+
+    async def _consume(self, stop: asyncio.Event) -> None:
+        # Without a group every partition of the topic is assigned to this consumer.
+        consumer = AIOKafkaConsumer(
+            self.topic,
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+        )
+        await consumer.start()
+        try:
+            for _ in range(100):
+                if consumer.assignment():
+                    break
+                await asyncio.sleep(0.1)
+            assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+            if not assigned:
+                raise KafkaError(f"no partition of {self.topic} was assigned (does it exist?)")
+            since_ms = int((time.time() - self.lookback_s) * 1000)
+            offsets = await consumer.offsets_for_times(dict.fromkeys(assigned, since_ms))
+            for tp in assigned:
+                found = offsets.get(tp)
+                if found is None:
+                    await consumer.seek_to_end(tp)
+                else:
+                    consumer.seek(tp, found.offset)
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+                for records in batches.values():
+                    for record in records:
+                        self.note(record.value)
+                self.tick()
+        finally:
+            await consumer.stop()

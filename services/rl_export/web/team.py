@@ -1,0 +1,168 @@
+"""The team's queue and claims over this instance's index (DESIGN.md section 8).
+
+The index answers from the corpora (SQL over the ``traces`` corpus's latest records); the few
+traces the corpora do not show right yet, *touched* ones, are decided here with the queue's
+rules (:mod:`rl_export.labeling.queue`): those with recent label actions (the overlay, fed by
+every instance through the labels topic) and those with known claims (the claim book, fed by
+the claims topic). So a label, skip or claim on any instance changes every labeler's queue
+within milliseconds, not after the sink's shard age and the index's poll.
+
+:meth:`LabelerQueue.view` is ``GET queue`` (a preview: claims nothing);
+:meth:`LabelerQueue.claim` is ``POST queue/claim``: the caller's unexpired claims first
+(renewed), then the head of their queue, claimed one trace at a time until ``limit`` are held.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rl_export.labeling.claims import SlotEntry
+from rl_export.labeling.queue import FreshAction, TraceLabels, in_queue, short, target
+from rl_export.labeling.settings import LabelingSettings
+from rl_export.web.api.deps import query
+from rl_export.web.index import QueueAsk, QueueFilter
+from rl_export.web.services import Services
+
+CLAIM_ROUNDS = 4  # queue reads per claim request (each after every candidate was lost)
+
+
+@dataclass(frozen=True)
+class Team:
+    """What one request knows of a project's team: settings, fresh actions, the clock."""
+
+    org: str
+    project: str
+    settings: LabelingSettings
+    fresh: dict[str, dict[str, FreshAction]]
+    now: float
+
+    def labels(self, row: TraceLabels) -> TraceLabels:
+        """A trace's labels with the fresh actions applied."""
+        return row.with_fresh(self.fresh.get(row.trace_id, {}))
+
+
+async def team_of(svc: Services, org: str, project: str) -> Team:
+    settings = await svc.labeling.get(org, project)
+    return Team(org, project, settings, svc.overlay.fresh(org, project), time.time())
+
+
+@dataclass(frozen=True)
+class QueueView:
+    bodies: list[bytes]
+    trace_ids: list[str]
+    remaining: int
+    team_remaining: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    view: QueueView
+    entries: list[SlotEntry]
+
+
+class LabelerQueue:
+    """One labeler's queue in one project, for one request (see the module)."""
+
+    def __init__(
+        self, svc: Services, corpus_id: int, team: Team, labeler: str, scope: QueueFilter
+    ) -> None:
+        self.svc = svc
+        self.corpus_id = corpus_id
+        self.team = team
+        self.labeler = labeler
+        self.scope = scope
+
+    def _ask(self, limit: int, touched: list[str]) -> QueueAsk:
+        return QueueAsk(self.labeler, limit, self.team.settings,
+                        self.svc.settings.human_pass_threshold, self.scope, touched)  # fmt: skip
+
+    def _touched(self) -> list[str]:
+        team = self.team
+        return sorted({*team.fresh, *self.svc.claim_book.traces(team.org, team.project)})
+
+    def _keeps(self, row: TraceLabels) -> bool:
+        team = self.team
+        current = team.labels(row)
+        holders = self.svc.claim_book.holders(team.org, team.project, row.trace_id, team.now,
+                                              current.sums.keys())  # fmt: skip
+        return in_queue(self.labeler, current, holders, team.settings)
+
+    async def counts(self) -> tuple[int, int]:
+        """(remaining, team_remaining): the index's counts of untouched traces, plus the
+        touched ones decided here."""
+        index = self.svc.index
+        found = await query(index.queue_counts, self.corpus_id, self._ask(0, self._touched()))
+        remaining, team_remaining, rows = found
+        for row in rows:
+            remaining += self._keeps(row)
+            team_remaining += short(self.team.labels(row), self.team.settings)
+        return remaining, team_remaining
+
+    async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
+        """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
+        touched = self._touched()
+        ask = self._ask(limit + len(touched) + len(exclude), touched)
+        rows = await query(self.svc.index.queue_candidates, self.corpus_id, ask)
+        decide = set(touched)
+        kept = [
+            row
+            for row in rows
+            if row.trace_id not in exclude and (row.trace_id not in decide or self._keeps(row))
+        ]
+        return kept[:limit]
+
+    async def view(self, limit: int) -> QueueView:
+        """The head of the queue (``limit`` traces) and the counts; claims nothing."""
+        picked = [row.trace_id for row in await self.head(limit)]
+        bodies = await query(self.svc.index.bodies, self.corpus_id, picked)
+        remaining, team_remaining = await self.counts()
+        return QueueView(bodies, picked, remaining, team_remaining)
+
+    async def _claim_one(self, row: TraceLabels) -> SlotEntry | None:
+        team = self.team
+        current = team.labels(row)
+        taken = await self.svc.claims.claim(
+            team.org, team.project, row.trace_id, self.labeler,
+            target=target(team.settings, current.sums), lease_s=team.settings.lease_s,
+            labelers=current.sums.keys(),
+        )  # fmt: skip
+        return None if taken is None else taken.entry
+
+    async def claim(self, limit: int) -> Claimed:
+        """Up to ``limit`` traces held by the labeler: their unexpired claims first
+        (renewed), then the head of their queue. Counts claims by outcome."""
+        svc, team, counter = self.svc, self.team, self.svc.metrics.claims
+        entries: list[SlotEntry] = []
+        for held in svc.claim_book.claims_of(team.org, team.project, self.labeler, team.now):
+            if len(entries) >= limit:
+                break
+            row = await query(svc.index.trace_labels, self.corpus_id, held.trace_id)
+            if row is None:  # deleted since it was claimed: let it go
+                await svc.claims.release(team.org, team.project, held.trace_id, self.labeler)
+                continue
+            entry = await self._claim_one(row)
+            if entry is not None:
+                counter.labels("renewed").inc()
+                entries.append(entry)
+        tried = {e.trace_id for e in entries}
+        for _ in range(CLAIM_ROUNDS):
+            wanted = limit - len(entries)
+            if wanted <= 0:
+                break
+            # More than needed: other labelers may win some of them first.
+            rows = await self.head(2 * wanted + 4, frozenset(tried))
+            if not rows:
+                break
+            for row in rows:
+                tried.add(row.trace_id)
+                entry = await self._claim_one(row)
+                counter.labels("lost" if entry is None else "granted").inc()
+                if entry is not None:
+                    entries.append(entry)
+                    if len(entries) >= limit:
+                        break
+        trace_ids = [e.trace_id for e in entries]
+        bodies = await query(svc.index.bodies, self.corpus_id, trace_ids)
+        remaining, team_remaining = await self.counts()
+        return Claimed(QueueView(bodies, trace_ids, remaining, team_remaining), entries)

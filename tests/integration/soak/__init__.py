@@ -1,0 +1,1 @@
+"""The short soak against real processes, broker and store."""

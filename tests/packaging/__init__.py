@@ -1,0 +1,1 @@
+"""Tests that build an artifact from the checkout (the wheel, the docs site), offline."""

@@ -1,0 +1,454 @@
+"""``make bench-web`` (and ``make bench``): the web service's index over 1,000,000 records.
+
+1. Build the corpora once, the real way, and cache them under ``var/bench/web-corpus-...``
+   (``done.json`` marks them complete): synthetic traces that are all evaluated (one in a
+   hundred deleted) go through ``replay`` (the join and the sink) into the ``traces`` and
+   ``evaluator`` corpora, in chunks of 50,000 traces, each chunk a replay run with chains of
+   its own, run in two processes side by side; after the first two chunks the corpora are
+   compacted, so the index reads a compaction and a tail of commits, as in production.
+2. Start ``rl-export web`` on that store with an empty index, create a token, ask for the
+   stats of each corpus and time the index's catch-up (records/s, from its metrics).
+3. Once indexed: latency of ``GET stats`` (without and with filters), ``GET records``
+   (the preview) and ``GET queue``, p50/p99 over many requests, from a client on the same
+   machine (so HTTP and JSON are included).
+4. Label submission to visible in the stats: a broker, a worker and a web service on a small
+   corpus of their own; a label is posted through the API and ``GET stats`` is polled until
+   ``human_labeled`` counts it.
+5. The agreement report's computation over 1,000,000 traces, 200,000 multi-labeled
+   (:mod:`tests.perf.bench_agreement`, without its baseline: ``make bench-agreement``).
+
+Results are printed and written as JSON to ``var/bench/web-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from rl_export.common.codec import dumps
+from rl_export.common.events import FAMILY_OF_TYPE
+from rl_export.common.net import free_port
+from rl_export.common.settings import Settings, child_env, load_settings
+from rl_export.common.specs import CorpusSpec
+from rl_export.corpora.compaction import compact
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.replay import replay
+from rl_export.corpora.store import LocalStore
+from rl_export.local.broker import LocalKafka
+from rl_export.local.process import ManagedProcess
+from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
+from rl_export.stream.produce import make_producer, topic_for
+from rl_export.stream.topics import ensure_service_topics
+from tests.perf import bench_agreement
+
+ORG, PROJECT = "acme", "support-bot"
+SOURCES = ("traces", "evaluator")
+CHUNK = 50_000
+COMPACT_AFTER_CHUNKS = 2
+VERSION = 1  # bump when the corpus's recipe changes, so caches are rebuilt
+
+
+def log(message: str) -> None:
+    print(f"[bench-web {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def corpus_dir(base: Path, records: int, seed: int, partitions: int) -> Path:
+    return base / f"web-corpus-r{records}-s{seed}-p{partitions}-v{VERSION}"
+
+
+def _specs() -> tuple[CorpusSpec, ...]:
+    return (
+        CorpusSpec(name="traces", source=None),
+        CorpusSpec(name="evaluator", source="evaluator"),
+    )
+
+
+def _replay_chunk(store_dir: str, partitions: int, chunk: tuple[int, int, int],
+                  seed: int) -> dict[str, Any]:  # fmt: skip
+    """One chunk (number, first trace, count), in a child process: a replay run with chains
+    of its own."""
+    n, first, count = chunk
+    os.nice(10)  # the machine is shared: the benchmark's build is the least urgent work
+    settings = load_settings(partitions=partitions, shard_max_records=10_000, corpora=_specs())
+    store = LocalStore(Path(store_dir))
+    report = asyncio.run(
+        replay(settings, store, scored_event_lines(first, count, seed), run_id=f"c{n:03d}")
+    )
+    if sum(report.invalid.values()):
+        raise RuntimeError(f"the bench's events were rejected: {report.examples[:3]}")
+    return {"lines": report.lines, "snapshots": report.snapshots}
+
+
+def build_corpus(directory: Path, records: int, seed: int, partitions: int) -> dict[str, Any]:
+    """Step 1 (cached)."""
+    done = directory / "done.json"
+    if done.exists():
+        info: dict[str, Any] = json.loads(done.read_text())
+        log(f"corpora cached in {directory} (built in {info['build_s']:.0f} s)")
+        return info
+    if directory.exists():
+        shutil.rmtree(directory)
+    store_dir = directory / "store"
+    store_dir.mkdir(parents=True)
+    traces = traces_for(records)
+    chunks = [(n, first, min(CHUNK, traces - first))
+              for n, first in enumerate(range(0, traces, CHUNK))]  # fmt: skip
+    started = time.monotonic()
+    lines = snapshots = 0
+
+    def run(batch: list[tuple[int, int, int]]) -> None:
+        nonlocal lines, snapshots
+        with ProcessPoolExecutor(2) as pool:
+            futures = [pool.submit(_replay_chunk, str(store_dir), partitions, chunk, seed)
+                       for chunk in batch]  # fmt: skip
+            for (n, first, count), future in zip(batch, futures, strict=True):
+                result = future.result()
+                lines += result["lines"]
+                snapshots += result["snapshots"]
+                log(f"chunk {n}: traces {first}..{first + count - 1}, {lines} events so far, "
+                    f"{time.monotonic() - started:.0f} s")  # fmt: skip
+
+    run(chunks[:COMPACT_AFTER_CHUNKS])
+    store = LocalStore(store_dir)
+    for source in SOURCES:
+        made = asyncio.run(compact(store, CorpusRef(ORG, PROJECT, source), writer="bench"))
+        log(f"{source} compacted: generation {made.generation if made else '-'}, "
+            f"{made.records if made else 0} records")  # fmt: skip
+    run(chunks[COMPACT_AFTER_CHUNKS:])
+    info = {
+        "records": records,
+        "traces": traces,
+        "events": lines,
+        "snapshots": snapshots,
+        "seed": seed,
+        "partitions": partitions,
+        "sources": list(SOURCES),
+        "build_s": time.monotonic() - started,
+        "bytes": sum(p.stat().st_size for p in store_dir.rglob("*") if p.is_file()),
+    }
+    done.write_text(json.dumps(info, indent=2))
+    log(f"corpora built in {info['build_s']:.0f} s: {info}")
+    return info
+
+
+# --- the service, measured over HTTP -------------------------------------------------------
+
+
+class Service(ManagedProcess):
+    """``rl-export <command>`` as a child process of the benchmark."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        super().__init__(log)
+        self.name = name
+        self.argv = argv
+        self.env = env
+
+    def start(self, ready_url: str, timeout_s: float = 120.0) -> Service:
+        self._spawn([sys.executable, "-m", "rl_export.cli", *self.argv], env=self.env)
+        self._wait_until(lambda: _answers(ready_url), timeout_s, f"{ready_url} answered 200")
+        return self
+
+
+class Api:
+    """A keep-alive HTTP/1.1 client of one web service (the standard library's: the benchmark
+    needs nothing the service does not install)."""
+
+    def __init__(self, port: int, token: str | None = None) -> None:
+        self.port = port
+        self.prefix = f"/api/v1/{ORG}/{PROJECT}/"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+
+    def call(self, method: str, path: str, params: dict[str, str] | None = None,
+             body: Any = None) -> tuple[int, bytes]:  # fmt: skip
+        url = path if path.startswith("/") else self.prefix + path
+        if params:
+            url += "?" + urlencode(params)
+        headers = dict(self.headers)
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        self._conn.request(method, url, body=data, headers=headers)
+        response = self._conn.getresponse()
+        return response.status, response.read()
+
+    def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        status, data = self.call("GET", path, params)
+        if status != 200:
+            raise RuntimeError(f"GET {path} {params}: {status} {data[:300]!r}")
+        return json.loads(data) if path != "/metrics" else data.decode()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _token(env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "rl_export.cli", "tokens", "create", "--org", ORG, "--project",
+         PROJECT, "--subject", "bench", "--scopes", "admin"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                   if labels else "")  # fmt: skip
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(want + " "))  # fmt: skip
+
+
+def quantiles(samples: list[float]) -> dict[str, float]:
+    """p50 and p99 in milliseconds (nearest rank), with the count."""
+    ordered = sorted(samples)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))] * 1000
+
+    return {"p50_ms": rank(0.50), "p99_ms": rank(0.99), "n": len(ordered)}
+
+
+def catch_up(client: Api, source: str, expected: int) -> dict[str, Any]:
+    """Step 2 for one corpus: from the first request to the index's first complete pass."""
+    started = time.monotonic()
+    while True:
+        index = client.get("stats", {"source": source})["index"]
+        if index["ready"] and index["indexed"] >= expected:
+            break
+        if time.monotonic() - started > 3600:
+            raise RuntimeError(f"the index of {source} did not catch up within an hour")
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    lines = _metric(client.get("/metrics"), "rl_export_web_index_lines_total", corpus=source)
+    log(f"{source}: {index['indexed']:,} records ({lines:,.0f} lines) indexed in {elapsed:.1f} s")
+    records = index["indexed"]
+    return {"records": records, "lines": lines, "seconds": elapsed,
+            "records_per_s": records / elapsed, "lines_per_s": lines / elapsed}  # fmt: skip
+
+
+QUERIES: dict[str, tuple[str, dict[str, str]]] = {
+    "stats (evaluator, no filter)": ("stats", {"source": "evaluator"}),
+    "stats (evaluator, 4 filters)": ("stats", {
+        "source": "evaluator", "passed": "true", "min_reward": "0.4", "scenario":
+        "multi_city_trip_planning", "max_severity": "1"}),
+    "stats (traces, labeled)": ("stats", {"source": "traces", "labeled": "true"}),
+    "preview (trajectory, 10)": ("records", {"source": "evaluator", "limit": "10"}),
+    "preview (prompt_completion, 10, passed)": ("records", {
+        "source": "evaluator", "format": "prompt_completion", "passed": "true", "limit": "10"}),
+    "queue (10)": ("queue", {"limit": "10"}),
+}  # fmt: skip
+
+
+def latencies(client: Api, rounds: int) -> dict[str, Any]:
+    """Step 3: each query ``rounds`` times, interleaved, after one warm-up each."""
+    for path, params in QUERIES.values():
+        client.get(path, params)
+    samples: dict[str, list[float]] = {name: [] for name in QUERIES}
+    for _ in range(rounds):
+        for name, (path, params) in QUERIES.items():
+            began = time.perf_counter()
+            client.get(path, params)
+            samples[name].append(time.perf_counter() - began)
+    return {name: quantiles(values) for name, values in samples.items()}
+
+
+def measure_index(store_dir: Path, records: int, rounds: int) -> dict[str, Any]:
+    """Steps 2 and 3: a web service with an empty index on the cached corpora."""
+    with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-") as folder:
+        port = free_port()
+        env = child_env(
+            load_settings(store_url=str(store_dir), data_dir=Path(folder),
+                          kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port),
+            os.environ,
+        )  # fmt: skip
+        token = _token(env)
+        base = f"http://127.0.0.1:{port}"
+        web = Service("rl-export web", ["web"], Path(folder) / "web.log", env)
+        web.start(base + "/readyz")
+        client = Api(port, token)
+        try:
+            caught = {s: catch_up(client, s, records) for s in ("evaluator", "traces")}
+            log(f"latency: {rounds} rounds of {len(QUERIES)} queries")
+            measured = latencies(client, rounds)
+            size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+        finally:
+            client.close()
+            web.stop()
+    return {"catch_up": caught, "latency": measured, "index_bytes": size}
+
+
+def label_to_visible(labels: int, traces: int) -> dict[str, Any]:
+    """Step 4: a label posted to the API until ``GET stats`` counts it, on a live stack."""
+    with tempfile.TemporaryDirectory(prefix="rl-export-bench-label-") as folder:
+        data = Path(folder)
+        broker = LocalKafka(data / "kafka", free_port())
+        broker.start()
+        port = free_port()
+        settings = load_settings(
+            kafka_bootstrap=broker.bootstrap, store_url=str(data / "store"), data_dir=data,
+            web_port=port, worker_web_port=free_port(), shard_max_age_s=1.0,
+            state_store="memory://",
+        )  # fmt: skip
+        env = child_env(settings, os.environ)
+        services: list[Service] = []
+        try:
+            services.append(
+                Service("rl-export worker", ["worker"], data / "worker.log", env).start(
+                    f"http://127.0.0.1:{settings.worker_web_port}/readyz"
+                )
+            )
+            rng = random.Random(5)
+            start = datetime.now(UTC) - timedelta(hours=1)
+            events = [e for i in range(traces)
+                      for e in scored_trace_events(rng, i, start, deleted=False)
+                      if e["event_type"] != "label.submitted"]  # fmt: skip
+            asyncio.run(_produce(settings, events))
+            base = f"http://127.0.0.1:{port}"
+            services.append(
+                Service("rl-export web", ["web"], data / "web.log", env).start(base + "/readyz")
+            )
+            client = Api(port, _token(env))
+
+            def labeled() -> int:
+                value: int = client.get("stats", {"source": "evaluator"})["human_labeled"]
+                return value
+
+            deadline = time.monotonic() + 300
+            while client.get("queue", {"limit": "1"})["remaining"] < traces:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark's traces never reached the index")
+                time.sleep(0.2)
+            queue = [r["trace_id"] for r in client.get("queue", {"limit": str(labels)})["items"]]
+            rubric = {"correctness": 4, "helpfulness": 4, "efficiency": 3, "safety": 5}
+            samples = []
+            for trace_id in queue:
+                before = labeled()
+                began = time.perf_counter()
+                status, answer = client.call(
+                    "POST", "labels", body={"trace_id": trace_id, "rubric": rubric}
+                )
+                if status != 202:
+                    raise RuntimeError(f"POST labels: {status} {answer[:300]!r}")
+                acknowledged = time.perf_counter() - began
+                while labeled() <= before:
+                    time.sleep(0.02)
+                samples.append((acknowledged, time.perf_counter() - began))
+            client.close()
+        finally:
+            for service in reversed(services):
+                service.stop()
+            broker.stop()
+    return {
+        "acknowledged": quantiles([a for a, _ in samples]),
+        "visible_in_stats": quantiles([v for _, v in samples]),
+        "settings": {
+            "shard_max_age_s": settings.shard_max_age_s,
+            "web_index_poll_s": settings.web_index_poll_s,
+        },
+    }
+
+
+async def _produce(settings: Settings, events: list[dict[str, Any]]) -> None:
+    await ensure_service_topics(settings)
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(
+                topic_for(settings, FAMILY_OF_TYPE[e["event_type"]]),
+                dumps(e),
+                key=e["trace_id"].encode(),
+            )
+            for e in events
+        ]
+        for future in futures:
+            await future
+    finally:
+        await producer.stop()
+
+
+def print_table(result: dict[str, Any], path: Path) -> None:
+    corpus = result["corpus"]
+    print()
+    print(f"web benchmark: {corpus['records']:,} live records per corpus ({corpus['traces']:,} "
+          f"traces, {corpus['bytes'] / 2**30:.2f} GiB of corpora; built in "
+          f"{corpus['build_s']:.0f} s)")  # fmt: skip
+    for source, c in result["catch_up"].items():
+        print(
+            f"index catch-up, {source:9}: {c['records']:>9,} records in {c['seconds']:6.1f} s "
+            f"= {c['records_per_s']:>8,.0f} records/s ({c['lines_per_s']:,.0f} lines/s)"
+        )
+    print(f"{'query':42} {'p50':>9} {'p99':>9}")
+    for name, q in result["latency"].items():
+        print(f"{name:42} {q['p50_ms']:7.1f}ms {q['p99_ms']:7.1f}ms")
+    label = result.get("label")
+    if label:
+        print(
+            f"label acknowledged (202):                  {label['acknowledged']['p50_ms']:7.1f}ms "
+            f"{label['acknowledged']['p99_ms']:7.1f}ms"
+        )
+        seen = label["visible_in_stats"]
+        print(f"{'label to visible in stats':42} {seen['p50_ms']:7.1f}ms {seen['p99_ms']:7.1f}ms  "
+              f"(shard age bound {label['settings']['shard_max_age_s']} s, index poll "
+              f"{label['settings']['web_index_poll_s']} s)")  # fmt: skip
+    print(f"targets: stats and queue p99 < 100 ms, catch-up >= 50,000 records/s; written to {path}")
+    if "agreement" in result:
+        bench_agreement.print_table(result["agreement"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_web", description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=200, help="requests per query")
+    parser.add_argument("--labels", type=int, default=20, help="labels timed to visible")
+    parser.add_argument("--agreement-rounds", type=int, default=10, help="agreement reports")
+    parser.add_argument("--dir", default="var/bench")
+    parser.add_argument("--build-only", action="store_true", help="only build the corpora")
+    args = parser.parse_args(argv)
+    directory = corpus_dir(Path(args.dir), args.records, args.seed, args.partitions)
+    corpus = build_corpus(directory, args.records, args.seed, args.partitions)
+    if args.build_only:
+        return 0
+    result: dict[str, Any] = {"at": datetime.now(UTC).isoformat(), "corpus": corpus}
+    result |= measure_index(directory / "store", args.records, args.rounds)
+    if args.labels:
+        log(f"label to visible: {args.labels} labels on a live broker, worker and web service")
+        result["label"] = label_to_visible(args.labels, traces=200)
+    if args.agreement_rounds:
+        log(f"agreement report: {args.agreement_rounds} runs over 1,000,000 traces")
+        result["agreement"] = bench_agreement.run(args.agreement_rounds, baseline=False)
+    path = Path(args.dir) / f"web-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print_table(result, path)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

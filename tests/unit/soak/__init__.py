@@ -1,0 +1,1 @@
+"""Unit tests of the soak plan and its checks in tests/soak/."""
