@@ -18,7 +18,7 @@ from rl_export.common.codec import iter_lines
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import parse_filters
 from rl_export.common.turns import TurnMask
-from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import check_export, file_for, parse_mask, write_export
 from tests.exportdata import ORG, PROJECT, build_story, replay_events
@@ -232,7 +232,7 @@ async def test_a_card_beside_a_json_lines_export(story: MemoryStore, tmp_path: P
     assert ours["masks"] == {"mask_failed_turns": True, "mask_types": ["tone"]}
     assert ours["features"] == [{"name": "messages", "type": "array of object"}]
     assert ours["rules_versions"] == [1]
-    assert ours["schema_version"] == 1
+    assert ours["schema_version"] == SCHEMA_VERSION  # the corpus layout version
     assert ours["row_schema"] == "format.messages.schema.json"
     assert "redaction" in ours
     assert ours["redaction"] is None  # the field --redact fills in
