@@ -37,7 +37,7 @@ import itertools
 import re
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,6 @@ from rl_export.common.codec import dumps, loads
 from rl_export.common.events import Rubric
 from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
-from rl_export.labeling.queue import TraceLabels, order_sql, target_sql
-from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.segments import Segments
 
 SCHEMA_VERSION = "5"  # bumped when the index or its segments change: rebuilt from the corpora
@@ -83,7 +81,7 @@ _COLUMNS = {
 _OUTCOMES = "evaluation.report.outcomes"
 _RESULTS = "evaluation.results"
 _PASSES = f"list_transform({_RESULTS}, lambda r: r.passed)"
-_LABEL_SUM = "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
+LABEL_SUM = "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
 _EXTRACT = f"""
     trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
     labels_count, agent_version, scenario,
@@ -105,8 +103,8 @@ _EXTRACT = f"""
     CASE WHEN labels IS NULL THEN
             CASE WHEN coalesce(labels_count, 0) < 2 THEN 0.0 END
         WHEN len(labels) < 2 THEN 0.0
-        ELSE (list_max(list_transform(labels, lambda x: {_LABEL_SUM}))
-              - list_min(list_transform(labels, lambda x: {_LABEL_SUM}))) / 20.0
+        ELSE (list_max(list_transform(labels, lambda x: {LABEL_SUM}))
+              - list_min(list_transform(labels, lambda x: {LABEL_SUM}))) / 20.0
     END AS spread,
     labels, {_RESULTS} AS results, pass_threshold,
     CASE WHEN len({_RESULTS}) > 0 THEN list_avg(list_transform({_RESULTS}, lambda r: r.score))
@@ -146,23 +144,6 @@ class _Slice:
     lengths: list[int]
     data: bytes
     begin: int  # where the slice starts in ``data``
-
-
-# A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
-# record written before ``labels``), skips.
-_LABELS_OF = (
-    f"trace_id, labelers, list_transform(labels, lambda x: {{'labeler': x.labeler, "
-    f"'sum': {_LABEL_SUM}}}), skipped_by"
-)
-
-
-def _trace_labels(
-    trace_id: str, labelers: list[str], sums: list[dict[str, Any]] | None, skipped: list[str]
-) -> TraceLabels:
-    known: dict[str, int | None] = (
-        dict.fromkeys(labelers) if sums is None else {x["labeler"]: int(x["sum"]) for x in sums}
-    )
-    return TraceLabels(trace_id, known, frozenset(skipped))
 
 
 class IndexError_(Exception):
@@ -228,38 +209,6 @@ class Stats:
     passed: int
     human_labeled: int
     histogram: list[int]
-
-
-@dataclass(frozen=True)
-class QueueFilter:
-    """What a labeler's queue may be narrowed to (``passed``: the evaluator's verdict)."""
-
-    scenario: str | None = None
-    agent_version: str | None = None
-    passed: bool | None = None
-
-    def sql(self) -> tuple[str, list[Any]]:
-        clauses, params = ["NOT deleted"], []
-        for column, value in (("scenario", self.scenario), ("agent_version", self.agent_version),
-                              ("eval_passed", self.passed)):  # fmt: skip
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        return " AND ".join(clauses), params
-
-
-@dataclass(frozen=True)
-class QueueAsk:
-    """A labeler's queue (:mod:`rl_export.labeling.queue`): the ``touched`` traces are
-    always returned (if they match ``scope``) for the caller to decide; the others are
-    decided here, from the corpora's view."""
-
-    labeler: str
-    limit: int
-    settings: LabelingSettings
-    pass_threshold: float
-    scope: QueueFilter = QueueFilter()
-    touched: Sequence[str] = ()
 
 
 class QueryIndex:
@@ -540,7 +489,7 @@ class QueryIndex:
         ).fetchall()
         for start in range(0, len(rows), SLICE):
             part = rows[start : start + SLICE]
-            bodies = self._bodies([r[1:] for r in part])
+            bodies = self.bodies_at([r[1:] for r in part])
             offsets = list(itertools.accumulate((len(b) + 1 for b in bodies[:-1]), initial=0))
             segment, path = self.segments.write(b"\n".join(bodies) + b"\n")
             try:
@@ -559,7 +508,8 @@ class QueryIndex:
 
     # -- queries (any thread) ------------------------------------------------------------
 
-    def _reader(self) -> duckdb.DuckDBPyConnection:
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        """This thread's cursor on the index (queries run on any thread)."""
         cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
         if cursor is None:
             cursor = self._local.cursor = self.db.cursor()
@@ -568,7 +518,7 @@ class QueryIndex:
     def live_counts(self) -> dict[int, int]:
         """Live records per corpus id."""
         rows = (
-            self._reader()
+            self.reader()
             .execute(
                 "SELECT corpus_id, count(*) FILTER (WHERE NOT deleted) FROM records GROUP BY ALL"
             )
@@ -589,7 +539,7 @@ class QueryIndex:
         """What :class:`~rl_export.export.stats.StatsAccumulator` gives over the matches."""
         sql, params = self._matching(corpus_id, filters)
         rows = (
-            self._reader()
+            self.reader()
             .execute(
                 "SELECT bucket, count(*), count(reward), coalesce(sum(reward), 0), "
                 "count(passed), coalesce(count_if(passed), 0), coalesce(count_if(labeled), 0) "
@@ -618,108 +568,21 @@ class QueryIndex:
         if end is not None:
             limit = max(min(limit, end - offset), 0)
         rows = (
-            self._reader()
+            self.reader()
             .execute(
                 f"SELECT seg, off, len FROM ({sql}) ORDER BY seq LIMIT ? OFFSET ?",
                 [*params, limit, offset],
             )
             .fetchall()
         )
-        return self._bodies(rows)
+        return self.bodies_at(rows)
 
-    def _bodies(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
+    def bodies_at(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
+        """The bodies at (segment, offset, length) places."""
         return self.segments.read_many([(int(s), int(o), int(n)) for s, o, n in rows])
-
-    def _queue_where(self, ask: QueueAsk) -> tuple[str, str, list[Any], list[Any]]:
-        """The scope's condition and whether a trace is in the labeler's queue by the
-        corpora's view (labels fill the target, the labeler's own labels and skips exclude)."""
-        scope, scope_params = ask.scope.sql()
-        target, target_params = target_sql(ask.settings)
-        eligible = (
-            "(NOT list_contains(labelers, ?) AND NOT list_contains(skipped_by, ?) "
-            f"AND coalesce(labels_count, 0) < {target})"
-        )
-        return scope, eligible, scope_params, [ask.labeler, ask.labeler, *target_params]
-
-    def queue_candidates(self, corpus_id: int, ask: QueueAsk) -> list[TraceLabels]:
-        """The head of the labeler's queue in the project's order: up to ``limit`` traces,
-        the touched ones among them whatever the corpora say (the caller decides those)."""
-        scope, eligible, scope_params, eligible_params = self._queue_where(ask)
-        order, order_params = order_sql(
-            ask.settings.order, labeler=ask.labeler, pass_threshold=ask.pass_threshold
-        )
-        rows = (
-            self._reader()
-            .execute(
-                f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
-                f"({eligible} OR list_contains(?::VARCHAR[], trace_id)) ORDER BY {order} LIMIT ?",
-                [
-                    corpus_id,
-                    *scope_params,
-                    *eligible_params,
-                    list(ask.touched),
-                    *order_params,
-                    ask.limit,
-                ],
-            )
-            .fetchall()
-        )
-        return [_trace_labels(*row) for row in rows]
-
-    def queue_counts(self, corpus_id: int, ask: QueueAsk) -> tuple[int, int, list[TraceLabels]]:
-        """``remaining`` and ``team_remaining`` over the untouched traces of the scope, and
-        the touched traces of the scope (for the caller to count)."""
-        scope, eligible, scope_params, eligible_params = self._queue_where(ask)
-        target, target_params = target_sql(ask.settings)
-        touched = list(ask.touched)
-        db = self._reader()
-        row = db.execute(
-            f"SELECT count(*) FILTER (WHERE {eligible}), "
-            f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}) FROM records "
-            f"WHERE corpus_id = ? AND {scope} AND NOT list_contains(?::VARCHAR[], trace_id)",
-            [*eligible_params, *target_params, corpus_id, *scope_params, touched],
-        ).fetchone()
-        rows = []
-        if touched:
-            rows = db.execute(
-                f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
-                "list_contains(?::VARCHAR[], trace_id)",
-                [corpus_id, *scope_params, touched],
-            ).fetchall()
-        remaining, short = (int(row[0]), int(row[1])) if row is not None else (0, 0)
-        return remaining, short, [_trace_labels(*r) for r in rows]
-
-    def trace_labels(self, corpus_id: int, trace_id: str) -> TraceLabels | None:
-        """A live trace's labels and skips as the corpora show them (None: not live)."""
-        row = (
-            self._reader()
-            .execute(
-                f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND trace_id = ? "
-                "AND NOT deleted",
-                [corpus_id, trace_id],
-            )
-            .fetchone()
-        )
-        return None if row is None else _trace_labels(*row)
-
-    def bodies(self, corpus_id: int, trace_ids: Sequence[str]) -> list[bytes]:
-        """The records of live traces, in the order asked (traces not live left out)."""
-        if not trace_ids:
-            return []
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
-                "AND list_contains(?::VARCHAR[], trace_id)",
-                [corpus_id, list(trace_ids)],
-            )
-            .fetchall()
-        )
-        where = {r[0]: r[1:] for r in rows}
-        return self._bodies([where[t] for t in trace_ids if t in where])
 
     def has_trace(self, corpus_id: int, trace_id: str) -> bool:
         """Whether the corpus holds a live record of the trace."""
         sql = "SELECT 1 FROM records WHERE corpus_id = ? AND trace_id = ? AND NOT deleted"
-        row = self._reader().execute(sql + " LIMIT 1", [corpus_id, trace_id]).fetchone()
+        row = self.reader().execute(sql + " LIMIT 1", [corpus_id, trace_id]).fetchone()
         return row is not None

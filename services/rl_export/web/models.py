@@ -15,6 +15,7 @@ from rl_export.common.events import Rubric
 from rl_export.common.filters import filter_text
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
 from rl_export.export import SOURCES
+from rl_export.labeling.agreement import AgreementReport
 from rl_export.labeling.settings import Order
 
 Source = Literal["human", "evaluator", "traces"]
@@ -79,6 +80,7 @@ class QueueOut(BaseModel):
     team_remaining: int = Field(
         description="Traces whose current labels are still short of their target."
     )
+    labeled: int = Field(description="Traces the caller has a current label on.")
     items: list[dict[str, Any]] = Field(description="Trajectory records of the traces corpus.")
     index: IndexState
 
@@ -102,7 +104,14 @@ class ClaimOut(BaseModel):
     claims: list[ClaimItem]
     remaining: int
     team_remaining: int
+    labeled: int
     items: list[dict[str, Any]] = Field(description="The claimed traces' records, in order.")
+    index: IndexState
+
+
+class AgreementOut(AgreementReport):
+    """The agreement report (DESIGN.md section 8), and how current the index is."""
+
     index: IndexState
 
 
@@ -113,6 +122,7 @@ class LabelingOut(BaseModel):
     lease_s: int
     order: Order
     adjudicate_spread: float | None
+    editable: bool = Field(False, description="Whether the caller may change them (admin).")
 
 
 class LabelingIn(_In):

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from rl_export.labeling.claims import SlotEntry
 from rl_export.labeling.queue import FreshAction, TraceLabels, in_queue, short, target
 from rl_export.labeling.settings import LabelingSettings
+from rl_export.web import labelindex
 from rl_export.web.api.deps import query
-from rl_export.web.index import QueueAsk, QueueFilter
+from rl_export.web.labelindex import QueueAsk, QueueFilter
 from rl_export.web.services import Services
 
 CLAIM_ROUNDS = 4  # queue reads per claim request (each after every candidate was lost)
@@ -48,11 +49,17 @@ async def team_of(svc: Services, org: str, project: str) -> Team:
 
 
 @dataclass(frozen=True)
+class Counts:
+    remaining: int  # the labeler's queue
+    team_remaining: int  # traces short of their target
+    labeled: int  # the labeler's current labels
+
+
+@dataclass(frozen=True)
 class QueueView:
     bodies: list[bytes]
     trace_ids: list[str]
-    remaining: int
-    team_remaining: int
+    counts: Counts
 
 
 @dataclass(frozen=True)
@@ -88,22 +95,25 @@ class LabelerQueue:
                                               current.sums.keys())  # fmt: skip
         return in_queue(self.labeler, current, holders, team.settings)
 
-    async def counts(self) -> tuple[int, int]:
-        """(remaining, team_remaining): the index's counts of untouched traces, plus the
-        touched ones decided here."""
+    async def counts(self) -> Counts:
+        """The index's counts of untouched traces, plus the touched ones decided here."""
         index = self.svc.index
-        found = await query(index.queue_counts, self.corpus_id, self._ask(0, self._touched()))
-        remaining, team_remaining, rows = found
+        found = await query(
+            labelindex.queue_counts, index, self.corpus_id, self._ask(0, self._touched())
+        )
+        remaining, team_remaining, labeled, rows = found
         for row in rows:
+            current = self.team.labels(row)
             remaining += self._keeps(row)
-            team_remaining += short(self.team.labels(row), self.team.settings)
-        return remaining, team_remaining
+            team_remaining += short(current, self.team.settings)
+            labeled += self.labeler in current.sums
+        return Counts(remaining, team_remaining, labeled)
 
     async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
         """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
         touched = self._touched()
         ask = self._ask(limit + len(touched) + len(exclude), touched)
-        rows = await query(self.svc.index.queue_candidates, self.corpus_id, ask)
+        rows = await query(labelindex.queue_candidates, self.svc.index, self.corpus_id, ask)
         decide = set(touched)
         kept = [
             row
@@ -115,9 +125,8 @@ class LabelerQueue:
     async def view(self, limit: int) -> QueueView:
         """The head of the queue (``limit`` traces) and the counts; claims nothing."""
         picked = [row.trace_id for row in await self.head(limit)]
-        bodies = await query(self.svc.index.bodies, self.corpus_id, picked)
-        remaining, team_remaining = await self.counts()
-        return QueueView(bodies, picked, remaining, team_remaining)
+        bodies = await query(labelindex.bodies, self.svc.index, self.corpus_id, picked)
+        return QueueView(bodies, picked, await self.counts())
 
     async def _claim_one(self, row: TraceLabels) -> SlotEntry | None:
         team = self.team
@@ -137,7 +146,7 @@ class LabelerQueue:
         for held in svc.claim_book.claims_of(team.org, team.project, self.labeler, team.now):
             if len(entries) >= limit:
                 break
-            row = await query(svc.index.trace_labels, self.corpus_id, held.trace_id)
+            row = await query(labelindex.trace_labels, svc.index, self.corpus_id, held.trace_id)
             if row is None:  # deleted since it was claimed: let it go
                 await svc.claims.release(team.org, team.project, held.trace_id, self.labeler)
                 continue
@@ -163,6 +172,5 @@ class LabelerQueue:
                     if len(entries) >= limit:
                         break
         trace_ids = [e.trace_id for e in entries]
-        bodies = await query(svc.index.bodies, self.corpus_id, trace_ids)
-        remaining, team_remaining = await self.counts()
-        return Claimed(QueueView(bodies, trace_ids, remaining, team_remaining), entries)
+        bodies = await query(labelindex.bodies, svc.index, self.corpus_id, trace_ids)
+        return Claimed(QueueView(bodies, trace_ids, await self.counts()), entries)

@@ -77,6 +77,9 @@ def stack_settings(kafka: LocalKafka, s3: LocalS3, data_dir: Path, **extra: Any)
         web_token_cache_s=0.5,
         web_publish_timeout_s=5.0,
         web_export_heartbeat_s=0.3,
+        # acme/bot is shared by many labelers' tests that each walk the whole queue: room for
+        # ten labels per trace. The team's tests set their own projects' settings.
+        labels_per_trace=10,
         **extra,
     )
 

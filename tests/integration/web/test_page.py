@@ -5,8 +5,11 @@ A keyboard-only label reaches the corpus, the Export tab's counts and its previe
 Export tab follows labels given elsewhere; skip and undo persist; the source and format
 toggles change the preview; downloads parse (JSON Lines, and CSV with chosen, renamed and
 reordered columns); a large export runs as a job behind the floating indicator; a transcript
-holding markup shows it as text. Each tab is photographed into docs/screenshots/ for the
-README and the docs site.
+holding markup shows it as text. The team's flow: the Label tab claims one trace at a time and
+shows the claim, the team's progress and the labeler's own count; an admin changes the team's
+settings there; the Agreement tab shows the report. The Content-Security-Policy refuses a
+script planted in the page. Each tab is photographed into docs/screenshots/ for the README
+and the docs site.
 """
 
 from __future__ import annotations
@@ -97,9 +100,9 @@ def page(browser: Browser) -> Iterator[Page]:
     assert not errors, errors
 
 
-def sign_in(page: Page, web: WebProcess, token: str) -> None:
+def sign_in(page: Page, web: WebProcess, token: str, project: str = "bot") -> None:
     """Open the page and give it the token, by keyboard: the page asks for it once."""
-    page.goto(f"{web.base}/acme/bot/rl-export")
+    page.goto(f"{web.base}/acme/{project}/rl-export")
     expect(page.locator("#token-input")).to_be_focused()
     page.keyboard.type(token)
     page.keyboard.press("Enter")
@@ -148,8 +151,6 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
     page.keyboard.press("ArrowUp")
     page.keyboard.press("5")  # the focused dimension (efficiency) again: 4+4+5+5
     expect(page.locator("#reward-value")).to_have_text("0.90")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "label.png"))
     page.keyboard.press("Enter")
     expect(page.locator("#undo-line")).to_contain_text(f"Saved {trace_id}")
     expect(page.locator("#trace-meta .tag").first).not_to_have_text(trace_id)
@@ -357,3 +358,121 @@ def test_the_page_shell_needs_no_token_and_holds_no_data(stack: Stack) -> None:
     assert "tr-0" not in html
     assert httpx.get(f"{web.base}/static/rl_export.js").status_code == 200
     assert httpx.get(f"{web.base}/acme/bot/rl-export/../../x").status_code == 404
+
+
+# --- labeling as a team ---------------------------------------------------------------------
+
+
+def test_the_label_tab_claims_one_trace_at_a_time_and_shows_the_team(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    from tests.integration.web.test_team import make_tokens, project_events
+    from tests.integration.workers import publish
+
+    project = "team-page"
+    asyncio.run(publish(stack.settings, project_events(project, 4)))
+    tokens = asyncio.run(make_tokens(stack, project, ["lead", "ana", "bo"]))
+    with web.client(tokens["lead"], project=project) as lead:
+        assert lead.put("labeling", json={"labels_per_trace": 1, "lease_s": 600}).status_code == 200
+        wait_for("the project's traces in the index",
+                 lambda: lead.get("stats", params={"source": "traces"}).json()["records"] == 4,
+                 120)  # fmt: skip
+    sign_in(page, web, tokens["ana"], project)
+    expect(page.locator("#messages li").first).to_be_visible()
+    claimed = current_trace(page)
+    expect(page.locator("#claim-info")).to_contain_text("Claimed for you until")
+    expect(page.locator("#team-count")).to_have_text("Team: 4 traces short of 1 label each")
+    expect(page.locator("#own-count")).to_have_text("You: 0 labeled")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "label.png"))
+    # Another labeler gets another trace: the page's claim holds.
+    with web.client(tokens["bo"], project=project) as bo:
+        theirs = bo.post("queue/claim", json={"limit": 3}).json()
+        assert claimed not in [i["trace_id"] for i in theirs["items"]]
+        assert len(theirs["items"]) == 3
+    # Saving ends the claim and claims the next: nothing is left unclaimed now.
+    for key in ("4", "4", "4", "4"):
+        page.keyboard.press(key)
+    page.keyboard.press("Enter")
+    expect(page.locator("#undo-line")).to_contain_text(f"Saved {claimed}")
+    expect(page.locator("#label-empty-title")).to_have_text("Nothing to claim right now")
+    expect(page.locator("#team-count")).to_have_text("Team: 3 traces short of 1 label each")
+    expect(page.locator("#own-count")).to_have_text("You: 1 labeled")
+    # The settings are shown, not editable, to a labeler.
+    page.locator("#queue-options summary").click()
+    expect(page.locator("#labeling-form input[name=labels_per_trace]")).to_be_disabled()
+    expect(page.locator("#labeling-save")).to_be_hidden()
+
+
+def test_an_admin_changes_the_team_settings_on_the_page(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    from tests.integration.web.test_team import make_tokens, project_events
+    from tests.integration.workers import publish
+
+    project = "team-admin"
+    asyncio.run(publish(stack.settings, project_events(project, 2)))
+    tokens = asyncio.run(make_tokens(stack, project, ["lead"]))
+    sign_in(page, web, tokens["lead"], project)
+    page.locator("#queue-options summary").click()
+    form = page.locator("#labeling-form")
+    expect(form.locator("input[name=labels_per_trace]")).to_be_enabled()
+    form.locator("input[name=labels_per_trace]").fill("3")
+    form.locator("select[name=order]").select_option("uncertain")
+    form.locator("input[name=adjudicate_spread]").fill("0.4")
+    page.locator("#labeling-save").click()
+    expect(page.locator("#toast")).to_have_text("Team settings saved.")
+    with web.client(tokens["lead"], project=project) as lead:
+        saved = lead.get("labeling").json()
+    assert (saved["labels_per_trace"], saved["order"], saved["adjudicate_spread"]) == (
+        3, "uncertain", 0.4)  # fmt: skip
+    form.locator("input[name=lease_s]").fill("5")
+    page.locator("#labeling-save").click()
+    expect(page.locator("#labeling-error")).to_contain_text("lease_s")
+
+
+def test_the_agreement_tab_shows_the_report(stack: Stack, web: WebProcess, page: Page) -> None:
+    token = stack.tokens["page"]
+    with web.client(token) as api:
+        report = api.get("agreement").json()
+    sign_in(page, web, token)
+    page.locator("#tab-agreement").click()
+    rows = page.locator("#agreement-dimensions tbody tr")
+    expect(rows).to_have_count(5)
+    expect(page.locator("#agreement-counts")).to_contain_text(f"Traces: {report['traces']}")
+    expect(rows.first).to_contain_text("Correctness")
+    labelers = page.locator("#agreement-labelers tbody tr")
+    expect(labelers).to_have_count(len(report["labelers_detail"]))
+    expect(page.locator("#agreement-evaluators tbody tr")).to_have_count(len(report["evaluators"]))
+    page.screenshot(path=str(SCREENSHOTS / "agreement.png"), full_page=True)
+
+
+def test_the_policy_refuses_a_script_planted_in_the_page(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    """Escaping keeps markup out of the page; the Content-Security-Policy is the second wall:
+    even a script element that got in (here put there by hand) does not run, nor does an
+    inline event handler."""
+    response = page.goto(f"{web.base}/acme/bot/rl-export")
+    assert response is not None
+    headers = response.headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"] == "no-referrer"
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text
+            else None)  # fmt: skip
+    page.evaluate("""() => {
+        window.planted = "not run";
+        const s = document.createElement("script");
+        s.textContent = "window.planted = 'ran'";
+        document.body.append(s);
+        const img = document.createElement("img");
+        img.setAttribute("onerror", "window.planted = 'ran too'");
+        img.src = "data:,not-an-image";
+        document.body.append(img);
+    }""")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.planted") == "not run"
+    assert refused  # Chromium says it refused them

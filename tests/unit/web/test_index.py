@@ -18,7 +18,17 @@ from rl_export.common.codec import dumps_line
 from rl_export.common.filters import Filters
 from rl_export.export.stats import StatsAccumulator
 from rl_export.labeling.settings import LabelingSettings
-from rl_export.web.index import CorpusKey, QueryIndex, QueueAsk, QueueFilter
+from rl_export.web.index import CorpusKey, QueryIndex
+from rl_export.web.labelindex import (
+    QueueAsk,
+    QueueFilter,
+    queue_candidates,
+    queue_counts,
+    trace_labels,
+)
+from rl_export.web.labelindex import (
+    bodies as bodies_of,
+)
 from tests.records import record
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -137,10 +147,10 @@ def queue_of(
 ) -> tuple[list[str], int, int]:  # fmt: skip
     """(the head of the queue, remaining, team_remaining) as the index alone says."""
     ask = QueueAsk(labeler, limit, settings, 0.7, scope, touched)
-    head = [row.trace_id for row in index.queue_candidates(cid, ask)]
-    remaining, short, rows = index.queue_counts(cid, ask)
+    head = [row.trace_id for row in queue_candidates(index, cid, ask)]
+    remaining, short, _, rows = queue_counts(index, cid, ask)
     assert sorted(r.trace_id for r in rows) == sorted(
-        t for t in touched if t in {r.trace_id for r in index.queue_candidates(
+        t for t in touched if t in {r.trace_id for r in queue_candidates(index,
             cid, QueueAsk("nobody", 1000, LabelingSettings(labels_per_trace=10), 0.7, scope))}
     )  # fmt: skip
     return head, remaining, short
@@ -203,21 +213,32 @@ def test_adjudication_opens_one_more_place_where_labelers_disagree(index: QueryI
     assert queue_of(index, cid, "dee", adjudicated) == (["t1"], 1, 1)
 
 
+def test_the_labelers_own_labels_are_counted(index: QueryIndex) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    index.ingest(cid, b"".join([traced(0, labels={"ana": 4}), traced(1, labels={"ana": 2, "bo": 3}),
+                                traced(2, labels={"bo": 1}), traced(3)]), {})  # fmt: skip
+    ask = QueueAsk("ana", 0, K3, 0.7, ANYWHERE, ("t1",))
+    assert queue_counts(index, cid, ask)[2] == 1  # t0; t1 is touched: the caller counts it
+
+
 def test_trace_labels_and_bodies_in_the_order_asked(index: QueryIndex) -> None:
     cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
     index.ingest(cid, b"".join([traced(0, labels={"ana": 4, "bo": 2}, skipped=("cy",)),
                                 traced(1), line(tombstone("t2", 1))]), {})  # fmt: skip
-    found = index.trace_labels(cid, "t0")
+    found = trace_labels(index, cid, "t0")
     assert found is not None
     assert dict(found.sums) == {"ana": 16, "bo": 8}
     assert found.skipped_by == {"cy"}
-    assert index.trace_labels(cid, "t2") is None
-    assert [r["trace_id"] for r in bodies(index.bodies(cid, ["t1", "t2", "t0"]))] == ["t1", "t0"]
+    assert trace_labels(index, cid, "t2") is None
+    assert [r["trace_id"] for r in bodies(bodies_of(index, cid, ["t1", "t2", "t0"]))] == [
+        "t1",
+        "t0",
+    ]
     # A record written before ``labels``: its labelers' sums are unknown.
     old = orjson.loads(traced(3, labels={"ana": 4}))
     del old["labels"]
     index.ingest(cid, line(old), {})
-    unknown = index.trace_labels(cid, "t3")
+    unknown = trace_labels(index, cid, "t3")
     assert unknown is not None
     assert dict(unknown.sums) == {"ana": None}
 

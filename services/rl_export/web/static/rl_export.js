@@ -63,8 +63,7 @@
 
   function askToken(message) {
     $("token-panel").hidden = false;
-    $("panel-label").hidden = true;
-    $("panel-export").hidden = true;
+    for (const panel of ["panel-label", "panel-export", "panel-agreement"]) $(panel).hidden = true;
     $("who").hidden = true;
     const error = $("token-error");
     error.hidden = !message;
@@ -89,8 +88,9 @@
   });
 
   // --- tabs ------------------------------------------------------------------------------
-  const tabs = [$("tab-label"), $("tab-export")];
-  let activeTab = location.hash === "#export" ? "export" : "label";
+  const TAB_NAMES = ["label", "export", "agreement"];
+  const tabs = TAB_NAMES.map((name) => $(`tab-${name}`));
+  let activeTab = TAB_NAMES.includes(location.hash.slice(1)) ? location.hash.slice(1) : "label";
 
   function selectTab(name, focus) {
     activeTab = name;
@@ -103,6 +103,7 @@
     }
     history.replaceState(null, "", `#${name}`);
     if (name === "export") refreshExport();
+    if (name === "agreement") refreshAgreement();
     // From the tab list the focus stays on the tab (the shortcuts work from there); a click
     // takes it to the ratings.
     if (name === "label" && !focus) focusDimension(label.focused);
@@ -114,7 +115,8 @@
       if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
         event.preventDefault();
         event.stopPropagation();
-        selectTab(activeTab === "label" ? "export" : "label", true);
+        const step = event.key === "ArrowRight" ? 1 : TAB_NAMES.length - 1;
+        selectTab(TAB_NAMES[(TAB_NAMES.indexOf(activeTab) + step) % TAB_NAMES.length], true);
       }
     });
   }
@@ -128,7 +130,8 @@
   ];
   const label = {
     queue: [], remaining: 0, current: null, ratings: {}, focused: 0, lastSaved: null,
-    busy: false, done: new Set(),
+    busy: false, done: new Set(), claim: null, team: null, labeled: 0, settings: null,
+    scope: {},
   };
 
   function buildDimensions() {
@@ -332,13 +335,43 @@
       : "No human label yet."));
   }
 
+  function showCounts() {
+    $("queue-count").textContent = `${label.remaining} left in your queue`;
+    const k = label.settings ? label.settings.labels_per_trace : null;
+    $("team-count").textContent = label.team === null ? ""
+      : `Team: ${label.team} trace${label.team === 1 ? "" : "s"} short of ${k === null ? "their target" : `${k} label${k === 1 ? "" : "s"} each`}`;
+    $("own-count").textContent = `You: ${label.labeled} labeled`;
+    showClaim();
+  }
+
+  function showClaim() {
+    const box = $("claim-info");
+    const claim = label.claim;
+    if (!claim || !label.current || claim.trace_id !== label.current.trace_id) {
+      box.hidden = true;
+      return;
+    }
+    const left = Math.round((Date.parse(claim.expires_at) - Date.now()) / 1000);
+    const until = new Date(claim.expires_at).toLocaleTimeString();
+    box.hidden = false;
+    box.classList.toggle("expired", left <= 0);
+    box.textContent = left > 0
+      ? `Claimed for you until ${until} (${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")} left)`
+      : `Your claim ended at ${until}: save now and it may count over the target`;
+  }
+  setInterval(showClaim, 1000);
+
   function showCurrent() {
     const record = label.current;
-    $("queue-count").textContent = `${label.remaining} left in your queue`;
+    showCounts();
     if (!record) {
       $("label-work").hidden = true;
       $("label-empty").hidden = false;
-      $("queue-count").textContent = "0 left in your queue";
+      const held = label.team !== null && label.team > 0 && label.remaining === 0;
+      $("label-empty-title").textContent = held ? "Nothing to claim right now" : "Your queue is empty";
+      $("label-empty-text").textContent = held
+        ? "What is left is claimed by teammates or already labeled by you. Claims that expire come back here."
+        : `Every trace of ${config.org}/${config.project} is labeled or skipped by you, or has its labels. New traces appear here as they arrive.`;
       return;
     }
     $("label-empty").hidden = true;
@@ -356,11 +389,16 @@
     focusDimension(0);
   }
 
+  // The page claims one trace at a time (POST queue/claim): it is held for this labeler until
+  // the lease ends, and a label or a skip ends the claim.
   async function loadQueue() {
     try {
-      const body = await api("queue?limit=20");
+      const body = await api("queue/claim", { method: "POST", body: { limit: 1, ...label.scope } });
       label.queue = body.items.filter((r) => !label.done.has(r.trace_id));
+      label.claim = body.claims.length ? body.claims[0] : null;
       label.remaining = body.remaining;
+      label.team = body.team_remaining;
+      label.labeled = body.labeled;
     } catch (error) {
       if (error.status === 403) {
         $("queue-count").textContent = "This token cannot label (no label scope)";
@@ -383,6 +421,75 @@
     showCurrent();
   }
 
+  // --- the queue's filter and the team's settings ------------------------------------------
+  function formValues(form) {
+    const values = {};
+    for (const field of form.querySelectorAll("input, select")) {
+      if (field.value !== "") values[field.name] = field.value;
+    }
+    return values;
+  }
+
+  $("queue-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const values = formValues($("queue-form"));
+    label.scope = {};
+    if (values.scenario) label.scope.scenario = values.scenario;
+    if (values.agent_version) label.scope.agent_version = values.agent_version;
+    if (values.passed) label.scope.passed = values.passed === "true";
+    const count = Object.keys(label.scope).length;
+    $("queue-summary").textContent = count ? `(${count} filter${count === 1 ? "" : "s"})` : "";
+    if (label.current && label.claim) {  // give back the trace held under the old filter
+      try { await api(`queue/claims/${encodeURIComponent(label.current.trace_id)}`, { method: "DELETE" }); } catch (_) { /* expired */ }
+    }
+    label.current = null;
+    label.queue = [];
+    await loadQueue();
+  });
+
+  function showSettings(settings) {
+    label.settings = settings;
+    const form = $("labeling-form");
+    for (const field of form.querySelectorAll("input, select")) {
+      const value = settings[field.name];
+      field.value = value === null || value === undefined ? "" : String(value);
+      field.disabled = !settings.editable;
+    }
+    $("labeling-save").hidden = !settings.editable;
+    $("labeling-note").textContent = settings.editable
+      ? "Applies to the whole team within seconds."
+      : "Set by an admin of this project.";
+    showCounts();
+  }
+
+  async function loadSettings() {
+    try {
+      showSettings(await api("labeling"));
+    } catch (error) {
+      if (error.status !== 401 && error.status !== 403) toast(`Could not load the team settings: ${error.message}`);
+    }
+  }
+
+  $("labeling-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const values = formValues($("labeling-form"));
+    const body = {
+      labels_per_trace: Number(values.labels_per_trace),
+      lease_s: Number(values.lease_s),
+      order: values.order,
+      adjudicate_spread: values.adjudicate_spread === undefined ? null : Number(values.adjudicate_spread),
+    };
+    const error = $("labeling-error");
+    try {
+      showSettings(await api("labeling", { method: "PUT", body }));
+      error.hidden = true;
+      toast("Team settings saved.");
+    } catch (failure) {
+      error.textContent = `Not saved: ${failure.message}`;
+      error.hidden = false;
+    }
+  });
+
   async function save() {
     if (label.busy || !label.current) return;
     const rubric = {};
@@ -404,6 +511,7 @@
       label.done.add(record.trace_id);
       label.lastSaved = { record, rubric };
       label.remaining = Math.max(0, label.remaining - 1);
+      label.labeled += 1;
       $("undo-text").textContent = `Saved ${record.trace_id} (reward ${(Object.values(rubric).reduce((a, b) => a + b, 0) / 20).toFixed(2)}).`;
       $("undo-line").hidden = false;
       await next();
@@ -448,6 +556,7 @@
       if (label.current) label.queue.unshift(label.current);
       label.current = saved.record;
       label.remaining += 1;
+      label.labeled = Math.max(0, label.labeled - 1);
       label.lastSaved = null;
       label.prefill = saved.rubric;
       $("undo-line").hidden = true;
@@ -936,6 +1045,65 @@
     refreshExport();
   });
 
+  // =====================================================================================
+  // Agreement tab: the report of GET agreement, over the Export tab's filters
+  // =====================================================================================
+  const READINGS = [[0.8, "reliable", "pass"], [0.667, "tentative", "warn"], [-Infinity, "unreliable", "fail"]];
+
+  function fixed(value, digits) {
+    return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+  }
+
+  function reading(alpha) {
+    if (alpha === null || alpha === undefined) {
+      return h("span", { class: "muted" }, "not enough data (two labels on two traces at least, with some variation)");
+    }
+    const [, words, kind] = READINGS.find(([bound]) => alpha >= bound);
+    return h("span", { class: `badge ${kind}` }, words);
+  }
+
+  function fillTable(id, rows) {
+    const body = $(id).querySelector("tbody");
+    body.replaceChildren(...rows.map((cells) => h("tr", {}, cells.map((c) => h("td", {}, c)))));
+  }
+
+  async function refreshAgreement() {
+    const params = new URLSearchParams();
+    for (const [key, value] of Object.entries(filterValues())) {
+      if (Array.isArray(value)) value.forEach((v) => params.append(key, v));
+      else params.set(key, value);
+    }
+    const error = $("agreement-error");
+    $("agreement-scope").textContent = "computing…";
+    let report;
+    try {
+      report = await api(`agreement${params.size ? `?${params}` : ""}`);
+    } catch (failure) {
+      $("agreement-scope").textContent = "";
+      error.textContent = failure.status === 403
+        ? "This token cannot read the agreement report (it has no export scope)."
+        : `Could not compute the report: ${failure.message}`;
+      error.hidden = false;
+      return;
+    }
+    error.hidden = true;
+    $("agreement-scope").textContent = params.size ? "(filtered)" : "";
+    $("agreement-counts").replaceChildren(
+      ...[["Traces", report.traces], ["Labeled", report.labeled],
+        ["Two labels or more", report.multi_labeled], ["Labelers", report.labelers]]
+        .map(([name, value]) => h("span", { class: "pill" }, `${name}: ${value}`)));
+    const names = [...DIMENSIONS, ["reward", "Reward"]];
+    fillTable("agreement-dimensions", names.map(([key, name]) => {
+      const found = report.dimensions[key];
+      const ci = found.ci95 ? `${fixed(found.ci95[0], 3)} – ${fixed(found.ci95[1], 3)}` : "–";
+      return [name, fixed(found.alpha, 3), ci, String(found.units), reading(found.alpha)];
+    }));
+    fillTable("agreement-labelers", report.labelers_detail.map((d) => [
+      d.labeler, String(d.labels), String(d.skips), fixed(d.mean_reward, 3), fixed(d.mean_abs_diff, 3)]));
+    fillTable("agreement-evaluators", report.evaluators.map((e) => [
+      e.evaluator, String(e.traces), fixed(e.spearman, 3), fixed(e.pass_kappa, 3)]));
+  }
+
   // --- start -------------------------------------------------------------------------------
   async function start() {
     if (!token) {
@@ -947,7 +1115,7 @@
     const id = /^rlx_([0-9a-f]{12})_/.exec(token);
     $("who-text").textContent = id ? `token ${id[1]}` : "token set";
     selectTab(activeTab, false);
-    await loadQueue();
+    await Promise.all([loadSettings(), loadQueue()]);
     if (activeTab === "label") focusDimension(0);
   }
 

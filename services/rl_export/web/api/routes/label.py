@@ -22,7 +22,8 @@ from rl_export.common.codec import dumps
 from rl_export.common.errors import FilterError
 from rl_export.common.filters import parse_bool
 from rl_export.labeling.queue import target
-from rl_export.labeling.settings import SettingsInvalid
+from rl_export.labeling.settings import LabelingSettings, SettingsInvalid
+from rl_export.web import labelindex
 from rl_export.web.api.deps import (
     AdminCaller,
     LabelCaller,
@@ -35,7 +36,7 @@ from rl_export.web.api.deps import (
 )
 from rl_export.web.errors import Invalid, NotFound, Unavailable
 from rl_export.web.follower import Followed
-from rl_export.web.index import QueueFilter
+from rl_export.web.labelindex import QueueFilter
 from rl_export.web.labels import LabelEvent, label_retracted, label_skipped, label_submitted
 from rl_export.web.models import (
     TRACE_ID_PATTERN,
@@ -49,7 +50,8 @@ from rl_export.web.models import (
     SkipIn,
 )
 from rl_export.web.services import Services
-from rl_export.web.team import LabelerQueue, Team, team_of
+from rl_export.web.team import Counts, LabelerQueue, Team, team_of
+from rl_export.web.tokens import Caller
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["label"])
 
@@ -108,11 +110,10 @@ async def get_queue(
 ) -> Response:  # fmt: skip
     followed = await _traces(svc, org, project)
     if followed.corpus_id is None:
-        return _answer({"remaining": 0, "team_remaining": 0}, [], followed)
+        return _answer({"remaining": 0, "team_remaining": 0, "labeled": 0}, [], followed)
     team = await team_of(svc, org, project)
     view = await LabelerQueue(svc, followed.corpus_id, team, caller.subject, scope).view(limit)
-    fields = {"remaining": view.remaining, "team_remaining": view.team_remaining}
-    return _answer(fields, view.bodies, followed)
+    return _answer(_counts(view.counts), view.bodies, followed)
 
 
 @router.post(
@@ -144,10 +145,14 @@ async def post_claim(
         "claims": [
             {"trace_id": e.trace_id, "expires_at": _stamp(e.expires_at or 0.0)} for e in got.entries
         ],
-        "remaining": got.view.remaining,
-        "team_remaining": got.view.team_remaining,
+        **_counts(got.view.counts),
     }
     return _answer(fields, got.view.bodies, followed)
+
+
+def _counts(counts: Counts) -> dict[str, int]:
+    return {"remaining": counts.remaining, "team_remaining": counts.team_remaining,
+            "labeled": counts.labeled}  # fmt: skip
 
 
 def _stamp(epoch: float) -> str:
@@ -173,7 +178,7 @@ async def get_labeling(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc
 ) -> LabelingOut:
     found = await svc.labeling.get(org, project)
-    return LabelingOut(**found.model_dump(include=set(LabelingOut.model_fields)))
+    return _labeling(found, caller)
 
 
 @router.put("/labeling", summary="Change this project's labeling settings (admin)")
@@ -186,7 +191,12 @@ async def put_labeling(
                                         now=datetime.now(UTC))  # fmt: skip
     except SettingsInvalid as exc:
         raise Invalid(str(exc)) from None
-    return LabelingOut(**stored.model_dump(include=set(LabelingOut.model_fields)))
+    return _labeling(stored, caller)
+
+
+def _labeling(found: LabelingSettings, caller: Caller) -> LabelingOut:
+    return LabelingOut(**found.model_dump(include=set(LabelingSettings.model_fields)),
+                       editable=caller.allows("admin"))  # fmt: skip
 
 
 async def _known_trace(svc: Services, org: str, project: str, trace_id: str) -> int:
@@ -207,7 +217,7 @@ async def _publish(svc: Services, event: LabelEvent) -> AcceptedOut:
 
 
 async def _current(svc: Services, team: Team, corpus_id: int, trace_id: str) -> dict[str, Any]:
-    row = await query(svc.index.trace_labels, corpus_id, trace_id)
+    row = await query(labelindex.trace_labels, svc.index, corpus_id, trace_id)
     if row is None:
         return {}
     return dict(team.labels(row).sums)

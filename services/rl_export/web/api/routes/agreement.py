@@ -1,0 +1,53 @@
+"""``GET agreement`` (scope ``export``): the agreement report of DESIGN.md section 8 over the
+latest records of the ``traces`` corpus that match the usual filters.
+
+The index hands over the labels and results as columns (:func:`~rl_export.web.labelindex.
+agreement_input`) and :func:`~rl_export.labeling.agreement.agreement_report` computes the
+report, bootstrap included, on a worker thread: the event loop never waits on it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+
+from rl_export.common.filters import Filters
+from rl_export.labeling.agreement import AgreementBuilder, agreement_report
+from rl_export.web.api.deps import (
+    ExportCaller,
+    FiltersQuery,
+    OrgPath,
+    ProjectPath,
+    Svc,
+    corpus,
+    index_state,
+    query,
+)
+from rl_export.web.index import QueryIndex
+from rl_export.web.labelindex import agreement_input
+from rl_export.web.models import AgreementOut
+
+router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["label"])
+
+
+def _report(index: QueryIndex, corpus_id: int, filters: Filters) -> dict[str, Any]:
+    data = agreement_input(index, corpus_id, filters)
+    return agreement_report(data).model_dump(mode="json")
+
+
+@router.get(
+    "/agreement",
+    summary="How far labelers agree (Krippendorff's alpha), and each evaluator with them",
+    response_model=AgreementOut,
+)
+async def get_agreement(
+    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, filters: FiltersQuery
+) -> dict[str, Any]:
+    followed = await corpus(svc, org, project, "traces")
+    if followed.corpus_id is None:
+        report = agreement_report(AgreementBuilder().build()).model_dump(mode="json")
+    else:
+        report = await query(_report, svc.index, followed.corpus_id, filters)
+    return {**report, "index": index_state(followed, time.monotonic()).model_dump()}

@@ -1,0 +1,239 @@
+"""The team's queries over the query index (DESIGN.md section 8): the head of a labeler's
+queue and its counts, a trace's labels, records in the order asked, and the agreement report's
+input. The rules are :mod:`rl_export.labeling`'s; this module says them in SQL over the
+``traces`` corpus's rows (:mod:`rl_export.web.index`), and :mod:`rl_export.web.team` corrects
+the traces the corpora do not show right yet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rl_export.common.filters import Filters
+from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
+from rl_export.labeling.queue import TraceLabels, order_sql, target_sql
+from rl_export.labeling.settings import LabelingSettings
+from rl_export.web.index import LABEL_SUM, QueryIndex, filter_sql
+
+# A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
+# record written before ``labels``), skips.
+_LABELS_OF = (
+    f"trace_id, labelers, list_transform(labels, lambda x: {{'labeler': x.labeler, "
+    f"'sum': {LABEL_SUM}}}), skipped_by"
+)
+
+
+def _trace_labels(
+    trace_id: str, labelers: list[str], sums: list[dict[str, Any]] | None, skipped: list[str]
+) -> TraceLabels:
+    known: dict[str, int | None] = (
+        dict.fromkeys(labelers) if sums is None else {x["labeler"]: int(x["sum"]) for x in sums}
+    )
+    return TraceLabels(trace_id, known, frozenset(skipped))
+
+
+@dataclass(frozen=True)
+class QueueFilter:
+    """What a labeler's queue may be narrowed to (``passed``: the evaluator's verdict)."""
+
+    scenario: str | None = None
+    agent_version: str | None = None
+    passed: bool | None = None
+
+    def sql(self) -> tuple[str, list[Any]]:
+        clauses, params = ["NOT deleted"], []
+        for column, value in (("scenario", self.scenario), ("agent_version", self.agent_version),
+                              ("eval_passed", self.passed)):  # fmt: skip
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
+class QueueAsk:
+    """A labeler's queue (:mod:`rl_export.labeling.queue`): the ``touched`` traces are
+    always returned (if they match ``scope``) for the caller to decide; the others are
+    decided here, from the corpora's view."""
+
+    labeler: str
+    limit: int
+    settings: LabelingSettings
+    pass_threshold: float
+    scope: QueueFilter = QueueFilter()
+    touched: Sequence[str] = ()
+
+
+def _queue_where(ask: QueueAsk) -> tuple[str, str, list[Any], list[Any]]:
+    """The scope's condition and whether a trace is in the labeler's queue by the
+    corpora's view (labels fill the target, the labeler's own labels and skips exclude)."""
+    scope, scope_params = ask.scope.sql()
+    target, target_params = target_sql(ask.settings)
+    eligible = (
+        "(NOT list_contains(labelers, ?) AND NOT list_contains(skipped_by, ?) "
+        f"AND coalesce(labels_count, 0) < {target})"
+    )
+    return scope, eligible, scope_params, [ask.labeler, ask.labeler, *target_params]
+
+
+def queue_candidates(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[TraceLabels]:
+    """The head of the labeler's queue in the project's order: up to ``limit`` traces,
+    the touched ones among them whatever the corpora say (the caller decides those)."""
+    scope, eligible, scope_params, eligible_params = _queue_where(ask)
+    order, order_params = order_sql(
+        ask.settings.order, labeler=ask.labeler, pass_threshold=ask.pass_threshold
+    )
+    rows = (
+        index.reader()
+        .execute(
+            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
+            f"({eligible} OR list_contains(?::VARCHAR[], trace_id)) ORDER BY {order} LIMIT ?",
+            [
+                corpus_id,
+                *scope_params,
+                *eligible_params,
+                list(ask.touched),
+                *order_params,
+                ask.limit,
+            ],
+        )
+        .fetchall()
+    )
+    return [_trace_labels(*row) for row in rows]
+
+
+def queue_counts(
+    index: QueryIndex, corpus_id: int, ask: QueueAsk
+) -> tuple[int, int, int, list[TraceLabels]]:
+    """``remaining``, ``team_remaining`` and the labeler's own labels over the untouched
+    traces of the scope, and the touched traces of the scope (for the caller to count)."""
+    scope, eligible, scope_params, eligible_params = _queue_where(ask)
+    target, target_params = target_sql(ask.settings)
+    touched = list(ask.touched)
+    db = index.reader()
+    row = db.execute(
+        f"SELECT count(*) FILTER (WHERE {eligible}), "
+        f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}), "
+        "count(*) FILTER (WHERE list_contains(labelers, ?)) FROM records "
+        f"WHERE corpus_id = ? AND {scope} AND NOT list_contains(?::VARCHAR[], trace_id)",
+        [*eligible_params, *target_params, ask.labeler, corpus_id, *scope_params, touched],
+    ).fetchone()
+    rows = []
+    if touched:
+        rows = db.execute(
+            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
+            "list_contains(?::VARCHAR[], trace_id)",
+            [corpus_id, *scope_params, touched],
+        ).fetchall()
+    counts = (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
+    return (*counts, [_trace_labels(*r) for r in rows])
+
+
+def trace_labels(index: QueryIndex, corpus_id: int, trace_id: str) -> TraceLabels | None:
+    """A live trace's labels and skips as the corpora show them (None: not live)."""
+    row = (
+        index.reader()
+        .execute(
+            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND trace_id = ? "
+            "AND NOT deleted",
+            [corpus_id, trace_id],
+        )
+        .fetchone()
+    )
+    return None if row is None else _trace_labels(*row)
+
+
+def bodies(index: QueryIndex, corpus_id: int, trace_ids: Sequence[str]) -> list[bytes]:
+    """The records of live traces, in the order asked (traces not live left out)."""
+    if not trace_ids:
+        return []
+    rows = (
+        index.reader()
+        .execute(
+            "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
+            "AND list_contains(?::VARCHAR[], trace_id)",
+            [corpus_id, list(trace_ids)],
+        )
+        .fetchall()
+    )
+    where = {r[0]: r[1:] for r in rows}
+    return index.bodies_at([where[t] for t in trace_ids if t in where])
+
+
+def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> AgreementInput:
+    """The agreement report's input over the latest records matching ``filters`` (the
+    ``traces`` corpus, usually), built in DuckDB and fetched as columns: a row per current
+    label and per evaluator result, a value per trace and per labeler."""
+    where, params = filter_sql(filters)
+    db = index.reader()
+    limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
+    db.execute(
+        "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT row_number() OVER () - 1 AS t, "
+        "labels, labels_count, skipped_by, pass_threshold, results FROM (SELECT * FROM records "
+        f"WHERE corpus_id = ? AND {where}{limit})",
+        [corpus_id, *params],
+    )
+    try:
+        return _agreement_input(db)
+    finally:
+        db.execute("DROP TABLE IF EXISTS agreement_traces")
+
+
+def _agreement_input(db: Any) -> AgreementInput:
+    traces, unrated, unrated_multi = db.execute(
+        "SELECT count(*), count(*) FILTER (WHERE labels IS NULL AND labels_count >= 1), "
+        "count(*) FILTER (WHERE labels IS NULL AND labels_count >= 2) FROM agreement_traces"
+    ).fetchone()
+    # Labelers: whoever labeled or skipped, numbered in name order.
+    db.execute(
+        "CREATE OR REPLACE TEMP TABLE agreement_labelers AS SELECT name, "
+        "row_number() OVER (ORDER BY name) - 1 AS n FROM (SELECT DISTINCT name FROM ("
+        "SELECT unnest(labels).labeler AS name FROM agreement_traces UNION ALL "
+        "SELECT unnest(skipped_by) FROM agreement_traces))"
+    )
+    names = [r[0] for r in db.execute("SELECT name FROM agreement_labelers ORDER BY n").fetchall()]
+    labels = db.execute(
+        "SELECT a.t, l.n, " + ", ".join(f"a.label.rubric.{d} AS {d}" for d in DIMENSIONS)
+        + " FROM (SELECT t, unnest(labels) AS label FROM agreement_traces) a "
+        "JOIN agreement_labelers l ON l.name = a.label.labeler ORDER BY a.t, l.n"
+    ).fetchnumpy()
+    skips = db.execute(
+        "SELECT l.n, count(*) FROM (SELECT unnest(skipped_by) AS name FROM agreement_traces) s "
+        "JOIN agreement_labelers l USING (name) GROUP BY l.n"
+    ).fetchall()
+    # An evaluator named twice in one evaluation: its last result (the records'
+    # ``evaluator_scores`` keep the last too).
+    results = db.execute(
+        "SELECT t, dense_rank() OVER (ORDER BY r.evaluator) - 1 AS e, r.evaluator AS evaluator, "
+        "r.score AS score, r.passed AS passed FROM (SELECT t, unnest(results) AS r, "
+        "unnest(range(len(results))) AS i FROM agreement_traces) "
+        "QUALIFY row_number() OVER (PARTITION BY t, r.evaluator ORDER BY i DESC) = 1 ORDER BY t, e"
+    ).fetchnumpy()
+    thresholds = db.execute("SELECT pass_threshold FROM agreement_traces ORDER BY t").fetchnumpy()
+    db.execute("DROP TABLE IF EXISTS agreement_labelers")
+    skip_counts = np.zeros(len(names), np.int64)
+    for n, count in skips:
+        skip_counts[int(n)] = int(count)
+    evaluators = sorted(set(results["evaluator"].tolist()))
+    ratings = (
+        np.column_stack([labels[d] for d in DIMENSIONS]) if len(labels["t"]) else np.zeros((0, 4))
+    )
+    return AgreementInput(
+        traces=int(traces),
+        labelers=tuple(names),
+        label_trace=np.asarray(labels["t"], np.int64),
+        label_labeler=np.asarray(labels["n"], np.int64),
+        ratings=np.asarray(ratings, np.int8).reshape(-1, 4),
+        pass_threshold=np.asarray(thresholds["pass_threshold"], np.float64),
+        skips=skip_counts,
+        evaluators=tuple(evaluators),
+        result_trace=np.asarray(results["t"], np.int64),
+        result_evaluator=np.asarray(results["e"], np.int64),
+        result_score=np.asarray(results["score"], np.float64),
+        result_passed=np.asarray(results["passed"], np.bool_),
+        unrated_labeled=int(unrated),
+        unrated_multi_labeled=int(unrated_multi),
+    )

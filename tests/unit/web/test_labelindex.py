@@ -1,0 +1,82 @@
+"""The agreement report from the index is the report from the records themselves."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_export.common.codec import dumps_line
+from rl_export.common.filters import Filters, parse_filters
+from rl_export.labeling.agreement import AgreementBuilder, agreement_report
+from rl_export.web.index import CorpusKey, QueryIndex
+from rl_export.web.labelindex import agreement_input
+from tests.records import record
+
+DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
+
+
+def random_record(rng: random.Random, n: int) -> dict[str, Any]:
+    value = record(f"t{n:03d}", source=None, reward=None, passed=None,
+                   scenario=rng.choice(["refund", "trip"]))  # fmt: skip
+    labelers = rng.sample(["ana", "bo", "cy", "dee", "eve"], rng.choice([0, 1, 2, 2, 3, 4]))
+    value["labels"] = [
+        {"labeler": name, "rubric": {d: rng.randint(1, 5) for d in DIMENSIONS},
+         "comment": None, "occurred_at": "2026-01-02T00:00:00Z"}
+        for name in sorted(labelers)
+    ]  # fmt: skip
+    value["labelers"] = sorted(labelers)
+    value["labels_count"] = len(labelers)
+    value["skipped_by"] = sorted(rng.sample(["fay", "gus", "ana"], rng.randint(0, 2)))
+    results = [
+        {"evaluator": name, "score": round(rng.random(), 3), "passed": rng.random() < 0.6,
+         "reasoning": ""}
+        for name in rng.sample(["judge", "tone", "policy"], rng.randint(0, 3))
+    ]  # fmt: skip
+    if results and rng.random() < 0.1:  # an evaluator named twice: the last result counts
+        results.append({**results[0], "score": 0.5, "passed": True})
+    value["evaluation"] = {
+        "evaluation_id": f"ev-{n}",
+        "occurred_at": "2026-01-02T00:00:00Z",
+        "results": results,
+        "report": {"outcomes": [], "classifications": []},
+    }
+    if rng.random() < 0.05:  # written before records carried labels
+        del value["labels"]
+    return value
+
+
+@pytest.mark.parametrize(
+    "filters", [Filters(), parse_filters({"scenario": "trip"}), parse_filters({"min_labels": "2"})]
+)
+def test_the_index_gives_the_report_the_records_give(tmp_path: Path, filters: Filters) -> None:
+    rng = random.Random(7)
+    records = [random_record(rng, n) for n in range(400)]
+    index = QueryIndex(tmp_path / "index", threads=1)
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        index.ingest(cid, b"".join(dumps_line(r) for r in records), {"t-0": 1})
+        from_index = agreement_report(agreement_input(index, cid, filters))
+    finally:
+        index.close()
+    builder = AgreementBuilder()
+    for value in records:
+        if filters.matches(value):
+            builder.add(value)
+    from_records = agreement_report(builder.build())
+    assert from_index.model_dump() == from_records.model_dump()
+    assert from_index.multi_labeled > 10
+    assert from_index.evaluators
+
+
+def test_an_empty_corpus_has_an_empty_report(tmp_path: Path) -> None:
+    index = QueryIndex(tmp_path / "index", threads=1)
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        report = agreement_report(agreement_input(index, cid, Filters()))
+    finally:
+        index.close()
+    assert (report.traces, report.labeled, report.labelers) == (0, 0, 0)
+    assert report.dimensions.reward.alpha is None
