@@ -18,19 +18,19 @@ How the report is computed (:func:`agreement_report`; the steps match the code):
 1. Per trace, the number of current labels and the sum of their ratings; a label's own
    reward is its four ratings summed / 20.
 2. Krippendorff's alpha over the *units*, the traces with at least two current labels: one
-   value per labeler, **ordinal** for each dimension's rating, **interval** for the
-   labeler's reward (:func:`alpha_with_interval`). Alpha depends on the data only through
-   the coincidence matrix, a sum over units of a term that depends only on the unit's
-   multiset of values (its *pattern*: how many labelers gave each value). So units are
-   grouped by pattern (:func:`patterns`), the point estimate is alpha of the weighted sum,
-   and a bootstrap resample of units is a multinomial draw of the patterns' counts: 1,000
-   resamples cost a (1,000 x patterns) matrix product, whatever the number of units, and
+   value per labeler, **ordinal** for each dimension's rating, **interval** for the labeler's
+   reward (:func:`alpha_with_interval`). Alpha depends on the data only through the coincidence
+   matrix, a sum over units of a term that depends only on the unit's multiset of values (its
+   *pattern*: how many labelers gave each value). So units are grouped by pattern
+   (:func:`patterns`), the point estimate is alpha of the weighted sum, and a bootstrap
+   resample of units is a multinomial draw of the patterns' counts: 1,000 resamples cost a
+   multinomial draw and a (1,000 x patterns) matrix product, whatever the number of units, and
    are exact in distribution. The 95 % interval is the 2.5th and 97.5th percentiles of the
-   resamples' alphas (resamples with no variation left out), fixed seed. The unit tests
-   check these alphas against the ``krippendorff`` package, on Krippendorff's published
-   example and on explicit resamples. (The package itself builds a units x values x values
-   array: 7.8 s and 1.4 GB for the reward over 200,000 units here, so it is the tests'
-   reference, not the report's engine.)
+   resamples' alphas (resamples with no variation left out), fixed seed. The unit tests check
+   these alphas against the ``krippendorff`` package, on Krippendorff's published example and
+   on explicit resamples. (The package itself builds a units x values x values array: 7.8 s and
+   1.4 GB for the reward over 200,000 units here, so it is the tests' reference, not the
+   report's engine.)
 3. Per labeler: labels, skips, mean reward, and the mean absolute difference between their
    reward and the mean reward of the other labelers of the same traces.
 4. Per evaluator, over the traces with both its result and at least one current label:
@@ -326,17 +326,32 @@ def _distances(level: Level, totals: FloatArray, values: FloatArray) -> FloatArr
     return delta * delta
 
 
-def alphas(observed: FloatArray, level: Level, values: FloatArray) -> FloatArray:
-    """Alpha of each coincidence matrix ``(resamples, V * V)``; NaN where it is undefined
-    (no variation: the expected disagreement is 0)."""
+def alphas(drawn: FloatArray, terms: FloatArray, level: Level, values: FloatArray) -> FloatArray:
+    """Alpha of each resample, given as how many units of each pattern it holds
+    (``(resamples, patterns)``; the patterns' :func:`coincidences` are ``terms``); NaN where
+    it is undefined (no variation: the expected disagreement is 0).
+
+    Ordinal distances depend on each resample's value totals, so its whole coincidence
+    matrix is made. Interval and nominal distances are fixed: what alpha needs of a
+    resample, its observed disagreement and its value totals, is then linear in the counts,
+    one (patterns x (1 + V)) product instead of (patterns x V * V)."""
     size = len(values)
-    o = observed.reshape(len(observed), size, size)
-    totals = o.sum(axis=1)
+    if level == "ordinal":
+        o = (drawn @ terms).reshape(len(drawn), size, size)
+        totals = o.sum(axis=1)
+        distances = _distances(level, totals, values)
+        disagreement = np.einsum("bvw,bvw->b", o, distances)
+    else:
+        fixed = _distances(level, np.zeros((1, size)), values)
+        per_pattern = np.column_stack(
+            [terms @ fixed[0].ravel(), terms.reshape(len(terms), size, size).sum(axis=1)]
+        )
+        found = drawn @ per_pattern
+        disagreement, totals = found[:, 0], found[:, 1:]
+        distances = np.broadcast_to(fixed[0], (len(drawn), size, size))
     n = totals.sum(axis=1)
-    distances = _distances(level, totals, values)
-    disagreement = np.einsum("bvw,bvw->b", o, distances)
     expected = np.einsum("bv,bw,bvw->b", totals, totals, distances)  # the diagonal's 0
-    out = np.full(len(observed), np.nan)
+    out = np.full(len(drawn), np.nan)
     defined = expected > 0
     out[defined] = 1 - (n[defined] - 1) * disagreement[defined] / expected[defined]
     return out
@@ -361,12 +376,12 @@ def alpha_with_interval(
     rows, weights = patterns(counts)
     terms = coincidences(rows)
     scale = np.arange(domain, dtype=np.float64)
-    point = alphas((weights @ terms)[None, :], level, scale)[0]
+    point = alphas(weights[None, :].astype(np.float64), terms, level, scale)[0]
     if not np.isfinite(point):
         return Alpha(alpha=None, ci95=None, units=count)
     rng = np.random.default_rng(seed)
     drawn = rng.multinomial(count, weights / count, size=resamples).astype(np.float64)
-    spread = alphas(drawn @ terms, level, scale)  # float @ float: BLAS
+    spread = alphas(drawn, terms, level, scale)
     spread = spread[np.isfinite(spread)]  # resamples left with no variation have no alpha
     if not len(spread):
         return Alpha(alpha=float(point), ci95=None, units=count)
@@ -509,6 +524,20 @@ def _labelers(
     return out
 
 
+def _reward_codes(sums: IntArray, counts: IntArray) -> tuple[IntArray, int]:
+    """Each trace's human reward ``sums / (20 * counts)`` as an order-preserving code (equal
+    rewards, equal codes), and how many codes: from the few (sum, count) pairs present, so
+    the traces' rewards are never sorted."""
+    width = int(counts.max(initial=0)) + 1
+    key = sums * width + counts
+    present = np.flatnonzero(np.bincount(key[counts >= 1], minlength=1))
+    rewards = (present // width) / (20 * (present % width))  # as the join divides
+    distinct, codes = np.unique(rewards, return_inverse=True)
+    lookup = np.zeros(int(key.max(initial=0)) + 1, np.int64)
+    lookup[present] = codes
+    return lookup[key], len(distinct)
+
+
 def _evaluators(
     data: AgreementInput, per_trace: IntArray, trace_sums: FloatArray
 ) -> list[EvaluatorDetail]:
@@ -517,9 +546,7 @@ def _evaluators(
         human_reward = trace_sums / (20 * per_trace)
         human_passed = human_reward >= data.pass_threshold  # as the join decides it
     labeled = per_trace >= 1
-    distinct, codes = np.unique(human_reward[labeled], return_inverse=True)
-    code = np.zeros(data.traces, np.int64)
-    code[labeled] = codes  # the human reward's place among its values (labeled traces)
+    code, distinct = _reward_codes(trace_sums.astype(np.int64), per_trace)
     both = labeled[data.result_trace]
     trace = data.result_trace[both]
     evaluator = data.result_evaluator[both]
@@ -532,7 +559,7 @@ def _evaluators(
             EvaluatorDetail(
                 evaluator=data.evaluators[n],
                 traces=len(traces),
-                spearman=spearman_coded(score[mine], code[traces], len(distinct)),
+                spearman=spearman_coded(score[mine], code[traces], distinct),
                 pass_kappa=cohen_kappa(passed[mine], human_passed[traces]),
             )
         )

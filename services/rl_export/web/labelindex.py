@@ -196,7 +196,8 @@ def _agreement_input(db: Any) -> AgreementInput:
     )
     names = [r[0] for r in db.execute("SELECT name FROM agreement_labelers ORDER BY n").fetchall()]
     labels = db.execute(
-        "SELECT a.t, l.n, " + ", ".join(f"a.label.rubric.{d} AS {d}" for d in DIMENSIONS)
+        "SELECT a.t, l.n, "
+        + ", ".join(f"a.label.rubric.{d} AS {d}" for d in DIMENSIONS)
         + " FROM (SELECT t, unnest(labels) AS label FROM agreement_traces) a "
         "JOIN agreement_labelers l ON l.name = a.label.labeler ORDER BY a.t, l.n"
     ).fetchnumpy()

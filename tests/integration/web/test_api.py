@@ -224,6 +224,58 @@ def test_bad_input_is_a_4xx_that_names_the_problem(
     assert_error(response, status, error, needle)
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "stats?source=human&min_labels=2&bogus=1"),
+        ("GET", "stats?source=human&min_label=2"),  # a misspelled filter
+        ("GET", "records?source=human&colour=red"),
+        ("GET", "export?source=human&format=messages&pased=true"),
+        ("GET", "queue?limit=3&bogus=1"),
+        ("GET", "agreement?bogus=1"),
+        ("GET", "labeling?bogus=1"),
+        ("GET", "exports/abc?bogus=1"),
+    ],
+)
+def test_an_unknown_query_parameter_is_refused_by_name(
+    admin: httpx.Client, method: str, path: str
+) -> None:
+    """A misspelled filter must never export unfiltered data (DESIGN.md section 7)."""
+    unknown = path.rsplit("&", 1)[-1].rsplit("?", 1)[-1].split("=", maxsplit=1)[0]
+    response = call(admin, method, path)
+    assert_error(response, 422, "invalid", f"{unknown}: unknown query parameter")
+
+
+def test_known_new_filters_apply_to_the_stats(admin: httpx.Client) -> None:
+    every = admin.get("stats", params={"source": "traces"}).json()["records"]
+    labeled = admin.get("stats", params={"source": "traces", "labeled": "true"}).json()["records"]
+    once = admin.get("stats", params={"source": "traces", "min_labels": "1"}).json()["records"]
+    assert once == labeled < every
+    agreeing = admin.get("stats", params={"source": "traces", "max_spread": "0"}).json()
+    assert agreeing["records"] <= every
+
+
+def test_an_export_job_takes_filters_as_json_values(admin: httpx.Client) -> None:
+    body = {"source": "evaluator", "format": "messages",
+            "filters": {"passed": True, "min_reward": 0.5, "pass_dimension": []}}  # fmt: skip
+    response = admin.post("exports", json=body)
+    assert response.status_code == 202, response.text
+    bad = admin.post("exports", json={**body, "filters": {"passed": None}})
+    assert_error(bad, 422, "invalid", "passed")
+
+
+def test_every_answer_carries_the_security_headers(stack: Stack, admin: httpx.Client) -> None:
+    for response in (admin.get("stats", params={"source": "human"}),
+                     admin.get("nowhere"),
+                     httpx.get(f"{stack.web.base}/acme/bot/rl-export")):  # fmt: skip
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+        policy = response.headers["content-security-policy"]
+        assert "script-src 'self'" in policy
+        assert "frame-ancestors 'none'" in policy
+        assert "unsafe-inline" not in policy
+
+
 def test_malformed_json_and_oversized_bodies_are_refused(admin: httpx.Client) -> None:
     response = admin.post("labels", content=b'{"trace_id": "tr-001", "rubric": ',
                           headers={"content-type": "application/json"})  # fmt: skip

@@ -18,11 +18,11 @@ import asyncio
 import csv
 import io
 import shutil
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -35,6 +35,7 @@ from rl_export.corpora.store import open_store
 from tests.integration.web.conftest import SCRIPT, Stack
 from tests.integration.webproc import WebProcess, wait_for
 
+T = TypeVar("T")
 CHROMIUM = next(
     (p for p in ("/usr/bin/chromium", shutil.which("chromium")) if p and Path(p).exists()), None
 )
@@ -172,9 +173,9 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
     expect(page.locator("#preview-note")).to_contain_text(f"of {records_before + 1} records")
     # Only what changed in the last minutes: the new label is in the preview.
     page.locator("#filters-box summary").click()
-    page.locator("input[name=scenario]").fill(record["scenario"])
+    page.locator("#filters input[name=scenario]").fill(record["scenario"])
     since = datetime.now(UTC) - timedelta(minutes=5)
-    page.locator("input[name=since]").fill(since.strftime("%Y-%m-%dT%H:%M"))
+    page.locator("#filters input[name=since]").fill(since.strftime("%Y-%m-%dT%H:%M"))
     expect(page.locator("#preview")).to_contain_text(trace_id)
     expect(page.locator("#preview")).to_contain_text('"pat"')
 
@@ -249,7 +250,10 @@ def test_source_and_format_toggles_change_the_preview(
     human = page.locator("#preview").inner_text()
     human_records = stat(page, "records")
     choose(page, "source", "Evaluator score")
-    expect(page.locator("#preview pre").first).to_contain_text('"reward_source": "evaluator"')
+    # The instance's first look at the evaluator corpus waits for the index's first pass.
+    expect(page.locator("#preview pre").first).to_contain_text(
+        '"reward_source": "evaluator"', timeout=30_000
+    )
     assert page.locator("#preview").inner_text() != human
     assert stat(page, "records") != human_records
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -266,7 +270,7 @@ def test_download_gives_valid_json_lines(stack: Stack, web: WebProcess, page: Pa
     choose(page, "source", "Evaluator score")
     choose(page, "format", "Messages")
     page.locator("#filters-box summary").click()
-    page.locator("input[name=scenario]").fill("trip")  # 2 records: a direct download
+    page.locator("#filters input[name=scenario]").fill("trip")  # 2 records: a direct download
     expect(page.locator("#stat-records")).to_have_text("2")
     with page.expect_download() as download:
         page.locator("#download").click()
@@ -285,7 +289,7 @@ def test_a_csv_with_chosen_renamed_and_reordered_columns(
     choose(page, "source", "Evaluator score")
     choose(page, "format", "CSV")
     page.locator("#filters-box summary").click()
-    page.locator("input[name=scenario]").fill("trip")
+    page.locator("#filters input[name=scenario]").fill("trip")
     expect(page.locator("#stat-records")).to_have_text("2")
     page.locator("#columns-open").click()
     dialog = page.locator("#columns-dialog")
@@ -363,6 +367,12 @@ def test_the_page_shell_needs_no_token_and_holds_no_data(stack: Stack) -> None:
 # --- labeling as a team ---------------------------------------------------------------------
 
 
+def off_loop(work: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to its end on a thread of its own (Playwright's loop runs here)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
+
+
 def test_the_label_tab_claims_one_trace_at_a_time_and_shows_the_team(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:
@@ -370,8 +380,8 @@ def test_the_label_tab_claims_one_trace_at_a_time_and_shows_the_team(
     from tests.integration.workers import publish
 
     project = "team-page"
-    asyncio.run(publish(stack.settings, project_events(project, 4)))
-    tokens = asyncio.run(make_tokens(stack, project, ["lead", "ana", "bo"]))
+    off_loop(publish(stack.settings, project_events(project, 4)))
+    tokens = off_loop(make_tokens(stack, project, ["lead", "ana", "bo"]))
     with web.client(tokens["lead"], project=project) as lead:
         assert lead.put("labeling", json={"labels_per_trace": 1, "lease_s": 600}).status_code == 200
         wait_for("the project's traces in the index",
@@ -411,8 +421,8 @@ def test_an_admin_changes_the_team_settings_on_the_page(
     from tests.integration.workers import publish
 
     project = "team-admin"
-    asyncio.run(publish(stack.settings, project_events(project, 2)))
-    tokens = asyncio.run(make_tokens(stack, project, ["lead"]))
+    off_loop(publish(stack.settings, project_events(project, 2)))
+    tokens = off_loop(make_tokens(stack, project, ["lead"]))
     sign_in(page, web, tokens["lead"], project)
     page.locator("#queue-options summary").click()
     form = page.locator("#labeling-form")

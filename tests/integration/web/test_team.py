@@ -304,8 +304,9 @@ def test_labeling_settings_are_validated_and_need_admin(
         assert response.json()["detail"].startswith(field)
     with team.client("ana") as ana:
         assert ana.put("labeling", json={"labels_per_trace": 3}).status_code == 403
-        mine = ana.get("labeling").json()
-        assert (mine["labels_per_trace"], mine["editable"]) == (1, False)
+        mine = ana.get("labeling").json()  # the service's default: nothing was stored
+        assert (mine["labels_per_trace"], mine["editable"]) == (
+            stack.settings.labels_per_trace, False)  # fmt: skip
 
 
 _TEAMS: dict[str, Team] = {}
@@ -323,7 +324,8 @@ def test_settings_set_on_one_instance_apply_on_the_other_within_seconds(
     team = _settings_team(stack, second)
     with team.client("lead", 0) as lead:
         answer = lead.put("labeling", json={"order": "uncertain", "lease_s": 120})
-        assert answer.json() == {"labels_per_trace": 1, "lease_s": 120, "order": "uncertain",
+        assert answer.json() == {"labels_per_trace": stack.settings.labels_per_trace,
+                                 "lease_s": 120, "order": "uncertain",
                                  "adjudicate_spread": None, "editable": True}  # fmt: skip
     with team.client("ana", 1) as other:
         wait_for("the other instance to apply the settings",

@@ -124,15 +124,18 @@ def test_alpha_of_explicit_resamples_equals_the_package(level: Level) -> None:
     for _ in range(25):
         drawn = rng.integers(0, 40, 40)  # units drawn with replacement
         counts = np.bincount(np.array(unit_pattern)[drawn], minlength=len(terms))
-        mine = alphas((counts @ terms)[None, :], level, np.arange(5.0))[0]
+        mine = alphas(counts[None, :].astype(float), terms, level, np.arange(5.0))[0]
         assert mine == pytest.approx(package_alpha(data[:, drawn], level, 5), abs=1e-9)
 
 
-def test_the_interval_is_the_percentiles_of_the_packages_alphas_on_the_same_draws() -> None:
+@pytest.mark.parametrize("level", ["nominal", "ordinal", "interval"])
+def test_the_interval_is_the_percentiles_of_the_packages_alphas_on_the_same_draws(
+    level: Level,
+) -> None:
     units, values = columns(KRIPPENDORFF_2011)
     counts = value_counts(units, values, 5)
     rows, weights = patterns(counts)
-    found = alpha_with_interval(units, values, 5, "ordinal", resamples=200, seed=3)
+    found = alpha_with_interval(units, values, 5, level, resamples=200, seed=3)
     # The same multinomial draws over the patterns, each turned back into reliability data
     # (a unit of each pattern, as many times as drawn) for the package.
     draws = np.random.default_rng(3).multinomial(len(counts), weights / len(counts), size=200)
@@ -145,7 +148,7 @@ def test_the_interval_is_the_percentiles_of_the_packages_alphas_on_the_same_draw
             given_values = np.repeat(np.arange(1, 6), row)
             data[: len(given_values), column] = given_values
         if len(np.unique(data[~np.isnan(data)])) > 1:
-            expected.append(package_alpha(data, "ordinal", 5))
+            expected.append(package_alpha(data, level, 5))
     assert found.ci95 is not None
     assert found.ci95 == pytest.approx(tuple(np.percentile(expected, [2.5, 97.5])), abs=1e-9)
     assert found.ci95[0] <= (found.alpha or 0) <= found.ci95[1]
@@ -328,6 +331,35 @@ def test_the_report_of_records() -> None:
     assert judge["pass_kappa"] == 1.0
     # One trace: no rank correlation; kappa is defined (each side constant, p_e = 0).
     assert tone == {"evaluator": "tone", "traces": 1, "spearman": None, "pass_kappa": 0.0}
+
+
+def test_evaluators_against_human_rewards_that_tie_across_label_counts() -> None:
+    # Rewards such as 16/20 and 32/40 are equal: they must share a rank.
+    rng = np.random.default_rng(11)
+    records, human, scores, verdicts, counts = [], [], [], [], []
+    for n in range(200):
+        count = int(rng.integers(1, 4))
+        ratings = [tuple(int(v) for v in rng.integers(3, 6, 4)) for _ in range(count)]
+        score = round(float(rng.random()), 1)  # ties among scores too
+        records.append(judged(rated(f"t{n}", *[(f"l{k}", r) for k, r in enumerate(ratings)]),
+                              ("judge", score, score >= 0.5)))  # fmt: skip
+        human.append(sum(map(sum, ratings)) / (20 * count))
+        counts.append(count)
+        scores.append(score)
+        verdicts.append((score >= 0.5, human[-1] >= 0.7))
+    (judge,) = report_of(records, resamples=5)["evaluators"]
+    assert judge["traces"] == 200
+    counts_of = {}  # each reward, and the label counts it came from
+    for reward, count in zip(human, counts, strict=True):
+        counts_of.setdefault(reward, set()).add(count)
+    assert any(len(c) > 1 for c in counts_of.values())  # equal rewards from different counts
+    assert judge["spearman"] == pytest.approx(stats.spearmanr(scores, human).statistic, abs=1e-12)
+    table = [sum(1 for v in verdicts if v == want) for want in
+             [(True, True), (True, False), (False, True), (False, False)]]  # fmt: skip
+    n, agree = 200, table[0] + table[3]
+    chance = ((table[0] + table[1]) * (table[0] + table[2])
+              + (table[2] + table[3]) * (table[1] + table[3])) / n**2  # fmt: skip
+    assert judge["pass_kappa"] == pytest.approx((agree / n - chance) / (1 - chance), abs=1e-12)
 
 
 def test_the_reward_alpha_is_interval_over_each_labelers_own_reward() -> None:

@@ -447,6 +447,8 @@
     await loadQueue();
   });
 
+  // The form stays disabled until the settings arrived (the HTML starts it so): nothing typed
+  // before then is overwritten by them.
   function showSettings(settings) {
     label.settings = settings;
     const form = $("labeling-form");
