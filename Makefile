@@ -80,15 +80,15 @@ run: install ## start the embedded stack (Kafka, every stage, synthetic traffic)
 	$(BIN)/rl-export dev
 
 lint: install ## ruff lint and format check
-	$(BIN)/ruff check services tests docs/hooks
-	$(BIN)/ruff format --check services tests docs/hooks
+	$(BIN)/ruff check services tests docs/hooks examples
+	$(BIN)/ruff format --check services tests docs/hooks examples
 
 typecheck: install ## mypy --strict
 	$(BIN)/mypy
 
 format: install ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff format services tests docs/hooks
-	$(BIN)/ruff check --fix services tests docs/hooks
+	$(BIN)/ruff format services tests docs/hooks examples
+	$(BIN)/ruff check --fix services tests docs/hooks examples
 
 schemas: install ## regenerate schemas/ from the pydantic models
 	$(BIN)/python -m rl_export.common.schemas schemas

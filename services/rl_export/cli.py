@@ -227,7 +227,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.common.filters import parse_filters
     from rl_export.common.gctune import tune_gc
     from rl_export.common.progressbar import bar, position_callback
-    from rl_export.export import check_export, parse_margin, parse_pair_by, write_export
+    from rl_export.export import (
+        check_export,
+        file_for,
+        parse_margin,
+        parse_mask,
+        parse_pair_by,
+        write_export,
+    )
 
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
@@ -235,11 +242,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     pair_by = parse_pair_by(args.pair_by)
     margin = parse_margin(args.margin)
     redact = args.redact if args.redact is not None else settings.redact
+    mask = parse_mask(args.format, args.mask_failed_turns, args.mask_types)
+    to_stdout = args.output == "-"
+    file = file_for(args.format, None if to_stdout else args.output)
     check_export(
         args.format, columns=args.columns, pair_by=pair_by, margin=margin,
-        max_pairs=args.max_pairs, zip_data=args.zip_data, redact=redact,
+        max_pairs=args.max_pairs, zip_data=args.zip_data, mask=mask, file=file, card=args.card,
+        redact=redact,
     )  # fmt: skip
-    to_stdout = args.output == "-"
+    if to_stdout and args.card:
+        raise ConfigError("--card", "writes README.md beside the output file: give -o FILE")
     if not to_stdout and Path(args.output).is_dir():
         raise ConfigError("--output", f"{args.output} is a directory")
 
@@ -252,7 +264,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 return await write_export(
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
-                    zip_data=args.zip_data, redact=redact,
+                    zip_data=args.zip_data, mask=mask, file=file, card=args.card,
+                    redact=redact,
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -268,6 +281,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         note += f", {summary.skipped} without a {args.format} row"
     if args.format == "zip":
         note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
+    if mask is not None:
+        note += (f"; {summary.turns_outside} failing outcomes named a turn outside their "
+                 f"conversation (they mask nothing)")  # fmt: skip
+    if args.card:
+        note += f"; dataset card {Path(args.output).parent / 'README.md'}"
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:
@@ -502,8 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(p)
     p.add_argument(
         "--format", required=True, metavar="F",
-        help="trajectory, prompt_completion, messages, kto, preference, executions, csv, json, "
-        "parquet or zip",
+        help="trajectory, prompt_completion, messages, kto, preference, executions, rl_prompts "
+        "(Parquet when FILE ends in .parquet), csv, json, parquet or zip",
     )  # fmt: skip
     p.add_argument("--columns", metavar="PATH[:HEADER],...", help="tabular formats' columns")
     p.add_argument("--pair-by", metavar="FIELD,...", help="preference: pair within these fields")
@@ -513,6 +531,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="preference: pairs per trajectory at most (default 1)",
     )  # fmt: skip
     p.add_argument("--zip-data", default="csv", metavar="csv|json", help="zip: the data file")
+    p.add_argument(
+        "--mask-failed-turns", action="store_true",
+        help="messages, prompt_completion: weight 0 on the assistant messages of turns with a "
+        "failing outcome, 1 on the others",
+    )  # fmt: skip
+    p.add_argument(
+        "--mask-types", metavar="TYPE,...",
+        help="with --mask-failed-turns: only outcomes of these report types mask",
+    )  # fmt: skip
+    p.add_argument(
+        "--card", action="store_true",
+        help="write a Hugging Face dataset card (README.md) beside the output file",
+    )  # fmt: skip
     p.add_argument(
         "--redact", metavar="KIND,...",
         help="replace sensitive text with [REDACTED:KIND]: secrets, email, phone, credit_card, "

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "web": 4,
     "local": 4,
     "cli": 5,
+    "hf": 5,
     "__init__": 5,
 }
 

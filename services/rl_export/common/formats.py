@@ -3,23 +3,31 @@
 Public interface (the export, the sink and the web service rely on these names)::
 
     JSONL_FORMATS = ("trajectory", "prompt_completion", "messages", "kto", "preference",
-                     "executions")
+                     "executions", "rl_prompts")
     TABULAR_FORMATS = ("csv", "json", "parquet", "zip")
-    CORPUS_FORMATS      # the JSON Lines formats a streaming corpus can hold (all but preference)
+    CORPUS_FORMATS      # the JSON Lines formats a streaming corpus can hold (not preference,
+                        # not rl_prompts)
+    MASK_FORMATS = ("messages", "prompt_completion")     # --mask-failed-turns applies to these
     FORMAT_COLUMNS      # format -> the columns of its rows, in order (trajectory: the record)
-    def render_row(fmt: str, record: dict) -> dict | None
-    def corpus_row(fmt: str, record: dict) -> dict | None
-    def row_fields(fmt: str, pair_by=()) -> tuple[frozenset, frozenset] | None
+    def render_row(fmt: str, record: dict, *, mask=None, index=0) -> dict | None
+    def corpus_row(fmt: str, record: dict, *, mask=None) -> dict | None
+    def row_fields(fmt: str, pair_by=(), *, mask=False) -> tuple[frozenset, frozenset] | None
     def preference_pairs(records: Iterable[dict], *, pair_by=(), margin=0.0, max_pairs=1)
         -> Iterator[dict]
     def prompt_split(messages, *, at="last") -> tuple[list, list] | None
 
 ``render_row`` gives a record's row in a per-record format, or None when the record has no
 row in it (``prompt_completion`` and ``kto`` need a user turn and something after it; ``kto``
-needs a ``passed`` verdict). Messages pass through exactly as received: the renderers slice
-the list and never touch a message. A record's messages may be a
-:class:`~rl_export.common.codec.RawJson` (the sink's records): formats that keep the whole
-conversation copy those bytes as they are; formats that split it parse them.
+needs a ``passed`` verdict; ``rl_prompts`` a user message). Messages pass through exactly as
+received: the renderers slice the list and never touch a message, except that a
+:class:`~rl_export.common.turns.TurnMask` (``messages`` and ``prompt_completion`` only) puts
+a ``weight`` on each assistant message (:func:`~rl_export.common.turns.weigh`).
+``rl_prompts`` rows are verl's RL data rows; their ``extra_info.index`` is the row's place in
+the export (``index``), so they are an export only, never a streaming corpus.
+
+A record's messages may be a :class:`~rl_export.common.codec.RawJson` (the sink's records):
+formats that keep the whole conversation copy those bytes as they are; formats that split it
+(or weigh it) parse them.
 
 ``corpus_row`` is the row a streaming corpus of that format holds: ``trace_id`` and
 ``revision`` first (what the latest view, tombstones, compaction and ``shards verify`` key
@@ -37,6 +45,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl_export.common.codec import RawJson, dumps
+from rl_export.common.turns import TurnMask, report_of, weigh
 
 JSONL_FORMATS: tuple[str, ...] = (
     "trajectory",
@@ -45,12 +54,18 @@ JSONL_FORMATS: tuple[str, ...] = (
     "kto",
     "preference",
     "executions",
+    "rl_prompts",
 )
 TABULAR_FORMATS: tuple[str, ...] = ("csv", "json", "parquet", "zip")
 ALL_FORMATS: tuple[str, ...] = JSONL_FORMATS + TABULAR_FORMATS
-CORPUS_FORMATS: tuple[str, ...] = tuple(f for f in JSONL_FORMATS if f != "preference")
+CORPUS_FORMATS: tuple[str, ...] = tuple(
+    f for f in JSONL_FORMATS if f not in ("preference", "rl_prompts")
+)
 """The formats a streaming corpus (``RL_EXPORT_CORPORA``) may hold: preference pairs need
-the whole latest view, so they are an export only."""
+the whole latest view, and an ``rl_prompts`` row's ``index`` is its place in one file, so
+both are an export only."""
+MASK_FORMATS: tuple[str, ...] = ("messages", "prompt_completion")
+"""The formats ``--mask-failed-turns`` applies to (DESIGN.md section 4)."""
 
 CorpusFormat = Literal["trajectory", "prompt_completion", "messages", "kto", "executions"]
 
@@ -88,6 +103,7 @@ FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
         "trace_rejected",
     ),
     "executions": EXECUTION_COLUMNS,
+    "rl_prompts": ("data_source", "prompt", "ability", "reward_model", "extra_info"),
 }
 """The columns of each format's rows, in order (``trajectory`` rows are the record)."""
 
@@ -126,16 +142,28 @@ def prompt_split(
     return list(messages[: index + 1]), list(messages[index + 1 :])
 
 
-def render_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
+def _weighed(record: dict[str, Any], mask: TurnMask) -> list[Any]:
+    return weigh(_message_list(record), report_of(record), mask).messages
+
+
+def render_row(
+    fmt: str, record: dict[str, Any], *, mask: TurnMask | None = None, index: int = 0
+) -> dict[str, Any] | None:
     """A live trajectory record's row in a per-record format, or None when it has none.
 
+    ``mask`` weighs the assistant messages of ``messages`` and ``prompt_completion`` rows
+    (ValueError for another format); ``index`` is an ``rl_prompts`` row's place in its file.
     Raises ValueError for ``preference`` (pairs: :func:`preference_pairs`) and for a format
     that does not exist.
     """
+    if mask is not None and fmt not in MASK_FORMATS:
+        raise ValueError(f"turn masks apply to {' and '.join(MASK_FORMATS)}, not {fmt!r}")
     if fmt == "trajectory":
         return record
     if fmt == "messages":
-        return {"messages": _messages(record)}
+        return {"messages": _messages(record) if mask is None else _weighed(record, mask)}
+    if fmt == "rl_prompts":
+        return rl_prompts_row(record, index)
     if fmt == "executions":
         evaluation = record.get("evaluation")
         return {
@@ -158,7 +186,8 @@ def render_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
             "updated_at": record.get("updated_at"),
         }
     if fmt in ("prompt_completion", "kto"):
-        split = prompt_split(_message_list(record), at="last")
+        messages = _message_list(record) if mask is None else _weighed(record, mask)
+        split = prompt_split(messages, at="last")
         if split is None or not split[1]:
             return None  # no user turn, or nothing after it: nothing to learn from
         prompt, completion = split
@@ -179,6 +208,28 @@ def render_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
     raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS)})")
 
 
+def rl_prompts_row(record: dict[str, Any], index: int) -> dict[str, Any] | None:
+    """verl's RL data row of a record (DESIGN.md section 4, ``rl_prompts``), or None when
+    the conversation has no user message. ``prompt`` is the messages up to and including
+    the first user message, as received; ``index`` the row's place in its file."""
+    split = prompt_split(_message_list(record), at="first")
+    if split is None:
+        return None
+    return {
+        "data_source": record.get("scenario"),
+        "prompt": split[0],
+        "ability": "agent",
+        "reward_model": {"style": "model", "ground_truth": None},
+        "extra_info": {
+            "trace_id": record["trace_id"],
+            "agent_version": record.get("agent_version"),
+            "reward": record.get("reward"),
+            "passed": record.get("passed"),
+            "index": index,
+        },
+    }
+
+
 _EXECUTION_FIELDS = frozenset(
     ["trace_id", "evaluation"]
     + [c for c in EXECUTION_COLUMNS if c not in ("id", "conversation", "report", "results")]
@@ -190,33 +241,42 @@ _ROW_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "prompt_completion": (frozenset({"messages", "reward", "passed", "trace_id"}), frozenset()),
     "kto": (frozenset({"messages", "passed"}), frozenset()),
     "preference": (frozenset({"messages", "reward", "trace_id"}), frozenset()),
+    "rl_prompts": (
+        frozenset({"messages", "scenario", "trace_id", "agent_version", "reward", "passed"}),
+        frozenset(),
+    ),
 }
 
 
 def row_fields(
-    fmt: str, pair_by: Sequence[str] = ()
+    fmt: str, pair_by: Sequence[str] = (), *, mask: bool = False
 ) -> tuple[frozenset[str], frozenset[str]] | None:
     """The top-level record fields a format's rows are made of, as ``(parsed, raw)``: a
     record holding only these (``raw`` ones as :class:`~rl_export.common.codec.RawJson`,
-    copied as stored) renders as the whole record does. None for a format not listed."""
+    copied as stored) renders as the whole record does. None for a format not listed.
+    With ``mask`` (turn masks) the messages and the evaluation are parsed."""
     found = _ROW_FIELDS.get(fmt)
     if found is None:
         return None
     parsed, raw = found
     if fmt == "preference":
         parsed = parsed | set(pair_by)
+    if mask:
+        parsed, raw = parsed | {"messages", "evaluation"}, raw - {"messages"}
     return parsed, raw
 
 
-def corpus_row(fmt: str, record: dict[str, Any]) -> dict[str, Any] | None:
+def corpus_row(
+    fmt: str, record: dict[str, Any], *, mask: TurnMask | None = None
+) -> dict[str, Any] | None:
     """The row a streaming corpus of ``fmt`` holds for a live record (None: no row).
 
     ``trace_id`` and ``revision`` come first in every format, so the latest view,
     tombstones, compaction and ``shards verify`` work the same for every corpus.
     """
-    if fmt == "trajectory":
+    if fmt == "trajectory" and mask is None:
         return record
-    row = render_row(fmt, record)
+    row = render_row(fmt, record, mask=mask)
     if row is None:
         return None
     return {"trace_id": record["trace_id"], "revision": record["revision"], **row}
@@ -421,11 +481,40 @@ class ExecutionsRow(_Row):
     updated_at: str
 
 
+class VerlRewardModel(_Row):
+    """How verl scores the rollouts of a prompt: a reward model, no ground truth."""
+
+    style: Literal["model"]
+    ground_truth: None
+
+
+class RlPromptsExtra(_Row):
+    """Where the prompt came from: its trace, and how that run did."""
+
+    trace_id: str
+    agent_version: str
+    reward: float | None
+    passed: bool | None
+    index: int = Field(ge=0, description="The row's place in its file, from 0.")
+
+
+class RlPromptsRow(_Row):
+    """verl's RL data row: ``prompt`` is the messages up to and including the first user
+    message; ``data_source`` the trace's scenario."""
+
+    data_source: str
+    prompt: Messages = Field(min_length=1)
+    ability: Literal["agent"]
+    reward_model: VerlRewardModel
+    extra_info: RlPromptsExtra
+
+
 ROW_MODELS: dict[str, type[BaseModel]] = {
     "prompt_completion": PromptCompletionRow,
     "messages": MessagesRow,
     "kto": KtoRow,
     "preference": PreferenceRow,
     "executions": ExecutionsRow,
+    "rl_prompts": RlPromptsRow,
 }
 """The row model of each format but ``trajectory`` (whose model is the record's)."""

@@ -6,8 +6,11 @@ passed conversations is::
     {"name": "sft-passed", "source": "evaluator", "format": "messages", "filter": {"passed": true}}
 
 ``format`` is any JSON Lines format but ``preference`` (pairs need the whole latest view: an
-export). ``filter`` takes every filter of DESIGN.md section 4 by name (``min-reward`` or
-``min_reward``; ``limit`` aside, which a stream has no use for), JSON values or their text.
+export) and ``rl_prompts`` (its ``index`` is a row's place in one file). A ``messages`` or
+``prompt_completion`` corpus may weigh its assistant messages by turn (DESIGN.md section 4):
+``"mask_failed_turns": true``, optionally ``"mask_types": ["goal_met", ...]``. ``filter``
+takes every filter of DESIGN.md section 4 by name (``min-reward`` or ``min_reward``;
+``limit`` aside, which a stream has no use for), JSON values or their text.
 For backwards compatibility any other key that names a field of the trajectory record is the
 old equality test (``{"rules_version": 1}``); anything else is an error naming the key.
 
@@ -41,9 +44,10 @@ from pydantic import (
 from rl_export.common.codec import dumps_line
 from rl_export.common.errors import FilterError
 from rl_export.common.filters import FILTER_NAMES, Filters, canonical_name, filters_from_json
-from rl_export.common.formats import CORPUS_FORMATS, corpus_row
+from rl_export.common.formats import CORPUS_FORMATS, MASK_FORMATS, corpus_row
 from rl_export.common.records import SnapshotLines, TrajectoryRecord, render
 from rl_export.common.redact import Counts, RedactError, parse_kinds, redactor
+from rl_export.common.turns import TurnMask, parse_mask_types
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 """Org, project, corpus and topic names become path segments in the store."""
@@ -93,11 +97,14 @@ class CorpusSpec(BaseModel):
     filter: Filters = Field(default_factory=Filters)
     # The kinds this corpus redacts; None until settings give the default (RL_EXPORT_REDACT).
     redact: tuple[str, ...] | None = None
+    mask_failed_turns: bool = False
+    mask_types: tuple[str, ...] | None = None
     equals: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # Derived (no filter at all); a plain field, not a private attribute: the sink reads it
     # for every snapshot and corpus, and pydantic serves private attributes through
     # __getattr__, several times slower than a field in the instance's __dict__.
     everything: bool = Field(default=True, exclude=True, repr=False)
+    mask: TurnMask | None = Field(default=None, exclude=True, repr=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -144,13 +151,31 @@ class CorpusSpec(BaseModel):
                 f"redact"
             )
         if self.format not in CORPUS_FORMATS:
-            hint = " (pairs need the whole latest view: use rl-export export)" if (
-                self.format == "preference") else ""  # fmt: skip
+            hint = {
+                "preference": " (pairs need the whole latest view: use rl-export export)",
+                "rl_prompts": " (a row's index is its place in one file: use rl-export export)",
+            }.get(self.format, "")
             raise ValueError(
                 f"format {self.format!r} cannot be a corpus{hint}; corpus formats: "
                 f"{', '.join(CORPUS_FORMATS)}"
             )
         object.__setattr__(self, "everything", self.filter.is_empty() and not self.equals)
+        if self.mask_types is not None:
+            if not self.mask_failed_turns:
+                raise ValueError("mask_types needs mask_failed_turns: true")
+            try:
+                types = parse_mask_types(self.mask_types)
+            except ValueError as exc:
+                raise ValueError(f"mask_types: {exc}") from None
+            object.__setattr__(self, "mask_types", tuple(sorted(types or ())) or None)
+        if self.mask_failed_turns:
+            if self.format not in MASK_FORMATS:
+                raise ValueError(
+                    f"mask_failed_turns applies to the formats {', '.join(MASK_FORMATS)}, "
+                    f"not {self.format!r}"
+                )
+            mask = TurnMask(frozenset(self.mask_types) if self.mask_types else None)
+            object.__setattr__(self, "mask", mask)
         return self
 
     def with_redact_default(self, kinds: tuple[str, ...]) -> CorpusSpec:
@@ -194,7 +219,7 @@ class CorpusSpec(BaseModel):
             return record
         if not self.matches(record):
             return None
-        return corpus_row(self.format, record)
+        return corpus_row(self.format, record, mask=self.mask)
 
     def holds(self, snapshot: SnapshotLines) -> bool:
         """True when the record is ready and passes the filter (the format aside).
@@ -219,7 +244,7 @@ class CorpusSpec(BaseModel):
         if self.format == "trajectory":
             return snapshot.line(self.source)
         record = render(snapshot.snapshot, self.source)
-        row = None if record is None else corpus_row(self.format, record)
+        row = None if record is None else corpus_row(self.format, record, mask=self.mask)
         return None if row is None else dumps_line(row)
 
 

@@ -10,6 +10,7 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.columns`     tabular columns: defaults, ``--columns``, cells
 - :mod:`~rl_export.export.tabular`     CSV, JSON array and Parquet encoders
 - :mod:`~rl_export.export.attachments` attachment fetching for zip exports
+- :mod:`~rl_export.export.card`        the dataset card (README.md) of an export
 - :mod:`~rl_export.export.stats`       stats and the reward histogram
 - :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
   ``latest_records``
@@ -19,10 +20,12 @@ from rl_export.export.exports import (
     SOURCES,
     check_export,
     content_type,
+    file_for,
     file_name,
     iter_export,
     latest_records,
     parse_margin,
+    parse_mask,
     parse_pair_by,
     preview,
     source_ref,
@@ -38,10 +41,12 @@ __all__ = [
     "StatsAccumulator",
     "check_export",
     "content_type",
+    "file_for",
     "file_name",
     "iter_export",
     "latest_records",
     "parse_margin",
+    "parse_mask",
     "parse_pair_by",
     "preview",
     "reward_histogram",

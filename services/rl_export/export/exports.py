@@ -6,16 +6,19 @@ Public interface::
     SOURCES = ("human", "evaluator", "traces")
     def source_ref(org, project, source) -> CorpusRef           # ExportError on a bad source
     def check_export(format, *, columns=None, pair_by=(), margin=0.0, max_pairs=1,
-                     zip_data="csv", redact=None) -> list[Column] | None  # ExportError
+                     zip_data="csv", mask=None, file="jsonl", card=False, redact=None)
+        -> list[Column] | None                                    # ExportError on bad input
     def parse_pair_by(text) -> tuple[str, ...]; def parse_margin(text) -> float
-    def content_type(format) -> str; def file_name(ref, format) -> str
+    def parse_mask(format, mask_failed_turns, mask_types) -> TurnMask | None
+    def file_for(format, path) -> str                              # rl_prompts: .parquet
+    def content_type(format, file="jsonl") -> str; def file_name(ref, format, file="jsonl")
 
     async def iter_export(store, ref, *, format, filters=Filters(), columns=None, pair_by=(),
-                          margin=0.0, max_pairs=1, zip_data="csv", redact=None,
-                          progress=None, summary=None) -> AsyncIterator[bytes]
+                          margin=0.0, max_pairs=1, zip_data="csv", mask=None, file="jsonl",
+                          redact=None, progress=None, summary=None) -> AsyncIterator[bytes]
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
-                           pair_by=(), margin=0.0, max_pairs=1, zip_data="csv",
-                           redact=None, progress=None) -> ExportSummary
+                           pair_by=(), margin=0.0, max_pairs=1, zip_data="csv", mask=None,
+                           file="jsonl", card=False, redact=None, progress=None) -> ExportSummary
     async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
     async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
@@ -29,10 +32,16 @@ Public interface::
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
 :data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
 ``PATH[:HEADER],...`` text or list; ``pair_by``/``margin``/``max_pairs`` are for
-``preference``; ``zip_data`` picks ``data.csv`` or ``data.json`` in a zip. ``redact`` is the
-kinds to redact (:func:`~rl_export.common.redact.parse_kinds`: ``secrets,email``, ``pii``,
-``all``, ``none``; None is the default, ``secrets``); the summary's ``redactions`` counts what
-was replaced. ``progress(done,
+``preference``; ``zip_data`` picks ``data.csv`` or ``data.json`` in a zip; ``mask`` (a
+:class:`~rl_export.common.turns.TurnMask`, ``--mask-failed-turns``) weighs the assistant
+messages of ``messages`` and ``prompt_completion`` rows, and the summary counts the failing
+outcomes whose turn is outside the conversation (``turns_outside``); ``file="parquet"``
+writes ``rl_prompts`` as Parquet (verl's files), else JSON Lines. ``card`` writes a
+Hugging Face dataset card (:mod:`rl_export.export.card`) as ``README.md`` beside a JSON
+Lines or Parquet file ``out``; a zip always carries one. ``redact`` is the kinds to redact
+(:func:`~rl_export.common.redact.parse_kinds`: ``secrets,email``, ``pii``, ``all``, ``none``;
+None is the default, ``secrets``); the summary's ``redactions`` counts what was replaced.
+``progress(done,
 total)`` is called as latest records are read (``total`` is known once the view is open).
 ``out`` is a path (written to a temporary name beside it, renamed when complete, removed on
 any error: never a partial file under the name) or a binary file object (``sys.stdout.buffer``).
@@ -56,10 +65,13 @@ How an export travels:
    spills the paired records' halves to a temporary file, from which the pairs are written
    (:mod:`rl_export.export.pairs`).
 4. ``zip`` writes the data file to a temporary file while each record's attachments are
-   fetched into the archive, then adds the data file and ``files/errors.json``.
-5. Redaction (DESIGN.md section 4) applies to what is written, after the limit: a
+   fetched into the archive, then adds the data file, ``files/errors.json`` and
+   ``README.md`` (the dataset card).
+5. With ``card``, the card is written once the data file has its name: ``README.md``
+   beside it, replaced atomically.
+6. Redaction (DESIGN.md section 4) applies to what is written, after the limit: a
    ``trajectory`` line no gate of :mod:`rl_export.common.redact` opens for is copied without
-   being parsed; other rows are made from the redacted record; ``preference`` redacts the
+   being parsed; other rows are redacted as they are written; ``preference`` redacts the
    paired records of its second pass (pairs are made on the prompts as stored).
 """
 
@@ -72,25 +84,34 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
 
-from rl_export.common.codec import dumps, dumps_line, loads
+from rl_export.common.codec import RawJson, dumps, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row
+from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, TABULAR_FORMATS, render_row
 from rl_export.common.redact import parse_kinds, redactor
 from rl_export.common.specs import check_name
+from rl_export.common.turns import TurnMask, outside_turns, parse_mask_types, report_of
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
+from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
 from rl_export.export.lazy import export_fields
 from rl_export.export.pairs import preference_chunks
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
 from rl_export.export.stats import StatsAccumulator
-from rl_export.export.tabular import CsvEncoder, JsonEncoder, ParquetEncoder
+from rl_export.export.tabular import (
+    CsvEncoder,
+    JsonEncoder,
+    ParquetEncoder,
+    PromptsParquetEncoder,
+    parquet_schema,
+    rl_prompts_schema,
+)
 
 SOURCES: tuple[str, ...] = ("human", "evaluator", "traces")
 ZipData = Literal["csv", "json"]
@@ -118,15 +139,52 @@ def source_ref(org: str, project: str, source: str) -> CorpusRef:
         raise ExportError("org/project", str(exc)) from None
 
 
-def content_type(fmt: str) -> str:
+FILES: tuple[str, ...] = ("jsonl", "parquet")
+"""How a JSON Lines format's rows may be encoded: JSON Lines, or Parquet (``rl_prompts``)."""
+
+
+def content_type(fmt: str, file: str = "jsonl") -> str:
     """The HTTP content type of a format's file."""
+    if file == "parquet":
+        return _CONTENT_TYPES["parquet"]
     return "application/x-ndjson" if fmt in JSONL_FORMATS else _CONTENT_TYPES[fmt]
 
 
-def file_name(ref: CorpusRef, fmt: str) -> str:
+def file_name(ref: CorpusRef, fmt: str, file: str = "jsonl") -> str:
     """A file name for a download: ``<org>-<project>-<source>-<format>.<ext>``."""
-    extension = ".jsonl" if fmt in JSONL_FORMATS else _EXTENSIONS[fmt]
+    if file == "parquet":
+        extension = ".parquet"
+    else:
+        extension = ".jsonl" if fmt in JSONL_FORMATS else _EXTENSIONS[fmt]
     return f"{ref.org}-{ref.project}-{ref.corpus}-{fmt}{extension}"
+
+
+def file_for(fmt: str, path: str | os.PathLike[str] | None) -> str:
+    """How the rows of ``fmt`` go to the output ``path``: Parquet for ``rl_prompts`` into a
+    file whose name ends in ``.parquet`` (verl refuses ``.jsonl``), else JSON Lines."""
+    if fmt == "rl_prompts" and path is not None and str(path).endswith(".parquet"):
+        return "parquet"
+    return "jsonl"
+
+
+def parse_mask(
+    fmt: str, mask_failed_turns: bool, mask_types: str | Sequence[str] | None = None
+) -> TurnMask | None:
+    """``--mask-failed-turns`` and ``--mask-types`` -> the turn mask (None: no mask);
+    ExportError naming the flag when they do not apply."""
+    if mask_types is not None and not mask_failed_turns:
+        raise ExportError("mask-types", "only applies with --mask-failed-turns")
+    if not mask_failed_turns:
+        return None
+    if fmt not in MASK_FORMATS:
+        raise ExportError(
+            "mask-failed-turns",
+            f"only applies to --format {' or '.join(MASK_FORMATS)}, not {fmt}",
+        )
+    try:
+        return TurnMask(parse_mask_types(mask_types))
+    except ValueError as exc:
+        raise ExportError("mask-types", str(exc)) from None
 
 
 def parse_pair_by(text: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -164,6 +222,9 @@ def check_export(
     margin: float = 0.0,
     max_pairs: int = 1,
     zip_data: str = "csv",
+    mask: TurnMask | None = None,
+    file: str = "jsonl",
+    card: bool = False,
     redact: str | Sequence[str] | None = None,
 ) -> list[Column] | None:
     """Check an export's parameters; return its columns (None for JSON Lines formats)."""
@@ -173,6 +234,18 @@ def check_export(
             "format",
             f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS + TABULAR_FORMATS)})",
         )
+    if mask is not None and fmt not in MASK_FORMATS:
+        raise ExportError(
+            "mask-failed-turns", f"only applies to --format {' or '.join(MASK_FORMATS)}"
+        )
+    if file not in FILES:
+        raise ExportError("file", f"{file!r} is not jsonl or parquet")
+    if file == "parquet" and fmt != "rl_prompts":
+        raise ExportError(
+            "file", f"parquet files are for rl_prompts (and --format parquet), not {fmt}"
+        )
+    if card and fmt in ("csv", "json"):
+        raise ExportError("card", "a dataset card goes with JSON Lines, Parquet or zip exports")
     if fmt != "preference":
         if pair_by:
             raise ExportError("pair-by", "only applies to --format preference")
@@ -196,10 +269,42 @@ def check_export(
 # --- records --------------------------------------------------------------------------------
 
 
+def _rows(
+    fmt: str,
+    records: list[dict[str, Any]],
+    mask: TurnMask | None,
+    summary: ExportSummary,
+    limit: int | None,
+) -> list[dict[str, Any]]:
+    """The rows of a batch of records, up to the ``limit`` of the export (records without a
+    row counted as skipped); an ``rl_prompts`` row's index is its place in the export."""
+    room = None if limit is None else max(limit - summary.records, 0)
+    rows: list[dict[str, Any]] = []
+    for record in records:
+        if room is not None and len(rows) >= room:
+            break
+        row = render_row(fmt, record, mask=mask, index=summary.records + len(rows))
+        if row is None:
+            summary.skipped += 1
+            continue
+        rows.append(row)
+        if mask is not None:
+            summary.turns_outside += _outside(record, mask)
+    return rows
+
+
+def _outside(record: dict[str, Any], mask: TurnMask) -> int:
+    """How many failing outcomes of the record point outside its conversation."""
+    messages = record["messages"]
+    if isinstance(messages, RawJson):
+        messages = messages.value()
+    return outside_turns(messages, report_of(record), mask)
+
+
 async def _jsonl(
-    scan: Scan, fmt: str, limit: int | None, summary: ExportSummary
+    scan: Scan, fmt: str, limit: int | None, summary: ExportSummary, mask: TurnMask | None
 ) -> AsyncGenerator[bytes | memoryview, None]:
-    if fmt == "trajectory" and scan.filters.is_empty():
+    if fmt == "trajectory" and scan.filters.is_empty() and not scan.collect_rules:
         # The corpus's lines are already strict JSON Lines: copied as they are (but for the
         # lines redaction changes).
         async for block, count in scan.raw():
@@ -210,16 +315,9 @@ async def _jsonl(
         if fmt == "trajectory":
             out = [line for line, _ in scan.redact(limited(batch, summary, limit))]
         else:
-            rows = [(record, render_row(fmt, record)) for _, record in batch]
-            kept = limited([(r, row) for r, row in rows if row is not None], summary, limit)
-            summary.skipped += sum(row is None for _, row in rows)
-            redacted = scan.redact([(b"", record) for record, _ in kept])
-            # A row is rendered again only from a record redaction changed.
-            out = [
-                dumps_line(row if new is record else render_row(fmt, new) or row)
-                for (record, row), (_, new) in zip(kept, redacted, strict=True)
-            ]
-        yield b"".join(out)
+            rows = _rows(fmt, [record for _, record in batch], mask, summary, limit)
+            out = [dumps_line(r) for _, r in scan.redact([(b"", r) for r in rows])]
+        yield b"".join(limited(out, summary, limit))
         if limit is not None and summary.records >= limit:
             return
 
@@ -257,6 +355,28 @@ async def _parquet(
         encoder.close()
 
 
+async def _prompts_parquet(
+    scan: Scan, limit: int | None, summary: ExportSummary, sink: IO[bytes]
+) -> None:
+    """``rl_prompts`` as a Parquet file (:class:`~rl_export.export.tabular.
+    PromptsParquetEncoder`), a row group per 5,000 rows."""
+    encoder = PromptsParquetEncoder(sink)
+    try:
+        pending: list[dict[str, Any]] = []
+        async for batch in scan.lines():
+            rows = _rows("rl_prompts", [record for _, record in batch], None, summary, limit)
+            rows = [row for _, row in scan.redact([(b"", row) for row in rows])]
+            pending.extend(limited(rows, summary, limit))
+            if len(pending) >= 5000:
+                encoder.write(pending)
+                pending = []
+            if limit is not None and summary.records >= limit:
+                break
+        encoder.write(pending)
+    finally:
+        encoder.close()
+
+
 async def _zip(
     store: ObjectStore,
     scan: Scan,
@@ -266,6 +386,7 @@ async def _zip(
     *,
     sink: IO[bytes],
     zip_data: ZipData,
+    card: Callable[[ExportSummary], str],
 ) -> None:
     fetcher = Fetcher(store)
     errors: list[dict[str, Any]] = []
@@ -308,6 +429,7 @@ async def _zip(
             with archive.open(f"data.{zip_data}", "w") as entry:
                 shutil.copyfileobj(data, entry, _CHUNK)
             archive.writestr("files/errors.json", dumps(errors) + b"\n")
+            archive.writestr(CARD_NAME, card(summary))
     finally:
         await fetcher.close()
 
@@ -326,6 +448,8 @@ async def iter_export(
     margin: float = 0.0,
     max_pairs: int = 1,
     zip_data: str = "csv",
+    mask: TurnMask | None = None,
+    file: str = "jsonl",
     redact: str | Sequence[str] | None = None,
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
@@ -333,8 +457,8 @@ async def iter_export(
     """The export's bytes, in chunks (see the module docstring)."""
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
-        margin=margin, max_pairs=max_pairs, zip_data=zip_data, redact=redact,
-        progress=progress, summary=summary,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
+        card=False, redact=redact, progress=progress, summary=summary,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -352,35 +476,51 @@ async def _export_chunks(
     margin: float,
     max_pairs: int,
     zip_data: str,
+    mask: TurnMask | None,
+    file: str,
+    card: bool,
     redact: str | Sequence[str] | None,
     progress: Progress | None,
     summary: ExportSummary | None,
 ) -> AsyncGenerator[Chunk, None]:
-    """:func:`iter_export`'s chunks; large ones may be views of what was read (no copy)."""
+    """:func:`iter_export`'s chunks; large ones may be views of what was read (no copy).
+    ``card``: the rules versions are collected for a card (a zip carries one anyway)."""
     filters = filters or Filters()
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-        zip_data=zip_data, redact=redact,
+        zip_data=zip_data, mask=mask, file=file, card=card, redact=redact,
     )  # fmt: skip
     kinds = parse_kinds(redact)
     scrub = redactor(kinds) if kinds else None
     summary = summary if summary is not None else ExportSummary()
     summary.format = format
     view = await open_view(store, ref, progress)
-    fields = export_fields(format, filters, picked, pair_by)
+    card = card or format == "zip"
+    fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card)
     scan = Scan(
         view, filters, summary, progress, fields, with_lines=format == "trajectory",
-        redactor=None if format == "preference" else scrub,
+        redactor=None if format == "preference" else scrub, collect_rules=card,
     )  # fmt: skip
     limit = filters.limit
-    if format in ("parquet", "zip"):
-        assert picked is not None
+    if format in ("parquet", "zip") or file == "parquet":
         with tempfile.TemporaryFile() as built:
-            if format == "parquet":
+            if file == "parquet":
+                await _prompts_parquet(scan, limit, summary, built)
+            elif format == "parquet":
+                assert picked is not None
                 await _parquet(scan, picked, limit, summary, built)
             else:
+                assert picked is not None
                 data: ZipData = "json" if zip_data == "json" else "csv"
-                await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data)
+
+                def zip_card(done: ExportSummary) -> str:
+                    return dataset_card(card_facts(
+                        ref, "zip", f"data.{data}", data, filters=filters, summary=done,
+                        columns=picked,
+                    ))  # fmt: skip
+
+                await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data,
+                           card=zip_card)  # fmt: skip
             built.seek(0)
             while piece := built.read(_CHUNK):
                 summary.bytes += len(piece)
@@ -396,7 +536,7 @@ async def _export_chunks(
         assert picked is not None
         chunks = _tabular_chunks(scan, format, picked, limit, summary)
     else:
-        chunks = _jsonl(scan, format, limit, summary)
+        chunks = _jsonl(scan, format, limit, summary, mask)
     pending: list[Chunk] = []
     size = 0
     async with contextlib.aclosing(chunks):
@@ -431,31 +571,62 @@ async def write_export(
     margin: float = 0.0,
     max_pairs: int = 1,
     zip_data: str = "csv",
+    mask: TurnMask | None = None,
+    file: str = "jsonl",
+    card: bool = False,
     redact: str | Sequence[str] | None = None,
     progress: Progress | None = None,
 ) -> ExportSummary:
-    """Write the export to a path (atomically) or a binary file object; return its summary."""
+    """Write the export to a path (atomically) or a binary file object; return its summary.
+
+    With ``card`` (a path only) the dataset card is written beside the file as
+    ``README.md`` once the file has its name."""
     summary = ExportSummary()
+    filters = filters or Filters()
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
-        margin=margin, max_pairs=max_pairs, zip_data=zip_data, redact=redact,
-        progress=progress, summary=summary,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
+        card=card, redact=redact, progress=progress, summary=summary,
+    )  # fmt: skip
+    # Check everything that can be checked before a temporary file exists.
+    picked = check_export(
+        format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
+        zip_data=zip_data, mask=mask, file=file, card=card, redact=redact,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
+        if card:
+            await chunks.aclose()
+            raise ExportError("card", "a dataset card goes beside a file, not into a stream")
         await _write_chunks(chunks, out)
         out.flush()
         return summary
     target = Path(out)
-    # Check everything that can be checked before a temporary file exists.
-    check_export(format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-                 zip_data=zip_data, redact=redact)  # fmt: skip
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
+        await chunks.aclose()
         raise ExportError("output", f"no such directory: {directory}")
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    await _write_atomically(target, lambda fh: _write_chunks(chunks, fh))
+    if card and format != "zip":
+        text = dataset_card(card_facts(
+            ref, format, target.name, file if format in JSONL_FORMATS else format,
+            filters=filters, summary=summary, mask=mask, columns=picked,
+        ))  # fmt: skip
+
+        async def write_card(fh: BinaryIO) -> None:
+            await asyncio.to_thread(fh.write, text.encode())
+
+        await _write_atomically(directory / CARD_NAME, write_card)
+    return summary
+
+
+async def _write_atomically(target: Path, write: Callable[[BinaryIO], Awaitable[None]]) -> None:
+    """Write a file under a temporary name beside ``target``, fsync it, rename it: never a
+    partial file under the name (the temporary one is removed on any error)."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                     dir=target.parent)  # fmt: skip
     try:
         with os.fdopen(fd, "wb") as fh:
-            await _write_chunks(chunks, fh)
+            await write(fh)
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600
             os.fsync(fh.fileno())
@@ -464,7 +635,28 @@ async def write_export(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    return summary
+
+
+def card_facts(
+    ref: CorpusRef,
+    fmt: str,
+    name: str,
+    file: str,
+    *,
+    filters: Filters,
+    summary: ExportSummary,
+    mask: TurnMask | None = None,
+    columns: Sequence[Column] | None = None,
+) -> CardFacts:
+    """What the dataset card of an export says (:mod:`rl_export.export.card`)."""
+    schema = None
+    if file == "parquet":
+        schema = rl_prompts_schema() if fmt == "rl_prompts" else parquet_schema(columns or [])
+    return CardFacts(
+        ref=ref, format=fmt, file_name=name, file=file, records=summary.records,
+        filters=filters, mask=mask,
+        rules_versions=sorted(summary.rules_versions), columns=columns, arrow_schema=schema,
+    )  # fmt: skip
 
 
 async def _write_chunks(chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO) -> None:
@@ -494,6 +686,7 @@ async def preview(
     pair_by: Sequence[str] = (),
     margin: float = 0.0,
     max_pairs: int = 1,
+    mask: TurnMask | None = None,
     redact: str | Sequence[str] | None = None,
     summary: ExportSummary | None = None,
 ) -> list[dict[str, Any]]:
@@ -505,7 +698,7 @@ async def preview(
     data = b"".join(
         [c async for c in iter_export(store, ref, format=format, filters=filters,
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-                                      redact=redact, summary=summary)]
+                                      mask=mask, redact=redact, summary=summary)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
 

@@ -30,6 +30,12 @@ How a view is made (:class:`LatestView`; the steps match the code):
    ``trace_id``), then the tail's in chain order. An object whose lines all survive goes
    out whole; from others the runs of surviving lines are cut out.
 
+A view is of the corpus as it is when it opens, or as it was at a :class:`ViewPosition`
+(``at``: a compaction generation and where each chain ended), which makes the same view
+again while those objects exist. :attr:`LatestView.position` is where an opened view is;
+:meth:`LatestView.kept_parts` gives each object with the bitmap of its surviving lines (the
+Hugging Face dataset's shards, :mod:`rl_export.hf`).
+
 Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.layout.object_blocks`,
 the next chunk read in a thread while this one is worked on); in steps 2 and 3 its sha256
 (hashed in a thread too) and line count are checked when it ends, and a mismatch raises
@@ -46,12 +52,14 @@ import os
 import pickle
 import tempfile
 from bisect import bisect_left, bisect_right
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import eq, itemgetter
 from pathlib import Path
 from typing import IO
 
+from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
 from rl_export.corpora.identity import HEAD, TOMBSTONE_END, NotARecordError, line_key
 from rl_export.corpora.layout import (
@@ -69,6 +77,36 @@ from rl_export.corpora.layout import (
 )
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
+
+
+@dataclass(frozen=True)
+class ViewPosition:
+    """Which objects a view is made of: the compaction ``generation`` (None: none) and, per
+    chain, the offset after its last commit in the view (``ends``; a chain not named is not
+    in the view)."""
+
+    generation: int | None
+    ends: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"generation": self.generation, "ends": dict(sorted(self.ends.items()))}
+
+    @classmethod
+    def from_json(cls, value: object) -> ViewPosition:
+        """ValueError when ``value`` is not what :meth:`to_json` gives."""
+        if not isinstance(value, dict) or set(value) != {"generation", "ends"}:
+            raise ValueError(f"not a view position: {str(value)[:200]}")
+        generation, ends = value["generation"], value["ends"]
+        if generation is not None and (isinstance(generation, bool)
+                                       or not isinstance(generation, int)):  # fmt: skip
+            raise ValueError(f"not a compaction generation: {generation!r}")
+        if not isinstance(ends, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in ends.items()
+        ):
+            raise ValueError(f"not chain ends: {str(ends)[:200]}")
+        return cls(generation, ends)
+
 
 SPILL_AT = 200_000
 LOOKUP_SHARE = 16
@@ -298,6 +336,7 @@ class LatestView:
         spill_at: int = SPILL_AT,
         tmpdir: str | os.PathLike[str] | None = None,
         lookup_share: int = LOOKUP_SHARE,
+        at: ViewPosition | None = None,
     ) -> None:
         if spill_at < 1:
             raise ValueError(f"spill_at must be at least 1, got {spill_at}")
@@ -316,6 +355,8 @@ class LatestView:
         self._keep_compaction = bytearray()
         self._keep_tail = bytearray()
         self.total = 0  # lines the view yields
+        self.at = at
+        self.position = ViewPosition(None)  # where the view is, once found (step 1)
         self._opened = False
 
     async def exists(self) -> bool:
@@ -347,9 +388,30 @@ class LatestView:
         self._opened = True
         return self
 
+    async def locate(self) -> ViewPosition:
+        """Step 1 alone: find the view's objects (:attr:`compaction_parts`, :attr:`tail`)
+        and return where it is."""
+        if not self.compaction_parts and not self.tail and self.compaction is None:
+            await self._find()
+        return self.position
+
+    async def _pinned_compaction(self, generation: int | None) -> Compaction | None:
+        if generation is None:
+            return None
+        key = self.ref.compaction_key(generation)
+        try:
+            return Compaction.model_validate(loads(await self.store.get(key)))
+        except ObjectNotFoundError:
+            raise ChainError(f"{key}: the view's compaction no longer exists") from None
+        except ValueError as exc:
+            raise ChainError(f"{key}: unreadable compaction ({exc})") from None
+
     async def _find(self) -> None:
-        """Step 1."""
-        self.compaction = await latest_compaction(self.store, self.ref)
+        """Step 1 (up to :attr:`at` when it is given)."""
+        if self.at is None:
+            self.compaction = await latest_compaction(self.store, self.ref)
+        else:
+            self.compaction = await self._pinned_compaction(self.at.generation)
         positions: dict[str, int] = {}
         if self.compaction is not None:
             positions = dict(self.compaction.positions)
@@ -357,10 +419,23 @@ class LatestView:
                 Part(self.ref.key(p["shard"]), p["sha256"], p["records"], p["compression"])
                 for p in self.compaction.parts
             ]
-        for stream in await list_streams(self.store, self.ref):
+        ends: dict[str, int] = {}
+        streams = await list_streams(self.store, self.ref)
+        if self.at is not None:
+            # A chain whose commits all expired after the compaction covered them is not
+            # listed any more: the view needs none of them.
+            missing = sorted(
+                stream for stream, end in self.at.ends.items()
+                if stream not in streams and end != positions.get(stream, 0)
+            )  # fmt: skip
+            if missing:
+                raise ChainError(f"{self.ref.root}: no chain {missing[0]} (the view's)")
+            streams = [s for s in streams if s in self.at.ends]
+        for stream in streams:
             by_offset = dict(await chain_keys(self.store, self.ref, stream))
             position = positions.get(stream, 0)
-            while position in by_offset:
+            end = None if self.at is None else self.at.ends[stream]
+            while position in by_offset and (end is None or position < end):
                 try:
                     commit = await read_commit(self.store, by_offset[position])
                 except ObjectNotFoundError:
@@ -374,11 +449,20 @@ class LatestView:
                     )
                 )  # fmt: skip
                 position = commit.last_offset + 1
-            if any(offset > position for offset in by_offset):
+            if end is not None and position != end:
+                raise ChainError(
+                    f"{self.ref.manifest_prefix(stream)}: the view ends at offset {end}, the "
+                    f"chain from {positions.get(stream, 0)} reaches {position}"
+                )
+            if end is None and any(offset > position for offset in by_offset):
                 raise ChainError(
                     f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
                     f"later ones (a gap, or history the chain no longer holds)"
                 )
+            if position or stream in positions:
+                ends[stream] = position
+        generation = self.compaction.generation if self.compaction is not None else None
+        self.position = ViewPosition(generation, ends)
 
     async def _index(self, runs: _Runs) -> dict[bytes, int]:
         """Step 2."""
@@ -513,6 +597,23 @@ class LatestView:
                         low = middle + 1
                         break
         return n + count, last
+
+    def kept_parts(self) -> list[tuple[Part, bytes]]:
+        """Every object of an opened view, compaction parts first, then the tail in chain
+        order, with the bitmap of its surviving lines (bit ``n`` of byte ``n // 8``, from
+        the lowest: line ``n`` survives)."""
+        if not self._opened:
+            raise RuntimeError("open the view first")
+        out = []
+        for parts, bits in ((self.compaction_parts, self._keep_compaction),
+                            (self.tail, self._keep_tail)):  # fmt: skip
+            whole = int.from_bytes(bits, "little")
+            n = 0
+            for part in parts:
+                mine = (whole >> n) & ((1 << part.records) - 1)
+                out.append((part, mine.to_bytes((part.records + 7) // 8, "little")))
+                n += part.records
+        return out
 
     async def blocks(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Step 4: the surviving lines, as views of what was read (never copied), and how

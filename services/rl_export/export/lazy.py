@@ -67,17 +67,21 @@ def export_fields(
     filters: Filters,
     columns: Sequence[Column] | None = None,
     pair_by: Sequence[str] = (),
+    *,
+    mask: bool = False,
+    card: bool = False,
 ) -> tuple[frozenset[str], frozenset[str]] | None:
     """``(parsed, raw)`` top-level fields an export of ``fmt`` reads (``raw``: copied as
-    stored), or None when it reads whole records."""
-    wanted = filters.fields()
+    stored), or None when it reads whole records. ``mask``: turn masks (the messages and
+    the evaluation parsed); ``card``: a dataset card (``rules_version`` read too)."""
+    wanted = filters.fields() | ({"rules_version"} if card else set())
     if fmt in TABULAR_FORMATS:
         if fmt == "zip" or columns is None:
             return None
         return wanted | {c.path[0] for c in columns}, frozenset()
     if fmt == "stats":
         return wanted | STATS_FIELDS, frozenset()
-    found = row_fields(fmt, pair_by)
+    found = row_fields(fmt, pair_by, mask=mask)
     if found is None:
         return None
     parsed, raw = found

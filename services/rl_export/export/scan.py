@@ -39,9 +39,13 @@ class ExportSummary:
     attachment_errors: int = 0
     # Substrings replaced per kind (every kind asked for, 0 when none was found).
     redactions: dict[str, int] = field(default_factory=dict)
+    turns_outside: int = 0  # failing outcomes whose turn the conversation lacks (masks)
+    rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["rules_versions"] = sorted(self.rules_versions)
+        return out
 
 
 class Scan:
@@ -50,8 +54,10 @@ class Scan:
     With ``fields`` (``(parsed, raw)``, :func:`~rl_export.export.lazy.export_fields`) only
     those top-level fields of each record are read (:class:`~rl_export.export.lazy.
     FieldDecoder`); else each line is parsed in full. ``with_lines`` also gives each
-    record's line (else an empty ``bytes``). ``redactor`` is what :meth:`redact` and
-    :meth:`redact_block` apply to what an export writes (after its limit)."""
+    record's line (else an empty ``bytes``). ``collect_rules`` notes the ``rules_version``
+    of every record that passes (it must be among ``fields``) in the summary. ``redactor`` is
+    what :meth:`redact` and :meth:`redact_block` apply to what an export writes (after its
+    limit)."""
 
     def __init__(
         self,
@@ -63,6 +69,7 @@ class Scan:
         *,
         with_lines: bool = False,
         redactor: Redactor | None = None,
+        collect_rules: bool = False,
     ) -> None:
         self.view = view
         self.filters = filters
@@ -70,6 +77,7 @@ class Scan:
         self.progress = progress
         self.fields = fields
         self.with_lines = with_lines
+        self.collect_rules = collect_rules
         self.decoder = None if fields is None else FieldDecoder(*fields)
         self.redactor = redactor if redactor else None
         if self.redactor is not None:
@@ -141,7 +149,7 @@ class Scan:
                 record = orjson.loads(line)
                 if matches(record):
                     out.append((line, record))
-            self.summary.matched += len(out)
+            self._matched(out)
             self._advance(len(batch))
             if out:
                 yield out
@@ -167,10 +175,19 @@ class Scan:
                 ]
             else:
                 out = [(b"", record) for record in records if matches(record)]
-            self.summary.matched += len(out)
+            self._matched(out)
             self._advance(len(records))
             if out:
                 yield out
+
+    def _matched(self, out: list[tuple[bytes, dict[str, Any]]]) -> None:
+        self.summary.matched += len(out)
+        if self.collect_rules:
+            versions = self.summary.rules_versions
+            for _, record in out:
+                version = record.get("rules_version")
+                if isinstance(version, int):
+                    versions.add(version)
 
     async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Blocks of whole lines and their counts, unparsed: only when no filter is set."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -109,6 +110,13 @@ class JsonEncoder:
         return b"]\n" if self.first else b"\n]\n"
 
 
+def parquet_schema(columns: Sequence[Column]) -> pa.Schema:
+    """The Arrow schema of a ``parquet`` export with these columns."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c.header, arrow_type(c)) for c in columns])
+
+
 class ParquetEncoder:
     """Rows into a Parquet file, one row group per :meth:`write` call."""
 
@@ -119,9 +127,7 @@ class ParquetEncoder:
         self.pa = pa
         self.columns = columns
         self.types = [arrow_type(c) for c in columns]
-        self.schema = pa.schema(
-            [pa.field(c.header, t) for c, t in zip(columns, self.types, strict=True)]
-        )
+        self.schema = parquet_schema(columns)
         self.writer = pq.ParquetWriter(sink, self.schema, compression="zstd")
 
     def write(self, records: list[dict[str, Any]]) -> None:
@@ -133,6 +139,85 @@ class ParquetEncoder:
             for c, t in zip(self.columns, self.types, strict=True)
         ]
         self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+# --- rl_prompts as Parquet (verl's RL data files) -------------------------------------------
+
+
+def prompt_content(content: Any) -> str | None:
+    """A prompt message's ``content`` as the Parquet column holds it: a string as it is,
+    null as null; a list of text parts as their texts joined (what a chat template renders
+    of them); anything else JSON-encoded."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return dumps(content).decode()
+
+
+def rl_prompts_schema() -> pa.Schema:
+    """The Arrow schema of an ``rl_prompts`` Parquet file (verl's columns)."""
+    import pyarrow as pa
+
+    message = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
+    return pa.schema(
+        [
+            pa.field("data_source", pa.string()),
+            pa.field("prompt", pa.list_(message)),
+            pa.field("ability", pa.string()),
+            pa.field(
+                "reward_model",
+                pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())]),
+            ),
+            pa.field(
+                "extra_info",
+                pa.struct(
+                    [
+                        pa.field("trace_id", pa.string()),
+                        pa.field("agent_version", pa.string()),
+                        pa.field("reward", pa.float64()),
+                        pa.field("passed", pa.bool_()),
+                        pa.field("index", pa.int64()),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+class PromptsParquetEncoder:
+    """``rl_prompts`` rows into a Parquet file, one row group per :meth:`write` call.
+
+    Each prompt message keeps ``role`` and ``content`` (:func:`prompt_content`): a Parquet
+    column has one type, and verl hands these two to the chat template."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa = pa
+        self.schema = rl_prompts_schema()
+        self.writer = pq.ParquetWriter(sink, self.schema, compression="zstd")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        for row in rows:
+            row["prompt"] = [
+                {"role": m.get("role") if isinstance(m, dict) else None,
+                 "content": prompt_content(m.get("content")) if isinstance(m, dict) else None}
+                for m in row["prompt"]
+            ]  # fmt: skip
+            reward = row["extra_info"]["reward"]
+            if isinstance(reward, int) and not isinstance(reward, bool):
+                row["extra_info"]["reward"] = float(reward)
+        self.writer.write_table(self.pa.Table.from_pylist(rows, schema=self.schema))
 
     def close(self) -> None:
         self.writer.close()

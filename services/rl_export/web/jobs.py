@@ -40,7 +40,7 @@ from rl_export.common.filters import parse_filters
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
-from rl_export.export import content_type, file_name, source_ref, write_export
+from rl_export.export import content_type, file_name, parse_mask, source_ref, write_export
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,9 @@ class JobRequest(BaseModel):
     format: str
     filters: dict[str, str | list[str]] = Field(default_factory=dict)
     columns: str | None = None
+    mask_failed_turns: bool = False
+    mask_types: str | None = None
+    file: str = "jsonl"
     redact: str | None = None  # kinds, "none"; None (older jobs): the service's default
 
 
@@ -72,6 +75,7 @@ class JobStatus(BaseModel):
     status: JobState
     progress: float = Field(ge=0, le=1)
     records: int | None = None
+    turns_outside: int | None = None
     error: str | None = None
     request: JobRequest
     file_name: str
@@ -120,8 +124,9 @@ def new_status(org: str, project: str, request: JobRequest, now: datetime) -> Jo
     ref = source_ref(org, project, request.source)
     return JobStatus(
         id=uuid.uuid4().hex, org=org, project=project, status="processing", progress=0.0,
-        request=request, file_name=file_name(ref, request.format),
-        content_type=content_type(request.format), created_at=now, updated_at=now,
+        request=request, file_name=file_name(ref, request.format, request.file),
+        content_type=content_type(request.format, request.file), created_at=now,
+        updated_at=now,
     )  # fmt: skip
 
 
@@ -159,10 +164,11 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
         request = status.request
         with tempfile.TemporaryDirectory(prefix="rl-export-job-") as folder:
             out = Path(folder) / status.file_name
+            mask = parse_mask(request.format, request.mask_failed_turns, request.mask_types)
             summary = await write_export(
                 store, source_ref(status.org, status.project, request.source),
                 format=request.format, out=out, filters=parse_filters(request.filters),
-                columns=request.columns, progress=note,
+                columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
             )  # fmt: skip
             beating.cancel()
@@ -172,6 +178,7 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
         final = status.model_copy(update={
             "status": "ready", "progress": 1.0, "records": summary.records, "bytes": size,
             "redactions": summary.redactions, "updated_at": now, "finished_at": now,
+            "turns_outside": summary.turns_outside if mask is not None else None,
         })  # fmt: skip
     except Exception as exc:  # any failure of the job is the job's status
         log.warning("export job %s failed: %s", status.id, exc)

@@ -21,8 +21,9 @@ from rl_export.labeling.settings import Order
 Source = Literal["human", "evaluator", "traces"]
 Format = Literal[
     "trajectory", "prompt_completion", "messages", "kto", "preference", "executions",
-    "csv", "json", "parquet", "zip",
+    "rl_prompts", "csv", "json", "parquet", "zip",
 ]  # fmt: skip
+File = Literal["jsonl", "parquet"]
 # The API's enums are the export package's lists (the OpenAPI document needs literals).
 assert set(get_args(Format)) == set(JSONL_FORMATS + TABULAR_FORMATS)
 assert set(get_args(Source)) == set(SOURCES)
@@ -172,6 +173,15 @@ class ExportIn(_In):
     columns: str | list[str] | None = Field(
         None, description="Tabular formats: PATH[:HEADER] items, in order."
     )
+    mask_failed_turns: bool = Field(
+        False,
+        description="messages, prompt_completion: a weight on every assistant message, 0 in "
+        "turns with a failing outcome (DESIGN.md section 4).",
+    )
+    mask_types: str | list[str] | None = Field(
+        None, description="With mask_failed_turns: only outcomes of these types mask."
+    )
+    file: File = Field("jsonl", description="rl_prompts: jsonl or parquet (verl's files).")
     redact: str | list[str] | None = Field(
         None,
         description="Kinds to replace with [REDACTED:KIND] (secrets, email, phone, credit_card, "
@@ -187,6 +197,11 @@ class JobOut(BaseModel):
     error: str | None = None
     file_name: str | None = None
     download: str | None = Field(None, description="Where the finished file is (ready only).")
+    turns_outside: int | None = Field(
+        None,
+        description="With turn masks, once ready: failing outcomes whose turn is outside "
+        "their conversation (they mask nothing).",
+    )
     redactions: dict[str, int] | None = Field(
         None, description="Substrings replaced per kind (ready only)."
     )

@@ -56,6 +56,31 @@ def test_export_to_a_file_and_to_stdout(store_dir: Path, tmp_path: Path) -> None
     assert result.stdout == out.read_bytes()
 
 
+def test_masks_rl_prompts_parquet_and_a_card(store_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft.jsonl"
+    result = rl_export(*base(store_dir), "--format", "messages", "--mask-failed-turns",
+                       "--mask-types", "goal_met", "--card", "-o", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert b"0 failing outcomes named a turn outside their conversation" in result.stderr
+    assert f"dataset card {tmp_path / 'README.md'}".encode() in result.stderr
+    rows = [json.loads(line) for line in out.read_bytes().splitlines()]
+    assert all(m["weight"] in (0, 1) for r in rows for m in r["messages"]
+               if m["role"] == "assistant")  # fmt: skip
+    assert '"mask_types":["goal_met"]' in (tmp_path / "README.md").read_text()
+    prompts = tmp_path / "prompts.parquet"
+    result = rl_export(*base(store_dir), "--format", "rl_prompts", "-o", str(prompts))
+    assert result.returncode == 0, result.stderr
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(prompts).column_names == [
+        "data_source", "prompt", "ability", "reward_model", "extra_info"]  # fmt: skip
+    result = rl_export(*base(store_dir), "--format", "rl_prompts", "-o", "-")
+    assert all(json.loads(line)["ability"] == "agent" for line in result.stdout.splitlines())
+    result = rl_export(*base(store_dir), "--format", "messages", "--card", "-o", "-")
+    assert result.returncode == 2
+    assert b"--card: writes README.md beside the output file" in result.stderr
+
+
 def test_csv_with_columns_on_stdout(store_dir: Path) -> None:
     result = rl_export(*base(store_dir, "human"), "--format", "csv", "--columns",
                        "trace_id:id,rubric.safety:safety,reward", "-o", "-")  # fmt: skip
@@ -85,6 +110,9 @@ def test_stats_prints_one_json_object(store_dir: Path) -> None:
         (["--format", "preference", "--margin", "lots"], "margin: 'lots' is not a number"),
         (["--format", "messages", "--margin", "0.2"], "margin: only applies"),
         (["--format"], "argument --format: expected one argument"),
+        (["--format", "kto", "--mask-failed-turns"], "mask-failed-turns: only applies to"),
+        (["--format", "messages", "--mask-types", "tone"], "mask-types: only applies with"),
+        (["--format", "csv", "--card"], "card: a dataset card goes with"),
         (["--format", "messages", "--redact", "secrets,emails"], "redact: unknown kind 'emails'"),
         (["--format", "csv", "--redact", "none,ip"], "redact: 'none' cannot be combined"),
     ],

@@ -28,11 +28,16 @@ SCRIPT = "<script>window.pwned = true</script><img src=x onerror=alert(1)>"
 # tr-011's last user turn: a secret (redacted by default) and personal data (on request).
 PLANTED = "Mail jane.doe@acme-corp.com or call (415) 555-2671; my key is AKIAIOSFODNN7EXAMPLE."
 TRACES = 12
+FAILED_TURNS = {
+    7: [{"type": "goal_met", "turn": 2, "decision": False}],
+    8: [{"type": "tone", "turn": 9, "decision": False}],
+}
 
 
 def seed_events() -> list[dict[str, Any]]:
     """tr-000 .. tr-011 of acme/bot: scored 0.05 .. 0.95, every third labeled by someone
-    else, tr-009's transcript holds markup, tr-010 and tr-011 are of another scenario, tr-011
+    else, tr-009's transcript holds markup, tr-010 and tr-011 are of another scenario;
+    tr-007's report fails its second turn, tr-008's a turn its conversation lacks; tr-011
     holds a secret and personal data."""
     events: list[dict[str, Any]] = []
     for n in range(TRACES):
@@ -50,6 +55,7 @@ def seed_events() -> list[dict[str, Any]]:
             labels=({"correctness": 4, "helpfulness": 4, "efficiency": 3, "safety": 5},)
             if n % 3 == 0 else (),
             messages=messages, scenario="trip" if n >= 10 else "refund",
+            outcomes=FAILED_TURNS.get(n),
         )  # fmt: skip
     return events
 

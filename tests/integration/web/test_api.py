@@ -489,6 +489,75 @@ def test_a_job_that_matches_nothing_is_an_empty_file_and_a_failed_one_says_why(
         assert_error(other.get(f"exports/{failed['id']}/download"), 404, "not_found", "failed")
 
 
+def weights_by_trace(rows: list[dict[str, Any]]) -> dict[str, list[int | None]]:
+    """The weights of each ``messages`` row, by the trace its tool call names (call_<n>)."""
+    return {
+        f"tr-{int(r['messages'][2]['tool_calls'][0]['id'].split('_')[1]):03d}":
+        [m.get("weight") for m in r["messages"]]
+        for r in rows if len(r["messages"]) > 2 and r["messages"][2].get("tool_calls")
+    }  # fmt: skip
+
+
+def test_turn_masks_and_rl_prompts_in_exports_previews_and_jobs(admin: httpx.Client) -> None:
+    params = {"source": "evaluator", "format": "messages", "mask_failed_turns": "true"}
+    response = admin.get("export", params=params)
+    assert response.status_code == 200, response.text
+    weights = weights_by_trace(jsonl(response.content))
+    assert weights["tr-007"] == [None, None, 1, None, 1, None, 0]  # its second turn failed
+    assert weights["tr-008"] == [None, None, 1, None, 1, None, 1]  # turn 9: outside
+    assert all(w == [None, None, 1, None, 1, None, 1] for t, w in weights.items()
+               if t != "tr-007")  # fmt: skip
+    preview = admin.get("records", params=params | {"limit": 20}).json()["items"]
+    assert weights_by_trace(preview) == weights
+    only_tone = admin.get("export", params=params | {"mask_types": "tone"})
+    assert weights_by_trace(jsonl(only_tone.content))["tr-007"][-1] == 1
+    for bad, needle in (
+        ({"format": "kto"}, "mask_failed_turns: only applies"),
+        ({"mask_failed_turns": "maybe"}, "mask_failed_turns"),
+        ({"mask_failed_turns": "false", "mask_types": "tone"}, "mask_types: only applies"),
+        ({"file": "parquet"}, "file: parquet files are for rl_prompts"),
+        ({"format": "rl_prompts", "file": "xml"}, "file"),
+    ):
+        for route in ("export", "records"):
+            if route == "records" and "file" in bad:
+                continue  # a preview is rows, not a file
+            assert_error(admin.get(route, params=params | bad), 422, "invalid", needle)
+
+    response = admin.get("export", params={"source": "evaluator", "format": "rl_prompts",
+                                           "file": "parquet", "passed": "false"})  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/vnd.apache.parquet"
+    assert "acme-bot-evaluator-rl_prompts.parquet" in response.headers["content-disposition"]
+    table = pq.read_table(io.BytesIO(response.content))
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model",
+                                  "extra_info"]  # fmt: skip
+    assert table.num_rows == 6  # tr-000 .. tr-005 failed
+
+    def job(body: dict[str, Any]) -> dict[str, Any]:
+        response = admin.post("exports", json={"source": "evaluator"} | body)
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+
+        def done() -> dict[str, Any] | None:
+            status = admin.get(f"exports/{job_id}").json()
+            return status if status["status"] != "processing" else None
+
+        found: dict[str, Any] = wait_for("the job to finish", done, every_s=0.1)
+        assert found["status"] == "ready", found
+        return found
+
+    masked = job({"format": "messages", "mask_failed_turns": True, "mask_types": ["tone"]})
+    assert masked["turns_outside"] == 1  # tr-008's tone outcome, turn 9
+    assert job({"format": "messages"})["turns_outside"] is None
+    prompts = job({"format": "rl_prompts", "file": "parquet"})
+    assert prompts["file_name"].endswith("-rl_prompts.parquet")
+    download = admin.get(prompts["download"].split("/bot/", 1)[1])
+    assert pq.read_table(io.BytesIO(download.content)).num_rows == prompts["records"] == TRACES
+    assert_error(admin.post("exports", json={"source": "evaluator", "format": "kto",
+                                             "mask_failed_turns": True}),
+                 422, "invalid", "mask_failed_turns")  # fmt: skip
+
+
 # --- instances share nothing but Kafka and the store --------------------------------------
 
 

@@ -205,3 +205,22 @@ def test_preference_is_deterministic_whatever_the_input_order() -> None:
         assert list(preference_pairs(records, max_pairs=2, margin=0.1)) == expected
     for row in expected:
         assert row["score_chosen"] - row["score_rejected"] >= 0.1
+
+
+def test_rl_prompts_rows_are_verls_columns() -> None:
+    rec = record("tr-1", reward=0.25, passed=False, scenario="travel", agent_version="v9")
+    row = render_row("rl_prompts", rec, index=41)
+    assert row is not None
+    assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert list(row) == list(FORMAT_COLUMNS["rl_prompts"])
+    assert row["data_source"] == "travel"
+    assert row["prompt"] == rec["messages"][:2]  # the system prompt and the first user message
+    assert row["prompt"][-1]["role"] == "user"
+    assert row["ability"] == "agent"
+    assert row["reward_model"] == {"style": "model", "ground_truth": None}
+    assert row["extra_info"] == {"trace_id": "tr-1", "agent_version": "v9", "reward": 0.25,
+                                 "passed": False, "index": 41}  # fmt: skip
+    assert render_row("rl_prompts", record("tr-2", messages=[SYSTEM])) is None
+    assert "rl_prompts" not in CORPUS_FORMATS  # its index is a place in one file
+    raw = {**rec, "messages": RawJson(dumps(rec["messages"]))}
+    assert render_row("rl_prompts", raw, index=41) == row

@@ -447,6 +447,8 @@
     await loadQueue();
   });
 
+  // The form stays disabled until the settings arrived (the HTML starts it so): nothing typed
+  // before then is overwritten by them.
   function showSettings(settings) {
     label.settings = settings;
     const form = $("labeling-form");
@@ -623,7 +625,7 @@
   const JSONL = [
     ["trajectory", "Trajectory"], ["prompt_completion", "Prompt/completion"],
     ["messages", "Messages"], ["kto", "KTO"], ["preference", "Preference"],
-    ["executions", "Executions"],
+    ["executions", "Executions"], ["rl_prompts", "RL prompts"],
   ];
   const TABULAR = [["csv", "CSV"], ["json", "JSON"], ["parquet", "Parquet"], ["zip", "ZIP"]];
   const EXTENSIONS = { csv: ".csv", json: ".json", parquet: ".parquet", zip: ".zip" };

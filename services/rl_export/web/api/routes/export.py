@@ -27,6 +27,7 @@ from rl_export.common.errors import ExportError, FilterError, NoDataError, Objec
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
 from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
+from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
 from rl_export.export import (
     ExportSummary,
@@ -34,6 +35,7 @@ from rl_export.export import (
     content_type,
     file_name,
     iter_export,
+    parse_mask,
     source_ref,
 )
 from rl_export.web.api.deps import (
@@ -51,6 +53,7 @@ from rl_export.web.index import BINS, QueryIndex
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
 from rl_export.web.models import (
     ExportIn,
+    File,
     Format,
     HistogramBin,
     JobOut,
@@ -69,6 +72,17 @@ ColumnsQuery = Annotated[
     str | None, Query(description="Tabular formats: PATH[:HEADER],... in order")
 ]
 JobPath = Annotated[str, Path(description="The job's id (32 hex digits).")]
+MaskQuery = Annotated[
+    bool,
+    Query(
+        description="messages, prompt_completion: a weight on every assistant message, 0 in "
+        "turns with a failing outcome (DESIGN.md section 4)"
+    ),
+]
+MaskTypesQuery = Annotated[
+    str | None, Query(description="With mask_failed_turns: TYPE,... of the outcomes that mask")
+]
+FileQuery = Annotated[File, Query(description="rl_prompts: jsonl, or parquet (verl's files)")]
 RedactQuery = Annotated[
     str | None,
     Query(
@@ -84,11 +98,26 @@ PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching reco
 PREVIEW_SCAN = 5_000  # records a preview reads at most looking for rows of its format
 
 
-def _checked(fmt: str, columns: str | list[str] | None, redact: str | None = None) -> Any:
+def _checked(
+    fmt: str,
+    columns: str | list[str] | None,
+    *,
+    mask: TurnMask | None = None,
+    file: str = "jsonl",
+    redact: str | None = None,
+) -> Any:
     try:
-        return check_export(fmt, columns=columns, redact=redact)
+        return check_export(fmt, columns=columns, mask=mask, file=file, redact=redact)
     except ExportError as exc:
         raise Invalid(str(exc)) from None
+
+
+def _mask(fmt: str, mask_failed_turns: bool, mask_types: str | list[str] | None) -> Any:
+    """The turn mask of a request; 422 naming the parameter when it does not apply."""
+    try:
+        return parse_mask(fmt, mask_failed_turns, mask_types)
+    except ExportError as exc:
+        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
 
 
 def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
@@ -154,9 +183,17 @@ def _scrubbed(scrub: Redactor | None, item: dict[str, Any], counts: dict[str, in
 
 
 async def _preview(
-    index: QueryIndex, corpus_id: int, filters: Filters, *, fmt: str, columns: Any, size: int,
-    scrub: Redactor | None = None, counts: dict[str, int] | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
+    index: QueryIndex,
+    corpus_id: int,
+    filters: Filters,
+    *,
+    fmt: str,
+    columns: Any,
+    size: int,
+    mask: TurnMask | None = None,
+    scrub: Redactor | None = None,
+    counts: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
     """The first ``size`` rows of the format over the matching records, in read order,
     redacted by ``scrub`` (what it replaced added to ``counts``)."""
     counts = {} if counts is None else counts
@@ -178,9 +215,9 @@ async def _preview(
                 scrubbed = _scrubbed(scrub, record, counts)
                 rows.append({c.header: c.value(scrubbed) for c in columns})
             else:
-                row = render_row(fmt, record)
+                row = render_row(fmt, record, mask=mask, index=len(rows))
                 if row is not None:
-                    rows.append(render_row(fmt, _scrubbed(scrub, record, counts)) or row)
+                    rows.append(_scrubbed(scrub, row, counts))
             if len(rows) >= size:
                 break
     return rows
@@ -191,9 +228,11 @@ async def get_records(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
     filters: FiltersQuery, response: Response, format: FormatQuery = "trajectory",
-    columns: ColumnsQuery = None, redact: RedactQuery = None,
+    columns: ColumnsQuery = None, mask_failed_turns: MaskQuery = False,
+    mask_types: MaskTypesQuery = None, redact: RedactQuery = None,
 ) -> RecordsOut:  # fmt: skip
-    picked = _checked(format, columns)
+    mask = _mask(format, mask_failed_turns, mask_types)
+    picked = _checked(format, columns, mask=mask)
     scrub = _redactor(svc, redact)
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
@@ -204,7 +243,7 @@ async def get_records(
     if followed.corpus_id is not None:
         items = await _preview(
             svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
-            scrub=scrub, counts=counts,
+            mask=mask, scrub=scrub, counts=counts,
         )  # fmt: skip
     _count(svc, response.headers, counts)
     return RecordsOut(
@@ -234,17 +273,19 @@ async def get_export(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
     filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
-    redact: RedactQuery = None,
+    mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
+    file: FileQuery = "jsonl", redact: RedactQuery = None,
 ) -> StreamingResponse:  # fmt: skip
+    mask = _mask(format, mask_failed_turns, mask_types)
     kinds = ",".join(_kinds(svc, redact)) or "none"
-    _checked(format, columns, kinds)
+    _checked(format, columns, mask=mask, file=file, redact=kinds)
     ref = source_ref(org, project, source)
     summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
         return iter_export(
-            store, ref, format=format, filters=filters, columns=columns, redact=kinds,
-            summary=summary,
+            store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
+            redact=kinds, summary=summary,
         )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
@@ -262,12 +303,13 @@ async def get_export(
         stream.close()
         raise
 
-    headers = {"Content-Disposition": _disposition(file_name(ref, format))}
+    headers = {"Content-Disposition": _disposition(file_name(ref, format, file))}
     if kinds != "none":
         # The counts are known at the end, and a header goes first: the export is made whole.
         spool = await _spooled(stream, first)
         _count(svc, headers, summary.redactions)
-        return StreamingResponse(_read(spool), media_type=content_type(format), headers=headers)
+        media = content_type(format, file)
+        return StreamingResponse(_read(spool), media_type=media, headers=headers)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -278,7 +320,7 @@ async def get_export(
         finally:
             stream.close()
 
-    return StreamingResponse(body(), media_type=content_type(format), headers=headers)
+    return StreamingResponse(body(), media_type=content_type(format, file), headers=headers)
 
 
 async def _spooled(stream: ThreadStream, first: bytes | None) -> IO[bytes]:
@@ -313,7 +355,7 @@ def _job_out(status: JobStatus) -> JobOut:
     return JobOut(
         id=status.id, status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
-        redactions=status.redactions,
+        turns_outside=status.turns_outside, redactions=status.redactions,
     )  # fmt: skip
 
 
@@ -322,14 +364,20 @@ async def post_exports(
     *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, body: ExportIn
 ) -> JobOut:
     columns = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
+    mask_types = ",".join(body.mask_types) if isinstance(body.mask_types, list) else (
+        body.mask_types)  # fmt: skip
+    mask = _mask(body.format, body.mask_failed_turns, mask_types)
     redact = ",".join(_kinds(svc, body.redact)) or "none"
-    _checked(body.format, columns, redact)
+    _checked(body.format, columns, mask=mask, file=body.file, redact=redact)
     try:
         parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
-    request = JobRequest(source=body.source, format=body.format, filters=body.filters,
-                         columns=columns, redact=redact)  # fmt: skip
+    request = JobRequest(
+        source=body.source, format=body.format, filters=body.filters, columns=columns,
+        mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
+        redact=redact,
+    )  # fmt: skip
     return _job_out(await svc.jobs.start(org, project, request))
 
 

@@ -1,0 +1,219 @@
+"""Dataset cards: the ``README.md`` that goes with an export, in Hugging Face's form (pure).
+
+A Hugging Face dataset card is Markdown with a YAML header. Ours says what the file holds
+and how it was made, so a dataset pushed to the Hub (or kept beside a training run) carries
+its own provenance::
+
+    ---
+    pretty_name: acme/bot evaluator corpus, messages
+    tags: [rl-export]
+    configs: [{config_name: default, data_files: [{split: train, path: <the file>}]}]
+    dataset_info: {features: [...] (Parquet files: their exact Arrow types),
+                   splits: [{name: train, num_examples: <records>}]}
+    rl_export: {format, file, records, corpus, source, reward_source, filters, masks,
+                features, rules_versions, schema_version, row_schema, redaction}
+    ---
+
+``features`` (under ``rl_export``) names every column with its JSON type, from the format's
+row schema (``schemas/format.<format>.schema.json``); Parquet files also get Hugging Face's
+own ``dataset_info.features``, from the file's Arrow schema, so ``datasets`` and the Hub read
+them as the loader would. ``rules_versions`` are the join rules versions of the records
+exported; ``schema_version`` the corpus layout's. ``redaction`` is null: exports are not
+redacted yet (the ``--redact`` change will fill it in). The card holds no clock time: the
+same export of the same corpus gives the same card, byte for byte.
+
+The header is written as YAML flow style that is also JSON (each value one JSON text), so
+no YAML library is needed to write it and any YAML parser reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from rl_export.common.codec import dumps
+from rl_export.common.filters import Filters
+from rl_export.common.formats import ROW_MODELS, TABULAR_FORMATS
+from rl_export.common.records import TrajectoryRecord
+from rl_export.common.turns import TurnMask
+from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
+from rl_export.export.columns import Column
+from rl_export.export.tabular import arrow_type
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+CARD_NAME = "README.md"
+REWARD_SOURCES = {"human": "human", "evaluator": "evaluator", "traces": None}
+
+
+@dataclass
+class CardFacts:
+    """What a card says of one export file."""
+
+    ref: CorpusRef
+    format: str  # the export's format (``zip`` for an archive)
+    file_name: str  # the data file, as the card's ``configs`` point at it
+    file: str  # jsonl, parquet, csv or json: how the data file is encoded
+    records: int
+    filters: Filters
+    mask: TurnMask | None = None
+    rules_versions: Sequence[int] = ()
+    columns: Sequence[Column] | None = None  # tabular formats
+    arrow_schema: pa.Schema | None = None  # Parquet files
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _type_of(schema: dict[str, Any]) -> str:
+    """A short JSON type of a JSON Schema property: ``number | null``, ``array of object``."""
+    if "anyOf" in schema:
+        return " | ".join(_type_of(s) for s in schema["anyOf"])
+    if "const" in schema:
+        return dumps(schema["const"]).decode()
+    if "enum" in schema:
+        return " | ".join(dumps(v).decode() for v in schema["enum"])
+    kind = schema.get("type")
+    if kind == "array":
+        return f"array of {_type_of(schema.get('items', {}))}"
+    if isinstance(kind, str):
+        return kind
+    if "$ref" in schema:
+        return "object"
+    return "any"
+
+
+def _model_features(model: type[BaseModel]) -> list[dict[str, str]]:
+    properties = model.model_json_schema(mode="serialization")["properties"]
+    return [{"name": name, "type": _type_of(prop)} for name, prop in properties.items()]
+
+
+_ARROW_NAMES = {"string": "string", "int64": "integer", "double": "number", "bool": "boolean"}
+
+
+def features_of(fmt: str, columns: Sequence[Column] | None = None) -> list[dict[str, str]]:
+    """Every column of a format's rows with its JSON type (tabular: the columns chosen)."""
+    if fmt in TABULAR_FORMATS:
+        if columns is None:
+            raise ValueError(f"{fmt} rows are made of columns: give them")
+        return [
+            {"name": c.header, "type": _ARROW_NAMES.get(str(arrow_type(c)), "string")}
+            for c in columns
+        ]
+    model = TrajectoryRecord if fmt == "trajectory" else ROW_MODELS[fmt]
+    return _model_features(model)
+
+
+def hf_features(schema: pa.Schema) -> list[dict[str, Any]]:
+    """Hugging Face's YAML form of an Arrow schema (``dataset_info.features``)."""
+    return [_hf_field(f.name, f.type) for f in schema]
+
+
+def _hf_field(name: str, kind: pa.DataType) -> dict[str, Any]:
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return {"name": name, "struct": [_hf_field(f.name, f.type) for f in kind]}
+    if pa.types.is_list(kind):
+        inner = kind.value_type
+        if pa.types.is_struct(inner):
+            return {"name": name, "list": [_hf_field(f.name, f.type) for f in inner]}
+        return {"name": name, "list": {"dtype": _hf_dtype(inner)}}
+    return {"name": name, "dtype": _hf_dtype(kind)}
+
+
+def _hf_dtype(kind: pa.DataType) -> str:
+    names = {"double": "float64", "float": "float32", "int64": "int64", "int32": "int32",
+             "bool": "bool", "string": "string", "large_string": "large_string"}  # fmt: skip
+    text = str(kind)
+    if text not in names:
+        raise ValueError(f"no Hugging Face dtype for Arrow type {text}")
+    return names[text]
+
+
+def card_header(facts: CardFacts) -> dict[str, Any]:
+    """The card's YAML header, as a dict (see the module)."""
+    fmt = facts.format
+    row_format = fmt if fmt not in TABULAR_FORMATS else None
+    info: dict[str, Any] = {"splits": [{"name": "train", "num_examples": facts.records}]}
+    if facts.arrow_schema is not None:
+        info = {"features": hf_features(facts.arrow_schema), **info}
+    mask = None
+    if facts.mask is not None:
+        types = sorted(facts.mask.types) if facts.mask.types is not None else None
+        mask = {"mask_failed_turns": True, "mask_types": types}
+    return {
+        "pretty_name": f"{facts.ref.org}/{facts.ref.project} {facts.ref.corpus} corpus, {fmt}",
+        "tags": ["rl-export"],
+        "configs": [
+            {
+                "config_name": "default",
+                "data_files": [{"split": "train", "path": facts.file_name}],
+            }
+        ],
+        "dataset_info": info,
+        "rl_export": {
+            "format": fmt,
+            "file": facts.file,
+            "records": facts.records,
+            "corpus": facts.ref.root,
+            "source": facts.ref.corpus,
+            "reward_source": REWARD_SOURCES.get(facts.ref.corpus),
+            "filters": facts.filters.to_params(sep="-"),
+            "masks": mask,
+            "features": features_of(fmt, facts.columns),
+            "rules_versions": sorted(facts.rules_versions),
+            "schema_version": SCHEMA_VERSION,
+            "row_schema": f"format.{row_format}.schema.json" if row_format else None,
+            "redaction": None,
+            **facts.extra,
+        },
+    }
+
+
+def _yaml(header: dict[str, Any]) -> str:
+    """Top-level keys in block style, each value one JSON text (valid YAML flow style)."""
+    return "".join(f"{key}: {dumps(value).decode()}\n" for key, value in header.items())
+
+
+def dataset_card(facts: CardFacts) -> str:
+    """The whole ``README.md``: the YAML header, then a few lines for people."""
+    header = card_header(facts)
+    meta = header["rl_export"]
+    filters = ", ".join(f"{k}={v}" for k, v in meta["filters"].items()) or "none"
+    lines = [
+        "---",
+        _yaml(header).rstrip("\n"),
+        "---",
+        "",
+        f"# {header['pretty_name']}",
+        "",
+        f"{facts.records} rows in `{facts.file_name}` ({facts.file}), format `{facts.format}`, "
+        f"exported by rl-export from the `{facts.ref.corpus}` corpus of "
+        f"`{facts.ref.org}/{facts.ref.project}` (the latest revision of each trace; deleted "
+        f"traces left out).",
+        "",
+        f"- Filters: {filters}.",
+        f"- Reward source: {meta['reward_source'] or 'none (the traces corpus: unscored)'}.",
+    ]
+    if facts.mask is not None:
+        types = ", ".join(sorted(facts.mask.types)) if facts.mask.types else "any type"
+        lines.append(
+            f"- Turn masks: every assistant message has a `weight`, 0 when its turn has an "
+            f"outcome with `decision: false` ({types}), else 1."
+        )
+    if meta["row_schema"]:
+        lines.append(f"- Row schema: `schemas/{meta['row_schema']}` in rl-export.")
+    lines += [
+        f"- Join rules version(s): {', '.join(map(str, meta['rules_versions'])) or 'none'}; "
+        f"corpus layout version {SCHEMA_VERSION}.",
+        "- Redaction: none applied. Traces are untrusted and may hold personal data.",
+        "",
+        "| column | type |",
+        "| --- | --- |",
+        *(f"| `{f['name']}` | {f['type']} |" for f in meta["features"]),
+        "",
+    ]
+    return "\n".join(lines)
