@@ -316,8 +316,9 @@ async def _jsonl(
             out = [line for line, _ in scan.redact(limited(batch, summary, limit))]
         else:
             rows = _rows(fmt, [record for _, record in batch], mask, summary, limit)
+            rows = limited(rows, summary, limit)
             out = [dumps_line(r) for _, r in scan.redact([(b"", r) for r in rows])]
-        yield b"".join(limited(out, summary, limit))
+        yield b"".join(out)
         if limit is not None and summary.records >= limit:
             return
 
