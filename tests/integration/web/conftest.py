@@ -25,7 +25,7 @@ from tests.integration.workers import WorkerProcess, publish
 from tests.records import conversation, trace_events
 
 SCRIPT = "<script>window.pwned = true</script><img src=x onerror=alert(1)>"
-# tr-011's last user turn: a secret (redacted by default) and personal data (on request).
+# tr-011's second user turn: a secret (redacted by default) and personal data (on request).
 PLANTED = "Mail jane.doe@acme-corp.com or call (415) 555-2671; my key is AKIAIOSFODNN7EXAMPLE."
 TRACES = 12
 FAILED_TURNS = {
@@ -49,7 +49,8 @@ def seed_events() -> list[dict[str, Any]]:
                 {"role": "assistant", "content": [{"type": "text", "text": SCRIPT}]},
             ]
         if n == 11:
-            messages = [*conversation(n), {"role": "user", "content": PLANTED}]
+            messages = conversation(n)  # its second user turn says it all
+            messages[5] = {"role": "user", "content": PLANTED}
         events += trace_events(
             n, score=round(0.05 + n * 0.08, 2), passed=n >= 6, minute=n,
             labels=({"correctness": 4, "helpfulness": 4, "efficiency": 3, "safety": 5},)
