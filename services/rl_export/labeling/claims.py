@@ -227,7 +227,10 @@ class Claims:
         """Record that ``labeler`` labeled the trace: their claim becomes their label's
         place; without one (or after it expired and was taken), a free place; else the label
         is over the target. ``labelers`` are the trace's current labelers."""
-        if await self._end(org, project, trace_id, labeler, "labeled", held=("claimed",)):
+        # A claim this instance has not heard of yet (taken through another instance a
+        # moment ago) is read from the store before the label looks for another place.
+        if await self._end(org, project, trace_id, labeler, "labeled", held=("claimed",),
+                           slots=target):  # fmt: skip
             return "claim"
         # The labeler's label is current from now on: a place it held is still theirs.
         current = {*labelers, labeler}
@@ -237,15 +240,23 @@ class Claims:
             return "over"
         return "free" if taken.fresh else "held"
 
-    async def release(self, org: str, project: str, trace_id: str, labeler: str) -> bool:
-        """End the labeler's unexpired claim (a release or a skip); False if they had none."""
+    async def release(
+        self, org: str, project: str, trace_id: str, labeler: str, *, slots: int = 0
+    ) -> bool:
+        """End the labeler's unexpired claim (a release or a skip); False if they had none.
+        ``slots``: how many of the trace's slots to read from the store when the book knows
+        no claim of theirs (it may be news to this instance)."""
         return await self._end(
-            org, project, trace_id, labeler, "free", held=("claimed",), live=True
+            org, project, trace_id, labeler, "free", held=("claimed",), live=True, slots=slots
         )
 
-    async def retract(self, org: str, project: str, trace_id: str, labeler: str) -> bool:
+    async def retract(
+        self, org: str, project: str, trace_id: str, labeler: str, *, slots: int = 0
+    ) -> bool:
         """Free the place the labeler's label held (their label was retracted)."""
-        return await self._end(org, project, trace_id, labeler, "free", held=("labeled",))
+        return await self._end(
+            org, project, trace_id, labeler, "free", held=("labeled",), slots=slots
+        )
 
     async def _take(
         self, org: str, project: str, trace_id: str, labeler: str, state: SlotState, *,
@@ -282,10 +293,13 @@ class Claims:
 
     async def _end(
         self, org: str, project: str, trace_id: str, labeler: str, state: SlotState, *,
-        held: tuple[SlotState, ...], live: bool = False,
+        held: tuple[SlotState, ...], live: bool = False, slots: int = 0,
     ) -> bool:  # fmt: skip
         """Write ``state`` over the labeler's latest entry in ``held`` states (a claim: even
-        an expired one, unless ``live``); False if someone else's entry came after it."""
+        an expired one, unless ``live``); False if someone else's entry came after it.
+        When the book shows no such entry, the trace's first ``slots`` slots (and those it
+        knows) are read from the store once before giving up."""
+        refreshed = slots <= 0
         for _ in range(MAX_ROUNDS):
             now = self.clock()
             mine = [
@@ -293,6 +307,10 @@ class Claims:
                 for e in self.book.slots(org, project, trace_id).values()
                 if e.holder == labeler and e.state in held and (not live or e.live_claim(now))
             ]
+            if not mine and not refreshed:
+                await self.refresh(org, project, trace_id, slots)
+                refreshed = True
+                continue
             if not mine:
                 return False
             last = max(mine, key=lambda e: (e.at, e.slot))
@@ -317,6 +335,15 @@ class Claims:
         self.book.learn(entry)
         await self.broadcast(entry)
         return True
+
+    async def refresh(self, org: str, project: str, trace_id: str, slots: int) -> None:
+        """Read what the store holds beyond the book for the trace's first ``slots`` slots
+        (and any other slot the book knows): the authority, where the book is only news."""
+        known = self.book.slots(org, project, trace_id)
+        for slot in sorted(set(range(slots)) | set(known)):
+            entry = known.get(slot)
+            await self.read_chain(org, project, trace_id, slot,
+                                  0 if entry is None else entry.generation + 1)  # fmt: skip
 
     async def read_chain(
         self, org: str, project: str, trace_id: str, slot: int, generation: int

@@ -201,6 +201,25 @@ async def test_a_label_without_a_claim_takes_a_free_place_or_is_over() -> None:
     assert await a.label(ORG, PROJECT, "tr-1", "cy", target=2, labelers=("ana",)) == "over"
 
 
+async def test_an_instance_that_has_not_heard_of_a_claim_or_release_reads_the_store() -> None:
+    # Nothing is broadcast between a and b: b knows only what it wrote and read itself.
+    store, clock = MemoryStore(), Clock()
+    a, b = instance(store, clock), instance(store, clock)
+    assert await b.claim(ORG, PROJECT, "tr-1", "cy", target=2, lease_s=60, labelers=())
+    assert await a.claim(ORG, PROJECT, "tr-1", "cy", target=2, lease_s=60, labelers=())
+    assert await a.release(ORG, PROJECT, "tr-1", "cy")  # b still thinks cy holds a place
+    assert await a.claim(ORG, PROJECT, "tr-1", "ana", target=2, lease_s=60, labelers=())
+    assert await a.claim(ORG, PROJECT, "tr-1", "bo", target=2, lease_s=60, labelers=())
+    # bo labels through b, whose book shows ana's claim and cy's stale one: both places held.
+    # b reads the chains and finds bo's claim, which the label ends; nothing is over.
+    assert await b.label(ORG, PROJECT, "tr-1", "bo", target=2, labelers=()) == "claim"
+    # ana lets go through b, which never saw her claim.
+    assert await b.release(ORG, PROJECT, "tr-1", "ana", slots=2)
+    assert holders_in_store(store, "tr-1", clock.now, {"bo"}) == {"bo"}
+    # Without a claim anywhere, a release through either instance finds none.
+    assert not await b.release(ORG, PROJECT, "tr-1", "ana", slots=2)
+
+
 async def test_the_broadcast_carries_every_entry_and_teaches_other_books() -> None:
     store, clock = MemoryStore(), Clock()
     heard: list[SlotEntry] = []

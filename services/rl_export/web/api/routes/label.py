@@ -167,7 +167,9 @@ def _stamp(epoch: float) -> str:
 async def delete_claim(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
 ) -> Response:
-    if not await svc.claims.release(org, project, trace_id, caller.subject):
+    team = await team_of(svc, org, project)
+    slots = team.settings.labels_per_trace + 1  # the most a trace can ask for
+    if not await svc.claims.release(org, project, trace_id, caller.subject, slots=slots):
         raise NotFound(f"you hold no unexpired claim on {trace_id!r}")
     svc.metrics.claims.labels("released").inc()
     return Response(status_code=204)
@@ -251,7 +253,9 @@ async def post_skip(
     await _known_trace(svc, org, project, body.trace_id)
     event = label_skipped(org, project, body.trace_id, caller.subject, datetime.now(UTC))
     accepted = await _publish(svc, event)
-    if await svc.claims.release(org, project, body.trace_id, caller.subject):
+    team = await team_of(svc, org, project)
+    slots = team.settings.labels_per_trace + 1
+    if await svc.claims.release(org, project, body.trace_id, caller.subject, slots=slots):
         svc.metrics.claims.labels("ended").inc()
     return accepted
 
@@ -265,5 +269,7 @@ async def delete_label(
     await _known_trace(svc, org, project, trace_id)
     event = label_retracted(org, project, trace_id, caller.subject, datetime.now(UTC))
     accepted = await _publish(svc, event)
-    await svc.claims.retract(org, project, trace_id, caller.subject)
+    team = await team_of(svc, org, project)
+    slots = team.settings.labels_per_trace + 1
+    await svc.claims.retract(org, project, trace_id, caller.subject, slots=slots)
     return accepted
