@@ -4,6 +4,7 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 (which call it). The entry points are in :mod:`rl_export.export.exports`; the modules:
 
 - :mod:`~rl_export.export.latest`      the latest revision per trace in bounded memory
+- :mod:`~rl_export.export.runs`        the view's index: packed entries, bitmaps, sorted runs
 - :mod:`~rl_export.export.scan`        the view read, parsed (or partly), filtered, counted
 - :mod:`~rl_export.export.pairs`       the preference pairs, in bounded memory
 - :mod:`~rl_export.corpora.identity`    a line's trace_id, revision and tombstone flag, cheaply
@@ -12,25 +13,22 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.attachments` attachment fetching for zip exports
 - :mod:`~rl_export.export.card`        the dataset card (README.md) of an export
 - :mod:`~rl_export.export.stats`       stats and the reward histogram
+- :mod:`~rl_export.export.requests`    an export's parameters checked; names, content types
 - :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
   ``latest_records``
 """
 
-from rl_export.export.exports import (
+from rl_export.export.exports import iter_export, latest_records, preview, stats, write_export
+from rl_export.export.requests import (
     SOURCES,
     check_export,
     content_type,
     file_for,
     file_name,
-    iter_export,
-    latest_records,
     parse_margin,
     parse_mask,
     parse_pair_by,
-    preview,
     source_ref,
-    stats,
-    write_export,
 )
 from rl_export.export.scan import ExportSummary
 from rl_export.export.stats import StatsAccumulator, reward_histogram

@@ -3,16 +3,8 @@
 
 Public interface::
 
-    SOURCES = ("human", "evaluator", "traces")
-    def source_ref(org, project, source) -> CorpusRef           # ExportError on a bad source
-    def check_export(format, *, columns=None, pair_by=(), margin=0.0, max_pairs=1,
-                     zip_data="csv", mask=None, file="jsonl", card=False, redact=None)
-        -> list[Column] | None                                    # ExportError on bad input
-    def parse_pair_by(text) -> tuple[str, ...]; def parse_margin(text) -> float
-    def parse_mask(format, mask_failed_turns, mask_types) -> TurnMask | None
-    def file_for(format, path) -> str                              # rl_prompts: .parquet
-    def content_type(format, file="jsonl") -> str; def file_name(ref, format, file="jsonl")
-
+    # The parameters are checked by rl_export.export.requests (check_export, source_ref,
+    # parse_mask, parse_pair_by, parse_margin, file_for, content_type, file_name).
     async def iter_export(store, ref, *, format, filters=Filters(), columns=None, pair_by=(),
                           margin=0.0, max_pairs=1, zip_data="csv", mask=None, file="jsonl",
                           redact=None, progress=None, summary=None) -> AsyncIterator[bytes]
@@ -79,29 +71,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import shutil
 import tempfile
 import zipfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Literal
+from typing import IO, Any, BinaryIO
 
 from rl_export.common.codec import RawJson, dumps, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, TABULAR_FORMATS, render_row
+from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row
 from rl_export.common.redact import parse_kinds, redactor
-from rl_export.common.specs import check_name
-from rl_export.common.turns import TurnMask, outside_turns, parse_mask_types, report_of
+from rl_export.common.turns import TurnMask, outside_turns, report_of
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
-from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
+from rl_export.export.columns import Column
 from rl_export.export.lazy import export_fields
 from rl_export.export.pairs import preference_chunks
+from rl_export.export.requests import ZipData, check_export
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import (
@@ -113,157 +104,7 @@ from rl_export.export.tabular import (
     rl_prompts_schema,
 )
 
-SOURCES: tuple[str, ...] = ("human", "evaluator", "traces")
-ZipData = Literal["csv", "json"]
-
-_CONTENT_TYPES = {
-    "csv": "text/csv; charset=utf-8",
-    "json": "application/json",
-    "parquet": "application/vnd.apache.parquet",
-    "zip": "application/zip",
-}
-_EXTENSIONS = {"csv": ".csv", "json": ".json", "parquet": ".parquet", "zip": ".zip"}
 _CHUNK = 1 << 20  # bytes gathered before a chunk is yielded
-
-
-# --- requests -------------------------------------------------------------------------------
-
-
-def source_ref(org: str, project: str, source: str) -> CorpusRef:
-    """The corpus of a reward source (``human``, ``evaluator``, ``traces``)."""
-    if source not in SOURCES:
-        raise ExportError("source", f"unknown source {source!r} (sources: {', '.join(SOURCES)})")
-    try:
-        return CorpusRef(check_name("org", org), check_name("project", project), source)
-    except ValueError as exc:
-        raise ExportError("org/project", str(exc)) from None
-
-
-FILES: tuple[str, ...] = ("jsonl", "parquet")
-"""How a JSON Lines format's rows may be encoded: JSON Lines, or Parquet (``rl_prompts``)."""
-
-
-def content_type(fmt: str, file: str = "jsonl") -> str:
-    """The HTTP content type of a format's file."""
-    if file == "parquet":
-        return _CONTENT_TYPES["parquet"]
-    return "application/x-ndjson" if fmt in JSONL_FORMATS else _CONTENT_TYPES[fmt]
-
-
-def file_name(ref: CorpusRef, fmt: str, file: str = "jsonl") -> str:
-    """A file name for a download: ``<org>-<project>-<source>-<format>.<ext>``."""
-    if file == "parquet":
-        extension = ".parquet"
-    else:
-        extension = ".jsonl" if fmt in JSONL_FORMATS else _EXTENSIONS[fmt]
-    return f"{ref.org}-{ref.project}-{ref.corpus}-{fmt}{extension}"
-
-
-def file_for(fmt: str, path: str | os.PathLike[str] | None) -> str:
-    """How the rows of ``fmt`` go to the output ``path``: Parquet for ``rl_prompts`` into a
-    file whose name ends in ``.parquet`` (verl refuses ``.jsonl``), else JSON Lines."""
-    if fmt == "rl_prompts" and path is not None and str(path).endswith(".parquet"):
-        return "parquet"
-    return "jsonl"
-
-
-def parse_mask(
-    fmt: str, mask_failed_turns: bool, mask_types: str | Sequence[str] | None = None
-) -> TurnMask | None:
-    """``--mask-failed-turns`` and ``--mask-types`` -> the turn mask (None: no mask);
-    ExportError naming the flag when they do not apply."""
-    if mask_types is not None and not mask_failed_turns:
-        raise ExportError("mask-types", "only applies with --mask-failed-turns")
-    if not mask_failed_turns:
-        return None
-    if fmt not in MASK_FORMATS:
-        raise ExportError(
-            "mask-failed-turns",
-            f"only applies to --format {' or '.join(MASK_FORMATS)}, not {fmt}",
-        )
-    try:
-        return TurnMask(parse_mask_types(mask_types))
-    except ValueError as exc:
-        raise ExportError("mask-types", str(exc)) from None
-
-
-def parse_pair_by(text: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``scenario,agent_version`` -> record fields to pair within; ExportError if unknown."""
-    if text is None:
-        return ()
-    items = text.split(",") if isinstance(text, str) else list(text)
-    fields = tuple(i.strip() for i in items if i.strip())
-    for field in fields:
-        if field not in RECORD_FIELDS:
-            raise ExportError(
-                "pair-by", f"no record field {field!r} (e.g. scenario, agent_version)"
-            )
-    return fields
-
-
-def parse_margin(text: str | float | None) -> float:
-    """A reward gap >= 0 (``0.2``); ExportError otherwise."""
-    if text is None:
-        return 0.0
-    try:
-        value = float(text)
-    except ValueError:
-        raise ExportError("margin", f"{text!r} is not a number") from None
-    if not math.isfinite(value) or not 0 <= value <= 1:
-        raise ExportError("margin", f"{text!r} is not a reward gap between 0 and 1")
-    return value
-
-
-def check_export(
-    fmt: str,
-    *,
-    columns: str | Sequence[str] | None = None,
-    pair_by: Sequence[str] = (),
-    margin: float = 0.0,
-    max_pairs: int = 1,
-    zip_data: str = "csv",
-    mask: TurnMask | None = None,
-    file: str = "jsonl",
-    card: bool = False,
-    redact: str | Sequence[str] | None = None,
-) -> list[Column] | None:
-    """Check an export's parameters; return its columns (None for JSON Lines formats)."""
-    parse_kinds(redact)
-    if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS:
-        raise ExportError(
-            "format",
-            f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS + TABULAR_FORMATS)})",
-        )
-    if mask is not None and fmt not in MASK_FORMATS:
-        raise ExportError(
-            "mask-failed-turns", f"only applies to --format {' or '.join(MASK_FORMATS)}"
-        )
-    if file not in FILES:
-        raise ExportError("file", f"{file!r} is not jsonl or parquet")
-    if file == "parquet" and fmt != "rl_prompts":
-        raise ExportError(
-            "file", f"parquet files are for rl_prompts (and --format parquet), not {fmt}"
-        )
-    if card and fmt in ("csv", "json"):
-        raise ExportError("card", "a dataset card goes with JSON Lines, Parquet or zip exports")
-    if fmt != "preference":
-        if pair_by:
-            raise ExportError("pair-by", "only applies to --format preference")
-        if margin:
-            raise ExportError("margin", "only applies to --format preference")
-        if max_pairs != 1:
-            raise ExportError("max-pairs", "only applies to --format preference")
-    parse_pair_by(pair_by)
-    parse_margin(margin)
-    if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1:
-        raise ExportError("max-pairs", f"{max_pairs!r} is not an integer >= 1")
-    if zip_data not in ("csv", "json"):
-        raise ExportError("zip-data", f"{zip_data!r} is not csv or json")
-    if fmt in TABULAR_FORMATS:
-        return parse_columns(columns)
-    if columns:
-        raise ExportError("columns", f"only applies to {', '.join(TABULAR_FORMATS)}")
-    return None
 
 
 # --- records --------------------------------------------------------------------------------
@@ -338,37 +179,48 @@ async def _tabular_chunks(
     yield encoder.end()
 
 
+ROW_GROUP = 5000  # rows per Parquet row group
+
+
 async def _parquet(
     scan: Scan, columns: list[Column], limit: int | None, summary: ExportSummary, sink: IO[bytes]
 ) -> None:
-    encoder = ParquetEncoder(columns, sink)
-    try:
-        pending: list[dict[str, Any]] = []
-        async for batch in scan.lines():
-            pending.extend(record for _, record in scan.redact(limited(batch, summary, limit)))
-            if len(pending) >= 5000:
-                encoder.write(pending)
-                pending = []
-            if limit is not None and summary.records >= limit:
-                break
-        encoder.write(pending)
-    finally:
-        encoder.close()
+    """The tabular columns as a Parquet file."""
+
+    def rows(batch: list[tuple[bytes, dict[str, Any]]]) -> list[dict[str, Any]]:
+        return [record for _, record in scan.redact(limited(batch, summary, limit))]
+
+    await _row_groups(scan, ParquetEncoder(columns, sink), rows, limit, summary)
 
 
 async def _prompts_parquet(
     scan: Scan, limit: int | None, summary: ExportSummary, sink: IO[bytes]
 ) -> None:
     """``rl_prompts`` as a Parquet file (:class:`~rl_export.export.tabular.
-    PromptsParquetEncoder`), a row group per 5,000 rows."""
-    encoder = PromptsParquetEncoder(sink)
+    PromptsParquetEncoder`)."""
+
+    def rows(batch: list[tuple[bytes, dict[str, Any]]]) -> list[dict[str, Any]]:
+        made = _rows("rl_prompts", [record for _, record in batch], None, summary, limit)
+        return limited([row for _, row in scan.redact([(b"", r) for r in made])],
+                       summary, limit)  # fmt: skip
+
+    await _row_groups(scan, PromptsParquetEncoder(sink), rows, limit, summary)
+
+
+async def _row_groups(
+    scan: Scan,
+    encoder: ParquetEncoder | PromptsParquetEncoder,
+    rows_of: Callable[[list[tuple[bytes, dict[str, Any]]]], list[dict[str, Any]]],
+    limit: int | None,
+    summary: ExportSummary,
+) -> None:
+    """Each batch's rows (``rows_of`` counts them against the limit) into the encoder, a row
+    group per :data:`ROW_GROUP` rows; the encoder closed whatever happens."""
     try:
         pending: list[dict[str, Any]] = []
         async for batch in scan.lines():
-            rows = _rows("rl_prompts", [record for _, record in batch], None, summary, limit)
-            rows = [row for _, row in scan.redact([(b"", row) for row in rows])]
-            pending.extend(limited(rows, summary, limit))
-            if len(pending) >= 5000:
+            pending.extend(rows_of(batch))
+            if len(pending) >= ROW_GROUP:
                 encoder.write(pending)
                 pending = []
             if limit is not None and summary.records >= limit:

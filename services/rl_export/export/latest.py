@@ -10,7 +10,7 @@ How a view is made (:class:`LatestView`; the steps match the code):
    (greatest revision; on an equal revision a tombstone; else the first read, as the
    reader's latest view does) as ``key -> one int`` (the key is the ``trace_id``'s UTF-8
    bytes; revision, tombstone flag and line number packed so that the best line is the
-   greatest: :func:`_pack`). Only each line's head is read, with one regular expression
+   greatest: :func:`pack`). Only each line's head is read, with one regular expression
    (:data:`~rl_export.corpora.identity.HEAD`; a line it does not fit is parsed in full).
    Every line starts as kept (one bit a line); a line that loses to another of its trace,
    and a tombstone, is cleared as soon as it is seen. Past ``spill_at`` traces the index is
@@ -47,17 +47,10 @@ each), a slice of each run while merging, one bit per line, a chunk or two.
 
 from __future__ import annotations
 
-import math
 import os
-import pickle
-import tempfile
-from bisect import bisect_left, bisect_right
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import eq, itemgetter
 from pathlib import Path
-from typing import IO
 
 from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
@@ -77,6 +70,20 @@ from rl_export.corpora.layout import (
 )
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
+from rl_export.export.runs import (
+    FLAG,
+    ROW_MASK,
+    SHIFT,
+    SLICE,
+    Cursor,
+    Runs,
+    all_set,
+    clear_bit,
+    ones,
+    pack,
+    popcount,
+    row_of,
+)
 
 
 @dataclass(frozen=True)
@@ -112,206 +119,6 @@ SPILL_AT = 200_000
 LOOKUP_SHARE = 16
 """A compaction block with more than one tail trace in its range per this many lines has
 every line's key read instead of a binary search per trace."""
-
-Entry = tuple[bytes, int]
-"""An index entry: the key and the packed (revision, tombstone, line) of its best line."""
-
-
-def _all_set(bits: bytearray, start: int, count: int) -> bool:
-    """Whether bits ``start`` .. ``start + count - 1`` are all set."""
-    if count <= 0:
-        return True
-    end = start + count
-    value = int.from_bytes(bits[start >> 3 : ((end - 1) >> 3) + 1], "little") >> (start & 7)
-    mask = (1 << count) - 1
-    return value & mask == mask
-
-
-_ROW_BITS = 40  # line numbers below 2**40
-_ROW_MASK = (1 << _ROW_BITS) - 1
-_SHIFT = _ROW_BITS + 1
-_FLAG = 1 << _ROW_BITS
-
-
-def _pack(revision: int, deleted: bool, row: int) -> int:
-    """One int per index entry, ordered as the reader's rule orders lines: a greater
-    revision wins, then a tombstone, then the line read first (the row is stored inverted)."""
-    return (revision << _SHIFT) | (deleted << _ROW_BITS) | (_ROW_MASK - row)
-
-
-def _row(packed: int) -> int:
-    return _ROW_MASK - (packed & _ROW_MASK)
-
-
-def _ones(count: int) -> bytearray:
-    """A bitmap of ``count`` set bits (the bits past them clear)."""
-    bits = bytearray(b"\xff") * ((count + 7) // 8)
-    if count & 7:
-        bits[-1] = (1 << (count & 7)) - 1
-    return bits
-
-
-def _set(bits: bytearray, n: int) -> None:
-    bits[n >> 3] |= 1 << (n & 7)
-
-
-def _clear(bits: bytearray, n: int) -> None:
-    bits[n >> 3] &= ~(1 << (n & 7))
-
-
-def _popcount(bits: bytearray) -> int:
-    return int.from_bytes(bits, "little").bit_count()
-
-
-_SLICE = 8192  # entries per pickled slice of a run, at most
-_NO_KEY = (b"",)
-
-
-class _Runs:
-    """Sorted runs of the tail index on disk, merged back in key order.
-
-    A run is the index sorted and pickled in slices (fast to write and to read back, and the
-    merge holds one slice of each run)."""
-
-    def __init__(self, directory: str | None, slice_size: int = _SLICE) -> None:
-        self.directory = directory
-        self.slice = slice_size
-        self.files: list[IO[bytes]] = []
-
-    def spill(self, index: dict[bytes, int]) -> None:
-        fh = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - closed in close()
-        items = sorted(index.items())
-        for start in range(0, len(items), self.slice):
-            pickle.dump(items[start : start + self.slice], fh, protocol=pickle.HIGHEST_PROTOCOL)
-        fh.seek(0)
-        self.files.append(fh)
-
-    @staticmethod
-    def _read(fh: IO[bytes]) -> Iterator[list[Entry]]:
-        fh.seek(0)
-        while True:
-            try:
-                chunk: list[Entry] = pickle.load(fh)
-            except EOFError:
-                return
-            if chunk:
-                yield chunk
-
-    def _slices(self, items: list[Entry]) -> Iterator[list[Entry]]:
-        for start in range(0, len(items), self.slice):
-            yield items[start : start + self.slice]
-
-    def spans(self, index: dict[bytes, int], lose: Callable[[int], None]) -> Iterator[list[Entry]]:
-        """The best entry per trace over every run and ``index``, in key order, as sorted
-        lists; ``lose(packed)`` is called for every entry that loses to another run's.
-
-        In batches: what every run holds up to the smallest last key of their current
-        slices is sorted together (a sort of sorted runs: little more than a copy), so at
-        least one slice is used up per batch; equal keys can only come from two runs."""
-        sources = [self._read(fh) for fh in self.files]
-        if index:
-            sources.append(self._slices(sorted(index.items())))
-        current: list[list[Entry]] = []
-        at: list[int] = []
-        feeds: list[Iterator[list[Entry]]] = []
-        for source in sources:
-            first = next(source, None)
-            if first is not None:
-                current.append(first)
-                at.append(0)
-                feeds.append(source)
-        while current:
-            if len(current) == 1:  # one run left: the rest of it as it is
-                yield current[0][at[0] :]
-                yield from feeds[0]
-                return
-            bound = (min(items[-1][0] for items in current), math.inf)
-            parts = []
-            for n, items in enumerate(current):
-                end = bisect_right(items, bound, at[n])
-                if end > at[n]:
-                    parts.append(items[at[n] : end])
-                    at[n] = end
-            if len(parts) == 1:
-                yield parts[0]
-            else:
-                batch = sorted(chain.from_iterable(parts))
-                keys = list(map(itemgetter(0), batch))
-                if any(map(eq, keys, keys[1:])):
-                    batch = _best_of(batch, lose)
-                yield batch
-            for n in range(len(current) - 1, -1, -1):  # refill the slices used up
-                if at[n] == len(current[n]):
-                    following = next(feeds[n], None)
-                    if following is None:
-                        del current[n], at[n], feeds[n]
-                    else:
-                        current[n], at[n] = following, 0
-
-    def close(self) -> None:
-        for fh in self.files:
-            fh.close()
-        self.files = []
-
-
-def _best_of(batch: list[Entry], lose: Callable[[int], None]) -> list[Entry]:
-    """One entry per key of a sorted batch: the greatest (the last of its key)."""
-    out: list[Entry] = []
-    previous: Entry | None = None
-    for entry in batch:
-        if previous is not None:
-            if entry[0] == previous[0]:
-                lose(previous[1])
-            else:
-                out.append(previous)
-        previous = entry
-    if previous is not None:
-        out.append(previous)
-    return out
-
-
-class _Cursor:
-    """Reads sorted spans of index entries forward, by key range."""
-
-    def __init__(self, spans: Iterator[list[Entry]]) -> None:
-        self.spans = spans
-        self.items: list[Entry] = []
-        self.at = 0
-        self.done = False
-
-    def _fill(self) -> bool:
-        while self.at >= len(self.items):
-            following = next(self.spans, None)
-            if following is None:
-                self.done = True
-                return False
-            self.items, self.at = following, 0
-        return True
-
-    def skip_below(self, key: bytes) -> None:
-        """Pass over the entries with a key below ``key``."""
-        while self._fill():
-            if self.items[-1][0] < key:
-                self.at = len(self.items)
-                continue
-            self.at = bisect_left(self.items, (key,), self.at)
-            return
-
-    def take_through(self, key: bytes) -> list[Entry]:
-        """The entries from here with a key up to ``key`` (included)."""
-        out: list[Entry] = []
-        bound = (key, math.inf)
-        while self._fill():
-            end = bisect_right(self.items, bound, self.at)
-            out.extend(self.items[self.at : end])
-            self.at = end
-            if end < len(self.items):
-                break
-        return out
-
-    def drain(self) -> None:
-        for _ in self.spans:
-            pass
 
 
 def _lines_of(data: bytes, start: int, end: int) -> list[int]:
@@ -378,13 +185,13 @@ class LatestView:
             )
         expected = sum(part.records for part in self.tail)
         runs = max(1, -(-expected // self.spill_at))
-        spilled = _Runs(self.tmpdir, max(256, min(_SLICE, self.spill_at // runs)))
+        spilled = Runs(self.tmpdir, max(256, min(SLICE, self.spill_at // runs)))
         try:
             index = await self._index(spilled)
             await self._merge(spilled, index)
         finally:
             spilled.close()
-        self.total = _popcount(self._keep_compaction) + _popcount(self._keep_tail)
+        self.total = popcount(self._keep_compaction) + popcount(self._keep_tail)
         self._opened = True
         return self
 
@@ -464,10 +271,10 @@ class LatestView:
         generation = self.compaction.generation if self.compaction is not None else None
         self.position = ViewPosition(generation, ends)
 
-    async def _index(self, runs: _Runs) -> dict[bytes, int]:
+    async def _index(self, runs: Runs) -> dict[bytes, int]:
         """Step 2."""
         expected = sum(part.records for part in self.tail)
-        keep = self._keep_tail = _ones(expected)
+        keep = self._keep_tail = ones(expected)
         index: dict[bytes, int] = {}
         row = 0
         for part in self.tail:
@@ -489,18 +296,18 @@ class LatestView:
         self.tail_lines = row
         return index
 
-    async def _merge(self, runs: _Runs, index: dict[bytes, int]) -> None:
-        """Step 3 (entries packed: see :func:`_pack`)."""
+    async def _merge(self, runs: Runs, index: dict[bytes, int]) -> None:
+        """Step 3 (entries packed: see :func:`pack`)."""
         keep_tail = self._keep_tail
         records = self.compaction.records if self.compaction is not None else 0
-        self._keep_compaction = _ones(records)
+        self._keep_compaction = ones(records)
 
         def lose(packed: int) -> None:
-            _clear(keep_tail, _row(packed))
+            clear_bit(keep_tail, row_of(packed))
 
         if not runs.files and not self.compaction_parts:
             return  # one run, no compaction: step 2 decided every line
-        cursor = _Cursor(runs.spans(index, lose))
+        cursor = Cursor(runs.spans(index, lose))
         n = 0
         previous: bytes | None = None
         for part in self.compaction_parts:
@@ -525,7 +332,7 @@ class LatestView:
             )
 
     def _compaction_block(
-        self, block: Block, n: int, previous: bytes | None, cursor: _Cursor
+        self, block: Block, n: int, previous: bytes | None, cursor: Cursor
     ) -> tuple[int, bytes]:
         """One block of the compaction (step 3): its lines are rows ``n`` on, the last key
         before it ``previous``; returns the next row and the block's last key."""
@@ -545,7 +352,7 @@ class LatestView:
             while position < end:
                 stop = find(b"\n", position, end)
                 if endswith(TOMBSTONE_END, position, stop):
-                    _clear(keep, n)
+                    clear_bit(keep, n)
                 n += 1
                 position = stop + 1
             return n, last
@@ -553,15 +360,15 @@ class LatestView:
         count = len(starts)
         for k, position in enumerate(starts):
             if endswith(TOMBSTONE_END, position, (starts[k + 1] if k + 1 < count else end) - 1):
-                _clear(keep, n + k)
+                clear_bit(keep, n + k)
 
         def settle(k: int, revision: int, packed: int) -> None:
             """The compaction's line ``k`` of the block and the tail's best line of its trace."""
-            tail_revision = packed >> _SHIFT
-            if tail_revision > revision or (tail_revision == revision and packed & _FLAG):
-                _clear(keep, n + k)  # the tail has a later revision (or a tombstone of it)
+            tail_revision = packed >> SHIFT
+            if tail_revision > revision or (tail_revision == revision and packed & FLAG):
+                clear_bit(keep, n + k)  # the tail has a later revision (or a tombstone of it)
             else:
-                _clear(keep_tail, _row(packed))  # the compaction's line is as new or newer
+                clear_bit(keep_tail, row_of(packed))  # the compaction's line is as new or newer
 
         if len(wanted) * self.lookup_share > count:
             self.scanned_blocks += 1
@@ -638,7 +445,7 @@ class LatestView:
                             (self.tail, self._keep_tail)):  # fmt: skip
             n = 0
             for part in parts:
-                whole = _all_set(bits, n, part.records)
+                whole = all_set(bits, n, part.records)
                 async for data, start, end in object_blocks(self.store, part, verify=False):
                     if whole:
                         yield data, start, end, 0
@@ -680,7 +487,7 @@ def _index_block(block: Block, row: int, index: dict[bytes, int], keep: bytearra
     Returns the next line's number. The hot loop of an export: kept to a few C calls."""
     data, start, end = block
     find, match, endswith, get = data.find, HEAD.match, data.endswith, index.get
-    shift, flag, mask = _SHIFT, _FLAG, _ROW_MASK
+    shift, flag, mask = SHIFT, FLAG, ROW_MASK
     while start < end:
         stop = find(b"\n", start, end)
         head = match(data, start, stop)
@@ -692,7 +499,7 @@ def _index_block(block: Block, row: int, index: dict[bytes, int], keep: bytearra
                 keep[row >> 3] &= ~(1 << (row & 7))
         else:
             key, revision, deleted = line_key(data, start, stop)
-            packed = _pack(revision, deleted, row)
+            packed = pack(revision, deleted, row)
             if deleted:
                 keep[row >> 3] &= ~(1 << (row & 7))
         old = get(key)

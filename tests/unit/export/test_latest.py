@@ -146,14 +146,14 @@ def test_block_identities_are_the_line_identities() -> None:
 
 @pytest.mark.parametrize(("start", "count"), [(0, 1), (3, 9), (7, 2), (8, 8), (5, 20), (0, 0)])
 def test_all_set_reads_bit_ranges(start: int, count: int) -> None:
-    from rl_export.export.latest import _all_set, _set
+    from rl_export.export.runs import all_set, set_bit
 
     bits = bytearray(8)
     for n in range(start, start + count):
-        _set(bits, n)
-    assert _all_set(bits, start, count)
+        set_bit(bits, n)
+    assert all_set(bits, start, count)
     if count:
         cleared = bytearray(bits)
         last = start + count - 1
         cleared[last >> 3] &= ~(1 << (last & 7)) & 0xFF
-        assert not _all_set(cleared, start, count)
+        assert not all_set(cleared, start, count)

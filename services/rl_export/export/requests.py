@@ -1,0 +1,168 @@
+"""What an export asks for, checked before any byte is read: the reward source's corpus,
+the format and its parameters, the file a format's rows go to, and the download's name and
+content type. Every problem is an :class:`~rl_export.common.errors.ExportError` naming the
+parameter (the CLI's flag, the API's query parameter).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+from rl_export.common.errors import ExportError
+from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, TABULAR_FORMATS
+from rl_export.common.redact import parse_kinds
+from rl_export.common.specs import check_name
+from rl_export.common.turns import TurnMask, parse_mask_types
+from rl_export.corpora.layout import CorpusRef
+from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
+
+SOURCES: tuple[str, ...] = ("human", "evaluator", "traces")
+ZipData = Literal["csv", "json"]
+
+_CONTENT_TYPES = {
+    "csv": "text/csv; charset=utf-8",
+    "json": "application/json",
+    "parquet": "application/vnd.apache.parquet",
+    "zip": "application/zip",
+}
+_EXTENSIONS = {"csv": ".csv", "json": ".json", "parquet": ".parquet", "zip": ".zip"}
+
+
+def source_ref(org: str, project: str, source: str) -> CorpusRef:
+    """The corpus of a reward source (``human``, ``evaluator``, ``traces``)."""
+    if source not in SOURCES:
+        raise ExportError("source", f"unknown source {source!r} (sources: {', '.join(SOURCES)})")
+    try:
+        return CorpusRef(check_name("org", org), check_name("project", project), source)
+    except ValueError as exc:
+        raise ExportError("org/project", str(exc)) from None
+
+
+FILES: tuple[str, ...] = ("jsonl", "parquet")
+"""How a JSON Lines format's rows may be encoded: JSON Lines, or Parquet (``rl_prompts``)."""
+
+
+def content_type(fmt: str, file: str = "jsonl") -> str:
+    """The HTTP content type of a format's file."""
+    if file == "parquet":
+        return _CONTENT_TYPES["parquet"]
+    return "application/x-ndjson" if fmt in JSONL_FORMATS else _CONTENT_TYPES[fmt]
+
+
+def file_name(ref: CorpusRef, fmt: str, file: str = "jsonl") -> str:
+    """A file name for a download: ``<org>-<project>-<source>-<format>.<ext>``."""
+    if file == "parquet":
+        extension = ".parquet"
+    else:
+        extension = ".jsonl" if fmt in JSONL_FORMATS else _EXTENSIONS[fmt]
+    return f"{ref.org}-{ref.project}-{ref.corpus}-{fmt}{extension}"
+
+
+def file_for(fmt: str, path: str | os.PathLike[str] | None) -> str:
+    """How the rows of ``fmt`` go to the output ``path``: Parquet for ``rl_prompts`` into a
+    file whose name ends in ``.parquet`` (verl refuses ``.jsonl``), else JSON Lines."""
+    if fmt == "rl_prompts" and path is not None and str(path).endswith(".parquet"):
+        return "parquet"
+    return "jsonl"
+
+
+def parse_mask(
+    fmt: str, mask_failed_turns: bool, mask_types: str | Sequence[str] | None = None
+) -> TurnMask | None:
+    """``--mask-failed-turns`` and ``--mask-types`` -> the turn mask (None: no mask);
+    ExportError naming the flag when they do not apply."""
+    if mask_types is not None and not mask_failed_turns:
+        raise ExportError("mask-types", "only applies with --mask-failed-turns")
+    if not mask_failed_turns:
+        return None
+    if fmt not in MASK_FORMATS:
+        raise ExportError(
+            "mask-failed-turns",
+            f"only applies to --format {' or '.join(MASK_FORMATS)}, not {fmt}",
+        )
+    try:
+        return TurnMask(parse_mask_types(mask_types))
+    except ValueError as exc:
+        raise ExportError("mask-types", str(exc)) from None
+
+
+def parse_pair_by(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``scenario,agent_version`` -> record fields to pair within; ExportError if unknown."""
+    if text is None:
+        return ()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    fields = tuple(i.strip() for i in items if i.strip())
+    for field in fields:
+        if field not in RECORD_FIELDS:
+            raise ExportError(
+                "pair-by", f"no record field {field!r} (e.g. scenario, agent_version)"
+            )
+    return fields
+
+
+def parse_margin(text: str | float | None) -> float:
+    """A reward gap >= 0 (``0.2``); ExportError otherwise."""
+    if text is None:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ExportError("margin", f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise ExportError("margin", f"{text!r} is not a reward gap between 0 and 1")
+    return value
+
+
+def check_export(
+    fmt: str,
+    *,
+    columns: str | Sequence[str] | None = None,
+    pair_by: Sequence[str] = (),
+    margin: float = 0.0,
+    max_pairs: int = 1,
+    zip_data: str = "csv",
+    mask: TurnMask | None = None,
+    file: str = "jsonl",
+    card: bool = False,
+    redact: str | Sequence[str] | None = None,
+) -> list[Column] | None:
+    """Check an export's parameters; return its columns (None for JSON Lines formats)."""
+    parse_kinds(redact)
+    if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS:
+        raise ExportError(
+            "format",
+            f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS + TABULAR_FORMATS)})",
+        )
+    if mask is not None and fmt not in MASK_FORMATS:
+        raise ExportError(
+            "mask-failed-turns", f"only applies to --format {' or '.join(MASK_FORMATS)}"
+        )
+    if file not in FILES:
+        raise ExportError("file", f"{file!r} is not jsonl or parquet")
+    if file == "parquet" and fmt != "rl_prompts":
+        raise ExportError(
+            "file", f"parquet files are for rl_prompts (and --format parquet), not {fmt}"
+        )
+    if card and fmt in ("csv", "json"):
+        raise ExportError("card", "a dataset card goes with JSON Lines, Parquet or zip exports")
+    if fmt != "preference":
+        if pair_by:
+            raise ExportError("pair-by", "only applies to --format preference")
+        if margin:
+            raise ExportError("margin", "only applies to --format preference")
+        if max_pairs != 1:
+            raise ExportError("max-pairs", "only applies to --format preference")
+    parse_pair_by(pair_by)
+    parse_margin(margin)
+    if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1:
+        raise ExportError("max-pairs", f"{max_pairs!r} is not an integer >= 1")
+    if zip_data not in ("csv", "json"):
+        raise ExportError("zip-data", f"{zip_data!r} is not csv or json")
+    if fmt in TABULAR_FORMATS:
+        return parse_columns(columns)
+    if columns:
+        raise ExportError("columns", f"only applies to {', '.join(TABULAR_FORMATS)}")
+    return None
