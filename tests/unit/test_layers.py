@@ -122,3 +122,16 @@ def test_every_module_opens_with_a_docstring_saying_its_role() -> None:
 def test_the_rule_itself(source: str, target: str, expected: bool) -> None:
     """The check catches an upward or a sideways import (a test of the test)."""
     assert allowed(source, target) is expected
+
+
+MAX_LINES = 700
+
+
+def test_no_module_is_over_700_lines() -> None:
+    """One role per module: a module past 700 lines holds more than one (issue 35)."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
