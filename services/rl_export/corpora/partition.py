@@ -91,6 +91,37 @@ class PartitionSink:
             self._project_writers[(org, project)] = writers
         return writers
 
+    async def seed_new_chains(self) -> list[CorpusRef]:
+        """Seed this partition's chain of every corpus that has none yet, in every project
+        whose seed corpus has history on the partition: what a corpus added to the specs
+        gets at once, without waiting for an event of each project (step 0 of
+        :mod:`rl_export.corpora.sink`). Return the corpora seeded (or found empty)."""
+        seed = seed_source(self.specs)
+        if seed is None or len(self.specs) == 1:
+            return []
+        stream = f"{self.topic}-{self.partition}"  # as CorpusRef.stream names it
+        done: list[CorpusRef] = []
+        for org in await self.store.folders(""):
+            if org.startswith("_"):  # _claims/, _labeling/, ...: not an org's corpora
+                continue
+            for project in await self.store.folders(f"{org}/"):
+                corpora = set(await self.store.folders(f"{org}/{project}/"))
+                history = CorpusRef(org, project, seed.name)
+                if seed.name not in corpora or stream not in await self.store.folders(
+                    history.manifest_root()
+                ):
+                    continue
+                for writer in self._writers_of(org, project):
+                    if writer.state is not None or writer.spec is seed:
+                        continue
+                    if writer.spec.name in corpora and stream in await self.store.folders(
+                        writer.ref.manifest_root()
+                    ):
+                        continue  # its chain exists: loaded when an event comes, as ever
+                    await writer.loaded()  # a new chain: seeded from the history
+                    done.append(writer.ref)
+        return done
+
     async def handle(
         self, offset: int, value: bytes, event_ms: int | None, record_at: bytes | None = None
     ) -> None:

@@ -2,6 +2,10 @@
 
 How a snapshot travels (per ``trajectories`` partition, the steps match the code):
 
+0. When the partition is assigned, the chain of every corpus that has none on it yet is
+   seeded from the seed corpus's history (``traces``; :mod:`rl_export.corpora.backfill`),
+   in every project with history there, before any new event (:meth:`Sink._seed`): a
+   corpus added to ``RL_EXPORT_CORPORA`` gets its history on a quiet stream too.
 1. The consumer (group ``sink_group``, manual offset commits) hands each record to the
    :class:`~rl_export.corpora.partition.PartitionSink` of its partition.
 2. For every corpus spec, the snapshot becomes that corpus's record (or tombstone, or
@@ -77,6 +81,7 @@ class Sink:
         self.session_timeout_s = session_timeout_s
         self.writer = writer_id()
         self.parts: dict[int, PartitionSink] = {}
+        self.unseeded: set[int] = set()  # assigned partitions whose new chains are not seeded
         self.assigned = asyncio.Event()
         self.epoch = 0  # bumped by every rebalance
         self.paused = False  # reading paused: the buffer is over its bound (_hold_back)
@@ -106,9 +111,11 @@ class Sink:
                 sink.epoch += 1
                 for tp in revoked:
                     sink.parts.pop(tp.partition, None)
+                    sink.unseeded.discard(tp.partition)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 sink.epoch += 1
+                sink.unseeded.update(tp.partition for tp in assigned if tp.topic == sink.topic)
                 sink.assigned.set()
                 log.info("sink assigned partitions %s", sorted(tp.partition for tp in assigned))
 
@@ -143,9 +150,27 @@ class Sink:
                 if self.epoch != epoch:
                     await self._reread(consumer)
                     continue
+                await self._seed(consumer, epoch)
                 await self._flush_due(consumer)
         finally:
             await stop_quietly(consumer.stop, "sink consumer", log)
+
+    async def _seed(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
+        """Step 0 for the partitions assigned since the last round: seed their new chains
+        whether or not an event comes (a corpus added on a quiet stream gets its history)."""
+        for partition in sorted(self.unseeded):
+            tp = TopicPartition(self.topic, partition)
+            if self.epoch != epoch or tp not in consumer.assignment():
+                return  # a rebalance: the partitions assigned now say what to seed
+            try:
+                seeded = await self._part(partition).seed_new_chains()
+            except StoreError as exc:
+                await self._rewind(consumer, tp, exc)
+                return  # tried again next round
+            self.unseeded.discard(partition)
+            if seeded:
+                log.info("%s-%d: seeded %d new chain(s) on assignment", self.topic,
+                         partition, len(seeded))  # fmt: skip
 
     async def _reread(self, consumer: AIOKafkaConsumer) -> None:
         """A rebalance came in while a batch was fetched or handled: start over from the

@@ -84,3 +84,25 @@ async def test_a_corpus_added_later_has_its_history(settings: Settings) -> None:
     assert seeded > 0
     assert set(expected(before, ADDED[0])) & set(got["sft"])
     await assert_verified(grown)  # no gap, no overlap, no (trace_id, revision) twice
+
+
+async def test_a_corpus_added_on_an_idle_stream_is_seeded_when_its_partitions_are_assigned(
+    settings: Settings,
+) -> None:
+    # Issue 33: the chain writer used to seed only when an event of the project reached the
+    # partition; a corpus added on a quiet weekend stayed empty.
+    settings = settings.model_copy(update={"shard_max_age_s": 1.0})
+    events = workload(80, seed=37)
+    await publish(settings, events)
+    with WorkerProcess(settings, "w1").start():
+        await wait_for_corpora(settings, events)
+
+    grown = settings.model_copy(update={"corpora": (*DEFAULT_CORPORA, *ADDED)})
+    want = {spec.name: expected(events, spec) for spec in ADDED}
+    assert want["sft"] and want["kto"]
+    with WorkerProcess(grown, "w2").start() as worker:  # and not one event more
+        got = await wait_for_views(grown, want, timeout_s=45)
+        seeded = worker.metric("rl_export_sink_backfilled_records_total", corpus="kto")
+    assert got == want
+    assert seeded >= len(want["kto"])  # and the tombstones of deleted traces
+    await assert_verified(grown)
