@@ -58,6 +58,7 @@ from rl_export.common.detectors import (
     MARGINS,
     Gates,
     Span,
+    byte_search,
     find_all,
     pii_detector,
     secrets_detector,
@@ -178,6 +179,7 @@ class Redactor:
         # The gates run on a line's bytes too (:meth:`next_hit`), where an escape (\u, \/)
         # counts as a match: a line none opens for is not parsed.
         self._line_gate: Any = None
+        self._line_search: Callable[[bytes, int], int] | None = None
         if self.kinds:
             import re2
 
@@ -185,6 +187,7 @@ class Redactor:
             options.max_mem = 64 << 20
             pattern = "|".join(f"(?:{GATES[k]})" for k in self.kinds) + r"|\\u|\\/"
             self._line_gate = re2.compile(pattern.encode(), options)
+            self._line_search = byte_search(self._line_gate)
 
     def __bool__(self) -> bool:
         return bool(self.kinds)
@@ -290,22 +293,25 @@ class Redactor:
         the scenario, dates) does not count."""
         if not self.kinds or pos >= len(data):
             return -1
-        if self._line_gate is None:
+        search = self._line_search
+        if search is None:
             return pos
-        while (match := self._line_gate.search(data, pos)) is not None:
-            hit = int(match.start())
-            if DATE.match(data, hit):
-                # A date opens the phone gate, and no finding of any kind starts with one
-                # (digits inside a date are never a phone or a card): read on after it.
-                pos = hit + 10
-                continue
+        line, regions = -1, []
+        while (hit := search(data, pos)) >= 0:
             start = data.rfind(b"\n", 0, hit) + 1
-            end = data.find(b"\n", hit)
-            for a, b in _fixed_fields(data, start, len(data) if end < 0 else end):
-                if a <= hit < b:
+            if start != line:  # the line's fixed fields, found once per line
+                end = data.find(b"\n", hit)
+                line, regions = start, _fixed_fields(data, start, len(data) if end < 0 else end)
+            for a, b in regions:
+                if a <= hit < b:  # never redacted (dates in it too): read on after it
                     pos = b
                     break
             else:
+                if DATE.match(data, hit):
+                    # A date opens the phone gate, and no finding of any kind starts with one
+                    # (digits inside a date are never a phone or a card): read on after it.
+                    pos = hit + 10
+                    continue
                 return hit
         return -1
 
