@@ -99,7 +99,8 @@ async def test_a_corpus_added_on_an_idle_stream_is_seeded_when_its_partitions_ar
 
     grown = settings.model_copy(update={"corpora": (*DEFAULT_CORPORA, *ADDED)})
     want = {spec.name: expected(events, spec) for spec in ADDED}
-    assert want["sft"] and want["kto"]
+    assert want["sft"]
+    assert want["kto"]
     with WorkerProcess(grown, "w2").start() as worker:  # and not one event more
         got = await wait_for_views(grown, want, timeout_s=45)
         seeded = worker.metric("rl_export_sink_backfilled_records_total", corpus="kto")
