@@ -12,7 +12,7 @@
    start): latency of ``GET stats`` (without and with filters), ``GET records`` (the
    preview), ``GET queue``, ``GET labeling``, ``GET agreement``, and ``POST queue/claim``
    with ``DELETE queue/claims/{id}`` by 20 labelers at once (a random pause of
-   mean 0.5 s before each claim, then none: saturation), p50/p99 over many
+   mean 5 s before each claim, then 0.5 s, then none: saturation), p50/p99 over many
    requests, from a client on the same machine (so HTTP and JSON are included), each
    against its goal.
 4. Label submission to visible in the stats: a broker, a worker and a web service on a small
@@ -272,6 +272,8 @@ QUERIES: dict[str, tuple[str, dict[str, str]]] = {
 }  # fmt: skip
 GOALS_MS: dict[str, float] = {
     "agreement (evaluator corpus)": 2000.0,
+    "claim (20 labelers, 5 s apart)": 150.0,
+    "release (20 labelers, 5 s apart)": 150.0,
     "claim (20 labelers, 0.5 s apart)": 150.0,
     "release (20 labelers, 0.5 s apart)": 150.0,
     # Saturation (no pause: each request waits for those of the 19 others) has no goal.
@@ -372,6 +374,7 @@ def measure_index(store_dir: Path, records: int, rounds: int) -> dict[str, Any]:
             log(f"latency: {rounds} rounds of {len(QUERIES)} queries")
             measured = latencies(client, rounds)
             log(f"claims: {rounds} claims and releases by {LABELERS} labelers at once")
+            measured |= claim_latencies(port, labelers, rounds, pause_s=5.0)
             measured |= claim_latencies(port, labelers, rounds, pause_s=0.5)
             measured |= claim_latencies(port, labelers, rounds, pause_s=0.0)
             size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())

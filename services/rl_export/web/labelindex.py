@@ -79,6 +79,12 @@ def _queue_where(ask: QueueAsk) -> tuple[str, str, list[Any], list[Any]]:
     return scope, eligible, scope_params, [ask.labeler, ask.labeler, *target_params]
 
 
+IN_LIST = "trace_id IN (SELECT unnest(?::VARCHAR[]))"
+"""A trace among a list of ids: a hash join in DuckDB. ``list_contains(?, trace_id)`` compares
+every row with every id: 2.1 to 2.6 s over 1,000,000 rows for 2,000 ids (a team's claims
+are that many), against 22 to 32 ms."""
+
+
 def queue_candidates(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[TraceLabels]:
     """The head of the labeler's queue in the project's order: up to ``limit`` traces,
     the touched ones among them whatever the corpora say (the caller decides those)."""
@@ -90,12 +96,12 @@ def queue_candidates(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[T
         index.reader()
         .execute(
             f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
-            f"({eligible} OR list_contains(?::VARCHAR[], trace_id)) ORDER BY {order} LIMIT ?",
+            f"({eligible}{f' OR {IN_LIST}' if ask.touched else ''}) ORDER BY {order} LIMIT ?",
             [
                 corpus_id,
                 *scope_params,
                 *eligible_params,
-                list(ask.touched),
+                *([list(ask.touched)] if ask.touched else []),
                 *order_params,
                 ask.limit,
             ],
@@ -118,14 +124,14 @@ def queue_counts(
         f"SELECT count(*) FILTER (WHERE {eligible}), "
         f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}), "
         "count(*) FILTER (WHERE list_contains(labelers, ?)) FROM records "
-        f"WHERE corpus_id = ? AND {scope} AND NOT list_contains(?::VARCHAR[], trace_id)",
-        [*eligible_params, *target_params, ask.labeler, corpus_id, *scope_params, touched],
+        f"WHERE corpus_id = ? AND {scope}" + (f" AND NOT {IN_LIST}" if touched else ""),
+        [*eligible_params, *target_params, ask.labeler, corpus_id, *scope_params]
+        + ([touched] if touched else []),
     ).fetchone()
     rows = []
     if touched:
         rows = db.execute(
-            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
-            "list_contains(?::VARCHAR[], trace_id)",
+            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND {IN_LIST}",
             [corpus_id, *scope_params, touched],
         ).fetchall()
     counts = (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
@@ -154,7 +160,7 @@ def bodies(index: QueryIndex, corpus_id: int, trace_ids: Sequence[str]) -> list[
         index.reader()
         .execute(
             "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
-            "AND list_contains(?::VARCHAR[], trace_id)",
+            f"AND {IN_LIST}",
             [corpus_id, list(trace_ids)],
         )
         .fetchall()
