@@ -52,6 +52,7 @@ async def check_store_contract(store: ObjectStore) -> None:
     assert await store.folders("acme/bot/human/_manifest/") == ["t-0", "t-1"]
     assert await store.folders("acme/bot/") == ["evaluator", "human"]
     assert await store.folders("acme/none/") == []
+    assert await store.folders("") == ["acme"]  # the top level: the orgs
     await store.delete("acme/bot/human/_manifest/t-0/00000000000000000007.json")
     await store.delete("acme/bot/human/_manifest/t-1/00000000000000000000.json")
 

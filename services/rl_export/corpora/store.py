@@ -183,8 +183,9 @@ class LocalStore:
             raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
 
     def _folders(self, prefix: str) -> list[str]:
-        base = self.root / prefix.rstrip("/")
-        if not prefix.endswith("/") or not base.is_dir():
+        # "" is the root: its folders are read, not found among every key of the store.
+        base = self.root / prefix.rstrip("/") if prefix else self.root
+        if (prefix and not prefix.endswith("/")) or not base.is_dir():
             return _folders(prefix, self._list(prefix, ""))
         return sorted(entry.name for entry in os.scandir(base) if entry.is_dir())
 
