@@ -65,6 +65,8 @@ class PartitionSink:
         Records that wrote nothing (repeats, not ready, skipped) must still move the group
         offset, or a partition whose tail is all repeats would lag forever.
         """
+        if self.last_offset < 0:  # nothing read yet (made to seed its new chains)
+            return None
         if self.pending_records or self.last_offset + 1 <= self.committed:
             return None
         return self.last_offset + 1

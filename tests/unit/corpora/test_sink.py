@@ -1163,3 +1163,11 @@ async def test_a_partition_revoked_while_seeking_back_is_left_to_its_next_owner(
     consumer = RevokingConsumer(tp)
     await _seek_committed(consumer, tp)  # type: ignore[arg-type]
     assert consumer.seeks == []
+
+
+async def test_a_partition_that_only_seeded_has_no_offset_to_commit() -> None:
+    # Made on assignment to seed its new chains, before any record: committing "the offset
+    # after the last record read" would move the group's offset back to 0 (the soak saw it).
+    sink, _ = make_sink(MemoryStore())
+    assert await sink.seed_new_chains() == []
+    assert sink.idle_offset() is None
