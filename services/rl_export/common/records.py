@@ -192,8 +192,8 @@ class SnapshotLines:
     """
 
     __slots__ = (
-        "_parts", "_snapshot", "_updated_at", "_value", "deleted", "evaluator", "human", "org",
-        "project", "revision", "trace_id",
+        "_fields", "_parts", "_record_at", "_snapshot", "_updated_at", "_value", "deleted",
+        "evaluator", "human", "org", "project", "revision", "trace_id",
     )  # fmt: skip
 
     def __init__(self, snapshot: dict[str, Any]) -> None:
@@ -210,14 +210,43 @@ class SnapshotLines:
         # The parts of a line, scored values left empty (made when a corpus first needs a
         # line); an empty list when this snapshot's lines are encoded the plain way.
         self._parts: list[bytes] | None = None
+        self._record_at: tuple[int, ...] | None = None  # c, d, messages' start and end
+        self._fields: dict[str, Any] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The snapshot's record fields but the messages (and the scored ones, which each
+        corpus has its own of): for the index sidecars. Read from the record layout without
+        its messages when the header says where they are, else the whole snapshot."""
+        if self._fields is not None:
+            return self._fields
+        if self._snapshot is None and self._record_at is not None:
+            c, d, e, f = self._record_at
+            value = self._value
+            try:
+                found = orjson.loads(b"{" + value[c + 5 : e] + b"null" + value[f:d] + b"}")
+            except orjson.JSONDecodeError:
+                found = None
+            if isinstance(found, dict):
+                found["trace_id"], found["revision"] = self.trace_id, self.revision
+                found["org"], found["project"] = self.org, self.project
+                found["deleted"] = False
+                self._fields = found
+                return found
+        self._fields = self.snapshot
+        return self._fields
 
     @classmethod
     def from_record(cls, value: bytes, record_at: bytes) -> SnapshotLines | None:
         """The lines of a snapshot in the record layout, from its ``rl-export-record-at``
         header; None when the value does not fit the header (then it is decoded whole)."""
         try:
-            a, b, c, d = map(int, record_at.split(b","))
+            a, b, c, d, *messages_at = map(int, record_at.split(b","))
         except ValueError:
+            return None
+        if messages_at and not (
+            len(messages_at) == 2 and c < messages_at[0] <= messages_at[1] <= d
+            and value.startswith(_MESSAGES, messages_at[0] - len(_MESSAGES))
+        ):  # fmt: skip
             return None
         if not (
             value.startswith(b"null", a) and value.startswith(b"null", c)
@@ -251,6 +280,8 @@ class SnapshotLines:
             value[:a], b"", value[a + 4 : b], b"", value[b + 4 : c], b"", value[c + 4 : d], b"",
             b"}", b"\n",
         ]  # fmt: skip
+        lines._record_at = (c, d, *messages_at) if messages_at else None
+        lines._fields = None
         return lines
 
     @property
@@ -334,6 +365,7 @@ _REVISION = b',"revision":'
 _REWARD_NULL = b',"reward":null'
 _UPDATED_AT = b',"updated_at":"'
 _TAIL = b',"human":'
+_MESSAGES = b',"messages":'
 
 
 def _encode_each(values: list[Any]) -> list[bytes]:
@@ -391,22 +423,31 @@ def encode_snapshot_record(snapshot: dict[str, Any]) -> tuple[bytes, bytes] | No
 
     The value is one JSON object: the ``traces`` corpus's record (the record's fields in
     order, ``reward_source``, ``reward`` and ``passed`` null), then ``human``, ``evaluator``
-    and ``deleted``. The header gives the byte offsets of the three nulls and of the
-    ``,"human":`` that ends the record, so the sink makes every corpus's line from the
-    value's own bytes (:meth:`SnapshotLines.from_record`) without encoding it again.
+    and ``deleted``. The header gives the byte offsets of the three nulls, of the
+    ``,"human":`` that ends the record and of the messages' first and last byte + 1
+    (``a,b,c,d,e,f``), so the sink makes every corpus's line from the value's own bytes
+    (:meth:`SnapshotLines.from_record`) without encoding it again, and reads the record's
+    other fields without parsing the messages. (A sink of before the messages' offsets takes
+    six numbers for a header it does not know and parses the value whole: slower, the same.)
     None when the encoding holds a NUL byte of its own.
     """
-    data = dumps({k: _HOLE if k in _SCORED_FIELDS else snapshot[k] for k in _fields(snapshot)})
+    data = dumps({k: _HOLE if k in _HOLES else snapshot[k] for k in _fields(snapshot)})
     pieces = data.split(b"\0")
-    if len(pieces) != 4:
+    if len(pieces) != 5:
         return None
+    messages = _verbatim(snapshot["messages"])
     tail = dumps({"human": snapshot["human"], "evaluator": snapshot["evaluator"], "deleted": False})
     a = len(pieces[0])
     b = a + 4 + len(pieces[1])
     c = b + 4 + len(pieces[2])
-    d = c + 4 + len(pieces[3]) - 1
-    value = b"null".join(pieces)[:-1] + b"," + tail[1:]
-    return value, f"{a},{b},{c},{d}".encode()
+    e = c + 4 + len(pieces[3])
+    f = e + len(messages)
+    d = f + len(pieces[4]) - 1
+    value = b"".join(
+        (pieces[0], b"null", pieces[1], b"null", pieces[2], b"null", pieces[3], messages,
+         pieces[4][:-1], b",", tail[1:])
+    )  # fmt: skip
+    return value, f"{a},{b},{c},{d},{e},{f}".encode()
 
 
 def decode_snapshot(value: bytes) -> dict[str, Any]:

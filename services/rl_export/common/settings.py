@@ -170,6 +170,12 @@ class Settings(BaseSettings):
     shard_compression: Literal["none", "gzip"] = Field(
         "none", description="Compression of the shards' data objects: none or gzip."
     )
+    shard_sidecars: bool = Field(
+        True,
+        description="Write an index sidecar (Parquet: the filter columns and each line's "
+        "place) beside each uncompressed trajectory shard and compaction part, so the web "
+        "service and the exports read columns instead of parsing records.",
+    )
     compaction_interval_s: float = Field(
         300.0, gt=0, description="How often a worker compacts the corpora it writes."
     )

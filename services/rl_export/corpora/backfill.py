@@ -34,13 +34,14 @@ partition's matching history, so its size is the corpus's size divided by the pa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from rl_export.common.codec import dumps, dumps_line
+from rl_export.common.codec import dumps_line
 from rl_export.common.errors import ObjectExistsError
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import tombstone
@@ -63,6 +64,7 @@ from rl_export.corpora.layout import (
     parse_stream,
     utc_now,
 )
+from rl_export.corpora.sidecar import line_rows, write_sidecar
 from rl_export.corpora.store import ObjectStore
 from rl_export.stream.join import snapshot_from_record
 
@@ -170,6 +172,11 @@ async def seed_chain(
     topic, partition = parse_stream(stream)
     data_key = ref.data_key(stream, 0, shard.sha256, shard.compression)
     await store.put(data_key, shard.data)
+    index = None
+    if compression == "none" and spec.format == "trajectory":
+        rows = await asyncio.to_thread(line_rows, lines)
+        index = await write_sidecar(store, data_key, rows, [len(line) for line in lines],
+                                    shard.sha256, relative=ref.relative)  # fmt: skip
     commit = Commit(
         topic=topic,
         partition=partition,
@@ -186,11 +193,10 @@ async def seed_chain(
         writer=writer,
         created_at=utc_now(),
         backfill={"from": seed.corpus, "records": shard.records},  # type: ignore[call-arg]
+        index=index,
     )
     try:
-        await store.put_if_absent(
-            ref.manifest_key(stream, 0), dumps(commit.model_dump(mode="json"))
-        )
+        await store.put_if_absent(ref.manifest_key(stream, 0), commit.to_json())
     except ObjectExistsError:
         log.warning("%s %s: another writer started the chain first", ref.root, stream)
         return await load_chain_state(store, ref, stream, belongs=belongs)

@@ -19,8 +19,10 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
-from rl_export.common.codec import dumps
+import orjson
+
 from rl_export.common.errors import ObjectExistsError
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.partitioning import Partitioner, partition_for
@@ -37,6 +39,7 @@ from rl_export.corpora.layout import (
     load_chain_state,
     utc_now,
 )
+from rl_export.corpora.sidecar import index_row, write_sidecar
 from rl_export.corpora.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class SinkConfig:
     # What all the partitions may hold together (the bounds above are each partition's).
     buffer_bytes: int = 32 * 1024 * 1024
     compression: Compression = "none"
+    sidecars: bool = True  # index sidecars beside uncompressed trajectory shards
     partitions: int = 8
     partitioner: Partitioner = "murmur2"  # how trace_id maps to a trajectories partition
     crash_at: str = ""  # fault injection for tests: "after_data", "after_commit"
@@ -79,6 +83,7 @@ class Pending:
     line: bytes  # the record as its JSON Lines line, encoded once
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
+    index: tuple[Any, ...] | None = None  # its index sidecar row, when the corpus has sidecars
 
 
 @dataclass(slots=True)
@@ -124,6 +129,10 @@ class ChainWriter:
         self.state: ChainState | None = None
         self.pending: list[Pending] = []
         self.pending_bytes = 0
+        # Index sidecars need the lines' byte offsets: uncompressed trajectory shards only.
+        self.sidecars = (
+            config.sidecars and config.compression == "none" and spec.format == "trajectory"
+        )
 
     def _belongs(self, trace_id: str) -> bool:
         config = self.config
@@ -193,9 +202,22 @@ class ChainWriter:
             self._append(
                 Pending(
                     offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
-                    updated_at, event_ms,
+                    updated_at, event_ms, self._index_row(snapshot, line, holds),
                 )
             )  # fmt: skip
+
+    def _index_row(self, snapshot: SnapshotLines, line: bytes, holds: bool) -> Any:
+        """The line's sidecar row: from the snapshot (parsed once for all the corpora), but
+        for a scrubbed line, whose fields may differ from the snapshot's, and a tombstone."""
+        if not self.sidecars:
+            return None
+        if not holds or self.spec.redact:
+            return index_row(orjson.loads(line))
+        source = self.spec.source
+        row = dict(snapshot.fields())
+        row["reward"] = snapshot.value(source, "reward")
+        row["passed"] = snapshot.value(source, "passed")
+        return index_row(row)
 
     def _keep(
         self, state: ChainState, trace_id: str, revision: int, *, deleted: bool, erased: bool
@@ -250,6 +272,13 @@ class ChainWriter:
             await self.store.put(data_key, shard.data)
             if self.config.crash_at == "after_data":
                 os.kill(os.getpid(), signal.SIGKILL)
+            index = None
+            rows = [p.index for p in self.pending if p.index is not None]
+            if self.sidecars and len(rows) == len(self.pending):
+                index = await write_sidecar(
+                    self.store, data_key, rows, [len(p.line) for p in self.pending],
+                    shard.sha256, relative=self.ref.relative,
+                )  # fmt: skip
             commit = Commit(
                 topic=self.topic,
                 partition=self.partition,
@@ -265,11 +294,11 @@ class ChainWriter:
                 max_updated_at=shard.max_updated_at,
                 writer=self.writer,
                 created_at=utc_now(),
+                index=index,
             )
             try:
                 await self.store.put_if_absent(
-                    self.ref.manifest_key(self.stream, state.head),
-                    dumps(commit.model_dump(mode="json")),
+                    self.ref.manifest_key(self.stream, state.head), commit.to_json()
                 )
             except ObjectExistsError:
                 self.metrics.conflicts.inc()

@@ -55,6 +55,7 @@ from rl_export.corpora.layout import (
     read_tombstones,
     utc_now,
 )
+from rl_export.corpora.sidecar import index_row, line_lengths, write_sidecar
 from rl_export.corpora.store import ObjectStore
 
 # --- the pure core --------------------------------------------------------------------------
@@ -156,10 +157,12 @@ async def compact(
     partitioning: tuple[Partitioner, int] | None = None,
     tombstone_retention_s: float = 7 * 86400.0,
     now: float | None = None,
+    sidecars: bool = True,
 ) -> Compaction | None:
     """Write the next generation of a corpus; None when nothing is new or another won.
 
-    ``partitioning`` (partitioner, partition count: the sink's) adds the holdings index.
+    ``partitioning`` (partitioner, partition count: the sink's) adds the holdings index;
+    ``sidecars`` an index sidecar beside each uncompressed part (:mod:`.sidecar`).
     """
     # 1. The base: the latest readable compaction.
     folders = await _generation_folders(store, ref)
@@ -199,7 +202,14 @@ async def compact(
         shard = await asyncio.to_thread(encode_shard, part_rows, compression)
         key = part_key(ref, generation, n, shard.sha256, compression)
         await store.put(key, shard.data)
-        parts.append(_described(ref, key, shard.data, shard.records, compression))
+        described = _described(ref, key, shard.data, shard.records, compression)
+        if sidecars and compression == "none":
+            index_rows = await asyncio.to_thread(_index_rows, part_rows)
+            index = await write_sidecar(store, key, index_rows, line_lengths(shard.data),
+                                        shard.sha256, relative=ref.relative)  # fmt: skip
+            if index is not None:
+                described["index"] = index.model_dump(mode="json")
+        parts.append(described)
     clock = time.time() if now is None else now
     kept = latest.tombstones(since=_iso(clock - tombstone_retention_s))
     tombstones = None
@@ -265,6 +275,10 @@ async def _write_holdings(
     return {"partitioner": partitioner, "partitions": count, "parts": described}
 
 
+def _index_rows(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [index_row(r) for r in records]
+
+
 def _described(
     ref: CorpusRef, key: str, data: bytes, records: int, compression: Compression
 ) -> dict[str, Any]:
@@ -294,6 +308,7 @@ async def compact_all(
     max_part_records: int = 100_000,
     partitioning: tuple[Partitioner, int] | None = None,
     tombstone_retention_s: float = 7 * 86400.0,
+    sidecars: bool = True,
 ) -> list[Compaction]:
     """Compact every corpus under ``prefix``; the generations written."""
     written = []
@@ -306,6 +321,7 @@ async def compact_all(
             max_part_records=max_part_records,
             partitioning=partitioning,
             tombstone_retention_s=tombstone_retention_s,
+            sidecars=sidecars,
         )
         if compaction is not None:
             written.append(compaction)

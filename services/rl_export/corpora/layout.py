@@ -35,6 +35,7 @@ other's new commits; ``shards verify`` reports the repeats that may then appear.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import gzip
 import hashlib
 import zlib
@@ -47,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rl_export.common.codec import dumps, dumps_lines, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
+from rl_export.corpora.sidecar import SidecarRef
 from rl_export.corpora.store import ObjectStore
 
 SCHEMA_VERSION = 2
@@ -140,6 +142,7 @@ class Commit(BaseModel):
     max_updated_at: str | None
     writer: str
     created_at: str
+    index: SidecarRef | None = None  # the shard's index sidecar (rl_export.corpora.sidecar)
 
     @model_validator(mode="after")
     def _ordered(self) -> Commit:
@@ -150,6 +153,11 @@ class Commit(BaseModel):
     @property
     def stream(self) -> str:
         return f"{self.topic}-{self.partition}"
+
+    def to_json(self) -> builtins.bytes:
+        """The commit object's bytes (no ``index`` key when it has no sidecar)."""
+        return dumps(self.model_dump(mode="json", exclude={"index"} if self.index is None
+                                     else None))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,8 @@ class Part:
     sha256: str
     records: int
     compression: Compression
+    bytes: int | None = None  # stored size, where the commit or compaction says
+    index: SidecarRef | None = None  # its index sidecar, key relative to the corpus
 
 
 READ_CHUNK = 4 << 20

@@ -107,6 +107,7 @@ async def replay(
         max_bytes=settings.shard_max_bytes,
         max_age_s=float("inf"),  # a replay commits by size, and at the end
         compression=settings.shard_compression,
+        sidecars=settings.shard_sidecars,
         partitions=settings.partitions,
         partitioner=settings.partitioner,
     )

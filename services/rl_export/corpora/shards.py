@@ -48,6 +48,7 @@ from rl_export.corpora.layout import (
     read_tombstones,
 )
 from rl_export.corpora.reader import CorpusReader, end_cursor, stream_order
+from rl_export.corpora.sidecar import SidecarError, SidecarRef, read_sidecar
 from rl_export.corpora.store import ObjectStore
 
 _T = TypeVar("_T")
@@ -296,7 +297,42 @@ async def _check_commit(store: ObjectStore, ref: CorpusRef, key: str) -> _Commit
         check.problems.append(f"{shard_key}: {len(rows)} records, {key} says {commit.records}")
     if digest == commit.sha256:
         check.ids = [(row["trace_id"], row["revision"]) for row in rows]
+    if commit.index is not None:
+        check.problems += await _sidecar_problems(
+            store,
+            ref,
+            commit.index,
+            commit.sha256,
+            rows=rows,
+            size=len(data),
+            compression=commit.compression,
+        )
     return check
+
+
+async def _sidecar_problems(store: ObjectStore, ref: CorpusRef, index: Any, sha256: str, *,
+                            rows: list[dict[str, Any]], size: int,
+                            compression: Compression) -> list[str]:  # fmt: skip
+    """What is wrong with an object's index sidecar: readers would refuse it, or its rows do
+    not name the object's records."""
+    try:
+        sidecar = SidecarRef.model_validate(index)
+    except ValueError as exc:
+        return [f"{ref.key(sha256[:16])}: malformed index reference ({exc})"]
+    key = ref.key(sidecar.key)
+    data = await _get(store, key)
+    if isinstance(data, str):
+        return [f"{data} (an index sidecar)"]
+    try:
+        table = read_sidecar(data, sidecar, shard_sha256=sha256, records=len(rows),
+                             shard_bytes=size if compression == "none" else None)  # fmt: skip
+    except SidecarError as exc:
+        return [str(exc)]
+    ids = list(zip(table.column("trace_id").to_pylist(), table.column("revision").to_pylist(),
+                   strict=True))  # fmt: skip
+    if ids != [(row["trace_id"], row["revision"]) for row in rows]:
+        return [f"{key}: its trace ids and revisions are not its object's"]
+    return []
 
 
 def _check_chain(
@@ -389,6 +425,17 @@ async def _check_compactions(
             if rows is None:
                 report.problems.append(f"{problem}")
                 continue
+            if part.get("index") is not None:
+                named.add(ref.key(str(part["index"].get("key"))))
+                report.problems += await _sidecar_problems(
+                    store,
+                    ref,
+                    part["index"],
+                    sha256,
+                    rows=rows,
+                    size=len(data),
+                    compression=compression,
+                )
             total += len(rows)
             if len(rows) != records:
                 report.problems.append(f"{key}: {len(rows)} records, {manifest} says {records}")
@@ -485,6 +532,8 @@ async def _verify_corpus(
         commit = check.commit
         if commit is not None:
             named.add(ref.key(commit.shard))
+            if commit.index is not None:
+                named.add(ref.key(commit.index.key))
         last = None  # unknown when the commit is unreadable or contradicts its name
         if commit and commit.from_offset == check.offset <= commit.last_offset:
             last = commit.last_offset

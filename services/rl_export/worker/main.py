@@ -45,6 +45,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
             max_age_s=settings.shard_max_age_s,
             buffer_bytes=settings.sink_buffer_mib * MIB,
             compression=settings.shard_compression,
+        sidecars=settings.shard_sidecars,
             partitions=settings.partitions,
             partitioner=settings.partitioner,
             crash_at=settings.crash_at,
@@ -62,6 +63,7 @@ async def compact_corpora(sink: Sink, settings: Settings) -> None:
                 sink.store, ref, writer=sink.writer, compression=settings.shard_compression,
                 partitioning=(settings.partitioner, settings.partitions),
                 tombstone_retention_s=settings.tombstone_retention_s,
+                sidecars=settings.shard_sidecars,
             )  # fmt: skip
             await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
         except StoreError as exc:

@@ -98,9 +98,10 @@ def test_decoding_the_whole_value_gives_the_snapshot_back() -> None:
 
 def test_a_header_that_does_not_fit_the_bytes_is_refused_and_the_value_read_whole() -> None:
     value, headers = encode_snapshot(live())
-    a, b, c, d = map(int, dict(headers)[HEADER_RECORD_AT].split(b","))
+    a, b, c, d, e, f = map(int, dict(headers)[HEADER_RECORD_AT].split(b","))
     for wrong in (f"{a + 1},{b},{c},{d}", f"{a},{b},{c},{d - 1}", f"{a},{b + 4},{c},{d}",
-                  "1,2,3", "x", f"{a},{b},{c},{len(value) + 5}"):  # fmt: skip
+                  "1,2,3", "x", f"{a},{b},{c},{len(value) + 5}", f"{a},{b},{c},{d},{e + 1},{f}",
+                  f"{a},{b},{c},{d},{e},{d + 1}", f"{a},{b},{c},{d},{e}"):  # fmt: skip
         assert SnapshotLines.from_record(value, wrong.encode()) is None
     assert SnapshotLines(decode_snapshot(value)).line("human") == dumps_line(
         render(live(), "human")
@@ -136,3 +137,25 @@ def test_values_in_the_older_encodings_still_decode() -> None:
 def test_what_is_not_a_snapshot_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - any of several messages
         decode_snapshot(value)
+
+
+def test_the_record_fields_but_the_messages_are_read_without_parsing_the_messages() -> None:
+    """The index sidecars' fields: from the six-number header, the value less its messages
+    (which are not even valid JSON here, to show they are never parsed); a header of four
+    numbers (a join of before) still makes lines, and its fields come from the whole value."""
+    snapshot = live()
+    value, headers = encode_snapshot(snapshot)
+    record_at = dict(headers)[HEADER_RECORD_AT]
+    a, b, c, d, e, f = map(int, record_at.split(b","))
+    assert value[e:f] == dumps(snapshot["messages"])
+    broken = value[:e] + b"[" * (f - e) + value[f:]  # the same length, not JSON
+    lines = SnapshotLines.from_record(broken, record_at)
+    assert lines is not None
+    got = lines.fields()
+    want = {k: v for k, v in snapshot.items() if k not in ("messages", "human", "evaluator")}
+    assert {k: got[k] for k in want} == want
+    assert got["messages"] is None
+    old = SnapshotLines.from_record(value, f"{a},{b},{c},{d}".encode())
+    assert old is not None
+    assert old.line("human") == dumps_line(render(snapshot, "human"))
+    assert old.fields()["labels_count"] == snapshot["labels_count"]

@@ -324,7 +324,9 @@ async def test_expire_deletes_only_what_is_covered_and_old_enough(clock: list[fl
     covered = commits[0:2]  # generation 1's positions: P0 -> 2, P1 -> 2
     data_keys = {REF.key(c.shard) for c in covered} | {loser_data}
     commit_keys = {REF.manifest_key(c.stream, c.from_offset) for c in covered}
-    gen1_keys = {REF.key(p["shard"]) for p in g1.parts} | {
+    sidecars = {REF.key(p["index"]["key"]) for p in g1.parts}  # beside each part
+    assert len(sidecars) == len(g1.parts)
+    gen1_keys = {REF.key(p["shard"]) for p in g1.parts} | sidecars | {
         leftover_part,
         REF.compaction_key(1),
     }

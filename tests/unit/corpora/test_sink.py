@@ -217,7 +217,9 @@ async def test_a_flush_writes_the_data_object_then_a_create_only_commit() -> Non
     manifest = TRACES.manifest_key(STREAM, 0)
     commit = Commit.model_validate(loads(store.objects[manifest]))
     data_key = TRACES.key(commit.shard)
-    assert store.calls == [("put", data_key), ("put_if_absent", manifest)]
+    assert commit.index is not None  # data, then its index sidecar, then the commit
+    sidecar_key = TRACES.key(commit.index.key)
+    assert store.calls == [("put", data_key), ("put", sidecar_key), ("put_if_absent", manifest)]
     stored = store.objects[data_key]
     assert commit.topic == TOPIC
     assert commit.partition == PARTITION
@@ -251,12 +253,15 @@ async def test_a_flush_writes_the_data_object_then_a_create_only_commit() -> Non
     evaluator = await chain(store, EVALUATOR)
     assert spans(evaluator) == [(0, 4)]  # a new chain starts at 0
     assert evaluator[0][1] == [rendered(snap_a2, "evaluator")]
-    # Every commit was created create-only, right after the data object it names.
+    # Every commit was created create-only, after the data object it names and that object's
+    # index sidecar, in that order (other corpora's writes may come between).
     for n, (op, key) in enumerate(store.calls):
         if op == "put_if_absent":
             root = key.split("/_manifest/")[0]
-            shard = loads(store.objects[key])["shard"]
-            assert store.calls[n - 1] == ("put", f"{root}/{shard}")
+            commit = loads(store.objects[key])
+            data = store.calls.index(("put", f"{root}/{commit['shard']}"))
+            sidecar = store.calls.index(("put", f"{root}/{commit['index']['key']}"))
+            assert data < sidecar < n
     assert [op for op, _ in store.calls].count("put_if_absent") == 3
     await verified(store)
 
@@ -534,7 +539,7 @@ async def test_a_writer_that_loses_the_race_commits_only_after_the_winner() -> N
     assert len(all_ids) == len(set(all_ids))
     report = await verify(store)
     assert report.ok, report.problems
-    assert report.orphans == 1  # the loser's first data object, named by no commit
+    assert report.orphans == 2  # the loser's first data object and its sidecar, named by none
 
 
 async def test_a_winner_that_covers_everything_leaves_nothing_to_commit() -> None:

@@ -1,0 +1,254 @@
+"""Index sidecars: the columns readers filter on, beside each shard and compaction part.
+
+A ``trajectory`` corpus's records are 4 KiB of JSON, mostly messages, and what the web
+service's index and the exports filter on (reward, passed, labels, the evaluation's outcomes,
+...) is a few hundred bytes of each. A reader that parses every record to find them runs at
+about 10,000 records/s. So a writer of an uncompressed ``trajectory`` object also writes its
+*sidecar*: one Parquet row per line, in line order, with those fields as written (not derived:
+each reader derives what it needs, so a reader's rules can change without rewriting
+sidecars) and where the line is in the object (``line_offset``, ``line_length``, newline
+excluded), so a reader reads columns and fetches a body by range only when it shows one.
+
+Layout and trust:
+
+- Named by its object (``<data key without .jsonl>.index.parquet``): the object's key
+  carries its content hash, so a retry writes the same name, and the same bytes (Parquet
+  written with fixed options is deterministic).
+- Written after its object and before the commit (or compaction) that names it, which holds
+  its sha256, size and row count (:class:`SidecarRef`, the ``index`` of a commit or part).
+  Older commits have no ``index``: readers read their records as before.
+- The Parquet metadata names the object it describes (``rl_export.shard_sha256``). A reader
+  refuses a sidecar (:func:`read_sidecar` raises :class:`SidecarError`) whose bytes do not
+  match the commit's sha256, whose object is not the commit's, whose rows are not the
+  commit's records, or whose line offsets do not tile the object exactly; it then reads the
+  object itself, so a bad sidecar costs speed, never records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl_export.corpora.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+SIDECAR_VERSION = "1"
+SUFFIX = ".index.parquet"
+_META_VERSION = b"rl_export.sidecar"
+_META_SHARD = b"rl_export.shard_sha256"
+
+_RUBRIC = pa.struct(
+    [(d, pa.uint8()) for d in ("correctness", "helpfulness", "efficiency", "safety")]
+)
+_OUTCOME = pa.struct([("type", pa.string()), ("decision", pa.bool_()), ("severity", pa.int64())])
+_RESULT = pa.struct([("evaluator", pa.string()), ("score", pa.float64()), ("passed", pa.bool_())])
+SCHEMA = pa.schema(
+    [
+        ("trace_id", pa.string()),
+        ("revision", pa.int64()),
+        ("deleted", pa.bool_()),
+        ("reward", pa.float64()),
+        ("passed", pa.bool_()),
+        ("labels_count", pa.int64()),
+        ("agent_version", pa.string()),
+        ("scenario", pa.string()),
+        ("updated_at", pa.string()),
+        ("completed_at", pa.string()),
+        ("labelers", pa.list_(pa.string())),
+        ("skipped_by", pa.list_(pa.string())),
+        ("labels", pa.list_(pa.struct([("labeler", pa.string()), ("rubric", _RUBRIC)]))),
+        (
+            "evaluation",
+            pa.struct(
+                [
+                    ("report", pa.struct([("outcomes", pa.list_(_OUTCOME))])),
+                    ("results", pa.list_(_RESULT)),
+                ]
+            ),
+        ),
+        ("pass_threshold", pa.float64()),
+        ("line_offset", pa.int64()),
+        ("line_length", pa.int64()),
+    ]
+)
+"""A record's fields as written (absent: null; ``labels`` is null in a record written
+before records carried it, ``deleted`` is true only for a tombstone)."""
+
+
+class SidecarError(ValueError):
+    """A sidecar that does not describe its object: refused (the object is read instead)."""
+
+
+class SidecarRef(BaseModel):
+    """Where a commit's (or compaction part's) sidecar is and what it must be."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    key: str  # relative to the corpus folder, as a commit's ``shard``
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+    rows: int = Field(ge=0)
+    version: str = SIDECAR_VERSION
+
+
+def sidecar_key(data_key: str) -> str:
+    """The sidecar's name beside its object's: ``<name>.jsonl`` -> ``<name>.index.parquet``."""
+    return data_key.removesuffix(".gz").removesuffix(".jsonl") + SUFFIX
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any] | None:
+    return value if isinstance(value, list) else None
+
+
+def index_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The sidecar's fields of one record (or tombstone), in :data:`SCHEMA` order without the
+    line's place: small, so a writer keeps it instead of the record."""
+    labels = _list(r.get("labels"))
+    evaluation = r.get("evaluation")
+    if isinstance(evaluation, dict):
+        outcomes = _list(_dict(evaluation.get("report")).get("outcomes"))
+        results = _list(evaluation.get("results"))
+        view: dict[str, Any] | None = {
+            "report": {"outcomes": None if outcomes is None else [
+                {"type": o.get("type"), "decision": o.get("decision"),
+                 "severity": o.get("severity")} for o in map(_dict, outcomes)]},
+            "results": None if results is None else [
+                {"evaluator": x.get("evaluator"), "score": x.get("score"),
+                 "passed": x.get("passed")} for x in map(_dict, results)],
+        }  # fmt: skip
+    else:
+        view = None
+    return (
+        r.get("trace_id"), r.get("revision"), r.get("deleted") is True, r.get("reward"),
+        r.get("passed"), r.get("labels_count"), r.get("agent_version"), r.get("scenario"),
+        r.get("updated_at"), r.get("completed_at"), _list(r.get("labelers")),
+        _list(r.get("skipped_by")),
+        None if labels is None
+        else [{"labeler": x.get("labeler"), "rubric": x.get("rubric")} for x in map(_dict, labels)],
+        view, r.get("pass_threshold"),
+    )  # fmt: skip
+
+
+def line_rows(lines: Sequence[bytes]) -> list[tuple[Any, ...]]:
+    """:func:`index_row` of each line (parsed one at a time: no record outlives its row)."""
+    return [index_row(orjson.loads(line)) for line in lines]
+
+
+def build_sidecar(rows: Sequence[tuple[Any, ...]], lengths: Sequence[int],
+                  shard_sha256: str) -> bytes:  # fmt: skip
+    """The sidecar of an uncompressed object of ``len(rows)`` lines (``lengths``: each line's
+    bytes, newline included) whose stored bytes hash to ``shard_sha256``. Raises ValueError
+    or pyarrow's errors on a field of an unexpected type: the writer then goes without one."""
+    if len(rows) != len(lengths):
+        raise ValueError(f"{len(rows)} rows for {len(lengths)} lines")
+    names = SCHEMA.names
+    columns: dict[str, list[Any]] = {name: list(values) for name, values in
+                                     zip(names, zip(*rows, strict=True), strict=False)}  # fmt: skip
+    if not rows:
+        columns = {name: [] for name in names}
+    offsets = [0] * len(lengths)
+    offset = 0
+    for n, length in enumerate(lengths):
+        offsets[n] = offset
+        offset += length
+    columns["line_offset"] = offsets
+    columns["line_length"] = [length - 1 for length in lengths]
+    schema = SCHEMA.with_metadata({_META_VERSION: SIDECAR_VERSION, _META_SHARD: shard_sha256})
+    table = pa.Table.from_pydict(columns, schema=schema)
+    out = io.BytesIO()
+    # Fixed options (and no statistics' timestamps in Parquet): a retry writes the same bytes.
+    pq.write_table(table, out, compression="zstd", compression_level=3, use_dictionary=True,
+                   write_statistics=False, row_group_size=max(len(rows), 1))  # fmt: skip
+    return out.getvalue()
+
+
+def make_ref(key: str, data: bytes, rows: int) -> SidecarRef:
+    return SidecarRef(key=key, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), rows=rows)
+
+
+def read_sidecar(data: bytes, ref: SidecarRef, *, shard_sha256: str, records: int,
+                 shard_bytes: int | None) -> pa.Table:  # fmt: skip
+    """The sidecar's table, after checking it describes its object (else SidecarError).
+
+    ``shard_bytes`` is the object's stored size when it is uncompressed (the line offsets
+    must then end exactly there), None when it is not known.
+    """
+    if ref.version != SIDECAR_VERSION:
+        raise SidecarError(f"{ref.key}: sidecar version {ref.version!r}, this reader knows "
+                           f"{SIDECAR_VERSION!r}")  # fmt: skip
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != ref.sha256 or len(data) != ref.bytes:
+        raise SidecarError(f"{ref.key}: sha256 {digest[:16]}… does not match its commit's")
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise SidecarError(f"{ref.key}: unreadable Parquet ({exc})") from None
+    meta = table.schema.metadata or {}
+    if meta.get(_META_SHARD, b"").decode() != shard_sha256:
+        raise SidecarError(f"{ref.key}: describes another object than its commit's "
+                           f"(sha256 {shard_sha256[:16]}…)")  # fmt: skip
+    if not table.schema.remove_metadata().equals(SCHEMA):
+        raise SidecarError(f"{ref.key}: its columns are not version {SIDECAR_VERSION}'s")
+    if table.num_rows != records or ref.rows != records:
+        raise SidecarError(f"{ref.key}: {table.num_rows} rows for {records} records")
+    _check_tiling(ref.key, table, shard_bytes)
+    return table
+
+
+def _check_tiling(key: str, table: pa.Table, shard_bytes: int | None) -> None:
+    """Each line starts where the last one's newline ends, from 0 to the object's end."""
+    if table.num_rows == 0:
+        return
+    offsets = table.column("line_offset").combine_chunks()
+    lengths = table.column("line_length").combine_chunks()
+    if offsets.null_count or lengths.null_count or pc.min(lengths).as_py() < 0:
+        raise SidecarError(f"{key}: line offsets or lengths missing")
+    ends = pc.add(pc.add(offsets, lengths), 1)
+    follows = pc.all(pc.equal(offsets[1:], ends[:-1])).as_py()
+    if offsets[0].as_py() != 0 or follows is False:
+        raise SidecarError(f"{key}: its lines do not follow one another")
+    if shard_bytes is not None and ends[-1].as_py() != shard_bytes:
+        raise SidecarError(f"{key}: its lines end at {ends[-1].as_py()}, the object at "
+                           f"{shard_bytes}")  # fmt: skip
+
+
+def line_lengths(data: bytes) -> list[int]:
+    """The length of each line of JSON Lines bytes, newline included."""
+    lengths = []
+    start = 0
+    while start < len(data):
+        end = data.index(b"\n", start) + 1
+        lengths.append(end - start)
+        start = end
+    return lengths
+
+
+async def write_sidecar(store: ObjectStore, data_key: str, rows: Sequence[tuple[Any, ...]],
+                        lengths: Sequence[int], shard_sha256: str, *,
+                        relative: Callable[[str], str]) -> SidecarRef | None:  # fmt: skip
+    """Build and store the sidecar of the object at ``data_key``; the reference its commit
+    carries (``relative`` makes the key relative to the corpus), or None when the rows
+    cannot make one (logged: the object is then read whole, as before sidecars)."""
+    try:
+        data = await asyncio.to_thread(build_sidecar, rows, lengths, shard_sha256)
+    except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
+        log.warning("%s: no index sidecar (%s: %s)", data_key, type(exc).__name__, exc)
+        return None
+    key = sidecar_key(data_key)
+    await store.put(key, data)
+    return make_ref(relative(key), data, len(rows))
