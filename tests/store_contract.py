@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError
+from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, StoreError
 from rl_export.corpora.store import ObjectStore
 
 
@@ -58,6 +58,18 @@ async def check_store_contract(store: ObjectStore) -> None:
 
     with pytest.raises(ObjectNotFoundError):
         await store.get("acme/bot/missing.json")
+
+    # Byte ranges (start, length), in the order asked: the web index's bodies.
+    await store.put("acme/bot/human/data/t-0/b.jsonl", b"0123456789")
+    assert await store.get_ranges("acme/bot/human/data/t-0/b.jsonl", [(7, 3), (0, 2), (4, 0)]) == [
+        b"789", b"01", b"",
+    ]  # fmt: skip
+    assert await store.get_ranges("acme/bot/human/data/t-0/b.jsonl", []) == []
+    with pytest.raises(StoreError):  # past the end: never a short body
+        await store.get_ranges("acme/bot/human/data/t-0/b.jsonl", [(8, 5)])
+    with pytest.raises(ObjectNotFoundError):
+        await store.get_ranges("acme/bot/missing.json", [(0, 1)])
+    await store.delete("acme/bot/human/data/t-0/b.jsonl")
 
     big = bytes(range(256)) * 50
     await store.put("acme/bot/human/data/t-0/big.jsonl", big)

@@ -67,7 +67,7 @@ ORG, PROJECT = "acme", "support-bot"
 SOURCES = ("traces", "evaluator")
 CHUNK = 50_000
 COMPACT_AFTER_CHUNKS = 2
-VERSION = 1  # bump when the corpus's recipe changes, so caches are rebuilt
+VERSION = 2  # bump when the corpus's recipe changes (2: index sidecars), so caches are rebuilt
 
 
 def log(message: str) -> None:

@@ -316,6 +316,19 @@ class WebMetrics:
             ["corpus"],
             registry=registry,
         )
+        self.index_objects = Counter(
+            "rl_export_web_index_objects_total",
+            "Store objects the query index has read, by corpus and how: 'columns' (its index "
+            "sidecar; bodies stay in the store) or 'lines' (the records parsed).",
+            ["corpus", "read"],
+            registry=registry,
+        )
+        self.index_sidecars_refused = Counter(
+            "rl_export_web_index_sidecars_refused_total",
+            "Index sidecars refused (missing, or not matching their object): the object was "
+            "read whole instead.",
+            registry=registry,
+        )
         self.index_lag = Gauge(
             "rl_export_web_index_lag_seconds",
             "Worst over the followed corpora: seconds since the index last saw the head of "

@@ -48,7 +48,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rl_export.common.codec import dumps, dumps_lines, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
-from rl_export.corpora.sidecar import SidecarRef
 from rl_export.corpora.store import ObjectStore
 
 SCHEMA_VERSION = 2
@@ -121,6 +120,27 @@ async def list_corpora(store: ObjectStore, prefix: str = "") -> list[CorpusRef]:
 
 
 # --- commits --------------------------------------------------------------------------------
+
+
+SIDECAR_VERSION = "1"
+SIDECAR_SUFFIX = ".index.parquet"
+
+
+class SidecarRef(BaseModel):
+    """Where a commit's (or compaction part's) sidecar is and what it must be."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    key: str  # relative to the corpus folder, as a commit's ``shard``
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+    rows: int = Field(ge=0)
+    version: str = SIDECAR_VERSION
+
+
+def sidecar_key(data_key: str) -> str:
+    """The sidecar's name beside its object's: ``<name>.jsonl`` -> ``<name>.index.parquet``."""
+    return data_key.removesuffix(".gz").removesuffix(".jsonl") + SIDECAR_SUFFIX
 
 
 class Commit(BaseModel):

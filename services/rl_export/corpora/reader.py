@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from rl_export.corpora.layout import (
     Compaction,
     CorpusRef,
     Part,
+    SidecarRef,
     block_lines,
     chain_keys,
     latest_compaction,
@@ -51,6 +53,8 @@ from rl_export.corpora.layout import (
     read_commit,
 )
 from rl_export.corpora.store import ObjectStore
+
+log = logging.getLogger(__name__)
 
 Cursor = dict[str, int]
 
@@ -188,6 +192,7 @@ class ObjectLines:
     key: str
     data: bytes
     count: int
+    columns: Any = None  # with ``columns=True``: the object's index sidecar (a pyarrow Table)
 
     @property
     def lines(self) -> list[bytes]:
@@ -209,17 +214,27 @@ class _Span:
     count: int
     skipped: int
     move: Callable[[int], None]
+    columns: Any = None  # the sidecar's rows after the cursor, in place of ``data``
 
 
 class CorpusReader:
     """Stream one corpus's records; not safe for two iterations of one reader at once."""
 
-    def __init__(self, store: ObjectStore, ref: CorpusRef, *, poll_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, store: ObjectStore, ref: CorpusRef, *, poll_interval_s: float = 1.0,
+        columns: bool = False, refused: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        """``columns``: :meth:`follow_objects` hands out an object's index sidecar (its
+        columns and line places, :mod:`rl_export.corpora.sidecar`) instead of its lines
+        where it has one; ``refused(reason)`` hears of each sidecar refused (then read whole).
+        """
         if poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
         self.store = store
         self.ref = ref
         self.poll_interval_s = poll_interval_s
+        self.columns = columns
+        self.refused = refused
         self._cursor: Cursor = {}
         self._compaction: Compaction | None = None
 
@@ -332,7 +347,7 @@ class CorpusReader:
         async with contextlib.aclosing(self._walk()) as spans:
             async for span in spans:
                 span.move(span.skipped + span.count)
-                yield ObjectLines(span.key, span.data, span.count)
+                yield ObjectLines(span.key, span.data, span.count, span.columns)
 
     async def _walk(self) -> AsyncGenerator[_Span, None]:
         """Every object after the cursor, verified, in reading order; the caller moves the
@@ -358,7 +373,7 @@ class CorpusReader:
         try:
             parts = [
                 Part(self.ref.key(p["shard"]), p["sha256"], p["records"],
-                     p.get("compression", "none"))
+                     p.get("compression", "none"), p.get("bytes"), _index_of(p))
                 for p in compaction.parts
             ]  # fmt: skip
         except (KeyError, TypeError, AttributeError) as exc:
@@ -385,10 +400,12 @@ class CorpusReader:
             before, done = done, done + part.records
             if skip >= done:
                 continue
-            data = await _object_data(self.store, part, "its compaction")
             skipped = max(skip - before, 0)
+            columns = await self._columns(part, skipped)
+            data = b"" if columns is not None else await _object_data(
+                self.store, part, "its compaction")  # fmt: skip
             yield _Span(part.key, _drop_lines(data, skipped), part.records - skipped, skipped,
-                        mover(before))  # fmt: skip
+                        mover(before), columns)  # fmt: skip
         self._cursor = dict(positions)
         self._compaction = None
 
@@ -417,11 +434,14 @@ class CorpusReader:
                     f"it has {commit.records}"
                 )
             part = Part(
-                self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression
-            )
-            data = await _object_data(self.store, part, "its commit")
+                self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression,
+                commit.bytes, commit.index,
+            )  # fmt: skip
+            columns = await self._columns(part, skip)
+            data = b"" if columns is not None else await _object_data(
+                self.store, part, "its commit")  # fmt: skip
             yield _Span(part.key, _drop_lines(data, skip), commit.records - skip, skip,
-                        mover(position, commit))  # fmt: skip
+                        mover(position, commit), columns)  # fmt: skip
             position, skip = commit.last_offset + 1, 0
         later = sorted(offset for offset in by_offset if offset > position)
         if later:
@@ -429,6 +449,29 @@ class CorpusReader:
                 f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
                 f"commits from {later[0]} on (a gap, or history the chain no longer holds)"
             )
+
+    async def _columns(self, part: Part, skip: int) -> Any:
+        """The object's sidecar rows after ``skip``, when reading columns and it has a sidecar
+        that describes it; None to read the object itself (a refused sidecar is reported)."""
+        if not self.columns or part.index is None or part.compression != "none":
+            return None
+        from rl_export.corpora.sidecar import SidecarError, read_sidecar  # pyarrow: on use
+
+        key = self.ref.key(part.index.key)
+        try:
+            data = await self.store.get(key)
+            table = await asyncio.to_thread(
+                read_sidecar, data, part.index, shard_sha256=part.sha256, records=part.records,
+                shard_bytes=part.bytes,
+            )  # fmt: skip
+        except (SidecarError, ObjectNotFoundError) as exc:
+            reason = str(exc) if isinstance(exc, SidecarError) else f"{key}: missing"
+            log.warning("%s: index sidecar refused, reading its object instead: %s",
+                        part.key, reason)  # fmt: skip
+            if self.refused is not None:
+                self.refused(reason)
+            return None
+        return table.slice(skip) if skip else table
 
     async def _begin(self, cursor: Cursor | None) -> None:
         self._compaction = None
@@ -491,6 +534,19 @@ async def _rows(span: _Span) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise ChainError(f"{span.key}: line {number} is not a JSON object")
     return rows
+
+
+def _index_of(part: dict[str, Any]) -> SidecarRef | None:
+    """A compaction part's sidecar reference; None when it has none or it is malformed
+    (the part is then read whole)."""
+    found = part.get("index")
+    if found is None:
+        return None
+    try:
+        return SidecarRef.model_validate(found)
+    except ValueError:
+        log.warning("a compaction part's index reference is malformed: %r", found)
+        return None
 
 
 def _parse_lines(data: bytes) -> list[Any]:

@@ -40,6 +40,7 @@ from rl_export.corpora.layout import (
     Compaction,
     Compression,
     CorpusRef,
+    SidecarRef,
     decode_shard,
     latest_compaction,
     read_commit,
@@ -48,7 +49,7 @@ from rl_export.corpora.layout import (
     read_tombstones,
 )
 from rl_export.corpora.reader import CorpusReader, end_cursor, stream_order
-from rl_export.corpora.sidecar import SidecarError, SidecarRef, read_sidecar
+from rl_export.corpora.sidecar import SidecarError, read_sidecar
 from rl_export.corpora.store import ObjectStore
 
 _T = TypeVar("_T")

@@ -37,14 +37,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
 
+from rl_export.corpora.layout import SIDECAR_VERSION, SidecarRef, sidecar_key
 from rl_export.corpora.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-SIDECAR_VERSION = "1"
-SUFFIX = ".index.parquet"
 _META_VERSION = b"rl_export.sidecar"
 _META_SHARD = b"rl_export.shard_sha256"
 
@@ -88,23 +86,6 @@ before records carried it, ``deleted`` is true only for a tombstone)."""
 
 class SidecarError(ValueError):
     """A sidecar that does not describe its object: refused (the object is read instead)."""
-
-
-class SidecarRef(BaseModel):
-    """Where a commit's (or compaction part's) sidecar is and what it must be."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    key: str  # relative to the corpus folder, as a commit's ``shard``
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    bytes: int = Field(ge=0)
-    rows: int = Field(ge=0)
-    version: str = SIDECAR_VERSION
-
-
-def sidecar_key(data_key: str) -> str:
-    """The sidecar's name beside its object's: ``<name>.jsonl`` -> ``<name>.index.parquet``."""
-    return data_key.removesuffix(".gz").removesuffix(".jsonl") + SUFFIX
 
 
 def _dict(value: Any) -> dict[str, Any]:

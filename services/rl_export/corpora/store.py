@@ -23,7 +23,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -32,6 +32,8 @@ from rl_export.common.storeurl import StoreLocation, parse_store_url
 
 T = TypeVar("T")
 CHUNK = 1 << 20
+RANGE_SPAN = 8 << 20
+"""Ranges of one object this close together are read with one GET (S3 charges by request)."""
 """Bytes per chunk of :meth:`ObjectStore.chunks`."""
 
 
@@ -52,6 +54,7 @@ class ObjectStore(Protocol):
     async def put(self, key: str, data: bytes) -> None: ...
     async def put_if_absent(self, key: str, data: bytes) -> None: ...
     async def get(self, key: str) -> bytes: ...
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]: ...
     def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]: ...
     async def put_file(self, key: str, path: Path) -> None: ...
     async def folders(self, prefix: str) -> list[str]: ...
@@ -85,6 +88,10 @@ class MemoryStore:
         except KeyError:
             raise ObjectNotFoundError(f"{key} not found") from None
 
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        data = await self.get(key)
+        return [_cut(key, data[start : start + length], length) for start, length in ranges]
+
     async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
         data = await self.get(key)
         for start in range(0, len(data), size):
@@ -104,6 +111,13 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+def _cut(key: str, data: bytes, length: int) -> bytes:
+    """A range's bytes; StoreError when the object is shorter than the range."""
+    if len(data) != length:
+        raise StoreError(f"{key}: {len(data)} bytes where a range of {length} was asked")
+    return data
 
 
 def _folders(prefix: str, keys: Iterable[str]) -> list[str]:
@@ -182,6 +196,16 @@ class LocalStore:
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
 
+    def _get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+        try:
+            return [_cut(key, os.pread(fd, length, start), length) for start, length in ranges]
+        finally:
+            os.close(fd)
+
     def _folders(self, prefix: str) -> list[str]:
         # "" is the root: its folders are read, not found among every key of the store.
         base = self.root / prefix.rstrip("/") if prefix else self.root
@@ -239,6 +263,10 @@ class LocalStore:
 
     async def get(self, key: str) -> bytes:
         return await self._io(self._get, key)
+
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges ``(start, length)`` of an object, in order (one open, a read each)."""
+        return await self._io(self._get_ranges, key, ranges)
 
     async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
         """The object's bytes in chunks; the next chunk is read in a thread while the
@@ -376,6 +404,36 @@ class S3Store:
             if status == 404 or code in ("NoSuchKey", "404"):
                 raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
             raise self._wrap(exc, f"get {key}") from exc
+
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges ``(start, length)`` of an object, in order: one ranged GET over them
+        all when they lie within :data:`RANGE_SPAN`, else one per range, at once."""
+        if not ranges:
+            return []
+        low = min(start for start, _ in ranges)
+        high = max(start + length for start, length in ranges)
+        if high - low <= RANGE_SPAN:
+            data = await self._range(key, low, high)
+            return [_cut(key, data[s - low : s - low + n], n) for s, n in ranges]
+        found = await asyncio.gather(*(self._range(key, s, s + n) for s, n in ranges))
+        return [_cut(key, data, n) for data, (_, n) in zip(found, ranges, strict=True)]
+
+    async def _range(self, key: str, start: int, end: int) -> bytes:
+        full, client = self._key(key), await self._c()
+        if end <= start:
+            return b""
+        try:
+            response = await client.get_object(
+                Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}"
+            )
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+                return data
+        except Exception as exc:
+            code, status = _error_code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+            raise self._wrap(exc, f"get {key} bytes {start}-{end - 1}") from exc
 
     async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
         full, client = self._key(key), await self._c()

@@ -39,6 +39,7 @@ from rl_export.web.index import CorpusKey, IndexError_, QueryIndex
 
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 60.0
+FETCH_TIMEOUT_S = 30.0
 T = TypeVar("T")
 
 
@@ -55,6 +56,7 @@ class Followed:
     lines: int = 0
     live: int = 0
     passes: int = 0
+    restarting: bool = False  # read again from the latest compaction (a body expired)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def lag_s(self, now: float) -> float:
@@ -85,6 +87,8 @@ class Indexer:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-writer")
+        index.fetch = self._fetch
+        index.gone = self._gone
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -168,7 +172,7 @@ class Indexer:
         with contextlib.suppress(RuntimeError):  # the API's loop has closed: shutting down
             self._api_loop.call_soon_threadsafe(followed.first_pass.set)
 
-    async def _follow(self, followed: Followed) -> None:
+    async def _follow(self, followed: Followed, *, reset: bool = False) -> None:
         key = followed.key
         loop = asyncio.get_running_loop()
 
@@ -176,11 +180,17 @@ class Indexer:
             return loop.run_in_executor(self._writer, fn, *args)
 
         cid = followed.corpus_id = await write(self.index.corpus_id, key)
+        if reset:  # after the writes of the task it replaces (one writer thread, in order)
+            await write(self.index.reset, cid)
+            followed.restarting = False
         reader = CorpusReader(
             self.store, CorpusRef(key.org, key.project, key.corpus),
-            poll_interval_s=self.poll_interval_s,
+            poll_interval_s=self.poll_interval_s, columns=True,
+            refused=lambda _: self.metrics.index_sidecars_refused.inc(),
         )  # fmt: skip
         ingested = self.metrics.index_ingested.labels(key.corpus)
+        as_columns = self.metrics.index_objects.labels(key.corpus, "columns")
+        as_lines = self.metrics.index_objects.labels(key.corpus, "lines")
         assert self._stop is not None
         pending: asyncio.Future[None] | None = None
         counted = -1  # lines read when ``live`` was last counted
@@ -213,7 +223,13 @@ class Indexer:
                                                         caught_up=caught_up):  # fmt: skip
                     if pending is not None:
                         await pending
-                    pending = write(self.index.ingest, cid, item.data, reader.cursor)
+                    if item.columns is not None:  # its sidecar: columns, bodies left there
+                        pending = write(self.index.ingest_columns, cid, item.key, item.columns,
+                                        reader.cursor)  # fmt: skip
+                        as_columns.inc()
+                    else:
+                        pending = write(self.index.ingest, cid, item.data, reader.cursor)
+                        as_lines.inc()
                     followed.lines += item.count
                     ingested.inc(item.count)
                 if pending is not None:
@@ -233,6 +249,34 @@ class Indexer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.poll_interval_s * 5)
             pending = None
+
+    # -- bodies left in the store ---------------------------------------------------------
+
+    def _fetch(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges of a store object, for a query's thread: read on this indexer's loop
+        (its store client), waited for here."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise StoreError("the indexer is not running")
+        future = asyncio.run_coroutine_threadsafe(self.store.get_ranges(key, ranges), loop)
+        return future.result(FETCH_TIMEOUT_S)
+
+    def _gone(self, corpus_id: int) -> None:
+        """A body's object no longer exists (it expired after a compaction covered it): read
+        the corpus again from its latest compaction."""
+        for followed in list(self.followed.values()):
+            if followed.corpus_id == corpus_id and self._loop is not None:
+                log.warning("index: %s: a body's object expired; reading it again from its "
+                            "latest compaction", followed.key.name)  # fmt: skip
+                self._loop.call_soon_threadsafe(self._restart, followed)
+
+    def _restart(self, followed: Followed) -> None:
+        if followed.restarting:
+            return
+        followed.restarting = True
+        if followed.task is not None:
+            followed.task.cancel()
+        followed.task = asyncio.get_running_loop().create_task(self._follow(followed, reset=True))
 
     @staticmethod
     async def _drain(pending: asyncio.Future[None] | None) -> None:

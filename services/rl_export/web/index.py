@@ -10,9 +10,18 @@ index keeps where each one is.
 
 One row per (corpus, trace): the columns the filters need (DESIGN.md section 4: reward,
 passed, labels, agent version, scenario, updated_at, the worst severity, the report types
-that passed and the labelers' spread), ``labelers`` and ``skipped_by`` for the queue, ``seq``
-(the order lines were read, for previews), and the body's location. A tombstone keeps its
-row (``deleted``) so an older revision read later cannot bring the trace back.
+that passed and the labelers' spread; :mod:`rl_export.web.indexsql`), ``labelers`` and
+``skipped_by`` for the queue, ``seq`` (the order lines were read, for previews), and the
+body's location. A tombstone keeps its row (``deleted``) so an older revision read later
+cannot bring the trace back.
+
+An object with an index sidecar (:mod:`rl_export.corpora.sidecar`, verified by the reader)
+is ingested from its columns (:meth:`QueryIndex.ingest_columns`): DuckDB reads the Parquet
+rows in place of parsing 4 KiB of JSON per record, and the bodies stay in the store object:
+the object gets a segment number of its own (table ``remote``), each row keeps its line's
+offset and length there, and a body is fetched by range when a preview or the queue shows
+it. Should the object expire (after a compaction covered it) the corpus is read again from
+that compaction (:class:`BodiesGone`).
 
 How verified corpus lines are ingested (:meth:`QueryIndex.ingest`; one writer thread), in
 slices of at most ``SLICE`` lines:
@@ -33,11 +42,12 @@ slices of at most ``SLICE`` lines:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import re
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,93 +56,16 @@ import duckdb
 import orjson
 
 from rl_export.common.codec import dumps, loads
-from rl_export.common.events import Rubric
+from rl_export.common.errors import ObjectNotFoundError
 from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
+from rl_export.web.indexsql import BINS, EXTRACT, JSON_COLUMNS, RECORD_COLUMNS, filter_sql
 from rl_export.web.segments import Segments
 
-SCHEMA_VERSION = "5"  # bumped when the index or its segments change: rebuilt from the corpora
+SCHEMA_VERSION = "6"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
 CHECKED_ROWS = 64  # rows per slice whose trace id is checked against the segment's bytes
-BINS = 10  # the reward histogram's bins over 0..1 (the export package's stats use ten)
-_RUBRIC = "STRUCT(correctness UTINYINT, helpfulness UTINYINT, efficiency UTINYINT, safety UTINYINT)"
-_COLUMNS = {
-    "trace_id": "VARCHAR",
-    "revision": "BIGINT",
-    "deleted": "BOOLEAN",
-    "reward": "DOUBLE",
-    "passed": "BOOLEAN",
-    "labels_count": "BIGINT",
-    "agent_version": "VARCHAR",
-    "scenario": "VARCHAR",
-    "updated_at": "VARCHAR",
-    "completed_at": "VARCHAR",
-    "labelers": "VARCHAR[]",
-    "skipped_by": "VARCHAR[]",
-    "labels": f"STRUCT(labeler VARCHAR, rubric {_RUBRIC})[]",
-    "evaluation": "STRUCT(report STRUCT(outcomes "
-    "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]), "
-    "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[])",
-    "pass_threshold": "DOUBLE",
-}
-# A report type passes when at least one of its outcomes was decided and none decided false
-# (Filters.matches, pass-dimension); the worst severity counts an absent one as 0.
-_OUTCOMES = "evaluation.report.outcomes"
-_RESULTS = "evaluation.results"
-_PASSES = f"list_transform({_RESULTS}, lambda r: r.passed)"
-LABEL_SUM = "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
-_EXTRACT = f"""
-    trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
-    labels_count, agent_version, scenario,
-    try_cast(updated_at AS TIMESTAMPTZ) AS updated_at,
-    try_cast(completed_at AS TIMESTAMPTZ) AS completed_at,
-    coalesce(list_max(list_transform({_OUTCOMES}, lambda o: coalesce(o.severity, 0))), 0)
-        AS max_severity,
-    coalesce(list_filter(
-        list_distinct(list_transform(
-            list_filter({_OUTCOMES}, lambda o: o.decision IS NOT NULL), lambda o: o.type)),
-        lambda t: NOT list_contains(list_transform(
-            list_filter({_OUTCOMES}, lambda o: o.decision = false), lambda o: o.type), t)
-    ), []) AS pass_dims,
-    coalesce(labelers, []) AS labelers, coalesce(skipped_by, []) AS skipped_by,
-    coalesce(labels_count, 0) > 0 AS labeled,
-    CASE WHEN reward IS NOT NULL THEN least(greatest(floor(reward * {BINS}), 0), {BINS} - 1)
-        END::UTINYINT AS bucket,
-    epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us,
-    CASE WHEN labels IS NULL THEN
-            CASE WHEN coalesce(labels_count, 0) < 2 THEN 0.0 END
-        WHEN len(labels) < 2 THEN 0.0
-        ELSE (list_max(list_transform(labels, lambda x: {LABEL_SUM}))
-              - list_min(list_transform(labels, lambda x: {LABEL_SUM}))) / 20.0
-    END AS spread,
-    labels, {_RESULTS} AS results, pass_threshold,
-    CASE WHEN len({_RESULTS}) > 0 THEN list_avg(list_transform({_RESULTS}, lambda r: r.score))
-        END AS eval_reward,
-    CASE WHEN len({_RESULTS}) > 0 THEN list_bool_and({_PASSES}) END AS eval_passed,
-    CASE WHEN len({_RESULTS}) > 0 THEN list_bool_or({_PASSES}) AND NOT list_bool_and({_PASSES})
-        END AS eval_split
-"""
-# ``bucket`` is the reward's histogram bin and ``labeled`` whether a human label counts,
-# computed once at ingest: as expressions in the stats query they cost it three times over.
-# ``spread`` is filters.record_spread: NULL (unknown) for a record written before records
-# carried ``labels`` that has two or more labels; (greatest - least sum) / 20 as a double.
-# ``labels`` (NULL for such a record), ``results`` and ``pass_threshold`` feed the agreement
-# report; ``eval_reward``, ``eval_passed`` and ``eval_split`` (the current evaluation's mean
-# score, all passed, some passed and some not; NULL without results) the team's queue.
-_RECORD_COLUMNS = (
-    "corpus_id INTEGER, trace_id VARCHAR, revision BIGINT, deleted BOOLEAN, reward DOUBLE, "
-    "passed BOOLEAN, labels_count BIGINT, agent_version VARCHAR, scenario VARCHAR, "
-    "updated_at TIMESTAMPTZ, completed_at TIMESTAMPTZ, max_severity BIGINT, "
-    "pass_dims VARCHAR[], labelers VARCHAR[], skipped_by VARCHAR[], seq BIGINT, "
-    "seg INTEGER, off BIGINT, len BIGINT, labeled BOOLEAN, bucket UTINYINT, "
-    "completed_us BIGINT, spread DOUBLE, "
-    f"labels STRUCT(labeler VARCHAR, rubric {_RUBRIC})[], "
-    "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[], pass_threshold DOUBLE, "
-    "eval_reward DOUBLE, eval_passed BOOLEAN, eval_split BOOLEAN"
-)
-
-
 _NEWLINE = re.compile(b"\n")
 
 
@@ -150,6 +83,11 @@ class IndexError_(Exception):
     """The index could not take a batch (a line DuckDB cannot read as a record)."""
 
 
+class BodiesGone(Exception):
+    """A body the index points to is in a store object that no longer exists (its history
+    expired after a compaction covered it): the corpus is read again from that compaction."""
+
+
 @dataclass(frozen=True)
 class CorpusKey:
     """A corpus the index follows."""
@@ -161,43 +99,6 @@ class CorpusKey:
     @property
     def name(self) -> str:
         return f"{self.org}/{self.project}/{self.corpus}"
-
-
-def filter_sql(filters: Filters) -> tuple[str, list[Any]]:
-    """The SQL condition (and its parameters) of :meth:`Filters.matches` over the index's
-    columns; ``limit`` is the caller's. The unit tests check both agree on random records."""
-    clauses = ["NOT deleted"]
-    params: list[Any] = []
-
-    def add(clause: str, value: Any) -> None:
-        clauses.append(clause)
-        params.append(value)
-
-    if filters.passed is not None:
-        add("passed = ?", filters.passed)
-    if filters.min_reward is not None:
-        add("reward >= ?", filters.min_reward)
-    if filters.max_reward is not None:
-        add("reward <= ?", filters.max_reward)
-    if filters.agent_version is not None:
-        add("agent_version = ?", filters.agent_version)
-    if filters.scenario is not None:
-        add("scenario = ?", filters.scenario)
-    if filters.labeled is not None:
-        add("(coalesce(labels_count, 0) > 0) = ?", filters.labeled)
-    if filters.since is not None:
-        add("updated_at >= ?", filters.since)
-    if filters.until is not None:
-        add("updated_at < ?", filters.until)
-    if filters.pass_dimension:
-        add("list_has_all(pass_dims, ?::VARCHAR[])", list(filters.pass_dimension))
-    if filters.max_severity is not None:
-        add("max_severity <= ?", filters.max_severity)
-    if filters.min_labels is not None:
-        add("coalesce(labels_count, 0) >= ?", filters.min_labels)
-    if filters.max_spread is not None:
-        add("spread <= ?", filters.max_spread)  # NULL (unknown) never passes
-    return " AND ".join(clauses), params
 
 
 @dataclass(frozen=True)
@@ -227,6 +128,17 @@ class QueryIndex:
                 (directory / name).unlink(missing_ok=True)
             self.db = self._open(threads, memory)
         self.segments = Segments(directory / "segments")
+        row = self.db.execute("SELECT max(seg) FROM remote").fetchone()
+        if row is not None and row[0] is not None:  # never reuse a remote segment's number
+            self.segments.next = max(self.segments.next, int(row[0]) + 1)
+        self._remote: dict[int, tuple[int, str]] = {
+            int(s): (int(c), str(k))
+            for s, c, k in self.db.execute("SELECT seg, corpus_id, key FROM remote").fetchall()
+        }  # seg -> (corpus id, object key): read by any thread, written by the writer's
+        # Fetches byte ranges ``(start, length)`` of a store object (the indexer sets it);
+        # ``gone(corpus_id)`` is told when a remote body's object no longer exists.
+        self.fetch: Callable[[str, list[tuple[int, int]]], list[bytes]] | None = None
+        self.gone: Callable[[int], None] | None = None
         self._local = threading.local()
         self._lock = threading.Lock()  # the writer's connection is used by one thread at once
 
@@ -244,23 +156,29 @@ class QueryIndex:
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is not None and row[0] != SCHEMA_VERSION:
-            for table in ("records", "corpora", "seen"):
+            for table in ("records", "corpora", "seen", "remote"):
                 db.execute(f"DROP TABLE IF EXISTS {table}")
         db.execute(
             "CREATE TABLE IF NOT EXISTS corpora (id INTEGER PRIMARY KEY, org VARCHAR, "
             "project VARCHAR, corpus VARCHAR, cursor VARCHAR, lines BIGINT)"
         )
-        db.execute(f"CREATE TABLE IF NOT EXISTS records ({_RECORD_COLUMNS})")
+        db.execute(f"CREATE TABLE IF NOT EXISTS records ({RECORD_COLUMNS})")
         # Who labeled or skipped which live trace: the queue's count of what is left.
         db.execute(
             "CREATE TABLE IF NOT EXISTS seen (corpus_id INTEGER, labeler VARCHAR, trace_id VARCHAR)"
+        )
+        # Segment numbers whose bodies stay in the store: the object a sidecar described.
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS remote (seg INTEGER PRIMARY KEY, corpus_id INTEGER, "
+            "key VARCHAR)"
         )
         db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", [SCHEMA_VERSION])
         return db
 
     def _consistent(self) -> bool:
         rows = self.db.execute(
-            "SELECT seg, max(off + len + 1) FROM records WHERE seg IS NOT NULL GROUP BY seg"
+            "SELECT seg, max(off + len + 1) FROM records WHERE seg IS NOT NULL "
+            "AND seg NOT IN (SELECT seg FROM remote) GROUP BY seg"
         ).fetchall()  # the end of a record's line: its body, then the newline
         folder = self.directory / "segments"
         for seg, end in rows:
@@ -304,6 +222,9 @@ class QueryIndex:
         with self._lock, self._transaction():
             self.db.execute("DELETE FROM records WHERE corpus_id = ?", [corpus_id])
             self.db.execute("DELETE FROM seen WHERE corpus_id = ?", [corpus_id])
+            self.db.execute("DELETE FROM remote WHERE corpus_id = ?", [corpus_id])
+            for seg in [s for s, (c, _) in self._remote.items() if c == corpus_id]:
+                del self._remote[seg]
             self.db.execute("UPDATE corpora SET cursor = NULL, lines = 0 WHERE id = ?", [corpus_id])
 
     @contextlib.contextmanager
@@ -340,9 +261,12 @@ class QueryIndex:
                 segment, path = self.segments.write(view[begin:end])
                 offsets = [start - begin for start in starts[first:last]]
                 lengths = [b - a - 1 for a, b in itertools.pairwise(starts[first : last + 1])]
+                fill = functools.partial(
+                    self._batch_from_json, path, _Slice(offsets, lengths, data, begin)
+                )
                 try:
-                    self._apply(corpus_id, segment, path, _Slice(offsets, lengths, data, begin),
-                                cursor if last == lines else None)  # fmt: skip
+                    self._apply(corpus_id, segment, len(offsets),
+                                cursor if last == lines else None, fill)  # fmt: skip
                 except duckdb.Error as exc:
                     path.unlink(missing_ok=True)
                     raise IndexError_(f"DuckDB could not take the batch: {exc}") from exc
@@ -350,30 +274,75 @@ class QueryIndex:
                     path.unlink(missing_ok=True)
                     raise
 
-    def _apply(
-        self, corpus_id: int, segment: int, path: Path, lines: _Slice, cursor: Cursor | None
-    ) -> None:
-        columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _COLUMNS.items()) + "}"
+    def ingest_columns(self, corpus_id: int, key: str, table: Any, cursor: Cursor) -> None:
+        """Take an object's index sidecar rows (a pyarrow Table of
+        :data:`rl_export.corpora.sidecar.SCHEMA`, verified by the reader, after the cursor's
+        skip) and the cursor after them: the rows' columns, their bodies left in the store
+        object ``key`` at the sidecar's line places (fetched by range when shown)."""
+        with self._lock:
+            if table.num_rows == 0:
+                self.db.execute(
+                    "UPDATE corpora SET cursor = ? WHERE id = ?",
+                    [dumps(cursor).decode(), corpus_id],
+                )
+                return
+            segment = self.segments.next  # a number of the segments' own, without a file
+            self.segments.next += 1
+            try:
+                self._apply(corpus_id, segment, table.num_rows, cursor,
+                            lambda: self._batch_from_columns(table),
+                            remote=key)  # fmt: skip
+            except duckdb.Error as exc:
+                raise IndexError_(f"DuckDB could not take the sidecar of {key}: {exc}") from exc
+            self._remote[segment] = (corpus_id, key)
+
+    def _batch_from_columns(self, table: Any) -> None:
+        """Step 2 from a sidecar: its columns, a row per line, with the line's place."""
+        db = self.db
+        db.register("sidecar_rows", table)
+        try:
+            db.execute(
+                f"CREATE OR REPLACE TEMP TABLE batch AS SELECT {EXTRACT}, line_offset AS _o, "
+                "line_length AS _n FROM sidecar_rows"
+            )
+        finally:
+            db.unregister("sidecar_rows")
+        found = db.execute("SELECT count(*) FROM batch").fetchone()
+        if found is None or found[0] != table.num_rows:
+            raise IndexError_(f"DuckDB read {found} rows from a sidecar of {table.num_rows}")
+
+    def _batch_from_json(self, path: Path, lines: _Slice) -> None:
+        """Step 2 from a segment: DuckDB's JSON reader, a row per line in the file's order;
+        then where each line is."""
+        columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in JSON_COLUMNS.items()) + "}"
         source = (
             f"read_json('{path}', format = 'newline_delimited', "
             f"columns = {columns}, maximum_object_size = 268435456)"
         )
-        count = len(lines.offsets)
+        db = self.db
+        # In a transaction the new rows' rowids start at a base of its own, in the order
+        # they were inserted: rowid - base is the line's place in the slice.
+        db.execute(f"CREATE OR REPLACE TEMP TABLE lines AS SELECT {EXTRACT} FROM {source}")
+        first = db.execute("SELECT min(rowid) FROM lines").fetchone()
+        db.execute(
+            "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n FROM lines l "
+            "JOIN (SELECT unnest(?::BIGINT[]) AS _o, unnest(?::BIGINT[]) AS _n, "
+            "generate_subscripts(?::BIGINT[], 1) - 1 + ? AS row) o ON l.rowid = o.row",
+            [lines.offsets, lines.lengths, lines.offsets, first[0] if first else 0],
+        )
+        self._check_order(lines)
+        db.execute("DROP TABLE lines")
+
+    def _apply(
+        self, corpus_id: int, segment: int, count: int, cursor: Cursor | None,
+        fill_batch: Callable[[], None], *, remote: str | None = None,
+    ) -> None:  # fmt: skip
         db = self.db
         with self._transaction():
-            # 2. The columns, a row per line in the file's order; then where each line is.
-            # In a transaction the new rows' rowids start at a base of its own, in the order
-            # they were inserted: rowid - base is the line's place in the slice.
-            db.execute(f"CREATE OR REPLACE TEMP TABLE lines AS SELECT {_EXTRACT} FROM {source}")
-            first = db.execute("SELECT min(rowid) FROM lines").fetchone()
-            db.execute(
-                "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n FROM lines l "
-                "JOIN (SELECT unnest(?::BIGINT[]) AS _o, unnest(?::BIGINT[]) AS _n, "
-                "generate_subscripts(?::BIGINT[], 1) - 1 + ? AS row) o ON l.rowid = o.row",
-                [lines.offsets, lines.lengths, lines.offsets, first[0] if first else 0],
-            )
-            self._check_order(lines)
-            db.execute("DROP TABLE lines")
+            # 2. The lines' columns and places, as the temporary table ``batch``.
+            fill_batch()
+            if remote is not None:
+                db.execute("INSERT INTO remote VALUES (?, ?, ?)", [segment, corpus_id, remote])
             # 3. The best line per trace, the rows it replaces, the traces that have none.
             repeated = db.execute("SELECT count(*) - count(DISTINCT trace_id) FROM batch")
             row = repeated.fetchone()
@@ -447,12 +416,19 @@ class QueryIndex:
                 )
 
     def collect_segments(self) -> list[int]:
-        """Delete the segments no row points into; return them."""
+        """Delete the segments no row points into (and forget such remote ones); return the
+        local ones deleted."""
         with self._lock:
             rows = self.db.execute(
                 "SELECT DISTINCT seg FROM records WHERE seg IS NOT NULL"
             ).fetchall()
-            return self.segments.remove({int(r[0]) for r in rows})
+            used = {int(r[0]) for r in rows}
+            unused = [seg for seg in self._remote if seg not in used]
+            if unused:
+                self.db.execute("DELETE FROM remote WHERE list_contains(?, seg)", [unused])
+                for seg in unused:
+                    del self._remote[seg]
+            return self.segments.remove(used)
 
     def compact_segments(self, *, small_bytes: int = 8 << 20, min_segments: int = 8) -> int:
         """Rewrite the live bodies of a corpus's small or mostly dead segments into new ones;
@@ -468,8 +444,8 @@ class QueryIndex:
         with self._lock:
             live = self.db.execute(
                 "SELECT corpus_id, seg, sum(len + 2) FROM records WHERE seg IS NOT NULL "
-                "GROUP BY ALL ORDER BY corpus_id, seg"
-            ).fetchall()
+                "AND seg NOT IN (SELECT seg FROM remote) GROUP BY ALL ORDER BY corpus_id, seg"
+            ).fetchall()  # bodies left in the store are not copied here
             chosen: dict[int, list[int]] = {}
             for corpus_id, seg, live_bytes in live:
                 size = self.segments.size(int(seg))
@@ -578,8 +554,41 @@ class QueryIndex:
         return self.bodies_at(rows)
 
     def bodies_at(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
-        """The bodies at (segment, offset, length) places."""
-        return self.segments.read_many([(int(s), int(o), int(n)) for s, o, n in rows])
+        """The bodies at (segment, offset, length) places: local segments read here, remote
+        ones fetched from their store objects by range (one request per object).
+
+        FileNotFoundError when a local segment went away under the query (ask again);
+        :class:`BodiesGone` when a store object did (the corpus is then read again)."""
+        places = [(int(s), int(o), int(n)) for s, o, n in rows]
+        remote = self._remote
+        if not any(seg in remote for seg, _, _ in places):
+            return self.segments.read_many(places)
+        out: list[bytes | None] = [None] * len(places)
+        local = [(n, p) for n, p in enumerate(places) if p[0] not in remote]
+        for (n, _), body in zip(local, self.segments.read_many([p for _, p in local]),
+                                strict=True):  # fmt: skip
+            out[n] = body
+        by_object: dict[int, list[int]] = {}
+        for n, (seg, _, _) in enumerate(places):
+            if seg in remote:
+                by_object.setdefault(seg, []).append(n)
+        for seg, numbers in by_object.items():
+            corpus_id, key = remote[seg]
+            for n, body in zip(numbers, self._fetch(corpus_id, key,
+                                                    [places[n][1:] for n in numbers]),
+                               strict=True):  # fmt: skip
+                out[n] = body
+        return [b for b in out if b is not None]
+
+    def _fetch(self, corpus_id: int, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if self.fetch is None:
+            raise BodiesGone(f"{key}: no store to fetch bodies from")
+        try:
+            return self.fetch(key, ranges)
+        except ObjectNotFoundError:
+            if self.gone is not None:
+                self.gone(corpus_id)
+            raise BodiesGone(f"{key} no longer exists: the corpus is being read again") from None
 
     def has_trace(self, corpus_id: int, trace_id: str) -> bool:
         """Whether the corpus holds a live record of the trace."""

@@ -16,7 +16,8 @@ from rl_export.common.filters import Filters
 from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
 from rl_export.labeling.queue import TraceLabels, order_sql, target_sql
 from rl_export.labeling.settings import LabelingSettings
-from rl_export.web.index import LABEL_SUM, QueryIndex, filter_sql
+from rl_export.web.index import QueryIndex
+from rl_export.web.indexsql import LABEL_SUM, filter_sql
 
 # A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
 # record written before ``labels``), skips.

@@ -326,10 +326,14 @@ async def test_expire_deletes_only_what_is_covered_and_old_enough(clock: list[fl
     commit_keys = {REF.manifest_key(c.stream, c.from_offset) for c in covered}
     sidecars = {REF.key(p["index"]["key"]) for p in g1.parts}  # beside each part
     assert len(sidecars) == len(g1.parts)
-    gen1_keys = {REF.key(p["shard"]) for p in g1.parts} | sidecars | {
-        leftover_part,
-        REF.compaction_key(1),
-    }
+    gen1_keys = (
+        {REF.key(p["shard"]) for p in g1.parts}
+        | sidecars
+        | {
+            leftover_part,
+            REF.compaction_key(1),
+        }
+    )
     assert set(deleted) == data_keys | commit_keys | gen1_keys
     assert deleted == store.deletes
     assert len(deleted) == len(set(deleted))

@@ -1,8 +1,14 @@
 """The query index: ingest, latest revision per trace, and queries that agree with the
-Python filters and stats of the export package on random records."""
+Python filters and stats of the export package on random records.
+
+Every test that takes the ``index`` or ``shared`` fixture runs twice: once ingesting corpus
+lines (DuckDB parses them; the bodies are copied into local segments) and once through index
+sidecars (the objects' columns from Parquet; the bodies fetched from the objects by range),
+so an instance started on sidecar-less history and one on sidecars answer alike."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from datetime import UTC, datetime, timedelta
@@ -15,10 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl_export.common.codec import dumps_line
+from rl_export.common.errors import ObjectNotFoundError
 from rl_export.common.filters import Filters
+from rl_export.corpora.layout import SidecarRef
+from rl_export.corpora.sidecar import build_sidecar, line_rows, read_sidecar
 from rl_export.export.stats import StatsAccumulator
 from rl_export.labeling.settings import LabelingSettings
-from rl_export.web.index import CorpusKey, QueryIndex
+from rl_export.web.index import BodiesGone, CorpusKey, QueryIndex
 from rl_export.web.labelindex import (
     QueueAsk,
     QueueFilter,
@@ -43,10 +52,36 @@ def tombstone(trace_id: str, revision: int) -> dict[str, Any]:
             "revision": revision, "deleted": True}  # fmt: skip
 
 
-@pytest.fixture
-def index(tmp_path: Path) -> Any:
+_OBJECTS = itertools.count()
+
+
+def through_sidecars(index: QueryIndex) -> QueryIndex:
+    """The index, with ``ingest`` going through each object's sidecar as a web instance
+    does on sidecars: the lines are stored as an object, its sidecar is built and checked
+    as the reader does, and the index reads the columns; bodies come back by range."""
+    objects: dict[str, bytes] = {}
+
+    def ingest(corpus_id: int, data: bytes, cursor: dict[str, int]) -> None:
+        lines = [piece + b"\n" for piece in data.split(b"\n")[:-1]]
+        sha = hashlib.sha256(data).hexdigest()
+        key = f"acme/bot/c/data/t-0/{next(_OBJECTS):020d}-{sha[:16]}.jsonl"
+        objects[key] = data
+        sidecar = build_sidecar(line_rows(lines), [len(x) for x in lines], sha)
+        ref = SidecarRef(key="k", sha256=hashlib.sha256(sidecar).hexdigest(),
+                         bytes=len(sidecar), rows=len(lines))  # fmt: skip
+        table = read_sidecar(sidecar, ref, shard_sha256=sha, records=len(lines),
+                             shard_bytes=len(data))  # fmt: skip
+        index.ingest_columns(corpus_id, key, table, cursor)
+
+    index.ingest = ingest  # type: ignore[method-assign]
+    index.fetch = lambda key, ranges: [objects[key][s : s + n] for s, n in ranges]
+    return index
+
+
+@pytest.fixture(params=["lines", "sidecars"])
+def index(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     made = QueryIndex(tmp_path / "index", threads=1)
-    yield made
+    yield made if request.param == "lines" else through_sidecars(made)
     made.close()
 
 
@@ -320,10 +355,10 @@ filters_strategy = st.builds(
 _EXAMPLES = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=["lines", "sidecars"])
+def shared(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
     made = QueryIndex(tmp_path_factory.mktemp("shared"), threads=1)
-    yield made
+    yield made if request.param == "lines" else through_sidecars(made)
     made.close()
 
 
@@ -368,6 +403,16 @@ def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: Quer
     stats = index.stats(cid, Filters())
     count = len(index.segments.numbers())
     assert index.compact_segments(min_segments=100) == 0  # not enough of them yet
+    if index.fetch is not None:  # through sidecars: the bodies are the store's, never copied
+        assert count == 0
+        assert index.compact_segments(min_segments=3) == 0
+        assert index.collect_segments() == []
+        with index.db.cursor() as db:  # what no row points into is forgotten
+            row = db.execute("SELECT count(*) FROM remote").fetchone()
+        assert row is not None
+        assert row[0] == 7  # each object still holds a live body
+        assert index.preview(cid, Filters(), 100) == before
+        return
     assert index.compact_segments(min_segments=3) == 6
     assert index.collect_segments()
     assert len(index.segments.numbers()) < count
@@ -386,3 +431,24 @@ def test_queue_past_many_labeled_traces_follows_revisions(index: QueryIndex) -> 
     index.ingest(cid, b"".join([traced(10, revision=2), line(tombstone("t7", 2))]), {})
     assert queue_of(index, cid, "ana", K3, limit=2) == (["t10", "t6"], 8, 19)
     assert queue_of(index, cid, "bo", K3, limit=1)[1] == 19
+
+
+def test_a_body_whose_object_expired_asks_for_its_corpus_to_be_read_again(tmp_path: Path) -> None:
+    index = through_sidecars(QueryIndex(tmp_path / "index", threads=1))
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        index.ingest(cid, line(record("a")), {"s-0": 1})
+        assert len(index.preview(cid, Filters(), 10)) == 1
+        told: list[int] = []
+        index.gone = told.append
+
+        def expired(key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+            raise ObjectNotFoundError(f"{key} not found")
+
+        index.fetch = expired
+        with pytest.raises(BodiesGone):
+            index.preview(cid, Filters(), 10)
+        assert told == [cid]
+        assert index.stats(cid, Filters()).records == 1  # the columns still answer
+    finally:
+        index.close()

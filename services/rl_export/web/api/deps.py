@@ -19,7 +19,7 @@ from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.specs import SAFE_NAME
 from rl_export.web.errors import Forbidden, Invalid, Unauthorized, Unavailable
 from rl_export.web.follower import Followed
-from rl_export.web.index import CorpusKey
+from rl_export.web.index import BodiesGone, CorpusKey
 from rl_export.web.models import IndexState
 from rl_export.web.services import Services
 from rl_export.web.tokens import Caller, Scope, TokenRejected
@@ -148,8 +148,14 @@ def index_state(followed: Followed, now: float) -> IndexState:
 
 
 async def query(fn: Callable[..., T], *args: Any) -> T:
-    """Run an index query off the event loop; once more if a segment went away under it."""
+    """Run an index query off the event loop; once more if a segment went away under it.
+    A body whose store object expired is a 503 (the corpus is being read again)."""
     try:
-        return await asyncio.to_thread(fn, *args)
-    except FileNotFoundError:
-        return await asyncio.to_thread(fn, *args)
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except FileNotFoundError:
+            return await asyncio.to_thread(fn, *args)
+    except BodiesGone as exc:
+        raise Unavailable(f"{exc}; retry in a few seconds") from None
+    except StoreError as exc:
+        raise Unavailable(f"the object store did not answer ({exc}); retry") from None

@@ -49,7 +49,8 @@ from rl_export.web.api.deps import (
     query,
 )
 from rl_export.web.errors import Invalid, NotFound
-from rl_export.web.index import BINS, QueryIndex
+from rl_export.web.index import QueryIndex
+from rl_export.web.indexsql import BINS
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
 from rl_export.web.models import (
     ExportIn,
