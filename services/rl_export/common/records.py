@@ -193,7 +193,7 @@ class SnapshotLines:
 
     __slots__ = (
         "_fields", "_parts", "_record_at", "_snapshot", "_updated_at", "_value", "deleted",
-        "evaluator", "human", "org", "project", "revision", "trace_id",
+        "evaluator", "human", "memo", "org", "project", "revision", "trace_id",
     )  # fmt: skip
 
     def __init__(self, snapshot: dict[str, Any]) -> None:
@@ -212,6 +212,9 @@ class SnapshotLines:
         self._parts: list[bytes] | None = None
         self._record_at: tuple[int, ...] | None = None  # c, d, messages' start and end
         self._fields: dict[str, Any] | None = None
+        # What a consumer derives once per snapshot for all the corpora (the sink: the
+        # snapshot's index sidecar row).
+        self.memo: Any = None
 
     def fields(self) -> dict[str, Any]:
         """The snapshot's record fields but the messages (and the scored ones, which each
@@ -282,6 +285,7 @@ class SnapshotLines:
         ]  # fmt: skip
         lines._record_at = (c, d, *messages_at) if messages_at else None
         lines._fields = None
+        lines.memo = None
         return lines
 
     @property
