@@ -193,6 +193,7 @@ class ObjectLines:
     data: bytes
     count: int
     columns: Any = None  # with ``columns=True``: the object's index sidecar (a pyarrow Table)
+    compacted: bool = False  # a part of the compaction the read started from
 
     @property
     def lines(self) -> list[bytes]:
@@ -215,6 +216,7 @@ class _Span:
     skipped: int
     move: Callable[[int], None]
     columns: Any = None  # the sidecar's rows after the cursor, in place of ``data``
+    compacted: bool = False
 
 
 class CorpusReader:
@@ -347,7 +349,7 @@ class CorpusReader:
         async with contextlib.aclosing(self._walk()) as spans:
             async for span in spans:
                 span.move(span.skipped + span.count)
-                yield ObjectLines(span.key, span.data, span.count, span.columns)
+                yield ObjectLines(span.key, span.data, span.count, span.columns, span.compacted)
 
     async def _walk(self) -> AsyncGenerator[_Span, None]:
         """Every object after the cursor, verified, in reading order; the caller moves the
@@ -405,7 +407,7 @@ class CorpusReader:
             data = b"" if columns is not None else await _object_data(
                 self.store, part, "its compaction")  # fmt: skip
             yield _Span(part.key, _drop_lines(data, skipped), part.records - skipped, skipped,
-                        mover(before), columns)  # fmt: skip
+                        mover(before), columns, compacted=True)  # fmt: skip
         self._cursor = dict(positions)
         self._compaction = None
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -224,8 +225,9 @@ class Indexer:
                     if pending is not None:
                         await pending
                     if item.columns is not None:  # its sidecar: columns, bodies left there
-                        pending = write(self.index.ingest_columns, cid, item.key, item.columns,
-                                        reader.cursor)  # fmt: skip
+                        pending = write(functools.partial(
+                            self.index.ingest_columns, cid, item.key, item.columns,
+                            reader.cursor, fresh=item.compacted))  # fmt: skip
                         as_columns.inc()
                     else:
                         pending = write(self.index.ingest, cid, item.data, reader.cursor)

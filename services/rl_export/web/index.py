@@ -54,6 +54,7 @@ from typing import Any
 
 import duckdb
 import orjson
+import pyarrow as pa
 
 from rl_export.common.codec import dumps, loads
 from rl_export.common.errors import ObjectNotFoundError
@@ -66,6 +67,7 @@ SCHEMA_VERSION = "6"  # bumped when the index or its segments change: rebuilt fr
 
 SLICE = 20_000
 CHECKED_ROWS = 64  # rows per slice whose trace id is checked against the segment's bytes
+CHUNK_ROWS = 16_384  # a sidecar is read in chunks of this many rows: one per DuckDB thread
 _NEWLINE = re.compile(b"\n")
 
 
@@ -151,6 +153,7 @@ class QueryIndex:
                 "memory_limit": memory,
                 "autoinstall_known_extensions": False,
                 "autoload_known_extensions": False,
+                "checkpoint_threshold": "1GB",
             },
         )
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
@@ -274,11 +277,14 @@ class QueryIndex:
                     path.unlink(missing_ok=True)
                     raise
 
-    def ingest_columns(self, corpus_id: int, key: str, table: Any, cursor: Cursor) -> None:
+    def ingest_columns(
+        self, corpus_id: int, key: str, table: Any, cursor: Cursor, *, fresh: bool = False
+    ) -> None:
         """Take an object's index sidecar rows (a pyarrow Table of
         :data:`rl_export.corpora.sidecar.SCHEMA`, verified by the reader, after the cursor's
         skip) and the cursor after them: the rows' columns, their bodies left in the store
-        object ``key`` at the sidecar's line places (fetched by range when shown)."""
+        object ``key`` at the sidecar's line places (fetched by range when shown).
+        ``fresh``: a part of the compaction the corpus is being read from (see _apply)."""
         with self._lock:
             if table.num_rows == 0:
                 self.db.execute(
@@ -291,7 +297,7 @@ class QueryIndex:
             try:
                 self._apply(corpus_id, segment, table.num_rows, cursor,
                             lambda: self._batch_from_columns(table),
-                            remote=key)  # fmt: skip
+                            remote=key, fresh=fresh)  # fmt: skip
             except duckdb.Error as exc:
                 raise IndexError_(f"DuckDB could not take the sidecar of {key}: {exc}") from exc
             self._remote[segment] = (corpus_id, key)
@@ -299,7 +305,7 @@ class QueryIndex:
     def _batch_from_columns(self, table: Any) -> None:
         """Step 2 from a sidecar: its columns, a row per line, with the line's place."""
         db = self.db
-        db.register("sidecar_rows", table)
+        db.register("sidecar_rows", pa.Table.from_batches(table.to_batches(CHUNK_ROWS)))
         try:
             db.execute(
                 f"CREATE OR REPLACE TEMP TABLE batch AS SELECT {EXTRACT}, line_offset AS _o, "
@@ -335,8 +341,11 @@ class QueryIndex:
 
     def _apply(
         self, corpus_id: int, segment: int, count: int, cursor: Cursor | None,
-        fill_batch: Callable[[], None], *, remote: str | None = None,
+        fill_batch: Callable[[], None], *, remote: str | None = None, fresh: bool = False,
     ) -> None:  # fmt: skip
+        """Steps 2 and 3. ``fresh``: the batch's traces have no row in this corpus yet (a part
+        of the compaction the corpus is read from: its traces are distinct, and the index
+        holds nothing else of the corpus then), so nothing is looked up or replaced."""
         db = self.db
         with self._transaction():
             # 2. The lines' columns and places, as the temporary table ``batch``.
@@ -352,12 +361,13 @@ class QueryIndex:
                     "row_number() OVER (PARTITION BY trace_id ORDER BY revision DESC, "
                     "deleted DESC, _o) = 1)"
                 )
-            db.execute(
-                "DELETE FROM records USING batch b WHERE records.corpus_id = ? "
-                "AND records.trace_id = b.trace_id AND (b.revision > records.revision OR "
-                "(b.revision = records.revision AND b.deleted AND NOT records.deleted))",
-                [corpus_id],
-            )
+            if not fresh:
+                db.execute(
+                    "DELETE FROM records USING batch b WHERE records.corpus_id = ? "
+                    "AND records.trace_id = b.trace_id AND (b.revision > records.revision OR "
+                    "(b.revision = records.revision AND b.deleted AND NOT records.deleted))",
+                    [corpus_id],
+                )
             # seq: the segment's number, then the place in it: the order lines were read.
             db.execute(
                 "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
@@ -365,23 +375,31 @@ class QueryIndex:
                 "pass_dims, labelers, skipped_by, (?::BIGINT << 40) + _o, "
                 "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us, "
                 "spread, labels, results, pass_threshold, eval_reward, eval_passed, eval_split "
-                "FROM batch b WHERE NOT EXISTS (SELECT 1 FROM records r WHERE r.corpus_id = ? "
-                "AND r.trace_id = b.trace_id)",
-                [corpus_id, segment, segment, corpus_id],
-            )
+                "FROM batch b"
+                + ("" if fresh else " WHERE NOT EXISTS (SELECT 1 FROM records r WHERE "
+                   "r.corpus_id = ? AND r.trace_id = b.trace_id)"),
+                [corpus_id, segment, segment] + ([] if fresh else [corpus_id]),
+            )  # fmt: skip
             # The rows this slice made (its seq range) decide who has seen those traces.
-            low, high = segment << 40, (segment + 1) << 40
-            db.execute(
-                "DELETE FROM seen WHERE corpus_id = ? AND trace_id IN (SELECT trace_id FROM "
-                "records WHERE corpus_id = ? AND seq >= ? AND seq < ?)",
-                [corpus_id, corpus_id, low, high],
-            )
-            db.execute(
-                "INSERT INTO seen SELECT corpus_id, unnest(list_distinct(labelers || "
-                "skipped_by)), trace_id FROM records WHERE corpus_id = ? AND seq >= ? "
-                "AND seq < ? AND NOT deleted",
-                [corpus_id, low, high],
-            )
+            if fresh:
+                db.execute(
+                    "INSERT INTO seen SELECT ?, unnest(list_distinct(labelers || skipped_by)), "
+                    "trace_id FROM batch WHERE NOT deleted",
+                    [corpus_id],
+                )
+            else:
+                low, high = segment << 40, (segment + 1) << 40
+                db.execute(
+                    "DELETE FROM seen WHERE corpus_id = ? AND trace_id IN (SELECT trace_id "
+                    "FROM records WHERE corpus_id = ? AND seq >= ? AND seq < ?)",
+                    [corpus_id, corpus_id, low, high],
+                )
+                db.execute(
+                    "INSERT INTO seen SELECT corpus_id, unnest(list_distinct(labelers || "
+                    "skipped_by)), trace_id FROM records WHERE corpus_id = ? AND seq >= ? "
+                    "AND seq < ? AND NOT deleted",
+                    [corpus_id, low, high],
+                )
             if cursor is None:
                 db.execute("UPDATE corpora SET lines = lines + ? WHERE id = ?", [count, corpus_id])
             else:
