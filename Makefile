@@ -124,8 +124,8 @@ bench-ceiling: install ## one worker against the same worker with its join repla
 bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
 	$(BIN)/python -m tests.perf.bench_export
 
-bench-web: install ## web benchmark: index catch-up and query latency on 1,000,000 records, label to visible
-	$(BIN)/python -m tests.perf.bench_web
+bench-web: install ## web benchmark: cold start, index catch-up and query latency on 1,000,000 records, label to visible (BASELINE=<checkout>: its cold start beside)
+	$(BIN)/python -m tests.perf.bench_web $(if $(BASELINE),--baseline $(BASELINE))
 
 bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package
 	$(BIN)/python -m tests.perf.bench_agreement

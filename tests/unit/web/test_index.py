@@ -452,3 +452,46 @@ def test_a_body_whose_object_expired_asks_for_its_corpus_to_be_read_again(tmp_pa
         assert index.stats(cid, Filters()).records == 1  # the columns still answer
     finally:
         index.close()
+
+
+def test_a_compactions_parts_taken_without_lookups_end_as_the_lines_do(tmp_path: Path) -> None:
+    """The compaction's parts go in without looking anything up (their traces are distinct
+    and new to the index); the tail after them replaces and hides as ever."""
+    part = [record(f"t{n}", revision=2, labels=n % 3) for n in range(8)]
+    tail = [record("t1", revision=3, reward=0.1), tombstone("t2", 2), record("t9", revision=1),
+            record("t3", revision=1)]  # fmt: skip
+    lines_index = QueryIndex(tmp_path / "lines", threads=1)
+    columns_index = through_sidecars(QueryIndex(tmp_path / "columns", threads=1))
+    try:
+        got = []
+        for index in (lines_index, columns_index):
+            cid = index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
+            data = b"".join(line(r) for r in part)
+            if index is columns_index:
+                fresh_ingest(index, cid, data)
+            else:
+                index.ingest(cid, data, {"s-0": 0})
+            index.ingest(cid, b"".join(line(r) for r in tail), {"s-0": 4})
+            got.append((bodies(index.preview(cid, Filters(), 100)), index.stats(cid, Filters()),
+                        queue_of(index, cid, "ana", K3)))  # fmt: skip
+        assert got[0] == got[1]
+        assert [r["trace_id"] for r in got[0][0]] == ["t0", "t3", "t4", "t5", "t6", "t7", "t1",
+                                                      "t9"]  # fmt: skip
+    finally:
+        lines_index.close()
+        columns_index.close()
+
+
+def fresh_ingest(index: QueryIndex, cid: int, data: bytes) -> None:
+    lines = [piece + b"\n" for piece in data.split(b"\n")[:-1]]
+    sha = hashlib.sha256(data).hexdigest()
+    sidecar = build_sidecar(line_rows(lines), [len(x) for x in lines], sha)
+    ref = SidecarRef(key="k", sha256=hashlib.sha256(sidecar).hexdigest(), bytes=len(sidecar),
+                     rows=len(lines))  # fmt: skip
+    table = read_sidecar(sidecar, ref, shard_sha256=sha, records=len(lines),
+                         shard_bytes=len(data))  # fmt: skip
+    key = "acme/bot/evaluator/_compacted/00000000000000000001/part-00000.jsonl"
+    fetch = index.fetch
+    assert fetch is not None
+    index.fetch = lambda k, r: [data[s : s + n] for s, n in r] if k == key else fetch(k, r)
+    index.ingest_columns(cid, key, table, {"s-0": 0}, fresh=True)
