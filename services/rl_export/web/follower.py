@@ -41,6 +41,8 @@ from rl_export.web.index import CorpusKey, IndexError_, QueryIndex
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 60.0
 FETCH_TIMEOUT_S = 30.0
+BATCH_ROWS = 200_000
+"""Most sidecar rows the index takes in one transaction."""
 T = TypeVar("T")
 
 
@@ -210,7 +212,26 @@ class Indexer:
                     followed.live, counted = live.get(cid, 0), followed.lines
                 self._released(followed)
 
+        # Objects read as columns wait here while the writer is busy, and go to it together
+        # (one transaction) when it is free or they reach BATCH_ROWS: a catch-up writes a
+        # few large batches, a follower that keeps up one object at a time.
+        waiting: list[tuple[str, Any]] = []
+        waiting_rows = 0
+        waiting_fresh = True
+        waiting_cursor: dict[str, int] = {}
+
+        def hand_over() -> None:
+            nonlocal pending, waiting, waiting_rows, waiting_fresh
+            if not waiting:
+                return
+            ingest = functools.partial(
+                self.index.ingest_columns, cid, waiting, waiting_cursor, fresh=waiting_fresh
+            )
+            pending = write(ingest)
+            waiting, waiting_rows, waiting_fresh = [], 0, True
+
         def caught_up(began: float) -> None:
+            hand_over()  # the pass is done: what waits goes now (settle waits for it)
             task = loop.create_task(settle(began))
             settling.add(task)
             task.add_done_callback(settling.discard)
@@ -222,21 +243,31 @@ class Indexer:
                 # 2. and 3.: the next object is read while the last one is ingested.
                 async for item in reader.follow_objects(cursor, stop=self._stop,
                                                         caught_up=caught_up):  # fmt: skip
-                    if pending is not None:
-                        await pending
                     if item.columns is not None:  # its sidecar: columns, bodies left there
-                        pending = write(functools.partial(
-                            self.index.ingest_columns, cid, item.key, item.columns,
-                            reader.cursor, fresh=item.compacted))  # fmt: skip
+                        waiting.append((item.key, item.columns))
+                        waiting_rows += item.count
+                        waiting_fresh = waiting_fresh and item.compacted
+                        waiting_cursor = reader.cursor
                         as_columns.inc()
+                        if pending is None or pending.done() or waiting_rows >= BATCH_ROWS:
+                            if pending is not None:
+                                await pending
+                            hand_over()
                     else:
+                        if pending is not None:
+                            await pending
+                        hand_over()  # in reading order: what waits first
+                        if pending is not None:
+                            await pending
                         pending = write(self.index.ingest, cid, item.data, reader.cursor)
                         as_lines.inc()
                     followed.lines += item.count
                     ingested.inc(item.count)
+                hand_over()
                 if pending is not None:
                     await pending
             except ChainError as exc:
+                waiting, waiting_rows, waiting_fresh = [], 0, True
                 # 4. The chains moved on without us: start again from the latest compaction.
                 log.warning("index: %s: %s; reading it again from its latest compaction",
                             key.name, exc)  # fmt: skip
@@ -244,6 +275,7 @@ class Indexer:
                 await write(self.index.reset, cid)
                 followed.error = str(exc)
             except (StoreError, IndexError_, OSError) as exc:
+                waiting, waiting_rows, waiting_fresh = [], 0, True
                 log.error("index: %s: %s; retrying", key.name, exc)
                 await self._drain(pending)
                 followed.error = str(exc)

@@ -265,10 +265,10 @@ class QueryIndex:
                 offsets = [start - begin for start in starts[first:last]]
                 lengths = [b - a - 1 for a, b in itertools.pairwise(starts[first : last + 1])]
                 fill = functools.partial(
-                    self._batch_from_json, path, _Slice(offsets, lengths, data, begin)
+                    self._batch_from_json, segment, path, _Slice(offsets, lengths, data, begin)
                 )
                 try:
-                    self._apply(corpus_id, segment, len(offsets),
+                    self._apply(corpus_id, (segment, segment + 1), len(offsets),
                                 cursor if last == lines else None, fill)  # fmt: skip
                 except duckdb.Error as exc:
                     path.unlink(missing_ok=True)
@@ -278,46 +278,63 @@ class QueryIndex:
                     raise
 
     def ingest_columns(
-        self, corpus_id: int, key: str, table: Any, cursor: Cursor, *, fresh: bool = False
-    ) -> None:
-        """Take an object's index sidecar rows (a pyarrow Table of
+        self, corpus_id: int, objects: list[tuple[str, Any]], cursor: Cursor, *,
+        fresh: bool = False,
+    ) -> None:  # fmt: skip
+        """Take objects' index sidecar rows (``(key, table)``: a pyarrow Table of
         :data:`rl_export.corpora.sidecar.SCHEMA`, verified by the reader, after the cursor's
-        skip) and the cursor after them: the rows' columns, their bodies left in the store
-        object ``key`` at the sidecar's line places (fetched by range when shown).
-        ``fresh``: a part of the compaction the corpus is being read from (see _apply)."""
+        skip), in reading order, and the cursor after the last, in one transaction: the
+        rows' columns, their bodies left in each store object ``key`` at the sidecar's line
+        places (fetched by range when shown). ``fresh``: parts of the compaction the corpus is
+        being read from (see :meth:`_apply`)."""
+        objects = [(key, table) for key, table in objects if table.num_rows]
         with self._lock:
-            if table.num_rows == 0:
+            if not objects:
                 self.db.execute(
                     "UPDATE corpora SET cursor = ? WHERE id = ?",
                     [dumps(cursor).decode(), corpus_id],
                 )
                 return
-            segment = self.segments.next  # a number of the segments' own, without a file
-            self.segments.next += 1
+            first = self.segments.next  # numbers of the segments' own, without a file
+            self.segments.next += len(objects)
+            remote = [(first + n, key) for n, (key, _) in enumerate(objects)]
             try:
-                self._apply(corpus_id, segment, table.num_rows, cursor,
-                            lambda: self._batch_from_columns(table),
-                            remote=key, fresh=fresh)  # fmt: skip
+                self._apply(corpus_id, (first, first + len(objects)),
+                            sum(t.num_rows for _, t in objects), cursor,
+                            lambda: self._batch_from_columns(first, [t for _, t in objects]),
+                            remote=remote, fresh=fresh)  # fmt: skip
             except duckdb.Error as exc:
-                raise IndexError_(f"DuckDB could not take the sidecar of {key}: {exc}") from exc
-            self._remote[segment] = (corpus_id, key)
+                raise IndexError_(f"DuckDB could not take the sidecars of {objects[0][0]} "
+                                  f"and after: {exc}") from exc  # fmt: skip
+            for seg, key in remote:
+                self._remote[seg] = (corpus_id, key)
 
-    def _batch_from_columns(self, table: Any) -> None:
-        """Step 2 from a sidecar: its columns, a row per line, with the line's place."""
+    def _batch_from_columns(self, first: int, tables: list[Any]) -> None:
+        """Step 2 from sidecars: their columns, a row per line, with the line's place; the
+        n-th table's lines are in segment ``first + n``."""
         db = self.db
-        db.register("sidecar_rows", pa.Table.from_batches(table.to_batches(CHUNK_ROWS)))
+        names = [f"sidecar_rows_{n}" for n in range(len(tables))]
+        for name, table in zip(names, tables, strict=True):
+            db.register(name, pa.Table.from_batches(table.to_batches(CHUNK_ROWS)))
         try:
             db.execute(
-                f"CREATE OR REPLACE TEMP TABLE batch AS SELECT {EXTRACT}, line_offset AS _o, "
-                "line_length AS _n FROM sidecar_rows"
+                "CREATE OR REPLACE TEMP TABLE batch AS "
+                + " UNION ALL ".join(
+                    f"SELECT {EXTRACT}, line_offset AS _o, line_length AS _n, "
+                    f"{first + n}::INTEGER AS _seg, ({first + n}::BIGINT << 40) + line_offset "
+                    f"AS _q FROM {name}"
+                    for n, name in enumerate(names)
+                )
             )
         finally:
-            db.unregister("sidecar_rows")
+            for name in names:
+                db.unregister(name)
         found = db.execute("SELECT count(*) FROM batch").fetchone()
-        if found is None or found[0] != table.num_rows:
-            raise IndexError_(f"DuckDB read {found} rows from a sidecar of {table.num_rows}")
+        total = sum(t.num_rows for t in tables)
+        if found is None or found[0] != total:
+            raise IndexError_(f"DuckDB read {found} rows from sidecars of {total}")
 
-    def _batch_from_json(self, path: Path, lines: _Slice) -> None:
+    def _batch_from_json(self, segment: int, path: Path, lines: _Slice) -> None:
         """Step 2 from a segment: DuckDB's JSON reader, a row per line in the file's order;
         then where each line is."""
         columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in JSON_COLUMNS.items()) + "}"
@@ -331,35 +348,46 @@ class QueryIndex:
         db.execute(f"CREATE OR REPLACE TEMP TABLE lines AS SELECT {EXTRACT} FROM {source}")
         first = db.execute("SELECT min(rowid) FROM lines").fetchone()
         db.execute(
-            "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n FROM lines l "
-            "JOIN (SELECT unnest(?::BIGINT[]) AS _o, unnest(?::BIGINT[]) AS _n, "
-            "generate_subscripts(?::BIGINT[], 1) - 1 + ? AS row) o ON l.rowid = o.row",
-            [lines.offsets, lines.lengths, lines.offsets, first[0] if first else 0],
+            "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n, ?::INTEGER AS _seg, "
+            "(?::BIGINT << 40) + o._o AS _q FROM lines l JOIN (SELECT unnest(?::BIGINT[]) AS _o, "
+            "unnest(?::BIGINT[]) AS _n, generate_subscripts(?::BIGINT[], 1) - 1 + ? AS row) o "
+            "ON l.rowid = o.row",
+            [
+                segment,
+                segment,
+                lines.offsets,
+                lines.lengths,
+                lines.offsets,
+                first[0] if first else 0,
+            ],
         )
         self._check_order(lines)
         db.execute("DROP TABLE lines")
 
     def _apply(
-        self, corpus_id: int, segment: int, count: int, cursor: Cursor | None,
-        fill_batch: Callable[[], None], *, remote: str | None = None, fresh: bool = False,
+        self, corpus_id: int, segments: tuple[int, int], count: int, cursor: Cursor | None,
+        fill_batch: Callable[[], None], *, remote: list[tuple[int, str]] | None = None,
+        fresh: bool = False,
     ) -> None:  # fmt: skip
-        """Steps 2 and 3. ``fresh``: the batch's traces have no row in this corpus yet (a part
-        of the compaction the corpus is read from: its traces are distinct, and the index
-        holds nothing else of the corpus then), so nothing is looked up or replaced."""
+        """Steps 2 and 3 for the lines of ``segments`` (first, after the last). ``fresh``: the
+        batch's traces have no row in this corpus yet (parts of the compaction the corpus is
+        read from: their traces are distinct, and the index holds nothing else of the corpus
+        then), so nothing is looked up or replaced."""
         db = self.db
         with self._transaction():
-            # 2. The lines' columns and places, as the temporary table ``batch``.
+            # 2. The lines' columns, places and segments, as the temporary table ``batch``;
+            # ``_q``, the order they were read in (segment, then place): their ``seq``.
             fill_batch()
-            if remote is not None:
-                db.execute("INSERT INTO remote VALUES (?, ?, ?)", [segment, corpus_id, remote])
+            for seg, key in remote or ():
+                db.execute("INSERT INTO remote VALUES (?, ?, ?)", [seg, corpus_id, key])
             # 3. The best line per trace, the rows it replaces, the traces that have none.
             repeated = db.execute("SELECT count(*) - count(DISTINCT trace_id) FROM batch")
             row = repeated.fetchone()
             if row is not None and row[0]:  # a trace twice in the slice: keep its best line
                 db.execute(
-                    "DELETE FROM batch WHERE _o NOT IN (SELECT _o FROM batch QUALIFY "
+                    "DELETE FROM batch WHERE _q NOT IN (SELECT _q FROM batch QUALIFY "
                     "row_number() OVER (PARTITION BY trace_id ORDER BY revision DESC, "
-                    "deleted DESC, _o) = 1)"
+                    "deleted DESC, _q) = 1)"
                 )
             if not fresh:
                 db.execute(
@@ -372,13 +400,13 @@ class QueryIndex:
             db.execute(
                 "INSERT INTO records SELECT ?, trace_id, revision, deleted, reward, passed, "
                 "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
-                "pass_dims, labelers, skipped_by, (?::BIGINT << 40) + _o, "
-                "CASE WHEN deleted THEN NULL ELSE ? END, _o, _n, labeled, bucket, completed_us, "
-                "spread, labels, results, pass_threshold, eval_reward, eval_passed, eval_split "
-                "FROM batch b"
+                "pass_dims, labelers, skipped_by, _q, "
+                "CASE WHEN deleted THEN NULL ELSE _seg END, _o, _n, labeled, bucket, "
+                "completed_us, spread, labels, results, pass_threshold, eval_reward, "
+                "eval_passed, eval_split FROM batch b"
                 + ("" if fresh else " WHERE NOT EXISTS (SELECT 1 FROM records r WHERE "
                    "r.corpus_id = ? AND r.trace_id = b.trace_id)"),
-                [corpus_id, segment, segment] + ([] if fresh else [corpus_id]),
+                [corpus_id] + ([] if fresh else [corpus_id]),
             )  # fmt: skip
             # The rows this slice made (its seq range) decide who has seen those traces.
             if fresh:
@@ -388,7 +416,7 @@ class QueryIndex:
                     [corpus_id],
                 )
             else:
-                low, high = segment << 40, (segment + 1) << 40
+                low, high = segments[0] << 40, segments[1] << 40
                 db.execute(
                     "DELETE FROM seen WHERE corpus_id = ? AND trace_id IN (SELECT trace_id "
                     "FROM records WHERE corpus_id = ? AND seq >= ? AND seq < ?)",

@@ -71,7 +71,7 @@ def through_sidecars(index: QueryIndex) -> QueryIndex:
                          bytes=len(sidecar), rows=len(lines))  # fmt: skip
         table = read_sidecar(sidecar, ref, shard_sha256=sha, records=len(lines),
                              shard_bytes=len(data))  # fmt: skip
-        index.ingest_columns(corpus_id, key, table, cursor)
+        index.ingest_columns(corpus_id, [(key, table)], cursor)
 
     index.ingest = ingest  # type: ignore[method-assign]
     index.fetch = lambda key, ranges: [objects[key][s : s + n] for s, n in ranges]
@@ -494,4 +494,50 @@ def fresh_ingest(index: QueryIndex, cid: int, data: bytes) -> None:
     fetch = index.fetch
     assert fetch is not None
     index.fetch = lambda k, r: [data[s : s + n] for s, n in r] if k == key else fetch(k, r)
-    index.ingest_columns(cid, key, table, {"s-0": 0}, fresh=True)
+    index.ingest_columns(cid, [(key, table)], {"s-0": 0}, fresh=True)
+
+
+def test_objects_taken_in_one_transaction_keep_the_readers_rule(tmp_path: Path) -> None:
+    """Several objects' sidecars in one batch (a catch-up): per trace the greatest revision,
+    a tombstone on a tie, else the line read first, across the objects as within one."""
+    objects = [
+        [
+            record("t1", revision=1, reward=0.1),
+            record("t2", revision=2),
+            record("t4", revision=3, reward=0.8),
+        ],
+        [record("t1", revision=1, reward=0.9), tombstone("t2", 2), record("t3", revision=1)],
+        [record("t3", revision=2, reward=0.3), record("t4", revision=1, reward=0.4)],
+    ]
+    lines_index = QueryIndex(tmp_path / "lines", threads=1)
+    batch_index = QueryIndex(tmp_path / "batch", threads=1)
+    try:
+        cid = lines_index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
+        for n, rows in enumerate(objects):
+            lines_index.ingest(cid, b"".join(line(r) for r in rows), {"s-0": n})
+        bid = batch_index.corpus_id(CorpusKey("acme", "bot", "evaluator"))
+        stored: dict[str, bytes] = {}
+        taken = []
+        for n, rows in enumerate(objects):
+            lines = [line(r) for r in rows]
+            data = b"".join(lines)
+            sha = hashlib.sha256(data).hexdigest()
+            stored[f"o{n}"] = data
+            sidecar = build_sidecar(line_rows(lines), [len(x) for x in lines], sha)
+            ref = SidecarRef(key="k", sha256=hashlib.sha256(sidecar).hexdigest(),
+                             bytes=len(sidecar), rows=len(lines))  # fmt: skip
+            table = read_sidecar(sidecar, ref, shard_sha256=sha, records=len(lines),
+                                 shard_bytes=len(data))  # fmt: skip
+            taken.append((f"o{n}", table))
+        batch_index.fetch = lambda key, ranges: [stored[key][s : s + n] for s, n in ranges]
+        batch_index.ingest_columns(bid, taken, {"s-0": 3})
+        want = bodies(lines_index.preview(cid, Filters(), 10))
+        assert bodies(batch_index.preview(bid, Filters(), 10)) == want
+        assert [(r["trace_id"], r["revision"], r["reward"]) for r in want] == [
+            ("t1", 1, 0.1), ("t4", 3, 0.8), ("t3", 2, 0.3),
+        ]  # fmt: skip
+        assert batch_index.stats(bid, Filters()) == lines_index.stats(cid, Filters())
+        assert batch_index.cursor(bid) == {"s-0": 3}
+    finally:
+        lines_index.close()
+        batch_index.close()
