@@ -393,9 +393,14 @@ class S3Store:
                 raise self._wrap(exc, f"create-only put {key}") from exc
 
     async def get(self, key: str) -> bytes:
+        return await self._get(key)
+
+    async def _get(self, key: str, byte_range: str | None = None) -> bytes:
+        """The object's bytes, or those of ``byte_range`` (``start-end``, inclusive)."""
         full, client = self._key(key), await self._c()
+        extra = {} if byte_range is None else {"Range": f"bytes={byte_range}"}
         try:
-            response = await client.get_object(Bucket=self.bucket, Key=full)
+            response = await client.get_object(Bucket=self.bucket, Key=full, **extra)
             async with response["Body"] as body:
                 data: bytes = await body.read()
                 return data
@@ -403,7 +408,8 @@ class S3Store:
             code, status = _error_code(exc)
             if status == 404 or code in ("NoSuchKey", "404"):
                 raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
-            raise self._wrap(exc, f"get {key}") from exc
+            what = f"get {key}" + ("" if byte_range is None else f" bytes {byte_range}")
+            raise self._wrap(exc, what) from exc
 
     async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Byte ranges ``(start, length)`` of an object, in order: one ranged GET over them
@@ -419,21 +425,7 @@ class S3Store:
         return [_cut(key, data, n) for data, (_, n) in zip(found, ranges, strict=True)]
 
     async def _range(self, key: str, start: int, end: int) -> bytes:
-        full, client = self._key(key), await self._c()
-        if end <= start:
-            return b""
-        try:
-            response = await client.get_object(
-                Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}"
-            )
-            async with response["Body"] as body:
-                data: bytes = await body.read()
-                return data
-        except Exception as exc:
-            code, status = _error_code(exc)
-            if status == 404 or code in ("NoSuchKey", "404"):
-                raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
-            raise self._wrap(exc, f"get {key} bytes {start}-{end - 1}") from exc
+        return b"" if end <= start else await self._get(key, f"{start}-{end - 1}")
 
     async def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
         full, client = self._key(key), await self._c()
