@@ -274,18 +274,19 @@ class ChainWriter:
                 [p.updated_at for p in self.pending if p.updated_at],
                 self.config.compression,
             )
+            # The sidecar's rows and line lengths, of the very lines just encoded.
+            rows = [p.index for p in self.pending if p.index is not None]
+            lengths = [len(p.line) for p in self.pending]
             started = time.monotonic()
             data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
             await self.store.put(data_key, shard.data)
             if self.config.crash_at == "after_data":
                 os.kill(os.getpid(), signal.SIGKILL)
             index = None
-            rows = [p.index for p in self.pending if p.index is not None]
-            if self.sidecars and len(rows) == len(self.pending):
+            if self.sidecars and len(rows) == len(lengths):
                 index = await write_sidecar(
-                    self.store, data_key, rows, [len(p.line) for p in self.pending],
-                    shard.sha256, relative=self.ref.relative,
-                )  # fmt: skip
+                    self.store, data_key, rows, lengths, shard.sha256, relative=self.ref.relative
+                )
             commit = Commit(
                 topic=self.topic,
                 partition=self.partition,
