@@ -193,8 +193,16 @@ class Api:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        self._conn.request(method, url, body=data, headers=headers)
-        response = self._conn.getresponse()
+        try:
+            self._conn.request(method, url, body=data, headers=headers)
+            response = self._conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed a keep-alive connection that idled (a labeler's pause):
+            # once more on a new one, as a browser would.
+            self._conn.close()
+            self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+            self._conn.request(method, url, body=data, headers=headers)
+            response = self._conn.getresponse()
         return response.status, response.read()
 
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
@@ -353,11 +361,13 @@ def claim_latencies(port: int, tokens: list[str], rounds: int, pause_s: float) -
             f"release ({len(tokens)} labelers, {how})": quantiles(releases)}  # fmt: skip
 
 
-def measure_index(store_dir: Path, records: int, rounds: int, *,
-                  pythonpath: str | None = None) -> dict[str, Any]:  # fmt: skip
+def measure_index(
+    store_dir: Path, records: int, rounds: int, *, pythonpath: str | None = None,
+    cold_only: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Steps 2 and 3: a web service with an empty index on the cached corpora. With
-    ``pythonpath`` (another checkout's ``services``: ``--baseline``) only step 2, that code's
-    cold start and catch-up on the same corpora."""
+    ``pythonpath`` another checkout's ``services`` (``--baseline``) runs that code's service
+    on the same corpora; ``cold_only`` stops after step 2 (its cold start and catch-up)."""
     with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-") as folder:
         port = free_port()
         env = child_env(
@@ -379,11 +389,12 @@ def measure_index(store_dir: Path, records: int, rounds: int, *,
             cold = time.monotonic() - began  # process start to both corpora indexed
             log(f"cold start: both corpora indexed {cold:.1f} s after the process started")
             metrics = client.get("/metrics")
-            objects = {how: _metric(metrics, "rl_export_web_index_objects_total", read=how)
+            objects = {how: sum(_metric(metrics, "rl_export_web_index_objects_total",
+                                        corpus=source, read=how) for source in caught)
                        for how in ("columns", "lines")}  # fmt: skip
             log(f"objects read as columns (sidecars): {objects['columns']:.0f}, as lines: "
                 f"{objects['lines']:.0f}")  # fmt: skip
-            if pythonpath:
+            if cold_only:
                 size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
                 return {"catch_up": caught, "cold_start_s": cold, "index_bytes": size}
             log(f"latency: {rounds} rounds of {len(QUERIES)} queries")
@@ -556,6 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         help="another checkout (its root): its web service's "
         "cold start and catch-up on the same corpora, printed beside this one's",
     )
+    parser.add_argument(
+        "--baseline-latency",
+        action="store_true",
+        help="the baseline's route latencies too (printed first)",
+    )
     args = parser.parse_args(argv)
     directory = corpus_dir(Path(args.dir), args.records, args.seed, args.partitions)
     corpus = build_corpus(directory, args.records, args.seed, args.partitions)
@@ -566,8 +582,13 @@ def main(argv: list[str] | None = None) -> int:
         tree = Path(args.baseline).resolve()
         log(f"baseline: {tree}'s web service on the same corpora (cold start, catch-up)")
         result["baseline"] = measure_index(directory / "store", args.records, args.rounds,
-                                           pythonpath=str(tree / "services"))  # fmt: skip
+                                           pythonpath=str(tree / "services"),
+                                           cold_only=not args.baseline_latency)  # fmt: skip
         result["baseline"]["tree"] = str(tree)
+        if "latency" in result["baseline"]:
+            print("the baseline's routes:")
+            for name, q in result["baseline"]["latency"].items():
+                print(f"  {name:42} {q['p50_ms']:7.1f}ms {q['p99_ms']:7.1f}ms")
     result |= measure_index(directory / "store", args.records, args.rounds)
     if args.labels:
         log(f"label to visible: {args.labels} labels on a live broker, worker and web service")

@@ -153,7 +153,6 @@ class QueryIndex:
                 "memory_limit": memory,
                 "autoinstall_known_extensions": False,
                 "autoload_known_extensions": False,
-                "checkpoint_threshold": "1GB",
             },
         )
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
