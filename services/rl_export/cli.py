@@ -225,7 +225,7 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.common.filters import parse_filters
-    from rl_export.common.gctune import tune_gc
+    from rl_export.common.gctune import cap_malloc_arenas, tune_gc
     from rl_export.common.progressbar import bar, position_callback
     from rl_export.export import (
         check_export,
@@ -256,6 +256,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError("--output", f"{args.output} is a directory")
 
     tune_gc()  # records are trees: the cycle collector would walk each batch for nothing
+    cap_malloc_arenas()  # the reading threads' arenas would hold on to what they freed
 
     async def run() -> Any:
         store = _open(args.store, settings)

@@ -38,6 +38,7 @@ import asyncio
 import builtins
 import gzip
 import hashlib
+import logging
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rl_export.common.codec import dumps, dumps_lines, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
 from rl_export.corpora.store import ObjectStore
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 """The record schema of the objects this code writes. 2: records carry ``labels``. A compaction
@@ -235,6 +238,26 @@ class Part:
     compression: Compression
     bytes: int | None = None  # stored size, where the commit or compaction says
     index: SidecarRef | None = None  # its index sidecar, key relative to the corpus
+
+
+def commit_part(ref: CorpusRef, commit: Commit) -> Part:
+    """A commit's shard as a :class:`Part`."""
+    return Part(ref.key(commit.shard), commit.sha256, commit.records, commit.compression,
+                commit.bytes, commit.index)  # fmt: skip
+
+
+def compaction_part(ref: CorpusRef, part: dict[str, Any]) -> Part:
+    """One of a compaction's ``parts`` as a :class:`Part` (KeyError or TypeError when it lacks
+    a field; a malformed sidecar reference is dropped, logged: the part is then read whole)."""
+    found = part.get("index")
+    index = None
+    if found is not None:
+        try:
+            index = SidecarRef.model_validate(found)
+        except ValueError:
+            log.warning("a compaction part's index reference is malformed: %r", found)
+    return Part(ref.key(part["shard"]), part["sha256"], part["records"],
+                part.get("compression", "none"), part.get("bytes"), index)  # fmt: skip
 
 
 READ_CHUNK = 4 << 20

@@ -44,9 +44,10 @@ from rl_export.corpora.layout import (
     Compaction,
     CorpusRef,
     Part,
-    SidecarRef,
     block_lines,
     chain_keys,
+    commit_part,
+    compaction_part,
     latest_compaction,
     object_blocks,
     parse_stream,
@@ -373,11 +374,7 @@ class CorpusReader:
         where = self.ref.compaction_key(generation)
         positions = check_cursor(compaction.positions)
         try:
-            parts = [
-                Part(self.ref.key(p["shard"]), p["sha256"], p["records"],
-                     p.get("compression", "none"), p.get("bytes"), _index_of(p))
-                for p in compaction.parts
-            ]  # fmt: skip
+            parts = [compaction_part(self.ref, p) for p in compaction.parts]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ChainError(f"{where}: a part without {exc}") from None
         total = sum(p.records for p in parts)
@@ -435,10 +432,7 @@ class CorpusReader:
                     f"{by_offset[position]}: the cursor skips {skip} records, "
                     f"it has {commit.records}"
                 )
-            part = Part(
-                self.ref.key(commit.shard), commit.sha256, commit.records, commit.compression,
-                commit.bytes, commit.index,
-            )  # fmt: skip
+            part = commit_part(self.ref, commit)
             columns = await self._columns(part, skip)
             data = b"" if columns is not None else await _object_data(
                 self.store, part, "its commit")  # fmt: skip
@@ -457,21 +451,15 @@ class CorpusReader:
         that describes it; None to read the object itself (a refused sidecar is reported)."""
         if not self.columns or part.index is None or part.compression != "none":
             return None
-        from rl_export.corpora.sidecar import SidecarError, read_sidecar  # pyarrow: on use
+        from rl_export.corpora.sidecar import SidecarError, load_sidecar  # pyarrow: on use
 
-        key = self.ref.key(part.index.key)
         try:
-            data = await self.store.get(key)
-            table = await asyncio.to_thread(
-                read_sidecar, data, part.index, shard_sha256=part.sha256, records=part.records,
-                shard_bytes=part.bytes,
-            )  # fmt: skip
-        except (SidecarError, ObjectNotFoundError) as exc:
-            reason = str(exc) if isinstance(exc, SidecarError) else f"{key}: missing"
+            table = await load_sidecar(self.store, self.ref, part)
+        except SidecarError as exc:
             log.warning("%s: index sidecar refused, reading its object instead: %s",
-                        part.key, reason)  # fmt: skip
+                        part.key, exc)  # fmt: skip
             if self.refused is not None:
-                self.refused(reason)
+                self.refused(str(exc))
             return None
         return table.slice(skip) if skip else table
 
@@ -536,19 +524,6 @@ async def _rows(span: _Span) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise ChainError(f"{span.key}: line {number} is not a JSON object")
     return rows
-
-
-def _index_of(part: dict[str, Any]) -> SidecarRef | None:
-    """A compaction part's sidecar reference; None when it has none or it is malformed
-    (the part is then read whole)."""
-    found = part.get("index")
-    if found is None:
-        return None
-    try:
-        return SidecarRef.model_validate(found)
-    except ValueError:
-        log.warning("a compaction part's index reference is malformed: %r", found)
-        return None
 
 
 def _parse_lines(data: bytes) -> list[Any]:

@@ -33,12 +33,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rl_export.corpora.layout import SIDECAR_VERSION, SidecarRef, sidecar_key
+from rl_export.common.errors import ObjectNotFoundError
+from rl_export.corpora.layout import SIDECAR_VERSION, CorpusRef, Part, SidecarRef, sidecar_key
 from rl_export.corpora.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -148,11 +150,13 @@ def make_ref(key: str, data: bytes, rows: int) -> SidecarRef:
 
 
 def read_sidecar(data: bytes, ref: SidecarRef, *, shard_sha256: str, records: int,
-                 shard_bytes: int | None) -> pa.Table:  # fmt: skip
+                 shard_bytes: int | None,
+                 columns: Sequence[str] | None = None) -> pa.Table:  # fmt: skip
     """The sidecar's table, after checking it describes its object (else SidecarError).
 
     ``shard_bytes`` is the object's stored size when it is uncompressed (the line offsets
-    must then end exactly there), None when it is not known.
+    must then end exactly there), None when it is not known. ``columns`` reads only those
+    (and the line places, which are always checked); None reads them all.
     """
     if ref.version != SIDECAR_VERSION:
         raise SidecarError(f"{ref.key}: sidecar version {ref.version!r}, this reader knows "
@@ -161,36 +165,68 @@ def read_sidecar(data: bytes, ref: SidecarRef, *, shard_sha256: str, records: in
     if digest != ref.sha256 or len(data) != ref.bytes:
         raise SidecarError(f"{ref.key}: sha256 {digest[:16]}… does not match its commit's")
     try:
-        table = pq.read_table(io.BytesIO(data))
+        parquet = pq.ParquetFile(io.BytesIO(data))
+        schema = parquet.schema_arrow
+        meta = schema.metadata or {}
+        if meta.get(_META_SHARD, b"").decode() != shard_sha256:
+            raise SidecarError(f"{ref.key}: describes another object than its commit's "
+                               f"(sha256 {shard_sha256[:16]}…)")  # fmt: skip
+        if not schema.remove_metadata().equals(SCHEMA):
+            raise SidecarError(f"{ref.key}: its columns are not version {SIDECAR_VERSION}'s")
+        wanted = None
+        if columns is not None:
+            wanted = list(dict.fromkeys([*columns, "line_offset", "line_length"]))
+        table = parquet.read(columns=wanted)
     except (pa.ArrowException, OSError) as exc:
         raise SidecarError(f"{ref.key}: unreadable Parquet ({exc})") from None
-    meta = table.schema.metadata or {}
-    if meta.get(_META_SHARD, b"").decode() != shard_sha256:
-        raise SidecarError(f"{ref.key}: describes another object than its commit's "
-                           f"(sha256 {shard_sha256[:16]}…)")  # fmt: skip
-    if not table.schema.remove_metadata().equals(SCHEMA):
-        raise SidecarError(f"{ref.key}: its columns are not version {SIDECAR_VERSION}'s")
     if table.num_rows != records or ref.rows != records:
         raise SidecarError(f"{ref.key}: {table.num_rows} rows for {records} records")
     _check_tiling(ref.key, table, shard_bytes)
     return table
 
 
+async def load_sidecar(store: ObjectStore, ref: CorpusRef, part: Part, *,
+                       columns: Sequence[str] | None = None) -> pa.Table:  # fmt: skip
+    """The sidecar of an uncompressed ``part`` that has one, fetched and checked
+    (:func:`read_sidecar`, in a thread); SidecarError when it is missing or refused."""
+    if part.index is None or part.compression != "none":
+        raise SidecarError(f"{part.key}: no index sidecar")
+    key = ref.key(part.index.key)
+    try:
+        data = await store.get(key)
+    except ObjectNotFoundError:
+        raise SidecarError(f"{key}: missing") from None
+    return await asyncio.to_thread(
+        read_sidecar, data, part.index, shard_sha256=part.sha256, records=part.records,
+        shard_bytes=part.bytes, columns=columns,
+    )  # fmt: skip
+
+
 def _check_tiling(key: str, table: pa.Table, shard_bytes: int | None) -> None:
     """Each line starts where the last one's newline ends, from 0 to the object's end."""
     if table.num_rows == 0:
         return
-    offsets = table.column("line_offset").combine_chunks()
-    lengths = table.column("line_length").combine_chunks()
-    if offsets.null_count or lengths.null_count or pc.min(lengths).as_py() < 0:
+    offsets, lengths = int64s(table, "line_offset"), int64s(table, "line_length")
+    if offsets is None or lengths is None or int(lengths.min()) < 0:
         raise SidecarError(f"{key}: line offsets or lengths missing")
-    ends = pc.add(pc.add(offsets, lengths), 1)
-    follows = pc.all(pc.equal(offsets[1:], ends[:-1])).as_py()
-    if offsets[0].as_py() != 0 or follows is False:
+    ends = offsets + lengths + 1
+    if int(offsets[0]) != 0 or not np.array_equal(offsets[1:], ends[:-1]):
         raise SidecarError(f"{key}: its lines do not follow one another")
-    if shard_bytes is not None and ends[-1].as_py() != shard_bytes:
-        raise SidecarError(f"{key}: its lines end at {ends[-1].as_py()}, the object at "
+    if shard_bytes is not None and int(ends[-1]) != shard_bytes:
+        raise SidecarError(f"{key}: its lines end at {int(ends[-1])}, the object at "
                            f"{shard_bytes}")  # fmt: skip
+
+
+def int64s(table: pa.Table, name: str) -> npt.NDArray[np.int64] | None:
+    """An int64 column as a NumPy array over Arrow's buffer (None when it has a null).
+
+    Read from the buffer: pyarrow's own ``to_numpy`` and compute functions import pandas
+    when it is installed, 45 MiB that an export's peak memory has no room for."""
+    column = table.column(name).combine_chunks()
+    if column.null_count:
+        return None
+    return np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column),
+                         offset=column.offset * 8)  # fmt: skip
 
 
 def line_lengths(data: bytes) -> list[int]:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import io
 import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, StoreError
 from rl_export.common.storeurl import StoreLocation, parse_store_url
@@ -56,6 +58,7 @@ class ObjectStore(Protocol):
     async def get(self, key: str) -> bytes: ...
     async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]: ...
     def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]: ...
+    async def sha256(self, key: str) -> str: ...
     async def put_file(self, key: str, path: Path) -> None: ...
     async def folders(self, prefix: str) -> list[str]: ...
     async def list(self, prefix: str = "", start_after: str = "") -> list[str]: ...
@@ -96,6 +99,10 @@ class MemoryStore:
         data = await self.get(key)
         for start in range(0, len(data), size):
             yield data[start : start + size]
+
+    async def sha256(self, key: str) -> str:
+        """The hex sha256 of the object's bytes (as stored)."""
+        return hashlib.sha256(await self.get(key)).hexdigest()
 
     async def folders(self, prefix: str) -> list[str]:
         return _folders(prefix, self.objects)
@@ -229,11 +236,20 @@ class LocalStore:
                     keys.append(key)
         return sorted(keys)
 
-    def _open(self, key: str) -> BinaryIO:
+    def _open(self, key: str) -> io.BufferedReader:
         try:
             return open(self._path(key), "rb")
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
+
+    def _sha256(self, key: str) -> str:
+        digest = hashlib.sha256()
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        with self._open(key) as fh:
+            while read := fh.readinto(buffer):
+                digest.update(view[:read])
+        return digest.hexdigest()
 
     def _delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -291,6 +307,11 @@ class LocalStore:
                 with contextlib.suppress(Exception):
                     await reading
             fh.close()
+
+    async def sha256(self, key: str) -> str:
+        """The hex sha256 of the object, read and hashed in one thread (one buffer reused:
+        the thread lets go of the GIL for both, so it runs beside the caller's work)."""
+        return await self._io(self._sha256, key)
 
     async def folders(self, prefix: str) -> list[str]:
         return await self._io(self._folders, prefix)
@@ -447,6 +468,13 @@ class S3Store:
                 except Exception as exc:
                     raise self._wrap(exc, f"read {key}") from exc
                 yield chunk
+
+    async def sha256(self, key: str) -> str:
+        """The hex sha256 of the object, streamed (each chunk hashed in a thread)."""
+        digest = hashlib.sha256()
+        async for chunk in self.chunks(key):
+            await asyncio.to_thread(digest.update, chunk)
+        return digest.hexdigest()
 
     async def get_uri(self, bucket: str, key: str) -> bytes:
         """An object of any bucket this store's client can read (attachments' ``s3://``)."""

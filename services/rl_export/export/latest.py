@@ -47,13 +47,18 @@ each), a slice of each run while merging, one bit per line, a chunk or two.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from bisect import bisect_left
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
 
 from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
+from rl_export.common.filters import Filters
 from rl_export.corpora.identity import HEAD, TOMBSTONE_END, NotARecordError, line_key
 from rl_export.corpora.layout import (
     Block,
@@ -64,12 +69,15 @@ from rl_export.corpora.layout import (
     block_lines,
     chain_keys,
     check_count,
+    commit_part,
+    compaction_part,
     latest_compaction,
     object_blocks,
     read_commit,
 )
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
+from rl_export.export.prefilter import may_match
 from rl_export.export.runs import (
     FLAG,
     ROW_MASK,
@@ -78,12 +86,16 @@ from rl_export.export.runs import (
     Cursor,
     Runs,
     all_set,
+    bits_of,
     clear_bit,
     ones,
     pack,
     popcount,
     row_of,
 )
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,10 @@ class ViewPosition:
 
 
 SPILL_AT = 200_000
+VERIFY_AHEAD = 2
+"""Objects whose lines came from their sidecars hashed at once while the view goes on."""
+JOIN_RUNS = 16
+"""A block with more runs of kept lines than this passes them on copied into one."""
 LOOKUP_SHARE = 16
 """A compaction block with more than one tail trace in its range per this many lines has
 every line's key read instead of a binary search per trace."""
@@ -144,6 +160,7 @@ class LatestView:
         tmpdir: str | os.PathLike[str] | None = None,
         lookup_share: int = LOOKUP_SHARE,
         at: ViewPosition | None = None,
+        sidecars: bool = True,
     ) -> None:
         if spill_at < 1:
             raise ValueError(f"spill_at must be at least 1, got {spill_at}")
@@ -159,6 +176,10 @@ class LatestView:
         self.runs = 0  # how many sorted runs the index spilled (for the benchmark)
         self.looked_up = 0  # tail traces looked up in the compaction by binary search
         self.scanned_blocks = 0  # compaction blocks whose every line's key was read
+        self.sidecars = sidecars  # read identities (and prefilters) from index sidecars
+        self.sidecars_read = 0
+        self.sidecars_refused = 0
+        self._verifying: set[asyncio.Future[None]] = set()
         self._keep_compaction = bytearray()
         self._keep_tail = bytearray()
         self.total = 0  # lines the view yields
@@ -189,8 +210,11 @@ class LatestView:
         try:
             index = await self._index(spilled)
             await self._merge(spilled, index)
+            await self._verified()
         finally:
             spilled.close()
+            for task in self._verifying:
+                task.cancel()
         self.total = popcount(self._keep_compaction) + popcount(self._keep_tail)
         self._opened = True
         return self
@@ -222,10 +246,14 @@ class LatestView:
         positions: dict[str, int] = {}
         if self.compaction is not None:
             positions = dict(self.compaction.positions)
-            self.compaction_parts = [
-                Part(self.ref.key(p["shard"]), p["sha256"], p["records"], p["compression"])
-                for p in self.compaction.parts
-            ]
+            try:
+                self.compaction_parts = [
+                    compaction_part(self.ref, p) for p in self.compaction.parts
+                ]
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise ChainError(
+                    f"{self.ref.compaction_key(self.compaction.generation)}: a part without {exc}"
+                ) from None
         ends: dict[str, int] = {}
         streams = await list_streams(self.store, self.ref)
         if self.at is not None:
@@ -249,12 +277,7 @@ class LatestView:
                     raise ChainError(f"{by_offset[position]}: listed but gone") from None
                 if commit.stream != stream or commit.from_offset != position:
                     raise ChainError(f"{by_offset[position]}: does not continue {stream}")
-                self.tail.append(
-                    Part(
-                        self.ref.key(commit.shard), commit.sha256, commit.records,
-                        commit.compression,
-                    )
-                )  # fmt: skip
+                self.tail.append(commit_part(self.ref, commit))
                 position = commit.last_offset + 1
             if end is not None and position != end:
                 raise ChainError(
@@ -277,8 +300,16 @@ class LatestView:
         keep = self._keep_tail = ones(expected)
         index: dict[bytes, int] = {}
         row = 0
-        for part in self.tail:
+        async for part, identities in self._ahead(self.tail, self._identities):
             first = row
+            if identities is not None:
+                await self._verify_soon(part)
+                row = _index_rows(identities, row, index, keep)
+                if len(index) >= self.spill_at:
+                    runs.spill(index)
+                    self.runs += 1
+                    index = {}
+                continue
             async for block in object_blocks(self.store, part):
                 try:
                     row = _index_block(block, row, index, keep)
@@ -296,6 +327,91 @@ class LatestView:
         self.tail_lines = row
         return index
 
+    async def _sidecar(self, part: Part, columns: Sequence[str]) -> Any:
+        """The ``columns`` of the part's index sidecar (a pyarrow Table), or None to read the
+        object itself: it has none, the view was made with ``sidecars=False``, or the sidecar
+        is refused (logged and counted in :attr:`sidecars_refused`)."""
+        if not self.sidecars or part.index is None or part.compression != "none":
+            return None
+        from rl_export.corpora.sidecar import SidecarError, load_sidecar  # pyarrow: on use
+
+        try:
+            table = await load_sidecar(self.store, self.ref, part, columns=columns)
+        except SidecarError as exc:
+            log.warning("%s: index sidecar refused, reading its object instead: %s",
+                        part.key, exc)  # fmt: skip
+            self.sidecars_refused += 1
+            return None
+        self.sidecars_read += 1
+        return table
+
+    async def _identities(self, part: Part) -> _Identities | None:
+        """Each line's key, revision and tombstone flag from the part's sidecar; None to read
+        the object (no usable sidecar, or one with a line of no id or revision)."""
+        table = await self._sidecar(part, _IDENTITY)
+        if table is None:
+            return None
+        if table.column("trace_id").null_count or table.column("revision").null_count:
+            log.warning("%s: its sidecar has a line without trace_id or revision, reading "
+                        "the object instead", part.key)  # fmt: skip
+            self.sidecars_refused += 1
+            return None
+        import pyarrow as pa
+
+        keys = table.column("trace_id").cast(pa.binary()).to_pylist()
+        return _Identities(
+            keys, table.column("revision").to_pylist(), table.column("deleted").to_pylist()
+        )
+
+    async def _ahead(
+        self, parts: list[Part], fetch: Callable[[Part], Awaitable[T]]
+    ) -> AsyncIterator[tuple[Part, T]]:
+        """Each part with what ``fetch`` gives for it (its sidecar's), the next part's fetched
+        while the caller works on this one."""
+        ahead: asyncio.Future[T] | None = None
+        try:
+            for k, part in enumerate(parts):
+                current = ahead or asyncio.ensure_future(fetch(part))
+                ahead = None
+                if k + 1 < len(parts):
+                    ahead = asyncio.ensure_future(fetch(parts[k + 1]))
+                yield part, await current
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+
+    async def _verify_soon(self, part: Part) -> None:
+        """Start verifying an object (:meth:`_verify`) while the view goes on, with at most
+        :data:`VERIFY_AHEAD` at once (the hashing lets go of the GIL: the objects are hashed
+        on another core while the sidecars are indexed on this one)."""
+        while len(self._verifying) >= VERIFY_AHEAD:
+            await self._settle()
+        self._verifying.add(asyncio.ensure_future(self._verify(part)))
+
+    async def _verified(self) -> None:
+        """Every verification started has ended well (else its ChainError)."""
+        while self._verifying:
+            await self._settle()
+
+    async def _settle(self) -> None:
+        """Wait for a verification to end; raise its ChainError."""
+        done, _ = await asyncio.wait(self._verifying, return_when=asyncio.FIRST_COMPLETED)
+        self._verifying -= done
+        for task in done:
+            task.result()
+
+    async def _verify(self, part: Part) -> None:
+        """The sha256 of an object whose lines' identities came from its sidecar (ChainError),
+        so that no byte is passed on unverified. Its line count is the sidecar's (checked
+        against the commit): the sidecar names the object's sha256, and its line places tile
+        the object."""
+        try:
+            digest = await self.store.sha256(part.key)
+        except ObjectNotFoundError:
+            raise ChainError(f"{part.key}: missing (expired while reading?)") from None
+        if digest != part.sha256:
+            raise ChainError(f"{part.key}: sha256 {digest[:16]}… does not match")
+
     async def _merge(self, runs: Runs, index: dict[bytes, int]) -> None:
         """Step 3 (entries packed: see :func:`pack`)."""
         keep_tail = self._keep_tail
@@ -310,8 +426,15 @@ class LatestView:
         cursor = Cursor(runs.spans(index, lose))
         n = 0
         previous: bytes | None = None
-        for part in self.compaction_parts:
+        async for part, identities in self._ahead(self.compaction_parts, self._identities):
             first_row = n
+            if identities is not None:
+                await self._verify_soon(part)
+                try:
+                    n, previous = self._compaction_rows(identities, n, previous, cursor)
+                except _UnsortedError:
+                    raise ChainError(f"{part.key}: compaction not sorted by trace_id") from None
+                continue
             async for block in object_blocks(self.store, part):
                 try:
                     n, previous = self._compaction_block(block, n, previous, cursor)
@@ -330,6 +453,39 @@ class LatestView:
                 f"{self.ref.compaction_key(self.compaction.generation if self.compaction else 0)}"
                 f": {n} records, it says {records}"
             )
+
+    def _compaction_rows(
+        self, identities: _Identities, n: int, previous: bytes | None, cursor: Cursor
+    ) -> tuple[int, bytes | None]:
+        """One compaction part from its sidecar (step 3, as :meth:`_compaction_block`): its
+        lines are rows ``n`` on; returns the next row and the part's last key."""
+        keys, revisions, deleted = identities
+        if not keys:
+            return n, previous
+        before = previous
+        for key in keys:
+            if before is not None and key <= before:
+                raise _UnsortedError
+            before = key
+        keep, keep_tail = self._keep_compaction, self._keep_tail
+        for k, gone in enumerate(deleted):
+            if gone:
+                clear_bit(keep, n + k)
+        cursor.skip_below(keys[0])
+        low = 0
+        for key, packed in cursor.take_through(keys[-1]):
+            k = bisect_left(keys, key, low)
+            if k < len(keys) and keys[k] == key:
+                self.looked_up += 1
+                tail_revision = packed >> SHIFT
+                if tail_revision > revisions[k] or (
+                    tail_revision == revisions[k] and packed & FLAG
+                ):
+                    clear_bit(keep, n + k)  # the tail has a later revision (or a tombstone)
+                else:
+                    clear_bit(keep_tail, row_of(packed))  # the compaction's is as new or newer
+            low = k
+        return n + len(keys), keys[-1]
 
     def _compaction_block(
         self, block: Block, n: int, previous: bytes | None, cursor: Cursor
@@ -428,56 +584,137 @@ class LatestView:
         (its count comes with an empty view after it); in others the runs of surviving
         lines are cut out between line ends. Objects are not hashed again: steps 2 and 3
         verified each of them."""
-        async for data, start, end, count in self._surviving():
+        async for data, start, end, count, _ in self._surviving(None):
             yield memoryview(data)[start:end], count
 
-    async def ranges(self) -> AsyncIterator[tuple[bytes, int, int]]:
-        """Step 4 as :meth:`blocks`, as ``(data, start, end)``: ``data[start:end]`` is
-        surviving whole lines."""
-        async for data, start, end, _ in self._surviving():
-            if end > start:
-                yield data, start, end
+    async def ranges(
+        self, prefilter: Filters | None = None
+    ) -> AsyncIterator[tuple[bytes, int, int, int]]:
+        """Step 4 as ``(data, start, end, passed_over)``: ``data[start:end]`` is surviving
+        whole lines (maybe none), and ``passed_over`` how many surviving lines were left
+        out before them because their sidecar says they do not match ``prefilter`` (the
+        part of the export's filters a sidecar answers: :mod:`rl_export.export.prefilter`;
+        a line of an object without a sidecar is always passed on)."""
+        async for data, start, end, _, passed_over in self._surviving(prefilter):
+            if end > start or passed_over:
+                yield data, start, end, passed_over
 
-    async def _surviving(self) -> AsyncIterator[tuple[bytes, int, int, int]]:
+    async def _surviving(
+        self, prefilter: Filters | None
+    ) -> AsyncIterator[tuple[bytes, int, int, int, int]]:
         if not self._opened:
             await self.open()
         for parts, bits in ((self.compaction_parts, self._keep_compaction),
                             (self.tail, self._keep_tail)):  # fmt: skip
             n = 0
-            for part in parts:
-                whole = all_set(bits, n, part.records)
-                async for data, start, end in object_blocks(self.store, part, verify=False):
-                    if whole:
-                        yield data, start, end, 0
-                        continue
-                    find = data.find
-                    run_start, kept = -1, 0
-                    position = start
-                    while position < end:
-                        stop = find(b"\n", position, end) + 1
-                        if bits[n >> 3] & (1 << (n & 7)):
-                            if run_start < 0:
-                                run_start = position
-                            kept += 1
-                        elif run_start >= 0:
-                            yield data, run_start, position, kept
-                            run_start, kept = -1, 0
-                        n += 1
-                        position = stop
-                    if run_start >= 0:
-                        yield data, run_start, end, kept
-                if whole:
-                    n += part.records
-                    yield b"", 0, 0, part.records
+            matching = self._ahead(parts, lambda part: self._may_match(part, prefilter))
+            async for part, candidates in matching:
+                mine, first = bits, n
+                n += part.records
+                if candidates is not None:
+                    here = bits_of(bits, first, part.records)
+                    kept = here & candidates
+                    passed_over = here.bit_count() - kept.bit_count()
+                    if passed_over:
+                        yield b"", 0, 0, 0, passed_over
+                    if not kept:
+                        continue  # nothing of it to read
+                    mine, first = bytearray(kept.to_bytes((part.records + 7) // 8, "little")), 0
+                async for out in _kept_lines(self.store, part, mine, first):
+                    yield out
+
+    async def _may_match(self, part: Part, prefilter: Filters | None) -> int | None:
+        """The bitmap of the part's lines ``prefilter`` may match, from its sidecar; None
+        when there is no prefilter or no usable sidecar."""
+        if prefilter is None:
+            return None
+        table = await self._sidecar(part, sorted(prefilter.fields()))
+        return None if table is None else may_match(prefilter, table)
 
     async def lines(self) -> AsyncIterator[list[bytes]]:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
-        async for block in self.ranges():
-            yield block_lines(block)
+        async for data, start, end, _ in self.ranges():
+            yield block_lines((data, start, end))
+
+
+async def _kept_lines(
+    store: ObjectStore, part: Part, bits: bytearray, n: int
+) -> AsyncIterator[tuple[bytes, int, int, int, int]]:
+    """One object's lines whose bits are set (its line ``k`` is bit ``n + k``), as
+    ``(data, start, end, lines, 0)``: whole when every bit is set (its line count then
+    comes with an empty range after it), else the runs of kept lines cut between line
+    ends: a block's runs as they are when they are few, else copied together (a reader
+    that parses what it is given pays per call, and a filter leaves many short runs)."""
+    whole = all_set(bits, n, part.records)
+    async for data, start, end in object_blocks(store, part, verify=False):
+        if whole:
+            yield data, start, end, 0, 0
+            continue
+        find = data.find
+        runs: list[tuple[int, int, int]] = []
+        run_start, kept = -1, 0
+        position = start
+        while position < end:
+            stop = find(b"\n", position, end) + 1
+            if bits[n >> 3] & (1 << (n & 7)):
+                if run_start < 0:
+                    run_start = position
+                kept += 1
+            elif run_start >= 0:
+                runs.append((run_start, position, kept))
+                run_start, kept = -1, 0
+            n += 1
+            position = stop
+        if run_start >= 0:
+            runs.append((run_start, end, kept))
+        if len(runs) > JOIN_RUNS:
+            joined = b"".join([data[a:b] for a, b, _ in runs])
+            yield joined, 0, len(joined), sum(k for _, _, k in runs), 0
+            continue
+        for a, b, k in runs:
+            yield data, a, b, k, 0
+    if whole:
+        yield b"", 0, 0, part.records, 0
 
 
 class _UnsortedError(Exception):
     """The compaction's keys do not increase."""
+
+
+_IDENTITY = ("trace_id", "revision", "deleted")
+
+
+class _Identities(NamedTuple):
+    """An object's lines as its sidecar gives them: key (:func:`~rl_export.corpora.identity.
+    key_of`), revision and tombstone flag, in line order."""
+
+    keys: list[bytes]
+    revisions: list[int]
+    deleted: list[bool]
+
+
+def _index_rows(identities: _Identities, row: int, index: dict[bytes, int],
+                keep: bytearray) -> int:  # fmt: skip
+    """Step 2 for one object's lines from its sidecar, as :func:`_index_block` does from its
+    bytes: returns the next line's number."""
+    keys, revisions, deleted = identities
+    get = index.get
+    shift, flag, mask = SHIFT, FLAG, ROW_MASK
+    for key, revision, gone in zip(keys, revisions, deleted, strict=True):
+        packed = (revision << shift) | (mask - row)
+        if gone:
+            packed |= flag
+            keep[row >> 3] &= ~(1 << (row & 7))
+        old = get(key)
+        if old is None:
+            index[key] = packed
+        else:
+            loser = old if packed > old else packed
+            index[key] = packed if packed > old else old
+            lost = mask - (loser & mask)
+            keep[lost >> 3] &= ~(1 << (lost & 7))
+        row += 1
+    return row
 
 
 def _index_block(block: Block, row: int, index: dict[bytes, int], keep: bytearray) -> int:

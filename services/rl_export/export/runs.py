@@ -24,12 +24,16 @@ Entry = tuple[bytes, int]
 
 def all_set(bits: bytearray, start: int, count: int) -> bool:
     """Whether bits ``start`` .. ``start + count - 1`` are all set."""
+    return bits_of(bits, start, count) == (1 << max(count, 0)) - 1
+
+
+def bits_of(bits: bytearray, start: int, count: int) -> int:
+    """Bits ``start`` .. ``start + count - 1`` of a bitmap, as an int (bit 0: ``start``)."""
     if count <= 0:
-        return True
+        return 0
     end = start + count
     value = int.from_bytes(bits[start >> 3 : ((end - 1) >> 3) + 1], "little") >> (start & 7)
-    mask = (1 << count) - 1
-    return value & mask == mask
+    return value & ((1 << count) - 1)
 
 
 ROW_BITS = 40  # line numbers below 2**40

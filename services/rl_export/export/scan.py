@@ -16,10 +16,11 @@ import orjson
 from rl_export.common.codec import RawJson, dumps
 from rl_export.common.filters import Filters
 from rl_export.common.redact import Redactor, add_counts
-from rl_export.corpora.layout import ChainError, CorpusRef
+from rl_export.corpora.layout import ChainError, CorpusRef, block_lines
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.latest import LatestView
 from rl_export.export.lazy import DecodeError, FieldDecoder
+from rl_export.export.prefilter import sidecar_part
 
 Progress = Callable[[int, int | None], None]
 """``progress(done, total)``: latest records read, and how many there are once known."""
@@ -79,6 +80,9 @@ class Scan:
         self.with_lines = with_lines
         self.collect_rules = collect_rules
         self.decoder = None if fields is None else FieldDecoder(*fields)
+        # What a line's index sidecar can tell of the filters: the lines it turns down are
+        # not parsed (the rest are filtered in full, so the result is the same).
+        self.prefilter = sidecar_part(filters)
         self.redactor = redactor if redactor else None
         if self.redactor is not None:
             summary.redactions = dict.fromkeys(self.redactor.kinds, 0)
@@ -143,14 +147,15 @@ class Scan:
                 yield decoded
             return
         matches = self.filters.matches
-        async for batch in self.view.lines():
+        async for data, start, end, passed_over in self.view.ranges(self.prefilter):
+            batch = block_lines((data, start, end))
             out = []
             for line in batch:
                 record = orjson.loads(line)
                 if matches(record):
                     out.append((line, record))
             self._matched(out)
-            self._advance(len(batch))
+            self._advance(len(batch) + passed_over)
             if out:
                 yield out
 
@@ -158,7 +163,10 @@ class Scan:
         self, decoder: FieldDecoder
     ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         matches = self.filters.matches
-        async for data, start, end in self.view.ranges():
+        async for data, start, end, passed_over in self.view.ranges(self.prefilter):
+            if end <= start:
+                self._advance(passed_over)
+                continue
             try:
                 records = decoder.decode(memoryview(data)[start:end])
             except DecodeError as exc:
@@ -176,7 +184,7 @@ class Scan:
             else:
                 out = [(b"", record) for record in records if matches(record)]
             self._matched(out)
-            self._advance(len(records))
+            self._advance(len(records) + passed_over)
             if out:
                 yield out
 

@@ -22,9 +22,12 @@ from rl_export.corpora.layout import (
     Compaction,
     Compression,
     CorpusRef,
+    SidecarRef,
     encode_lines,
+    sidecar_key,
 )
 from rl_export.corpora.reader import CorpusReader
+from rl_export.corpora.sidecar import build_sidecar, index_row, make_ref
 from rl_export.corpora.store import MemoryStore
 from rl_export.export.latest import LatestView
 
@@ -67,22 +70,40 @@ def _line(row: dict[str, Any]) -> bytes:
     return dumps(row) + b"\n"
 
 
+async def write_sidecar(
+    store: MemoryStore, key: str, rows: list[dict[str, Any]], shard_sha256: str
+) -> SidecarRef:
+    """The sidecar of an uncompressed object of ``rows``, as the sink writes it."""
+    sidecar = build_sidecar([index_row(r) for r in rows], [len(_line(r)) for r in rows],
+                            shard_sha256)  # fmt: skip
+    ref = make_ref(REF.relative(sidecar_key(key)), sidecar, len(rows))
+    await store.put(sidecar_key(key), sidecar)
+    return ref
+
+
 async def write_commit(
-    store: MemoryStore, stream: str, offset: int, rows: list[dict[str, Any]], gzip: bool
+    store: MemoryStore,
+    stream: str,
+    offset: int,
+    rows: list[dict[str, Any]],
+    gzip: bool,
+    *,
+    sidecars: bool = False,
 ) -> int:
     compression: Compression = "gzip" if gzip else "none"
     shard = encode_lines([_line(r) for r in rows], [], compression)
     topic, _, partition = stream.rpartition("-")
     key = REF.data_key(stream, offset, shard.sha256, compression)
     await store.put(key, shard.data)
+    index = await write_sidecar(store, key, rows, shard.sha256) if sidecars and not gzip else None
     commit = Commit(
         topic=topic, partition=int(partition), from_offset=offset,
         last_offset=offset + len(rows) - 1, shard=REF.relative(key), records=len(rows),
         bytes=len(shard.data), sha256=shard.sha256, compression=compression,
         schema_version=SCHEMA_VERSION, min_updated_at=None, max_updated_at=None,
-        writer="test", created_at="2026-01-01T00:00:00Z",
+        writer="test", created_at="2026-01-01T00:00:00Z", index=index,
     )  # fmt: skip
-    await store.put(REF.manifest_key(stream, offset), dumps(commit.model_dump(mode="json")))
+    await store.put(REF.manifest_key(stream, offset), commit.to_json())
     return offset + len(rows)
 
 
@@ -92,6 +113,8 @@ async def write_compaction(
     positions: dict[str, int],
     part_size: int,
     gzip: bool,
+    *,
+    sidecars: bool = False,
 ) -> None:
     compression: Compression = "gzip" if gzip else "none"
     parts = []
@@ -103,6 +126,9 @@ async def write_compaction(
         parts.append({"shard": REF.relative(key), "records": len(chunk),
                       "bytes": len(shard.data), "sha256": shard.sha256,
                       "compression": compression})  # fmt: skip
+        if sidecars and not gzip:
+            index = await write_sidecar(store, key, chunk, shard.sha256)
+            parts[-1]["index"] = index.model_dump(mode="json")
     compaction = Compaction(
         generation=1, positions=positions, parts=parts, records=len(rows),
         schema_version=SCHEMA_VERSION, created_at="2026-01-01T00:00:00Z", writer="test",
@@ -113,19 +139,22 @@ async def write_compaction(
 Story = tuple[list[dict[str, Any]] | None, dict[str, list[list[dict[str, Any]]]]]
 
 
-async def build(store: MemoryStore, story: Story, *, gzip: bool, part_size: int = 3) -> None:
+async def build(store: MemoryStore, story: Story, *, gzip: bool, part_size: int = 3,
+                sidecars: bool = False) -> None:  # fmt: skip
     """A compaction (sorted by trace_id, the ids given once) and chains of commits after it;
-    each chain's first commit is covered by the compaction (so never read)."""
+    each chain's first commit is covered by the compaction (so never read). With
+    ``sidecars`` every uncompressed object has its index sidecar."""
     compacted, chains = story
     positions = {}
     for stream, commits in chains.items():
-        offset = await write_commit(store, stream, 0, [record("covered", 99)], gzip)
+        offset = await write_commit(store, stream, 0, [record("covered", 99)], gzip,
+                                    sidecars=sidecars)  # fmt: skip
         positions[stream] = offset
         for rows in commits:
-            offset = await write_commit(store, stream, offset, rows, gzip)
+            offset = await write_commit(store, stream, offset, rows, gzip, sidecars=sidecars)
     if compacted is not None:
         rows = sorted(compacted, key=lambda r: r["trace_id"])
-        await write_compaction(store, rows, positions, part_size, gzip)
+        await write_compaction(store, rows, positions, part_size, gzip, sidecars=sidecars)
 
 
 async def reader_latest(store: MemoryStore) -> list[dict[str, Any]]:
@@ -173,13 +202,14 @@ stories = st.tuples(
     spill_at=st.sampled_from([1, 2, 3, 5, 200_000]),
     lookup_share=st.sampled_from([1, 10**9]),
     chunk=st.sampled_from([7, 64, 300, layout.READ_CHUNK]),
+    sidecars=st.booleans(),
 )
-def test_the_view_is_the_readers_latest_view(
-    story: Story, gzip: bool, spill_at: int, lookup_share: int, chunk: int
+def test_the_view_is_the_readers_latest_view(  # noqa: PLR0917 - hypothesis gives them
+    story: Story, gzip: bool, spill_at: int, lookup_share: int, chunk: int, sidecars: bool
 ) -> None:
     async def run() -> None:
         store = MemoryStore()
-        await build(store, story, gzip=gzip)
+        await build(store, story, gzip=gzip, sidecars=sidecars)
         if story[0] is None and not story[1]:
             return  # no corpus at all
         expected = await reader_latest(store)
@@ -187,6 +217,11 @@ def test_the_view_is_the_readers_latest_view(
         rows = await view_rows(view)
         assert by_id(rows) == by_id(expected)
         assert len({r["trace_id"] for r in rows}) == len(rows)
+        assert view.sidecars_refused == 0
+        if sidecars and not gzip:  # every object it read was read through its sidecar
+            assert view.sidecars_read == len(view.tail) + len(view.compaction_parts)
+        else:
+            assert view.sidecars_read == 0
 
     saved = layout.READ_CHUNK
     layout.READ_CHUNK = chunk  # blocks of a few lines, lines cut across reads
