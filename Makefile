@@ -121,8 +121,8 @@ bench-ab: install ## one worker with other settings against the defaults, on one
 bench-ceiling: install ## one worker against the same worker with its join replayed (its own work free): what a faster join could give (SHAPE=small)
 	$(BIN)/python -m tests.perf.ceiling $(if $(SHAPE),--shape $(SHAPE))
 
-bench-export: install ## export benchmark: 1,000,000 records (built once, cached in var/bench/)
-	$(BIN)/python -m tests.perf.bench_export
+bench-export: install ## export benchmark: 1,000,000 records (the web benchmark's corpus, built once, cached in var/bench/; BASELINE=<checkout>: its code interleaved, same bytes checked)
+	$(BIN)/python -m tests.perf.bench_export $(if $(BASELINE),--baseline $(BASELINE)/services --digest)
 
 bench-web: install ## web benchmark: cold start, index catch-up and query latency on 1,000,000 records, label to visible (BASELINE=<checkout>: its cold start beside)
 	$(BIN)/python -m tests.perf.bench_web $(if $(BASELINE),--baseline $(BASELINE))

@@ -225,7 +225,7 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.common.filters import parse_filters
-    from rl_export.common.gctune import cap_malloc_arenas, tune_gc
+    from rl_export.common.gctune import lean_allocators, tune_gc
     from rl_export.common.progressbar import bar, position_callback
     from rl_export.export import (
         check_export,
@@ -256,7 +256,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError("--output", f"{args.output} is a directory")
 
     tune_gc()  # records are trees: the cycle collector would walk each batch for nothing
-    cap_malloc_arenas()  # the reading threads' arenas would hold on to what they freed
+    lean_allocators()  # the reading threads' arenas would hold on to what they freed
 
     async def run() -> Any:
         store = _open(args.store, settings)
@@ -298,13 +298,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from rl_export.common.codec import dumps
     from rl_export.common.filters import parse_filters
-    from rl_export.common.gctune import tune_gc
+    from rl_export.common.gctune import lean_allocators, tune_gc
     from rl_export.export import stats
 
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
     ref = _export_ref(args)
     tune_gc()
+    lean_allocators()  # the same reading as an export's
 
     async def run() -> dict[str, Any]:
         store = _open(args.store, settings)

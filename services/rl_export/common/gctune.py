@@ -1,5 +1,5 @@
-"""How the project's processes tune memory management: CPython's cycle collector, and glibc's
-malloc arenas for the exports."""
+"""How the project's processes tune memory management: CPython's cycle collector, and the
+allocators of the processes that read corpora."""
 
 from __future__ import annotations
 
@@ -30,20 +30,24 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def cap_malloc_arenas(count: int = 2) -> bool:
-    """Let glibc's malloc keep at most ``count`` arenas (what ``MALLOC_ARENA_MAX`` sets),
-    unless the environment already says; True when it took effect.
+def lean_allocators(arenas: int = 2) -> None:
+    """Keep what a reading process frees from staying in its allocators' caches: glibc's
+    malloc at most ``arenas`` arenas (what ``MALLOC_ARENA_MAX`` sets) and pyarrow on the
+    system allocator instead of its default mimalloc pool (``ARROW_DEFAULT_MEMORY_POOL``),
+    unless the environment already says either. Called before the first thread starts and
+    before pyarrow is imported; the arenas only on glibc.
 
-    glibc gives each thread that allocates an arena of its own, up to eight per core. An
-    export reads objects, sidecars and hashes in worker threads, and each arena keeps the
-    memory freed into it: measured on the 1,000,000-record export, peak RSS 252 MiB with the
-    default arenas and 200 MiB with two, in the same time. Called before the first thread
-    starts; nothing happens on other C libraries.
+    glibc gives each thread that allocates an arena of its own, up to eight per core, and
+    each arena keeps the memory freed into it; mimalloc keeps its pages too. An export reads
+    objects, sidecars and hashes in worker threads: measured on the 1,000,000-record export,
+    peak RSS 252 MiB with the defaults, 200 MiB with two arenas, 155 MiB (the latest view
+    alone) with the system allocator as well, in the same time.
     """
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
-        return False
+        return
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, count))
+        return
+    mallopt(_M_ARENA_MAX, arenas)

@@ -218,15 +218,30 @@ def _check_tiling(key: str, table: pa.Table, shard_bytes: int | None) -> None:
 
 
 def int64s(table: pa.Table, name: str) -> npt.NDArray[np.int64] | None:
-    """An int64 column as a NumPy array over Arrow's buffer (None when it has a null).
+    """An int64 column as a NumPy array (None when it has a null)."""
+    values, valid = column_values(table, name)
+    return None if not valid.all() else values
 
-    Read from the buffer: pyarrow's own ``to_numpy`` and compute functions import pandas
-    when it is installed, 45 MiB that an export's peak memory has no room for."""
+
+def column_values(table: pa.Table, name: str) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_]]:
+    """A bool, int64 or float64 column's values and validity as NumPy arrays, read from
+    Arrow's buffers (the values not copied but for booleans, which are unpacked).
+
+    From the buffers: pyarrow's own ``to_numpy`` and compute functions import pandas when it
+    is installed, 45 MiB that an export's peak memory has no room for."""
     column = table.column(name).combine_chunks()
-    if column.null_count:
-        return None
-    return np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column),
-                         offset=column.offset * 8)  # fmt: skip
+    count, offset = len(column), column.offset
+    validity, data = column.buffers()[:2]
+    valid = np.ones(count, dtype=np.bool_) if validity is None else _bits(validity, offset, count)
+    if pa.types.is_boolean(column.type):
+        return _bits(data, offset, count), valid
+    dtype = np.float64 if pa.types.is_float64(column.type) else np.int64
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset * 8), valid
+
+
+def _bits(buffer: Any, offset: int, count: int) -> npt.NDArray[np.bool_]:
+    packed = np.frombuffer(buffer, dtype=np.uint8)
+    return np.unpackbits(packed, bitorder="little")[offset : offset + count].astype(np.bool_)
 
 
 def line_lengths(data: bytes) -> list[int]:

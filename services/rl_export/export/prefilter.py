@@ -11,8 +11,8 @@ through are parsed and filtered in full as before (the filters it leaves out:
 ``pass-dimension``, ``max-severity``, ``max-spread``), so the export is the same whichever way
 a line went.
 
-The columns are read from Arrow's buffers with NumPy: pyarrow's own compute functions import
-pandas when it is installed, 45 MiB that an export's peak memory has no room for.
+The columns are read from Arrow's buffers with NumPy
+(:func:`~rl_export.corpora.sidecar.column_values`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rl_export.common.filters import Filters
 
@@ -29,8 +28,6 @@ SIDECAR_FILTERS = (
     "labeled", "min_labels",
 )  # fmt: skip
 """The filters whose record fields a sidecar holds as written."""
-
-Mask = npt.NDArray[np.bool_]
 
 
 def sidecar_part(filters: Filters) -> Filters | None:
@@ -42,12 +39,14 @@ def sidecar_part(filters: Filters) -> Filters | None:
 def may_match(part: Filters, table: Any) -> int:
     """A bitmap (bit ``n``: row ``n``) of the rows of a sidecar table (which holds at least
     ``part.fields()``) that ``part`` matches."""
+    from rl_export.corpora.sidecar import column_values  # pyarrow: loaded with the sidecar
+
     keep = np.ones(table.num_rows, dtype=np.bool_)
     if part.passed is not None:
-        values, valid = _column(table, "passed")
+        values, valid = column_values(table, "passed")
         keep &= valid & (values == part.passed)  # a null ``passed`` is not a bool
     if part.min_reward is not None or part.max_reward is not None:
-        values, valid = _column(table, "reward")
+        values, valid = column_values(table, "reward")
         keep &= valid
         if part.min_reward is not None:
             keep &= ~(values < part.min_reward)
@@ -58,7 +57,7 @@ def may_match(part: Filters, table: Any) -> int:
         if wanted is not None:
             keep &= np.array([v == wanted for v in table.column(name).to_pylist()], np.bool_)
     if part.labeled is not None or part.min_labels is not None:
-        values, valid = _column(table, "labels_count")
+        values, valid = column_values(table, "labels_count")
         count = np.where(valid, values, 0)  # absent: none
         if part.labeled is not None:
             keep &= (count != 0) == part.labeled
@@ -70,24 +69,3 @@ def may_match(part: Filters, table: Any) -> int:
             [stamps({"updated_at": v}) for v in table.column("updated_at").to_pylist()], np.bool_
         )
     return int.from_bytes(np.packbits(keep, bitorder="little").tobytes(), "little")
-
-
-def _column(table: Any, name: str) -> tuple[npt.NDArray[Any], Mask]:
-    """A column's values and validity over Arrow's buffers: a bool, int64 or float64 column
-    (the sidecar's schema is checked when it is read), values not copied but for booleans,
-    which are unpacked."""
-    import pyarrow as pa  # a sidecar was read: pyarrow is loaded
-
-    column = table.column(name).combine_chunks()
-    count, offset = len(column), column.offset
-    validity, data = column.buffers()[:2]
-    valid = np.ones(count, dtype=np.bool_) if validity is None else _bits(validity, offset, count)
-    if pa.types.is_boolean(column.type):
-        return _bits(data, offset, count), valid
-    dtype = np.float64 if pa.types.is_float64(column.type) else np.int64
-    return np.frombuffer(data, dtype=dtype, count=count, offset=offset * 8), valid
-
-
-def _bits(buffer: Any, offset: int, count: int) -> Mask:
-    packed = np.frombuffer(buffer, dtype=np.uint8)
-    return np.unpackbits(packed, bitorder="little")[offset : offset + count].astype(np.bool_)

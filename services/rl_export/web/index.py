@@ -241,15 +241,18 @@ class QueryIndex:
 
     # -- ingest (one writer thread) ------------------------------------------------------
 
+    def _save_cursor(self, corpus_id: int, cursor: Cursor) -> None:
+        """Where the corpus is read to, when what came held no line."""
+        self.db.execute(
+            "UPDATE corpora SET cursor = ? WHERE id = ?", [dumps(cursor).decode(), corpus_id]
+        )
+
     def ingest(self, corpus_id: int, data: bytes, cursor: Cursor) -> None:
         """Take verified corpus lines (one buffer, each line ending with a newline) and the
         cursor after them (see the module)."""
         with self._lock:
             if not data:
-                self.db.execute(
-                    "UPDATE corpora SET cursor = ? WHERE id = ?",
-                    [dumps(cursor).decode(), corpus_id],
-                )
+                self._save_cursor(corpus_id, cursor)
                 return
             if not data.endswith(b"\n"):
                 raise IndexError_("the lines do not end with a newline")
@@ -289,13 +292,9 @@ class QueryIndex:
         objects = [(key, table) for key, table in objects if table.num_rows]
         with self._lock:
             if not objects:
-                self.db.execute(
-                    "UPDATE corpora SET cursor = ? WHERE id = ?",
-                    [dumps(cursor).decode(), corpus_id],
-                )
+                self._save_cursor(corpus_id, cursor)
                 return
-            first = self.segments.next  # numbers of the segments' own, without a file
-            self.segments.next += len(objects)
+            first = self.segments.reserve(len(objects))
             remote = [(first + n, key) for n, (key, _) in enumerate(objects)]
             try:
                 self._apply(corpus_id, (first, first + len(objects)),

@@ -35,14 +35,20 @@ class Segments:
         except FileNotFoundError:
             return 0
 
+    def reserve(self, count: int) -> int:
+        """The first of ``count`` new numbers, never used again (a sidecar object's rows take
+        one each, with no file: their bodies stay in the store)."""
+        first = self.next
+        self.next += count
+        return first
+
     def write(self, data: bytes | memoryview) -> tuple[int, Path]:
         """Write a slice of lines as a new segment; return its number and path.
 
         The bytes reach the OS, not the disk, before this returns: the index is a cache, and
         one whose segments turn out shorter than it says is rebuilt from the corpora.
         """
-        number = self.next
-        self.next += 1
+        number = self.reserve(1)
         path = self.path(number)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
