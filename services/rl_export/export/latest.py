@@ -71,6 +71,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
 from rl_export.common.filters import Filters
@@ -146,6 +149,8 @@ VERIFY_AHEAD = 2
 """Objects whose lines came from their sidecars hashed at once while the view goes on."""
 JOIN_RUNS = 16
 """A block with more runs of kept lines than this passes them on copied into one."""
+RANGE_BATCH = 4 << 20
+"""Bytes of a prefiltered object's kept lines fetched at once (by range)."""
 LOOKUP_SHARE = 16
 """A compaction block with more than one tail trace in its range per this many lines has
 every line's key read instead of a binary search per trace."""
@@ -623,32 +628,87 @@ class LatestView:
             n = 0
             matching = self._ahead(parts, lambda part: self._may_match(part, prefilter))
             async for part, candidates in matching:
-                mine, first = bits, n
+                first = n
                 n += part.records
-                if candidates is not None:
-                    here = bits_of(bits, first, part.records)
-                    kept = here & candidates
-                    passed_over = here.bit_count() - kept.bit_count()
-                    if passed_over:
-                        yield b"", 0, 0, 0, passed_over
-                    if not kept:
-                        continue  # nothing of it to read
-                    mine, first = bytearray(kept.to_bytes((part.records + 7) // 8, "little")), 0
-                async for out in _kept_lines(self.store, part, mine, first):
-                    yield out
+                if candidates is None:
+                    async for out in _kept_lines(self.store, part, bits, first):
+                        yield out
+                    continue
+                here = bits_of(bits, first, part.records)
+                kept = here & candidates.bits
+                passed_over = here.bit_count() - kept.bit_count()
+                if passed_over:
+                    yield b"", 0, 0, 0, passed_over
+                if kept:
+                    async for out in _kept_ranges(self.store, part, kept, candidates):
+                        yield out
 
-    async def _may_match(self, part: Part, prefilter: Filters | None) -> int | None:
-        """The bitmap of the part's lines ``prefilter`` may match, from its sidecar; None
-        when there is no prefilter or no usable sidecar."""
+    async def _may_match(self, part: Part, prefilter: Filters | None) -> _Candidates | None:
+        """The part's lines ``prefilter`` may match, and where each line is, from its sidecar;
+        None when there is no prefilter or no usable sidecar."""
         if prefilter is None:
             return None
         table = await self._sidecar(part, sorted(prefilter.fields()))
-        return None if table is None else may_match(prefilter, table)
+        if table is None:
+            return None
+        from rl_export.corpora.sidecar import int64s  # pyarrow: loaded with the table
+
+        offsets, lengths = int64s(table, "line_offset"), int64s(table, "line_length")
+        if offsets is None or lengths is None:  # read_sidecar refuses such a sidecar
+            return None
+        return _Candidates(may_match(prefilter, table), offsets, lengths)
 
     async def lines(self) -> AsyncIterator[list[bytes]]:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
         async for data, start, end, _ in self.ranges():
             yield block_lines((data, start, end))
+
+
+class _Candidates(NamedTuple):
+    """A part's lines a prefilter may match (bit ``n``: line ``n``), and where each line is
+    in the object (its sidecar's ``line_offset`` and ``line_length``, newline excluded)."""
+
+    bits: int
+    offsets: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+
+
+async def _kept_ranges(
+    store: ObjectStore, part: Part, kept: int, candidates: _Candidates
+) -> AsyncIterator[tuple[bytes, int, int, int, int]]:
+    """The lines of ``kept`` (bit ``n``: line ``n``), fetched by range from the sidecar's line
+    places, one run of consecutive lines a range, as ``(data, 0, len(data), lines, 0)`` of
+    about :data:`RANGE_BATCH` bytes each: a filtered export reads
+    only the bytes of the lines it may keep, and finds no line end itself."""
+    flags = np.unpackbits(
+        np.frombuffer(kept.to_bytes((part.records + 7) // 8, "little"), dtype=np.uint8),
+        bitorder="little",
+    )[: part.records]
+    edges = np.diff(np.concatenate(([0], flags, [0])).astype(np.int8))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # lines [s, e)
+    begin = candidates.offsets[starts]
+    size = candidates.offsets[ends - 1] + candidates.lengths[ends - 1] + 1 - begin
+    ranges: list[tuple[int, int]] = []
+    lines = total = 0
+    for at, length, count in zip(begin.tolist(), size.tolist(), (ends - starts).tolist(),
+                                 strict=True):  # fmt: skip
+        ranges.append((at, length))
+        lines += count
+        total += length
+        if total >= RANGE_BATCH:
+            data = b"".join(await _ranges(store, part, ranges))
+            yield data, 0, len(data), lines, 0
+            ranges, lines, total = [], 0, 0
+    if ranges:
+        data = b"".join(await _ranges(store, part, ranges))
+        yield data, 0, len(data), lines, 0
+
+
+async def _ranges(store: ObjectStore, part: Part, ranges: list[tuple[int, int]]) -> list[bytes]:
+    try:
+        return await store.get_ranges(part.key, ranges)
+    except ObjectNotFoundError:
+        raise ChainError(f"{part.key}: missing (expired while reading?)") from None
 
 
 async def _kept_lines(
