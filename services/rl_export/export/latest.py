@@ -69,15 +69,12 @@ from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
-
-import numpy as np
-import numpy.typing as npt
+from typing import Any, TypeVar
 
 from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
 from rl_export.common.filters import Filters
-from rl_export.corpora.identity import HEAD, TOMBSTONE_END, NotARecordError, line_key
+from rl_export.corpora.identity import TOMBSTONE_END, NotARecordError, line_key
 from rl_export.corpora.layout import (
     Block,
     ChainError,
@@ -95,17 +92,19 @@ from rl_export.corpora.layout import (
 )
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
+from rl_export.export.kept import Candidates, kept_lines, kept_ranges
 from rl_export.export.prefilter import may_match
 from rl_export.export.runs import (
     FLAG,
-    ROW_MASK,
     SHIFT,
     SLICE,
     Cursor,
+    Identities,
     Runs,
-    all_set,
     bits_of,
+    block_identities,
     clear_bit,
+    index_rows,
     ones,
     popcount,
     row_of,
@@ -147,10 +146,6 @@ class ViewPosition:
 SPILL_AT = 200_000
 VERIFY_AHEAD = 2
 """Objects whose lines came from their sidecars hashed at once while the view goes on."""
-JOIN_RUNS = 16
-"""A block with more runs of kept lines than this passes them on copied into one."""
-RANGE_BATCH = 4 << 20
-"""Bytes of a prefiltered object's kept lines fetched at once (by range)."""
 LOOKUP_SHARE = 16
 """A compaction block with more than one tail trace in its range per this many lines has
 every line's key read instead of a binary search per trace."""
@@ -323,7 +318,7 @@ class LatestView:
             first = row
             if identities is not None:
                 await self._verify_soon(part)
-                row = _index_rows(identities, row, index, keep)
+                row = index_rows(identities, row, index, keep)
                 if len(index) >= self.spill_at:
                     runs.spill(index)
                     self.runs += 1
@@ -331,7 +326,7 @@ class LatestView:
                 continue
             async for block in object_blocks(self.store, part):
                 try:
-                    row = _index_rows(_block_identities(block), row, index, keep)
+                    row = index_rows(block_identities(block), row, index, keep)
                 except NotARecordError as exc:
                     raise ChainError(f"{part.key}: {exc}") from None
                 except IndexError:  # more lines than the commits say
@@ -364,7 +359,7 @@ class LatestView:
         self.sidecars_read += 1
         return table
 
-    async def _identities(self, part: Part) -> _Identities | None:
+    async def _identities(self, part: Part) -> Identities | None:
         """Each line's key, revision and tombstone flag from the part's sidecar; None to read
         the object (no usable sidecar, or one with a line of no id or revision)."""
         table = await self._sidecar(part, _IDENTITY)
@@ -378,7 +373,7 @@ class LatestView:
         import pyarrow as pa
 
         keys = table.column("trace_id").cast(pa.binary()).to_pylist()
-        return _Identities(
+        return Identities(
             keys, table.column("revision").to_pylist(), table.column("deleted").to_pylist()
         )
 
@@ -474,7 +469,7 @@ class LatestView:
             )
 
     def _compaction_rows(
-        self, identities: _Identities, n: int, previous: bytes | None, cursor: Cursor
+        self, identities: Identities, n: int, previous: bytes | None, cursor: Cursor
     ) -> tuple[int, bytes | None]:
         """One compaction part from its sidecar (step 3, as :meth:`_compaction_block`): its
         lines are rows ``n`` on; returns the next row and the part's last key."""
@@ -631,7 +626,7 @@ class LatestView:
                 first = n
                 n += part.records
                 if candidates is None:
-                    async for out in _kept_lines(self.store, part, bits, first):
+                    async for out in kept_lines(self.store, part, bits, first):
                         yield out
                     continue
                 here = bits_of(bits, first, part.records)
@@ -640,10 +635,10 @@ class LatestView:
                 if passed_over:
                     yield b"", 0, 0, 0, passed_over
                 if kept:
-                    async for out in _kept_ranges(self.store, part, kept, candidates):
+                    async for out in kept_ranges(self.store, part, kept, candidates):
                         yield out
 
-    async def _may_match(self, part: Part, prefilter: Filters | None) -> _Candidates | None:
+    async def _may_match(self, part: Part, prefilter: Filters | None) -> Candidates | None:
         """The part's lines ``prefilter`` may match, and where each line is, from its sidecar;
         None when there is no prefilter or no usable sidecar."""
         if prefilter is None:
@@ -656,7 +651,7 @@ class LatestView:
         offsets, lengths = int64s(table, "line_offset"), int64s(table, "line_length")
         if offsets is None or lengths is None:  # read_sidecar refuses such a sidecar
             return None
-        return _Candidates(may_match(prefilter, table), offsets, lengths)
+        return Candidates(may_match(prefilter, table), offsets, lengths)
 
     async def lines(self) -> AsyncIterator[list[bytes]]:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
@@ -664,155 +659,8 @@ class LatestView:
             yield block_lines((data, start, end))
 
 
-class _Candidates(NamedTuple):
-    """A part's lines a prefilter may match (bit ``n``: line ``n``), and where each line is
-    in the object (its sidecar's ``line_offset`` and ``line_length``, newline excluded)."""
-
-    bits: int
-    offsets: npt.NDArray[np.int64]
-    lengths: npt.NDArray[np.int64]
-
-
-async def _kept_ranges(
-    store: ObjectStore, part: Part, kept: int, candidates: _Candidates
-) -> AsyncIterator[tuple[bytes, int, int, int, int]]:
-    """The lines of ``kept`` (bit ``n``: line ``n``), fetched by range from the sidecar's line
-    places, one run of consecutive lines a range, as ``(data, 0, len(data), lines, 0)`` of
-    about :data:`RANGE_BATCH` bytes each: a filtered export reads
-    only the bytes of the lines it may keep, and finds no line end itself."""
-    flags = np.unpackbits(
-        np.frombuffer(kept.to_bytes((part.records + 7) // 8, "little"), dtype=np.uint8),
-        bitorder="little",
-    )[: part.records]
-    edges = np.diff(np.concatenate(([0], flags, [0])).astype(np.int8))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # lines [s, e)
-    begin = candidates.offsets[starts]
-    size = candidates.offsets[ends - 1] + candidates.lengths[ends - 1] + 1 - begin
-    ranges: list[tuple[int, int]] = []
-    lines = total = 0
-    for at, length, count in zip(begin.tolist(), size.tolist(), (ends - starts).tolist(),
-                                 strict=True):  # fmt: skip
-        ranges.append((at, length))
-        lines += count
-        total += length
-        if total >= RANGE_BATCH:
-            data = b"".join(await _ranges(store, part, ranges))
-            yield data, 0, len(data), lines, 0
-            ranges, lines, total = [], 0, 0
-    if ranges:
-        data = b"".join(await _ranges(store, part, ranges))
-        yield data, 0, len(data), lines, 0
-
-
-async def _ranges(store: ObjectStore, part: Part, ranges: list[tuple[int, int]]) -> list[bytes]:
-    try:
-        return await store.get_ranges(part.key, ranges)
-    except ObjectNotFoundError:
-        raise ChainError(f"{part.key}: missing (expired while reading?)") from None
-
-
-async def _kept_lines(
-    store: ObjectStore, part: Part, bits: bytearray, n: int
-) -> AsyncIterator[tuple[bytes, int, int, int, int]]:
-    """One object's lines whose bits are set (its line ``k`` is bit ``n + k``), as
-    ``(data, start, end, lines, 0)``: whole when every bit is set (its line count then
-    comes with an empty range after it), else the runs of kept lines cut between line
-    ends: a block's runs as they are when they are few, else copied together (a reader
-    that parses what it is given pays per call, and a filter leaves many short runs)."""
-    whole = all_set(bits, n, part.records)
-    async for data, start, end in object_blocks(store, part, verify=False):
-        if whole:
-            yield data, start, end, 0, 0
-            continue
-        find = data.find
-        runs: list[tuple[int, int, int]] = []
-        run_start, kept = -1, 0
-        position = start
-        while position < end:
-            stop = find(b"\n", position, end) + 1
-            if bits[n >> 3] & (1 << (n & 7)):
-                if run_start < 0:
-                    run_start = position
-                kept += 1
-            elif run_start >= 0:
-                runs.append((run_start, position, kept))
-                run_start, kept = -1, 0
-            n += 1
-            position = stop
-        if run_start >= 0:
-            runs.append((run_start, end, kept))
-        if len(runs) > JOIN_RUNS:
-            joined = b"".join([data[a:b] for a, b, _ in runs])
-            yield joined, 0, len(joined), sum(k for _, _, k in runs), 0
-            continue
-        for a, b, k in runs:
-            yield data, a, b, k, 0
-    if whole:
-        yield b"", 0, 0, part.records, 0
-
-
 class _UnsortedError(Exception):
     """The compaction's keys do not increase."""
 
 
 _IDENTITY = ("trace_id", "revision", "deleted")
-
-
-class _Identities(NamedTuple):
-    """An object's lines as its sidecar gives them: key (:func:`~rl_export.corpora.identity.
-    key_of`), revision and tombstone flag, in line order."""
-
-    keys: list[bytes]
-    revisions: list[int]
-    deleted: list[bool]
-
-
-def _index_rows(identities: _Identities, row: int, index: dict[bytes, int],
-                keep: bytearray) -> int:  # fmt: skip
-    """Step 2 for lines whose identities were read (from a sidecar, or a block of the object:
-    :func:`_block_identities`), the first numbered ``row``: each into the index; a
-    tombstone's bit, and the bit of a line that loses to another of its trace, cleared.
-    Returns the next line's number. The hot loop of an export: kept to a few C calls."""
-    keys, revisions, deleted = identities
-    get = index.get
-    shift, flag, mask = SHIFT, FLAG, ROW_MASK
-    for key, revision, gone in zip(keys, revisions, deleted, strict=True):
-        packed = (revision << shift) | (mask - row)
-        if gone:
-            packed |= flag
-            keep[row >> 3] &= ~(1 << (row & 7))
-        old = get(key)
-        if old is None:
-            index[key] = packed
-        else:
-            loser = old if packed > old else packed
-            index[key] = packed if packed > old else old
-            lost = mask - (loser & mask)
-            keep[lost >> 3] &= ~(1 << (lost & 7))
-        row += 1
-    return row
-
-
-def _block_identities(block: Block) -> _Identities:
-    """Each line's key, revision and tombstone flag in one block of whole lines (:data:`HEAD`,
-    else :func:`line_key`, which raises NotARecordError). A hot loop of an export without
-    sidecars: kept to a few C calls a line."""
-    data, start, end = block
-    find, match, endswith = data.find, HEAD.match, data.endswith
-    found = _Identities([], [], [])
-    add_key, add_revision, add_deleted = (found.keys.append, found.revisions.append,
-                                          found.deleted.append)  # fmt: skip
-    while start < end:
-        stop = find(b"\n", start, end)
-        head = match(data, start, stop)
-        if head is not None:
-            add_key(head[1])
-            add_revision(int(head[2]))
-            add_deleted(endswith(TOMBSTONE_END, start, stop))
-        else:
-            key, revision, deleted = line_key(data, start, stop)
-            add_key(key)
-            add_revision(revision)
-            add_deleted(deleted)
-        start = stop + 1
-    return found

@@ -4,7 +4,9 @@
 int (:func:`pack`: revision, tombstone flag and line number, ordered as the reader orders
 lines) and one bit per line (kept or not). Past its memory bound it spills the index as a
 sorted run (:class:`Runs`) and merges the runs back in key order; :class:`Cursor` reads the
-merged entries by key range beside a compaction's sorted blocks.
+merged entries by key range beside a compaction's sorted blocks. :func:`index_rows` fills the
+index from lines' identities (:class:`Identities`), read from an object's sidecar or from its
+bytes (:func:`block_identities`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from itertools import chain
 from operator import eq, itemgetter
-from typing import IO
+from typing import IO, NamedTuple
+
+from rl_export.corpora.identity import HEAD, TOMBSTONE_END, line_key
+from rl_export.corpora.layout import Block
 
 Entry = tuple[bytes, int]
 """An index entry: the key and the packed (revision, tombstone, line) of its best line."""
@@ -221,3 +226,63 @@ class Cursor:
     def drain(self) -> None:
         for _ in self.spans:
             pass
+
+
+class Identities(NamedTuple):
+    """An object's lines as its sidecar gives them: key (:func:`~rl_export.corpora.identity.
+    key_of`), revision and tombstone flag, in line order."""
+
+    keys: list[bytes]
+    revisions: list[int]
+    deleted: list[bool]
+
+
+def index_rows(identities: Identities, row: int, index: dict[bytes, int],
+                keep: bytearray) -> int:  # fmt: skip
+    """Step 2 for lines whose identities were read (from a sidecar, or a block of the object:
+    :func:`block_identities`), the first numbered ``row``: each into the index; a
+    tombstone's bit, and the bit of a line that loses to another of its trace, cleared.
+    Returns the next line's number. The hot loop of an export: kept to a few C calls."""
+    keys, revisions, deleted = identities
+    get = index.get
+    shift, flag, mask = SHIFT, FLAG, ROW_MASK
+    for key, revision, gone in zip(keys, revisions, deleted, strict=True):
+        packed = (revision << shift) | (mask - row)
+        if gone:
+            packed |= flag
+            keep[row >> 3] &= ~(1 << (row & 7))
+        old = get(key)
+        if old is None:
+            index[key] = packed
+        else:
+            loser = old if packed > old else packed
+            index[key] = packed if packed > old else old
+            lost = mask - (loser & mask)
+            keep[lost >> 3] &= ~(1 << (lost & 7))
+        row += 1
+    return row
+
+
+def block_identities(block: Block) -> Identities:
+    """Each line's key, revision and tombstone flag in one block of whole lines (:data:`HEAD`,
+    else :func:`line_key`, which raises NotARecordError). A hot loop of an export without
+    sidecars: kept to a few C calls a line."""
+    data, start, end = block
+    find, match, endswith = data.find, HEAD.match, data.endswith
+    found = Identities([], [], [])
+    add_key, add_revision, add_deleted = (found.keys.append, found.revisions.append,
+                                          found.deleted.append)  # fmt: skip
+    while start < end:
+        stop = find(b"\n", start, end)
+        head = match(data, start, stop)
+        if head is not None:
+            add_key(head[1])
+            add_revision(int(head[2]))
+            add_deleted(endswith(TOMBSTONE_END, start, stop))
+        else:
+            key, revision, deleted = line_key(data, start, stop)
+            add_key(key)
+            add_revision(revision)
+            add_deleted(deleted)
+        start = stop + 1
+    return found

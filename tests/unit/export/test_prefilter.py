@@ -21,7 +21,7 @@ from rl_export.common.filters import Filters
 from rl_export.corpora.layout import ChainError, CorpusRef
 from rl_export.corpora.sidecar import build_sidecar, index_row, make_ref, read_sidecar
 from rl_export.corpora.store import MemoryStore
-from rl_export.export import latest, write_export
+from rl_export.export import kept, write_export
 from rl_export.export.latest import LatestView
 from rl_export.export.prefilter import SIDECAR_FILTERS, may_match, sidecar_part
 from tests.exportdata import ORG, PROJECT, build_story
@@ -224,7 +224,7 @@ async def test_kept_lines_fetched_by_range_in_batches_of_any_size_are_the_same_e
     filters = Filters(passed=True, min_reward=0.2)
     bare = io.BytesIO()
     await write_export(without_sidecars(story), ref, format="messages", out=bare, filters=filters)
-    monkeypatch.setattr(latest, "RANGE_BATCH", batch)
+    monkeypatch.setattr(kept, "RANGE_BATCH", batch)
     ranged = io.BytesIO()
     await write_export(story, ref, format="messages", out=ranged, filters=filters)
     assert ranged.getvalue() == bare.getvalue() != b""
