@@ -227,7 +227,9 @@ class LatestView:
             await self._verified()
         finally:
             spilled.close()
-            for task in self._verifying:
+            for task in self._verifying:  # left over when the view failed: not waited for
+                if task.done() and not task.cancelled():
+                    task.exception()  # seen (the view's own error was raised)
                 task.cancel()
         self.total = popcount(self._keep_compaction) + popcount(self._keep_tail)
         self._opened = True
