@@ -449,17 +449,12 @@ class CorpusReader:
     async def _columns(self, part: Part, skip: int) -> Any:
         """The object's sidecar rows after ``skip``, when reading columns and it has a sidecar
         that describes it; None to read the object itself (a refused sidecar is reported)."""
-        if not self.columns or part.index is None or part.compression != "none":
+        if not self.columns or part.index is None:
             return None
-        from rl_export.corpora.sidecar import SidecarError, load_sidecar  # pyarrow: on use
+        from rl_export.corpora.sidecar import usable_sidecar  # pyarrow: on use
 
-        try:
-            table = await load_sidecar(self.store, self.ref, part)
-        except SidecarError as exc:
-            log.warning("%s: index sidecar refused, reading its object instead: %s",
-                        part.key, exc)  # fmt: skip
-            if self.refused is not None:
-                self.refused(str(exc))
+        table = await usable_sidecar(self.store, self.ref, part, refused=self.refused)
+        if table is None:
             return None
         return table.slice(skip) if skip else table
 

@@ -202,6 +202,27 @@ async def load_sidecar(store: ObjectStore, ref: CorpusRef, part: Part, *,
     )  # fmt: skip
 
 
+async def usable_sidecar(
+    store: ObjectStore,
+    ref: CorpusRef,
+    part: Part,
+    *,
+    columns: Sequence[str] | None = None,
+    refused: Callable[[str], None] | None = None,
+) -> pa.Table | None:
+    """:func:`load_sidecar`, or None to read the object itself: it has no sidecar, or its
+    sidecar is refused (logged, and ``refused(reason)`` told)."""
+    if part.index is None or part.compression != "none":
+        return None
+    try:
+        return await load_sidecar(store, ref, part, columns=columns)
+    except SidecarError as exc:
+        log.warning("%s: index sidecar refused, reading its object instead: %s", part.key, exc)
+        if refused is not None:
+            refused(str(exc))
+        return None
+
+
 def _check_tiling(key: str, table: pa.Table, shard_bytes: int | None) -> None:
     """Each line starts where the last one's newline ends, from 0 to the object's end."""
     if table.num_rows == 0:

@@ -243,13 +243,8 @@ class LocalStore:
             raise ObjectNotFoundError(f"{key} not found in {self.url}") from None
 
     def _sha256(self, key: str) -> str:
-        digest = hashlib.sha256()
-        buffer = bytearray(CHUNK)
-        view = memoryview(buffer)
         with self._open(key) as fh:
-            while read := fh.readinto(buffer):
-                digest.update(view[:read])
-        return digest.hexdigest()
+            return hashlib.file_digest(fh, "sha256").hexdigest()
 
     def _delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -309,8 +304,9 @@ class LocalStore:
             fh.close()
 
     async def sha256(self, key: str) -> str:
-        """The hex sha256 of the object, read and hashed in one thread (one buffer reused:
-        the thread lets go of the GIL for both, so it runs beside the caller's work)."""
+        """The hex sha256 of the object, read and hashed in one thread (``file_digest``: one
+        buffer reused; the thread lets go of the GIL for both, so it runs beside the caller's
+        work)."""
         return await self._io(self._sha256, key)
 
     async def folders(self, prefix: str) -> list[str]:

@@ -347,19 +347,18 @@ class LatestView:
         """The ``columns`` of the part's index sidecar (a pyarrow Table), or None to read the
         object itself: it has none, the view was made with ``sidecars=False``, or the sidecar
         is refused (logged and counted in :attr:`sidecars_refused`)."""
-        if not self.sidecars or part.index is None or part.compression != "none":
+        if not self.sidecars or part.index is None:
             return None
-        from rl_export.corpora.sidecar import SidecarError, load_sidecar  # pyarrow: on use
+        from rl_export.corpora.sidecar import usable_sidecar  # pyarrow: on use
 
-        try:
-            table = await load_sidecar(self.store, self.ref, part, columns=columns)
-        except SidecarError as exc:
-            log.warning("%s: index sidecar refused, reading its object instead: %s",
-                        part.key, exc)  # fmt: skip
-            self.sidecars_refused += 1
-            return None
-        self.sidecars_read += 1
+        table = await usable_sidecar(self.store, self.ref, part, columns=columns,
+                                     refused=self._refused)  # fmt: skip
+        if table is not None:
+            self.sidecars_read += 1
         return table
+
+    def _refused(self, _reason: str) -> None:
+        self.sidecars_refused += 1
 
     async def _identities(self, part: Part) -> Identities | None:
         """Each line's key, revision and tombstone flag from the part's sidecar; None to read
@@ -493,13 +492,7 @@ class LatestView:
             k = bisect_left(keys, key, low)
             if k < len(keys) and keys[k] == key:
                 self.looked_up += 1
-                tail_revision = packed >> SHIFT
-                if tail_revision > revisions[k] or (
-                    tail_revision == revisions[k] and packed & FLAG
-                ):
-                    clear_bit(keep, n + k)  # the tail has a later revision (or a tombstone)
-                else:
-                    clear_bit(keep_tail, row_of(packed))  # the compaction's is as new or newer
+                _settle(keep, keep_tail, n + k, revisions[k], packed)
             low = k
         return n + len(keys), keys[-1]
 
@@ -535,12 +528,7 @@ class LatestView:
                 clear_bit(keep, n + k)
 
         def settle(k: int, revision: int, packed: int) -> None:
-            """The compaction's line ``k`` of the block and the tail's best line of its trace."""
-            tail_revision = packed >> SHIFT
-            if tail_revision > revision or (tail_revision == revision and packed & FLAG):
-                clear_bit(keep, n + k)  # the tail has a later revision (or a tombstone of it)
-            else:
-                clear_bit(keep_tail, row_of(packed))  # the compaction's line is as new or newer
+            _settle(keep, keep_tail, n + k, revision, packed)
 
         if len(wanted) * self.lookup_share > count:
             self.scanned_blocks += 1
@@ -659,6 +647,16 @@ class LatestView:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
         async for data, start, end, _ in self.ranges():
             yield block_lines((data, start, end))
+
+
+def _settle(keep: bytearray, keep_tail: bytearray, row: int, revision: int, packed: int) -> None:
+    """Compaction line ``row`` (of ``revision``) against the tail's best line of its trace
+    (``packed``): the older of the two is cleared."""
+    tail_revision = packed >> SHIFT
+    if tail_revision > revision or (tail_revision == revision and packed & FLAG):
+        clear_bit(keep, row)  # the tail has a later revision (or a tombstone of it)
+    else:
+        clear_bit(keep_tail, row_of(packed))  # the compaction's line is as new or newer
 
 
 class _UnsortedError(Exception):
