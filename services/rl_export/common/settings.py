@@ -222,7 +222,10 @@ class Settings(BaseSettings):
         description="How long the first request for a corpus waits for the index to catch "
         "up before it answers from what is indexed so far.",
     )
-    web_index_threads: int = Field(2, ge=1, le=64, description="DuckDB threads of the index.")
+    web_index_threads: int = Field(
+        2, ge=1, le=64,
+        description="DuckDB threads of the index, and how many corpora it ingests at once.",
+    )  # fmt: skip
     web_index_memory: str = Field(
         "1GB", pattern=r"^\d+(\.\d+)?\s*[KMGT]i?B$", description="DuckDB memory limit."
     )

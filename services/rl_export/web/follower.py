@@ -2,8 +2,9 @@
 
 It runs in a thread of its own with its own event loop and object-store client, so reading
 and ingesting shards (verifying checksums, DuckDB's JSON parsing) never blocks the API's event
-loop; every write to the index goes through one more thread, the writer, so reading the next
-object (its checksum, in C) overlaps ingesting the last one (in DuckDB, without the GIL).
+loop; each corpus's writes to the index go through a thread of that corpus, its writer, in
+order, so reading the next object (its checksum, in C) overlaps ingesting the last one (in
+DuckDB, without the GIL), and corpora are ingested side by side (:mod:`rl_export.web.gate`).
 Per corpus (:meth:`Indexer.follow`, thread-safe, idempotent):
 
 1. Register the corpus in the index and load its saved cursor (none: start from the latest
@@ -61,6 +62,12 @@ class Followed:
     passes: int = 0
     restarting: bool = False  # read again from the latest compaction (a body expired)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    # The corpus's writes to the index, one at a time and in order (a restart's reset runs
+    # after the writes of the task it replaces).
+    writer: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-writer"),
+        repr=False,
+    )
 
     def lag_s(self, now: float) -> float:
         """Seconds of commits the index may not hold yet."""
@@ -89,7 +96,8 @@ class Indexer:
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-writer")
+        # Moving and deleting segments: alone (the index's gate waits for the writers).
+        self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-gc")
         index.fetch = self._fetch
         index.gone = self._gone
 
@@ -117,12 +125,14 @@ class Indexer:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), GC_INTERVAL_S)
-            try:  # on the writer thread: never between a segment and its rows
+            try:  # never between a segment and its rows: the index's gate sees to it
                 loop = asyncio.get_running_loop()
-                merged = await loop.run_in_executor(self._writer, self.index.compact_segments)
+                merged = await loop.run_in_executor(self._maintenance,
+                                                    self.index.compact_segments)  # fmt: skip
                 if merged:
                     log.info("index: merged %d small or mostly dead segments", merged)
-                removed = await loop.run_in_executor(self._writer, self.index.collect_segments)
+                removed = await loop.run_in_executor(self._maintenance,
+                                                     self.index.collect_segments)  # fmt: skip
             except Exception as exc:  # a failed collection is tried again later
                 log.warning("index: collecting segments failed: %s", exc)
                 continue
@@ -138,7 +148,9 @@ class Indexer:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(30)
-        self._writer.shutdown(wait=True)
+        self._maintenance.shutdown(wait=True)
+        for followed in list(self.followed.values()):
+            followed.writer.shutdown(wait=True)
 
     # -- following -----------------------------------------------------------------------
 
@@ -180,10 +192,10 @@ class Indexer:
         loop = asyncio.get_running_loop()
 
         def write(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-            return loop.run_in_executor(self._writer, fn, *args)
+            return loop.run_in_executor(followed.writer, fn, *args)
 
         cid = followed.corpus_id = await write(self.index.corpus_id, key)
-        if reset:  # after the writes of the task it replaces (one writer thread, in order)
+        if reset:  # after the writes of the task it replaces (the corpus's writer, in order)
             await write(self.index.reset, cid)
             followed.restarting = False
         reader = CorpusReader(

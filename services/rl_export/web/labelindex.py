@@ -94,7 +94,7 @@ def queue_candidates(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[T
         ask.settings.order, labeler=ask.labeler, pass_threshold=ask.pass_threshold
     )
     rows = (
-        index.reader()
+        index.connection()
         .execute(
             f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
             f"({eligible}{f' OR {IN_LIST}' if ask.touched else ''}) ORDER BY {order} LIMIT ?",
@@ -120,7 +120,7 @@ def queue_counts(
     scope, eligible, scope_params, eligible_params = _queue_where(ask)
     target, target_params = target_sql(ask.settings)
     touched = list(ask.touched)
-    db = index.reader()
+    db = index.connection()
     row = db.execute(
         f"SELECT count(*) FILTER (WHERE {eligible}), "
         f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}), "
@@ -142,7 +142,7 @@ def queue_counts(
 def trace_labels(index: QueryIndex, corpus_id: int, trace_id: str) -> TraceLabels | None:
     """A live trace's labels and skips as the corpora show them (None: not live)."""
     row = (
-        index.reader()
+        index.connection()
         .execute(
             f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND trace_id = ? "
             "AND NOT deleted",
@@ -158,7 +158,7 @@ def bodies(index: QueryIndex, corpus_id: int, trace_ids: Sequence[str]) -> list[
     if not trace_ids:
         return []
     rows = (
-        index.reader()
+        index.connection()
         .execute(
             "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? AND NOT deleted "
             f"AND {IN_LIST}",
@@ -175,7 +175,7 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
     ``traces`` corpus, usually), built in DuckDB and fetched as columns: a row per current
     label and per evaluator result, a value per trace and per labeler."""
     where, params = filter_sql(filters)
-    db = index.reader()
+    db = index.connection()
     limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
     db.execute(
         "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT row_number() OVER () - 1 AS t, "

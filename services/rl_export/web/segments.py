@@ -11,17 +11,19 @@ line, byte for byte. A segment no live record points into is deleted
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 
 class Segments:
-    """Write batches, read bodies back by location. Batches come from one thread."""
+    """Write batches, read bodies back by location (from any thread)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         existing = self.numbers()
         self.next = (existing[-1] + 1) if existing else 1  # never reuse a number
+        self._lock = threading.Lock()  # corpora's writers take numbers side by side
 
     def path(self, number: int) -> Path:
         return self.directory / f"{number:08d}.jsonl"
@@ -38,9 +40,10 @@ class Segments:
     def reserve(self, count: int) -> int:
         """The first of ``count`` new numbers, never used again (a sidecar object's rows take
         one each, with no file: their bodies stay in the store)."""
-        first = self.next
-        self.next += count
-        return first
+        with self._lock:
+            first = self.next
+            self.next += count
+            return first
 
     def write(self, data: bytes | memoryview) -> tuple[int, Path]:
         """Write a slice of lines as a new segment; return its number and path.

@@ -113,8 +113,9 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
     metrics = WebMetrics(registry)
     store = open_store(settings.store_url)
     index = QueryIndex(
-        settings.index_dir, threads=settings.web_index_threads, memory=settings.web_index_memory
-    )
+        settings.index_dir, threads=settings.web_index_threads, memory=settings.web_index_memory,
+        writers=settings.web_index_threads,
+    )  # fmt: skip
     publisher = Publisher(settings, metrics)
     # A label made through a claim counts before the index shows it for one overlay TTL.
     claim_book = ClaimBook(label_grace_s=settings.web_overlay_ttl_s)

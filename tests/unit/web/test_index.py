@@ -543,3 +543,63 @@ def test_objects_taken_in_one_transaction_keep_the_readers_rule(tmp_path: Path) 
     finally:
         lines_index.close()
         batch_index.close()
+
+
+def test_corpora_ingested_side_by_side_end_as_one_after_the_other(
+    index: QueryIndex, tmp_path: Path
+) -> None:
+    """Each corpus's writer runs in a thread of its own, and segment maintenance between
+    them: the rows, cursors and bodies are those of ingesting one corpus after the other."""
+    import random
+    import threading
+
+    def objects(seed: int) -> list[bytes]:
+        rng = random.Random(seed)
+        out = []
+        for _ in range(12):
+            rows = [
+                record(f"t{rng.randrange(40)}", revision=rng.randrange(1, 6),
+                       reward=rng.randrange(11) / 10)
+                if rng.random() > 0.1 else tombstone(f"t{rng.randrange(40)}", rng.randrange(1, 6))
+                for _ in range(rng.randrange(1, 30))
+            ]  # fmt: skip
+            out.append(b"".join(line(r) for r in rows))
+        return out
+
+    names = ("evaluator", "traces", "human")
+    ids = [index.corpus_id(CorpusKey("acme", "bot", n)) for n in names]
+    errors: list[BaseException] = []
+
+    def write(cid: int, seed: int) -> None:
+        try:
+            for n, data in enumerate(objects(seed)):
+                index.ingest(cid, data, {"s-0": n + 1})
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    def maintain(stop: threading.Event) -> None:
+        while not stop.wait(0.005):  # between the writers' ingests, as often as it can
+            index.compact_segments(min_segments=2)
+            index.collect_segments()
+
+    stop = threading.Event()
+    threads = [threading.Thread(target=write, args=(cid, n)) for n, cid in enumerate(ids)]
+    keeper = threading.Thread(target=maintain, args=(stop,))
+    for thread in [*threads, keeper]:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    stop.set()
+    keeper.join(60)
+    assert not errors
+    alone = QueryIndex(tmp_path / "alone", threads=1)
+    try:
+        for n, name in enumerate(names):
+            cid = alone.corpus_id(CorpusKey("acme", "bot", name))
+            for m, data in enumerate(objects(n)):
+                alone.ingest(cid, data, {"s-0": m + 1})
+            assert index.preview(ids[n], Filters(), 100) == alone.preview(cid, Filters(), 100)
+            assert index.stats(ids[n], Filters()) == alone.stats(cid, Filters())
+            assert index.cursor(ids[n]) == {"s-0": 12}
+    finally:
+        alone.close()
