@@ -411,6 +411,40 @@ def measure_index(
             "objects": objects}  # fmt: skip
 
 
+def warm_start(store_dir: Path, records: int) -> dict[str, Any]:
+    """A new instance as an autoscaler starts one: told to warm the project
+    (``RL_EXPORT_WEB_WARM``), it indexes both corpora side by side as it starts, and its
+    /readyz answers 200 only then. Timed from the process's start to that answer; the
+    corpora are then checked to be whole (each first request answers from the index)."""
+    with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-warm-") as folder:
+        port = free_port()
+        env = child_env(
+            load_settings(store_url=str(store_dir), data_dir=Path(folder),
+                          kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port,
+                          web_warm=f"{ORG}/{PROJECT}", web_index_wait_s=0.0),
+            os.environ,
+        )  # fmt: skip
+        token = _token(env)
+        web = Service("rl-export web", ["web"], Path(folder) / "web.log", env)
+        began = time.monotonic()
+        web.start(f"http://127.0.0.1:{port}/readyz", timeout_s=600)
+        seconds = time.monotonic() - began
+        client = Api(port, token)
+        try:
+            indexed = {}
+            for source in ("evaluator", "traces"):
+                index = client.get("stats", {"source": source})["index"]
+                if not index["ready"] or index["indexed"] < records:
+                    raise RuntimeError(f"ready, but {source} is not indexed: {index}")
+                indexed[source] = index["indexed"]
+        finally:
+            client.close()
+            web.stop()
+    log(f"warm start: ready with both corpora indexed {seconds:.1f} s after the process "
+        "started")  # fmt: skip
+    return {"seconds": seconds, "indexed": indexed}
+
+
 def label_to_visible(labels: int, traces: int) -> dict[str, Any]:
     """Step 4: a label posted to the API until ``GET stats`` counts it, on a live stack."""
     with tempfile.TemporaryDirectory(prefix="rl-export-bench-label-") as folder:
@@ -523,9 +557,13 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         cold = result["cold_start_s"]
         before = (f"; before: {base['cold_start_s']:.1f} s ({base['cold_start_s'] / cold:.1f}x "
                   "faster)") if base else ""  # fmt: skip
-        verdict = "met" if cold < COLD_START_GOAL_S else "MISSED"
-        print(f"cold start (process start to both corpora indexed): {cold:.1f} s{before} "
-              f"(goal < {COLD_START_GOAL_S:.0f} s: {verdict})")  # fmt: skip
+        print(f"cold start, corpora asked for one after the other (process start to both "
+              f"indexed): {cold:.1f} s{before}")  # fmt: skip
+    if "warm_start" in result:
+        warm = result["warm_start"]["seconds"]
+        verdict = "met" if warm < COLD_START_GOAL_S else "MISSED"
+        print(f"new instance, warmed (process start to /readyz 200, both corpora indexed side "
+              f"by side): {warm:.1f} s (goal < {COLD_START_GOAL_S:.0f} s: {verdict})")  # fmt: skip
     if "objects" in result:
         print(f"objects read as columns (sidecars): {result['objects']['columns']:.0f}, "
               f"as lines: {result['objects']['lines']:.0f}")  # fmt: skip
@@ -589,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
             print("the baseline's routes:")
             for name, q in result["baseline"]["latency"].items():
                 print(f"  {name:42} {q['p50_ms']:7.1f}ms {q['p99_ms']:7.1f}ms")
+    log("warm start: a new instance that indexes the project as it starts")
+    result["warm_start"] = warm_start(directory / "store", args.records)
     result |= measure_index(directory / "store", args.records, args.rounds)
     if args.labels:
         log(f"label to visible: {args.labels} labels on a live broker, worker and web service")

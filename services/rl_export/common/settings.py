@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from rl_export.common.errors import ConfigError
 from rl_export.common.partitioning import Partitioner
 from rl_export.common.redact import RedactError, parse_kinds
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec, check_name
 from rl_export.common.storeurl import parse_store_url
 
 ENV_PREFIX = "RL_EXPORT_"
@@ -229,6 +229,13 @@ class Settings(BaseSettings):
     web_index_memory: str = Field(
         "1GB", pattern=r"^\d+(\.\d+)?\s*[KMGT]i?B$", description="DuckDB memory limit."
     )
+    web_warm: str = Field(
+        "",
+        description="Projects (org/project, comma-separated) whose corpora (those of "
+        "RL_EXPORT_CORPORA) an instance indexes as it starts, side by side; its /readyz "
+        "answers 503 until their first pass is done, so a load balancer sends it no "
+        "requests before then. Other corpora are indexed when first asked for.",
+    )
     web_token_cache_s: float = Field(
         5.0,
         ge=0,
@@ -294,6 +301,23 @@ class Settings(BaseSettings):
         if not servers or not all(_BOOTSTRAP.match(s) for s in servers):
             raise ValueError(f"expected host:port[,host:port...], got {value!r}")
         return ",".join(servers)
+
+    @field_validator("web_warm")
+    @classmethod
+    def _check_warm(cls, value: str) -> str:
+        projects = [p.strip() for p in value.split(",") if p.strip()]
+        for project in projects:
+            parts = project.split("/")
+            if len(parts) != 2:
+                raise ValueError(f"expected org/project[,org/project...], got {project!r}")
+            check_name("org", parts[0])
+            check_name("project", parts[1])
+        return ",".join(projects)
+
+    @property
+    def warm_projects(self) -> tuple[tuple[str, str], ...]:
+        """``web_warm`` as (org, project) pairs."""
+        return tuple((p.split("/")[0], p.split("/")[1]) for p in self.web_warm.split(",") if p)
 
     @field_validator("redact")
     @classmethod

@@ -81,11 +81,15 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(svc: Svc) -> JSONResponse:
-    """Ready when the object store answers (the broker only matters to labels: a 503 there)."""
+    """Ready when the object store answers and the corpora of RL_EXPORT_WEB_WARM are indexed
+    (the broker only matters to labels: a 503 there)."""
     try:
         await asyncio.wait_for(svc.store.check(), 5)
     except Exception as exc:  # any failure means not ready; the reason is in the answer
         return JSONResponse({"ready": False, "store": str(exc)}, status_code=503)
+    cold = svc.cold()
+    if cold:
+        return JSONResponse({"ready": False, "indexing": cold}, status_code=503)
     return JSONResponse({"ready": True})
 
 

@@ -19,12 +19,13 @@ from rl_export.common.errors import RlExportError
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.redact import warm_up
 from rl_export.common.settings import Settings
+from rl_export.common.specs import SOURCE_CORPORA
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.labeling.claims import ClaimBook, Claims, entry_from_wire
 from rl_export.labeling.settings import LabelingSettings, SettingsBook
 from rl_export.stream.topics import ensure_service_topics
-from rl_export.web.follower import Indexer
-from rl_export.web.index import QueryIndex
+from rl_export.web.follower import Followed, Indexer
+from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
@@ -49,20 +50,41 @@ class Services:
     labeling: SettingsBook
     claim_book: ClaimBook
     claims: Claims
+    # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
+    warming: list[Followed] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
         self.indexer.start()
-        # The redaction libraries load in a thread at start (Presidio's brings spaCy: seconds
-        # of CPU), so that the first preview that redacts does not wait for them.
-        threading.Thread(target=warm_up, name="redact-warm-up", daemon=True).start()
+        names = {spec.name for spec in self.settings.corpora}
+        self.warming = [
+            self.indexer.follow(CorpusKey(org, project, name))
+            for org, project in self.settings.warm_projects
+            for name in SOURCE_CORPORA
+            if name in names
+        ]
         self._tasks = [
+            asyncio.create_task(self._warm_redaction(), name="redact-warm-up"),
             asyncio.create_task(self._topics(), name="topics"),
             asyncio.create_task(self._labels_tail().run(self._stop), name="labels"),
             asyncio.create_task(self._claims_tail().run(self._stop), name="claims"),
             asyncio.create_task(self.jobs.sweep_forever(self._stop), name="sweep"),
         ]
+
+    def cold(self) -> list[str]:
+        """The warmed corpora whose first pass is not done yet (the instance is not ready)."""
+        return [f.key.name for f in self.warming if not f.first_pass.is_set()]
+
+    async def _warm_redaction(self) -> None:
+        """Load the redaction libraries in a thread (Presidio's bring spaCy: 1.5 s of CPU),
+        so that the first preview that redacts does not wait for them; after the warmed
+        corpora's first pass, which needs both cores more."""
+        while self.cold() and not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.5)
+        if not self._stop.is_set():
+            threading.Thread(target=warm_up, name="redact-warm-up", daemon=True).start()
 
     def _labels_tail(self) -> Tail:
         """Everyone's label events since one overlay TTL ago, into the overlay."""

@@ -179,3 +179,13 @@ def test_child_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) ->
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert load_settings() == original
+
+
+def test_warm_projects_are_org_slash_project_names() -> None:
+    settings = load_settings(web_warm=" acme/bot, acme/other ,")
+    assert settings.web_warm == "acme/bot,acme/other"
+    assert settings.warm_projects == (("acme", "bot"), ("acme", "other"))
+    assert load_settings().warm_projects == ()
+    for bad in ("acme", "acme/bot/x", "acme/../x", "/bot"):
+        with pytest.raises(ConfigError, match="RL_EXPORT_WEB_WARM"):
+            load_settings(web_warm=bad)
