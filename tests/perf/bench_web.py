@@ -61,6 +61,7 @@ from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
+from tests.harness.usage import peak_rss_parts_mib
 from tests.perf import bench_agreement
 
 ORG, PROJECT = "acme", "support-bot"
@@ -437,12 +438,14 @@ def warm_start(store_dir: Path, records: int) -> dict[str, Any]:
                 if not index["ready"] or index["indexed"] < records:
                     raise RuntimeError(f"ready, but {source} is not indexed: {index}")
                 indexed[source] = index["indexed"]
+            assert web.pid is not None
+            rss = peak_rss_parts_mib(web.pid)[0]  # the web process (not its export processes)
         finally:
             client.close()
             web.stop()
     log(f"warm start: ready with both corpora indexed {seconds:.1f} s after the process "
-        "started")  # fmt: skip
-    return {"seconds": seconds, "indexed": indexed}
+        f"started (peak RSS {rss:.0f} MiB)")  # fmt: skip
+    return {"seconds": seconds, "indexed": indexed, "peak_rss_mib": rss}
 
 
 def label_to_visible(labels: int, traces: int) -> dict[str, Any]:
@@ -563,7 +566,8 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         warm = result["warm_start"]["seconds"]
         verdict = "met" if warm < COLD_START_GOAL_S else "MISSED"
         print(f"new instance, warmed (process start to /readyz 200, both corpora indexed side "
-              f"by side): {warm:.1f} s (goal < {COLD_START_GOAL_S:.0f} s: {verdict})")  # fmt: skip
+              f"by side): {warm:.1f} s, peak RSS {result['warm_start']['peak_rss_mib']:.0f} MiB "
+              f"(goal < {COLD_START_GOAL_S:.0f} s: {verdict})")  # fmt: skip
     if "objects" in result:
         print(f"objects read as columns (sidecars): {result['objects']['columns']:.0f}, "
               f"as lines: {result['objects']['lines']:.0f}")  # fmt: skip

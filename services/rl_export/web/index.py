@@ -94,6 +94,14 @@ def _arrow(kind: pa.DataType, values: npt.NDArray[Any]) -> pa.Array:
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
+def _one(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
+    """A result's first row, fetched to its end: DuckDB refuses to ``register`` a table on a
+    connection whose last result was left unfinished (a writer reads its cursor, then
+    ingests)."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
+
+
 def _chunked(table: pa.Table) -> pa.Table:
     """The table in chunks of :data:`CHUNK_ROWS` rows: one per DuckDB thread."""
     return pa.Table.from_batches(table.to_batches(CHUNK_ROWS), schema=table.schema)
@@ -231,15 +239,15 @@ class QueryIndex:
 
     def cursor(self, corpus_id: int) -> Cursor | None:
         """Where the corpus's reading stopped (None: from its latest compaction)."""
-        db = self.connection()
-        row = db.execute("SELECT cursor FROM corpora WHERE id = ?", [corpus_id]).fetchone()
+        db = self._writing()
+        row = _one(db.execute("SELECT cursor FROM corpora WHERE id = ?", [corpus_id]))
         if row is None or row[0] is None:
             return None
         return check_cursor(loads(row[0]))
 
     def reset(self, corpus_id: int) -> None:
         """Forget a corpus's rows and cursor (its history expired under the cursor)."""
-        db = self.connection()
+        db = self._writing()
         with self._gate.shared(), self._transaction(db):
             db.execute("DELETE FROM records WHERE corpus_id = ?", [corpus_id])
             db.execute("DELETE FROM remote WHERE corpus_id = ?", [corpus_id])
@@ -262,7 +270,7 @@ class QueryIndex:
 
     def _save_cursor(self, corpus_id: int, cursor: Cursor) -> None:
         """Where the corpus is read to, when what came held no line."""
-        self.connection().execute(
+        self._writing().execute(
             "UPDATE corpora SET cursor = ? WHERE id = ?", [dumps(cursor).decode(), corpus_id]
         )
 
@@ -336,7 +344,7 @@ class QueryIndex:
         counts = [t.num_rows for t in tables]
         segs = np.repeat(np.arange(first, first + len(tables), dtype=np.int32), counts)
         joined = pa.concat_tables(tables).append_column("_seg", _arrow(pa.int32(), segs))
-        db = self.connection()
+        db = self._writing()
 
         def narrow(kept: npt.NDArray[np.int64]) -> None:
             offsets = int64s(joined, "line_offset")
@@ -352,12 +360,12 @@ class QueryIndex:
                 "line_length AS _n, _seg, (_seg::BIGINT << 40) + line_offset AS _q "
                 "FROM sidecar_rows"
             )
-            found = db.execute("SELECT count(*) FROM batch").fetchone()
+            found = _one(db.execute("SELECT count(*) FROM batch"))
             if found is None or found[0] != sum(counts):
                 raise IndexError_(f"DuckDB read {found} rows from sidecars of {sum(counts)}")
             yield narrow
-            db.execute("DROP VIEW batch")
         finally:
+            db.execute("DROP VIEW IF EXISTS batch")
             db.unregister("sidecar_rows")
 
     @contextlib.contextmanager
@@ -369,14 +377,14 @@ class QueryIndex:
             f"read_json('{path}', format = 'newline_delimited', "
             f"columns = {columns}, maximum_object_size = 268435456)"
         )
-        db = self.connection()
-        # In a transaction the new rows' rowids start at a base of its own, in the order
-        # they were inserted: rowid - base is the line's place in the slice. One JSON read
+        db = self._writing()
+        # A new table's rowids start at a base of its own, in the order its rows were
+        # inserted: rowid - base is the line's place in the slice (checked). One JSON read
         # at a time: each holds buffers twice the largest object (512 MiB), and two at once
         # would pass the memory limit.
         with self._json:
             db.execute(f"CREATE OR REPLACE TEMP TABLE lines AS SELECT {EXTRACT} FROM {source}")
-        first = db.execute("SELECT min(rowid) FROM lines").fetchone()
+        first = _one(db.execute("SELECT min(rowid) FROM lines"))
         db.execute(
             "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n, ?::INTEGER AS _seg, "
             "(?::BIGINT << 40) + o._o AS _q FROM lines l JOIN (SELECT unnest(?::BIGINT[]) AS _o, "
@@ -393,8 +401,10 @@ class QueryIndex:
         )
         self._check_order(lines)
         db.execute("DROP TABLE lines")
-        yield None  # a table: narrowed in SQL
-        db.execute("DROP TABLE batch")
+        try:
+            yield None  # a table: narrowed in SQL
+        finally:
+            db.execute("DROP TABLE IF EXISTS batch")
 
     def _apply(
         self, corpus_id: int, count: int, cursor: Cursor | None,
@@ -405,10 +415,12 @@ class QueryIndex:
         batch's traces have no row in this corpus yet (parts of the compaction the corpus is
         read from: their traces are distinct, and the index holds nothing else of the corpus
         then), so nothing is looked up or replaced."""
-        db = self.connection()
+        db = self._writing()
         # 2. The lines' columns, places and segments, as ``batch`` (a temporary table or
         # view); ``_q``, the order they were read in (segment, then place): their ``seq``.
-        with self._transaction(db), batch as narrow:
+        # Made before the transaction and dropped after it: a failed transaction is rolled
+        # back first, so its error is the one raised.
+        with batch as narrow, self._transaction(db):
             if remote:
                 db.executemany(
                     "INSERT INTO remote VALUES (?, ?, ?)",
@@ -422,7 +434,7 @@ class QueryIndex:
                 "FROM batch"
             )
             repeated = db.execute("SELECT count(*) - count(DISTINCT trace_id) FROM keys")
-            row = repeated.fetchone()
+            row = _one(repeated)
             if row is not None and row[0]:  # a trace twice in the slice: keep its best line
                 db.execute(
                     "DELETE FROM keys WHERE _q NOT IN (SELECT _q FROM keys QUALIFY "
@@ -471,9 +483,9 @@ class QueryIndex:
         rows taken across the slice name the trace their line starts with (a record's first
         key): were the rows not in the file's order, the lines would not match."""
         count = len(lines.offsets)
-        db = self.connection()
+        db = self._writing()
         found = db.execute("SELECT (SELECT count(*) FROM lines), count(*) FROM batch")
-        counts = found.fetchone()
+        counts = _one(found)
         if counts is None or counts[0] != count or counts[1] != count:
             raise IndexError_(f"DuckDB read {counts} rows from a slice of {count} lines")
         picks = sorted({0, count - 1, *range(0, count, max(count // CHECKED_ROWS, 1))})
@@ -494,7 +506,7 @@ class QueryIndex:
     def collect_segments(self) -> list[int]:
         """Delete the segments no row points into (and forget such remote ones); return the
         local ones deleted."""
-        db = self.connection()
+        db = self._writing()
         with self._gate.exclusive():
             rows = db.execute("SELECT DISTINCT seg FROM records WHERE seg IS NOT NULL").fetchall()
             used = {int(r[0]) for r in rows}
@@ -518,7 +530,7 @@ class QueryIndex:
         merged = 0
         with self._gate.exclusive():
             live = (
-                self.connection()
+                self._writing()
                 .execute(
                     "SELECT corpus_id, seg, sum(len + 2) FROM records WHERE seg IS NOT NULL "
                     "AND seg NOT IN (SELECT seg FROM remote) GROUP BY ALL ORDER BY corpus_id, seg"
@@ -537,7 +549,7 @@ class QueryIndex:
         return merged
 
     def _merge(self, corpus_id: int, segs: list[int]) -> None:
-        db = self.connection()
+        db = self._writing()
         rows = db.execute(
             "SELECT trace_id, seg, off, len FROM records WHERE corpus_id = ? "
             "AND list_contains(?, seg) ORDER BY seq",
@@ -565,11 +577,19 @@ class QueryIndex:
     # -- queries (any thread) ------------------------------------------------------------
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """This thread's connection to the index (queries run on any thread, and each
-        corpus's writer on its own: DuckDB runs their transactions side by side)."""
+        """This thread's connection to the index for queries (they run on any thread)."""
         cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
         if cursor is None:
             cursor = self._local.cursor = self.db.cursor()
+        return cursor
+
+    def _writing(self) -> duckdb.DuckDBPyConnection:
+        """This thread's connection for writes (each corpus's writer has a thread: DuckDB runs
+        their transactions side by side), apart from its queries' so that a query's open
+        result never meets a write's ``register``."""
+        cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "writing", None)
+        if cursor is None:
+            cursor = self._local.writing = self.db.cursor()
         return cursor
 
     def live_counts(self) -> dict[int, int]:
@@ -674,5 +694,5 @@ class QueryIndex:
     def has_trace(self, corpus_id: int, trace_id: str) -> bool:
         """Whether the corpus holds a live record of the trace."""
         sql = "SELECT 1 FROM records WHERE corpus_id = ? AND trace_id = ? AND NOT deleted"
-        row = self.connection().execute(sql + " LIMIT 1", [corpus_id, trace_id]).fetchone()
+        row = _one(self.connection().execute(sql + " LIMIT 1", [corpus_id, trace_id]))
         return row is not None

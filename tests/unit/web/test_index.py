@@ -603,3 +603,14 @@ def test_corpora_ingested_side_by_side_end_as_one_after_the_other(
             assert index.cursor(ids[n]) == {"s-0": 12}
     finally:
         alone.close()
+
+
+def test_a_writer_reads_its_cursor_between_ingests(index: QueryIndex) -> None:
+    """As the follower does on the corpus's writer thread: a read of the cursor, then the
+    next object (DuckDB refuses an Arrow table on a connection with a result left open)."""
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    for n in range(3):
+        index.ingest(cid, line(record(f"t{n}", revision=1)), {"s-0": n + 1})
+        assert index.cursor(cid) == {"s-0": n + 1}
+        assert index.has_trace(cid, f"t{n}")
+    assert index.live_counts() == {cid: 3}
