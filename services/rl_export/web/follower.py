@@ -216,12 +216,12 @@ class Indexer:
             with contextlib.suppress(Exception):  # a failed ingest is the loop's to report
                 if pending is not None:
                     await pending
+                if counted != followed.lines:  # counted before the pass is marked done
+                    live = await write(self.index.live_counts)
+                    followed.live, counted = live.get(cid, 0), followed.lines
                 followed.caught_up_at = began
                 followed.passes += 1
                 followed.error = None
-                if counted != followed.lines:
-                    live = await write(self.index.live_counts)
-                    followed.live, counted = live.get(cid, 0), followed.lines
                 self._released(followed)
 
         # Objects read as columns wait here while the writer is busy, and go to it together

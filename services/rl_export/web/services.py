@@ -73,8 +73,12 @@ class Services:
         ]
 
     def cold(self) -> list[str]:
-        """The warmed corpora whose first pass is not done yet (the instance is not ready)."""
-        return [f.key.name for f in self.warming if not f.first_pass.is_set()]
+        """The warmed corpora not indexed through once yet (the instance is not ready).
+
+        A complete pass, not ``first_pass``: that is also set when a pass fails (the API
+        then answers from what there is), and a failed pass is no reason to take traffic.
+        """
+        return [f.key.name for f in self.warming if f.passes == 0]
 
     async def _warm_redaction(self) -> None:
         """Load the redaction libraries in a thread (Presidio's bring spaCy: 1.5 s of CPU),

@@ -8,7 +8,10 @@ from typing import Any
 
 import orjson
 
+from rl_export.web.follower import Followed
+from rl_export.web.index import CorpusKey
 from rl_export.web.pages import readyz
+from rl_export.web.services import Services
 
 
 class _Store:
@@ -36,3 +39,16 @@ def test_ready_only_once_the_warmed_corpora_are_indexed() -> None:
 def test_a_store_that_fails_is_not_ready_and_says_why() -> None:
     svc = SimpleNamespace(store=_Store(OSError("connection refused")), cold=lambda: [])
     assert _answer(svc) == (503, {"ready": False, "store": "connection refused"})
+
+
+def test_a_failed_first_pass_keeps_the_instance_out_of_traffic() -> None:
+    """A pass that fails releases the corpus's waiting requests (first_pass is set), but the
+    instance is ready only once a pass has completed."""
+    followed = Followed(CorpusKey("acme", "bot", "traces"), asyncio.Event(), 0.0)
+    svc = SimpleNamespace(warming=[followed])
+    assert Services.cold(svc) == ["acme/bot/traces"]  # type: ignore[arg-type]
+    followed.first_pass.set()
+    followed.error = "disk full"
+    assert Services.cold(svc) == ["acme/bot/traces"]  # type: ignore[arg-type]
+    followed.passes = 1
+    assert Services.cold(svc) == []  # type: ignore[arg-type]
