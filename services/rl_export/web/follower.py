@@ -37,7 +37,8 @@ from rl_export.common.metrics import WebMetrics
 from rl_export.corpora.layout import ChainError, CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import ObjectStore
-from rl_export.web.index import CorpusKey, IndexError_, QueryIndex
+from rl_export.web.batches import IndexError_
+from rl_export.web.index import CorpusKey, QueryIndex
 
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 60.0

@@ -31,7 +31,9 @@ thread), in slices of at most ``SLICE`` lines:
 2. Let DuckDB's JSON reader read that segment and extract the columns (C++: no line is
    parsed or copied in Python). Its rows keep the file's order (``preserve_insertion_order``,
    DuckDB's default), so the n-th row is the n-th line: the row count must match, and a few
-   rows' trace ids are checked against the bytes at their offsets before anything is kept.
+   rows' trace ids are checked against the bytes at their offsets before anything is kept
+   (:func:`rl_export.web.batches.from_json`; sidecars' batches are
+   :func:`~rl_export.web.batches.from_columns`).
 3. In one transaction: keep the best line per trace of the slice (greatest revision, a
    tombstone on a tie, else the first read: the reader's rule), delete the rows it replaces,
    insert the traces that have no row, and save the corpus's cursor with the last slice.
@@ -52,63 +54,20 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
-import numpy.typing as npt
-import orjson
-import pyarrow as pa
 
 from rl_export.common.codec import dumps, loads
 from rl_export.common.errors import ObjectNotFoundError
 from rl_export.common.filters import Filters
 from rl_export.corpora.reader import Cursor, check_cursor
-from rl_export.corpora.sidecar import int64s
+from rl_export.web.batches import IndexError_, Narrow, Slice, first_row, from_columns, from_json
 from rl_export.web.gate import Gate
-from rl_export.web.indexsql import BINS, EXTRACT, JSON_COLUMNS, RECORD_COLUMNS, filter_sql
+from rl_export.web.indexsql import BINS, RECORD_COLUMNS, filter_sql
 from rl_export.web.segments import Segments
 
 SCHEMA_VERSION = "7"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
-CHECKED_ROWS = 64  # rows per slice whose trace id is checked against the segment's bytes
-CHUNK_ROWS = 16_384  # a sidecar is read in chunks of this many rows: one per DuckDB thread
 _NEWLINE = re.compile(b"\n")
-
-
-@dataclass(frozen=True)
-class _Slice:
-    """Where a slice's lines are: offsets and lengths in its segment, and its bytes."""
-
-    offsets: list[int]
-    lengths: list[int]
-    data: bytes
-    begin: int  # where the slice starts in ``data``
-
-
-_Narrow = Callable[["npt.NDArray[np.int64]"], None] | None
-"""Narrows a batch that is a view to the lines kept, by their ``_q`` (None: a table)."""
-
-
-def _arrow(kind: pa.DataType, values: npt.NDArray[Any]) -> pa.Array:
-    """A NumPy array as an Arrow array of ``kind``, from its buffer (``pa.array`` of a NumPy
-    array imports pandas when it is installed: 45 MiB the service has no use for)."""
-    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
-
-
-def _one(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
-    """A result's first row, fetched to its end: DuckDB refuses to ``register`` a table on a
-    connection whose last result was left unfinished (a writer reads its cursor, then
-    ingests)."""
-    rows = result.fetchall()
-    return rows[0] if rows else None
-
-
-def _chunked(table: pa.Table) -> pa.Table:
-    """The table in chunks of :data:`CHUNK_ROWS` rows: one per DuckDB thread."""
-    return pa.Table.from_batches(table.to_batches(CHUNK_ROWS), schema=table.schema)
-
-
-class IndexError_(Exception):
-    """The index could not take a batch (a line DuckDB cannot read as a record)."""
 
 
 class BodiesGone(Exception):
@@ -240,7 +199,7 @@ class QueryIndex:
     def cursor(self, corpus_id: int) -> Cursor | None:
         """Where the corpus's reading stopped (None: from its latest compaction)."""
         db = self._writing()
-        row = _one(db.execute("SELECT cursor FROM corpora WHERE id = ?", [corpus_id]))
+        row = first_row(db.execute("SELECT cursor FROM corpora WHERE id = ?", [corpus_id]))
         if row is None or row[0] is None:
             return None
         return check_cursor(loads(row[0]))
@@ -293,7 +252,8 @@ class QueryIndex:
                 segment, path = self.segments.write(view[begin:end])
                 offsets = [start - begin for start in starts[first:last]]
                 lengths = [b - a - 1 for a, b in itertools.pairwise(starts[first : last + 1])]
-                batch = self._batch_from_json(segment, path, _Slice(offsets, lengths, data, begin))
+                batch = from_json(self._writing(), segment, path,
+                                  Slice(offsets, lengths, data, begin), self._json)  # fmt: skip
                 try:
                     self._apply(corpus_id, len(offsets), cursor if last == lines else None, batch)
                 except duckdb.Error as exc:
@@ -322,7 +282,7 @@ class QueryIndex:
             remote = [(first + n, key) for n, (key, _) in enumerate(objects)]
             try:
                 self._apply(corpus_id, sum(t.num_rows for _, t in objects), cursor,
-                            self._batch_from_columns(first, [t for _, t in objects]),
+                            from_columns(self._writing(), first, [t for _, t in objects]),
                             remote=remote, fresh=fresh)  # fmt: skip
             except duckdb.Error as exc:
                 raise IndexError_(f"DuckDB could not take the sidecars of {objects[0][0]} "
@@ -330,85 +290,9 @@ class QueryIndex:
             for seg, key in remote:
                 self._remote[seg] = (corpus_id, key)
 
-    @contextlib.contextmanager
-    def _batch_from_columns(self, first: int, tables: list[Any]) -> Iterator[_Narrow]:
-        """Step 2 from sidecars: their columns, a row per line, with the line's place; the
-        n-th table's lines are in segment ``first + n``.
-
-        ``batch`` is a view over the tables joined into one (their buffers are not copied),
-        with a column of segment numbers: DuckDB reads one table in parallel chunks three
-        times faster than a UNION ALL of many, and through a view each statement derives only
-        the columns it uses, where a temporary table would copy every one once more. What
-        it yields narrows the view to the lines kept (their ``_q``), filtered in Arrow: an
-        insert filtered by a join in SQL cost DuckDB 1.3 µs more a row."""
-        counts = [t.num_rows for t in tables]
-        segs = np.repeat(np.arange(first, first + len(tables), dtype=np.int32), counts)
-        joined = pa.concat_tables(tables).append_column("_seg", _arrow(pa.int32(), segs))
-        db = self._writing()
-
-        def narrow(kept: npt.NDArray[np.int64]) -> None:
-            offsets = int64s(joined, "line_offset")
-            assert offsets is not None  # the reader checked the line places tile the object
-            places = (segs.astype(np.int64) << 40) + offsets
-            rows = joined.take(_arrow(pa.int64(), np.flatnonzero(np.isin(places, kept))))
-            db.register("sidecar_rows", _chunked(rows))
-
-        db.register("sidecar_rows", _chunked(joined))
-        try:
-            db.execute(
-                f"CREATE OR REPLACE TEMP VIEW batch AS SELECT {EXTRACT}, line_offset AS _o, "
-                "line_length AS _n, _seg, (_seg::BIGINT << 40) + line_offset AS _q "
-                "FROM sidecar_rows"
-            )
-            found = _one(db.execute("SELECT count(*) FROM batch"))
-            if found is None or found[0] != sum(counts):
-                raise IndexError_(f"DuckDB read {found} rows from sidecars of {sum(counts)}")
-            yield narrow
-        finally:
-            db.execute("DROP VIEW IF EXISTS batch")
-            db.unregister("sidecar_rows")
-
-    @contextlib.contextmanager
-    def _batch_from_json(self, segment: int, path: Path, lines: _Slice) -> Iterator[_Narrow]:
-        """Step 2 from a segment: DuckDB's JSON reader, a row per line in the file's order;
-        then where each line is (the temporary table ``batch``)."""
-        columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in JSON_COLUMNS.items()) + "}"
-        source = (
-            f"read_json('{path}', format = 'newline_delimited', "
-            f"columns = {columns}, maximum_object_size = 268435456)"
-        )
-        db = self._writing()
-        # A new table's rowids start at a base of its own, in the order its rows were
-        # inserted: rowid - base is the line's place in the slice (checked). One JSON read
-        # at a time: each holds buffers twice the largest object (512 MiB), and two at once
-        # would pass the memory limit.
-        with self._json:
-            db.execute(f"CREATE OR REPLACE TEMP TABLE lines AS SELECT {EXTRACT} FROM {source}")
-        first = _one(db.execute("SELECT min(rowid) FROM lines"))
-        db.execute(
-            "CREATE OR REPLACE TEMP TABLE batch AS SELECT l.*, o._o, o._n, ?::INTEGER AS _seg, "
-            "(?::BIGINT << 40) + o._o AS _q FROM lines l JOIN (SELECT unnest(?::BIGINT[]) AS _o, "
-            "unnest(?::BIGINT[]) AS _n, generate_subscripts(?::BIGINT[], 1) - 1 + ? AS row) o "
-            "ON l.rowid = o.row",
-            [
-                segment,
-                segment,
-                lines.offsets,
-                lines.lengths,
-                lines.offsets,
-                first[0] if first else 0,
-            ],
-        )
-        self._check_order(lines)
-        db.execute("DROP TABLE lines")
-        try:
-            yield None  # a table: narrowed in SQL
-        finally:
-            db.execute("DROP TABLE IF EXISTS batch")
-
     def _apply(
         self, corpus_id: int, count: int, cursor: Cursor | None,
-        batch: contextlib.AbstractContextManager[_Narrow], *,
+        batch: contextlib.AbstractContextManager[Narrow], *,
         remote: list[tuple[int, str]] | None = None, fresh: bool = False,
     ) -> None:  # fmt: skip
         """Steps 2 and 3 for the ``count`` lines of ``batch``. ``fresh``: the
@@ -434,7 +318,7 @@ class QueryIndex:
                 "FROM batch"
             )
             repeated = db.execute("SELECT count(*) - count(DISTINCT trace_id) FROM keys")
-            row = _one(repeated)
+            row = first_row(repeated)
             if row is not None and row[0]:  # a trace twice in the slice: keep its best line
                 db.execute(
                     "DELETE FROM keys WHERE _q NOT IN (SELECT _q FROM keys QUALIFY "
@@ -476,31 +360,6 @@ class QueryIndex:
                 db.execute(
                     "UPDATE corpora SET cursor = ?, lines = lines + ? WHERE id = ?",
                     [dumps(cursor).decode(), count, corpus_id],
-                )
-
-    def _check_order(self, lines: _Slice) -> None:
-        """Step 2's guard: DuckDB read as many rows as there are lines, each got a place, and
-        rows taken across the slice name the trace their line starts with (a record's first
-        key): were the rows not in the file's order, the lines would not match."""
-        count = len(lines.offsets)
-        db = self._writing()
-        found = db.execute("SELECT (SELECT count(*) FROM lines), count(*) FROM batch")
-        counts = _one(found)
-        if counts is None or counts[0] != count or counts[1] != count:
-            raise IndexError_(f"DuckDB read {counts} rows from a slice of {count} lines")
-        picks = sorted({0, count - 1, *range(0, count, max(count // CHECKED_ROWS, 1))})
-        rows = db.execute(
-            "SELECT _o, trace_id FROM batch WHERE list_contains(?::BIGINT[], _o)",
-            [[lines.offsets[n] for n in picks]],
-        ).fetchall()
-        if len(rows) != len(picks):
-            raise IndexError_(f"{len(rows)} of {len(picks)} checked rows found in the slice")
-        for offset, trace_id in rows:
-            start = lines.begin + int(offset)
-            head = b'{"trace_id":' + orjson.dumps(trace_id)
-            if lines.data[start : start + len(head)] != head:
-                raise IndexError_(
-                    f"the row at offset {offset} is not its line (DuckDB changed the order?)"
                 )
 
     def collect_segments(self) -> list[int]:
@@ -694,5 +553,5 @@ class QueryIndex:
     def has_trace(self, corpus_id: int, trace_id: str) -> bool:
         """Whether the corpus holds a live record of the trace."""
         sql = "SELECT 1 FROM records WHERE corpus_id = ? AND trace_id = ? AND NOT deleted"
-        row = _one(self.connection().execute(sql + " LIMIT 1", [corpus_id, trace_id]))
+        row = first_row(self.connection().execute(sql + " LIMIT 1", [corpus_id, trace_id]))
         return row is not None
