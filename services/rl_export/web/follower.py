@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from rl_export.common.errors import StoreError
 from rl_export.common.metrics import WebMetrics
 from rl_export.corpora.layout import ChainError, CorpusRef
-from rl_export.corpora.reader import CorpusReader
+from rl_export.corpora.reader import CorpusReader, Cursor, ObjectLines
 from rl_export.corpora.store import ObjectStore
 from rl_export.web.batches import IndexError_
 from rl_export.web.index import CorpusKey, QueryIndex
@@ -46,6 +46,30 @@ FETCH_TIMEOUT_S = 30.0
 BATCH_ROWS = 200_000
 """Most sidecar rows the index takes in one transaction."""
 T = TypeVar("T")
+
+
+@dataclass
+class _Waiting:
+    """Objects read as columns wait here while their corpus's writer is busy, and go to it
+    together (one transaction) when it is free or they reach :data:`BATCH_ROWS`: a catch-up
+    writes a few large batches, a follower that keeps up one object at a time."""
+
+    objects: list[tuple[str, Any]] = field(default_factory=list)  # (key, sidecar rows)
+    rows: int = 0
+    fresh: bool = True  # all are parts of the compaction the corpus is read from
+    cursor: Cursor = field(default_factory=dict)  # the reader's, after the last
+
+    def add(self, item: ObjectLines, cursor: Cursor) -> None:
+        self.objects.append((item.key, item.columns))
+        self.rows += item.count
+        self.fresh = self.fresh and item.compacted
+        self.cursor = cursor
+
+    def take(self) -> tuple[list[tuple[str, Any]], Cursor, bool]:
+        """What waits, the cursor after it and whether it is fresh; nothing waits after."""
+        taken = (self.objects, self.cursor, self.fresh)
+        self.objects, self.rows, self.fresh = [], 0, True
+        return taken
 
 
 @dataclass
@@ -225,23 +249,15 @@ class Indexer:
                 followed.error = None
                 self._released(followed)
 
-        # Objects read as columns wait here while the writer is busy, and go to it together
-        # (one transaction) when it is free or they reach BATCH_ROWS: a catch-up writes a
-        # few large batches, a follower that keeps up one object at a time.
-        waiting: list[tuple[str, Any]] = []
-        waiting_rows = 0
-        waiting_fresh = True
-        waiting_cursor: dict[str, int] = {}
+        waiting = _Waiting()
 
         def hand_over() -> None:
-            nonlocal pending, waiting, waiting_rows, waiting_fresh
-            if not waiting:
-                return
-            ingest = functools.partial(
-                self.index.ingest_columns, cid, waiting, waiting_cursor, fresh=waiting_fresh
-            )
-            pending = write(ingest)
-            waiting, waiting_rows, waiting_fresh = [], 0, True
+            nonlocal pending
+            if waiting.objects:
+                objects, cursor, fresh = waiting.take()
+                pending = write(functools.partial(
+                    self.index.ingest_columns, cid, objects, cursor, fresh=fresh
+                ))  # fmt: skip
 
         def caught_up(began: float) -> None:
             hand_over()  # the pass is done: what waits goes now (settle waits for it)
@@ -257,12 +273,9 @@ class Indexer:
                 async for item in reader.follow_objects(cursor, stop=self._stop,
                                                         caught_up=caught_up):  # fmt: skip
                     if item.columns is not None:  # its sidecar: columns, bodies left there
-                        waiting.append((item.key, item.columns))
-                        waiting_rows += item.count
-                        waiting_fresh = waiting_fresh and item.compacted
-                        waiting_cursor = reader.cursor
+                        waiting.add(item, reader.cursor)
                         as_columns.inc()
-                        if pending is None or pending.done() or waiting_rows >= BATCH_ROWS:
+                        if pending is None or pending.done() or waiting.rows >= BATCH_ROWS:
                             if pending is not None:
                                 await pending
                             hand_over()
@@ -280,7 +293,7 @@ class Indexer:
                 if pending is not None:
                     await pending
             except ChainError as exc:
-                waiting, waiting_rows, waiting_fresh = [], 0, True
+                waiting.take()  # dropped: read again
                 # 4. The chains moved on without us: start again from the latest compaction.
                 log.warning("index: %s: %s; reading it again from its latest compaction",
                             key.name, exc)  # fmt: skip
@@ -288,7 +301,7 @@ class Indexer:
                 await write(self.index.reset, cid)
                 followed.error = str(exc)
             except (StoreError, IndexError_, OSError) as exc:
-                waiting, waiting_rows, waiting_fresh = [], 0, True
+                waiting.take()  # dropped: read again
                 log.error("index: %s: %s; retrying", key.name, exc)
                 await self._drain(pending)
                 followed.error = str(exc)
