@@ -2,9 +2,10 @@
 
 It runs in a thread of its own with its own event loop and object-store client, so reading
 and ingesting shards (verifying checksums, DuckDB's JSON parsing) never blocks the API's event
-loop; each corpus's writes to the index go through a thread of that corpus, its writer, in
-order, so reading the next object (its checksum, in C) overlaps ingesting the last one (in
-DuckDB, without the GIL), and corpora are ingested side by side (:mod:`rl_export.web.gate`).
+loop; the index's writes go to a pool of writer threads (as many as the index lets write at
+once, :mod:`rl_export.web.gate`), each corpus's one at a time and in order, so reading the
+next object (its checksum, in C) overlaps ingesting the last one (in DuckDB, without the
+GIL), and corpora are ingested side by side.
 Per corpus (:meth:`Indexer.follow`, thread-safe, idempotent):
 
 1. Register the corpus in the index and load its saved cursor (none: start from the latest
@@ -87,12 +88,9 @@ class Followed:
     passes: int = 0
     restarting: bool = False  # read again from the latest compaction (a body expired)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
-    # The corpus's writes to the index, one at a time and in order (a restart's reset runs
-    # after the writes of the task it replaces).
-    writer: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-writer"),
-        repr=False,
-    )
+    # Held by each of the corpus's writes to the index (of the indexer's loop; FIFO): one at
+    # a time and in order, and a restart's reset after the writes of the task it replaces.
+    writes: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def lag_s(self, now: float) -> float:
         """Seconds of commits the index may not hold yet."""
@@ -121,6 +119,11 @@ class Indexer:
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
+        # Every corpus's writes, as many at once as the index lets write (the threads, and
+        # their DuckDB connections, do not grow with the corpora followed).
+        self._writers = ThreadPoolExecutor(
+            index.writers, thread_name_prefix="rl-export-index-writer"
+        )
         # Moving and deleting segments: alone (the index's gate waits for the writers).
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="rl-export-index-gc")
         index.fetch = self._fetch
@@ -174,8 +177,7 @@ class Indexer:
         if self._thread is not None:
             self._thread.join(30)
         self._maintenance.shutdown(wait=True)
-        for followed in list(self.followed.values()):
-            followed.writer.shutdown(wait=True)
+        self._writers.shutdown(wait=True)
 
     # -- following -----------------------------------------------------------------------
 
@@ -217,10 +219,10 @@ class Indexer:
         loop = asyncio.get_running_loop()
 
         def write(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-            return loop.run_in_executor(followed.writer, fn, *args)
+            return loop.create_task(self._write(followed, fn, *args))
 
         cid = followed.corpus_id = await write(self.index.corpus_id, key)
-        if reset:  # after the writes of the task it replaces (the corpus's writer, in order)
+        if reset:  # after the writes of the task it replaces (they run in order)
             await write(self.index.reset, cid)
             followed.restarting = False
         reader = CorpusReader(
@@ -337,6 +339,19 @@ class Indexer:
         if followed.task is not None:
             followed.task.cancel()
         followed.task = asyncio.get_running_loop().create_task(self._follow(followed, reset=True))
+
+    async def _write(self, followed: Followed, fn: Callable[..., T], *args: Any) -> T:
+        """One of the corpus's writes, on the writers' pool, after its earlier ones. Should
+        the caller be cancelled (a restart), the write still ends before the next begins."""
+        async with followed.writes:
+            done = asyncio.get_running_loop().run_in_executor(self._writers, fn, *args)
+            try:
+                return await asyncio.shield(done)
+            except asyncio.CancelledError:
+                while not done.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([done])
+                raise
 
     @staticmethod
     async def _drain(pending: asyncio.Future[None] | None) -> None:

@@ -1,10 +1,11 @@
 """Who may write to the query index at once: ingests side by side, maintenance alone.
 
-Each followed corpus has a writer of its own (:class:`~rl_export.web.follower.Indexer`), and
-DuckDB runs their transactions side by side: appends never conflict, and each corpus deletes
-and updates only its own rows. Two writers on two cores indexed two corpora 1.3 times faster
-than one writer after the other (docs/performance.md). At most ``writers`` ingests run at
-once (each is a DuckDB statement of several threads and a batch of Arrow rows in memory).
+The indexer writes corpora on a pool of writer threads
+(:class:`~rl_export.web.follower.Indexer`), and DuckDB runs their transactions side by side:
+appends never conflict, and each corpus deletes and updates only its own rows. Two writers
+on two cores indexed two corpora 1.3 times faster than one writer after the other
+(docs/performance.md). At most ``writers`` ingests run at once (each is a DuckDB statement
+of several threads and a batch of Arrow rows in memory).
 
 Moving and deleting segments (:meth:`QueryIndex.compact_segments`,
 :meth:`~QueryIndex.collect_segments`) must never run between a segment and the rows that

@@ -133,6 +133,11 @@ class QueryIndex:
         self._gate = Gate(writers)  # ingests side by side, segment maintenance alone
         self._json = threading.Lock()  # DuckDB's JSON reads (of objects without sidecars)
 
+    @property
+    def writers(self) -> int:
+        """How many ingests may run at once."""
+        return self._gate.writers
+
     def _open(self, threads: int, memory: str) -> duckdb.DuckDBPyConnection:
         db = duckdb.connect(
             str(self.directory / "index.duckdb"),
@@ -225,7 +230,7 @@ class QueryIndex:
             raise
         db.execute("COMMIT")
 
-    # -- ingest (a writer thread per corpus: see rl_export.web.gate) -----------------------
+    # -- ingest (the indexer's writer threads: see rl_export.web.gate) --------------------
 
     def _save_cursor(self, corpus_id: int, cursor: Cursor) -> None:
         """Where the corpus is read to, when what came held no line."""
