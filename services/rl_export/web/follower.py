@@ -166,7 +166,8 @@ class Indexer:
                 continue
             if removed:
                 log.info("index: removed %d segments no record points into", len(removed))
-        tasks = [f.task for f in self.followed.values() if f.task is not None]
+        # The followers, and the writes and settlings they left (a write being run ends).
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
