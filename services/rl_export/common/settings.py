@@ -317,7 +317,8 @@ class Settings(BaseSettings):
     @property
     def warm_projects(self) -> tuple[tuple[str, str], ...]:
         """``web_warm`` as (org, project) pairs."""
-        return tuple((p.split("/")[0], p.split("/")[1]) for p in self.web_warm.split(",") if p)
+        return tuple((org, project) for org, _, project in
+                     (p.partition("/") for p in self.web_warm.split(",") if p))  # fmt: skip
 
     @field_validator("redact")
     @classmethod

@@ -23,8 +23,8 @@ offset and length there, and a body is fetched by range when a preview or the qu
 it. Should the object expire (after a compaction covered it) the corpus is read again from
 that compaction (:class:`BodiesGone`).
 
-How verified corpus lines are ingested (:meth:`QueryIndex.ingest`, on the corpus's writer
-thread), in slices of at most ``SLICE`` lines:
+How verified corpus lines are ingested (:meth:`QueryIndex.ingest`, on one of the indexer's
+writer threads), in slices of at most ``SLICE`` lines:
 
 1. Write the slice's bytes as they are, as a new segment; find where each line starts (the
    newlines, found in C).
@@ -448,7 +448,7 @@ class QueryIndex:
         return cursor
 
     def _writing(self) -> duckdb.DuckDBPyConnection:
-        """This thread's connection for writes (each corpus's writer has a thread: DuckDB runs
+        """This thread's connection for writes (the indexer's writer threads: DuckDB runs
         their transactions side by side), apart from its queries' so that a query's open
         result never meets a write's ``register``."""
         cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "writing", None)
