@@ -362,6 +362,16 @@ def claim_latencies(port: int, tokens: list[str], rounds: int, pause_s: float) -
             f"release ({len(tokens)} labelers, {how})": quantiles(releases)}  # fmt: skip
 
 
+def _web_env(store_dir: Path, folder: Path, port: int, **settings: Any) -> dict[str, str]:
+    """The environment of a web service on the cached corpora, its index in ``folder`` (no
+    broker: the benchmark's labels have a step of their own)."""
+    return child_env(
+        load_settings(store_url=str(store_dir), data_dir=folder,
+                      kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port, **settings),
+        os.environ,
+    )  # fmt: skip
+
+
 def measure_index(
     store_dir: Path, records: int, rounds: int, *, pythonpath: str | None = None,
     cold_only: bool = False,
@@ -371,11 +381,7 @@ def measure_index(
     on the same corpora; ``cold_only`` stops after step 2 (its cold start and catch-up)."""
     with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-") as folder:
         port = free_port()
-        env = child_env(
-            load_settings(store_url=str(store_dir), data_dir=Path(folder),
-                          kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port),
-            os.environ,
-        )  # fmt: skip
+        env = _web_env(store_dir, Path(folder), port)
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         token = _token(env)
@@ -419,12 +425,8 @@ def warm_start(store_dir: Path, records: int) -> dict[str, Any]:
     corpora are then checked to be whole (each first request answers from the index)."""
     with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-warm-") as folder:
         port = free_port()
-        env = child_env(
-            load_settings(store_url=str(store_dir), data_dir=Path(folder),
-                          kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port,
-                          web_warm=f"{ORG}/{PROJECT}", web_index_wait_s=0.0),
-            os.environ,
-        )  # fmt: skip
+        env = _web_env(store_dir, Path(folder), port, web_warm=f"{ORG}/{PROJECT}",
+                       web_index_wait_s=0.0)  # fmt: skip
         token = _token(env)
         web = Service("rl-export web", ["web"], Path(folder) / "web.log", env)
         began = time.monotonic()
