@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TRAINERS_STAMP := $(VENV)/.installed-trainers
 PYTEST_ARGS ?=
 # kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
 # installed from its Go module path into the project's .cache/: a version bump is a new path.
@@ -15,7 +16,7 @@ KUSTOMIZE := .cache/kustomize/$(KUSTOMIZE_VERSION)/kustomize
 # package and unpacked, not installed: installing it would start a Prometheus server.
 PROMTOOL := .cache/promtool/promtool
 
-.PHONY: help prereqs install browser kustomize promtool run test unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
+.PHONY: help prereqs install browser kustomize promtool run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -106,6 +107,17 @@ integration: install ## the integration tests (real Kafka broker and SeaweedFS)
 test: lint typecheck ## the whole suite: lint, types, unit tests, the strict docs build, integration tests
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The trainers extra (torch with its CUDA libraries from PyPI, ~6 GB, ~5 minutes) is installed
+# only here, and tests/trainers/ runs only here: `make test` leaves that folder out
+# (norecursedirs in pyproject.toml).
+$(TRAINERS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[dev,trainers]"
+	@touch $(TRAINERS_STAMP)
+
+test-trainers: $(TRAINERS_STAMP) ## TRL and verl on the exports, a tiny model built locally on CPU (installs the trainers extra)
+	@$(BIN)/python -m pytest tests/trainers $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test-trainers: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean: ## remove the virtualenv, caches, var/ and site/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis
