@@ -29,12 +29,16 @@ Public interface::
     SystemMode = Literal["keep", "merge"];        SYSTEM_MODES
     def restyle(messages, style="hf", system="keep") -> list[dict]
     def content_text(content) -> str               # a content as the hf/openai string
+    class Chat(style="hf", system="keep")          # both, as one value; .apply(messages)
+    HF = Chat()                                    # the default
+    def parse_chat(style, system) -> Chat          # ValueError naming what is wrong
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
 
 import orjson
 
@@ -57,6 +61,8 @@ def _part_text(part: Any) -> str | None:
             text = part.get(key)
             if isinstance(text, str):
                 return text
+        if part.get("type") == "tool_result" and "content" in part:
+            return content_text(part["content"])  # a tool result given as a part
     return None
 
 
@@ -187,3 +193,39 @@ def restyle(
     if system == "merge":
         out = _merge_system(out)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    """A chat style and a system mode: how a chat format's messages go out."""
+
+    style: ChatStyle = "hf"
+    system: SystemMode = "keep"
+
+    @property
+    def as_received(self) -> bool:
+        """Whether the messages go out exactly as received (``raw``, systems kept)."""
+        return self.style == "raw" and self.system == "keep"
+
+    def apply(self, messages: Sequence[Any]) -> list[Any]:
+        """The messages in this style (:func:`restyle`)."""
+        return restyle(messages, self.style, self.system)
+
+    def describe(self) -> str:
+        """``hf``, or ``hf, system merged``: how a card or a summary names it."""
+        return self.style if self.system == "keep" else f"{self.style}, system merged"
+
+
+HF = Chat()
+
+
+def parse_chat(style: str | None = None, system: str | None = None) -> Chat:
+    """A chat style and a system mode given as text (None: the default, ``hf`` / ``keep``);
+    ValueError naming the unknown value."""
+    style = "hf" if style is None else style.strip()
+    system = "keep" if system is None else system.strip()
+    if style not in CHAT_STYLES:
+        raise ValueError(f"unknown chat style {style!r} (chat styles: {', '.join(CHAT_STYLES)})")
+    if system not in SYSTEM_MODES:
+        raise ValueError(f"unknown system mode {system!r} (modes: {', '.join(SYSTEM_MODES)})")
+    return Chat(cast(ChatStyle, style), cast(SystemMode, system))
