@@ -230,6 +230,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.export import (
         check_export,
         file_for,
+        parse_chat_style,
+        parse_completion,
         parse_margin,
         parse_mask,
         parse_pair_by,
@@ -243,12 +245,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     margin = parse_margin(args.margin)
     redact = args.redact if args.redact is not None else settings.redact
     mask = parse_mask(args.format, args.mask_failed_turns, args.mask_types)
+    chat = parse_chat_style(args.format, args.chat_style, args.system)
+    completion = parse_completion(args.format, args.completion)
     to_stdout = args.output == "-"
     file = file_for(args.format, None if to_stdout else args.output)
     check_export(
         args.format, columns=args.columns, pair_by=pair_by, margin=margin,
         max_pairs=args.max_pairs, zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-        redact=redact,
+        redact=redact, chat=chat, completion=completion,
     )  # fmt: skip
     if to_stdout and args.card:
         raise ConfigError("--card", "writes README.md beside the output file: give -o FILE")
@@ -266,7 +270,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-                    redact=redact,
+                    redact=redact, chat=chat, completion=completion,
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -292,6 +296,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         note += "; nothing redacted (--redact none)"
     print(note, file=sys.stderr)
+    if (why := summary.why_empty()) is not None:
+        print(f"no {args.format} row: {why}", file=sys.stderr)
     return 0
 
 
@@ -532,7 +538,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-pairs", type=int, default=1, metavar="N",
         help="preference: pairs per trajectory at most (default 1)",
     )  # fmt: skip
+    p.add_argument(
+        "--completion", metavar="turn|rest",
+        help="preference: chosen/rejected are the agent's reply to the prompt (turn, the "
+        "default: up to the next user message) or everything after it (rest)",
+    )  # fmt: skip
     p.add_argument("--zip-data", default="csv", metavar="csv|json", help="zip: the data file")
+    p.add_argument(
+        "--chat-style", metavar="hf|openai|raw",
+        help="messages, prompt_completion, preference, kto: hf (default: string content, "
+        "tool-call arguments as objects), openai (arguments as JSON strings) or raw (as "
+        "received)",
+    )  # fmt: skip
+    p.add_argument(
+        "--system", metavar="keep|merge",
+        help="with a chat format: merge folds system messages into the first user message "
+        "(templates without a system role); default keep",
+    )  # fmt: skip
     p.add_argument(
         "--mask-failed-turns", action="store_true",
         help="messages, prompt_completion: weight 0 on the assistant messages of turns with a "

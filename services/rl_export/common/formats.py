@@ -8,20 +8,29 @@ Public interface (the export, the sink and the web service rely on these names):
     CORPUS_FORMATS      # the JSON Lines formats a streaming corpus can hold (not preference,
                         # not rl_prompts)
     MASK_FORMATS = ("messages", "prompt_completion")     # --mask-failed-turns applies to these
+    CHAT_FORMATS = ("messages", "prompt_completion", "preference", "kto")   # --chat-style
+    COMPLETIONS = ("turn", "rest")                        # preference --completion
     FORMAT_COLUMNS      # format -> the columns of its rows, in order (trajectory: the record)
-    def render_row(fmt: str, record: dict, *, mask=None, index=0) -> dict | None
-    def corpus_row(fmt: str, record: dict, *, mask=None) -> dict | None
-    def row_fields(fmt: str, pair_by=(), *, mask=False) -> tuple[frozenset, frozenset] | None
-    def preference_pairs(records: Iterable[dict], *, pair_by=(), margin=0.0, max_pairs=1)
-        -> Iterator[dict]
+    def render_row(fmt: str, record: dict, *, mask=None, index=0, chat=HF) -> dict | None
+    def corpus_row(fmt: str, record: dict, *, mask=None, chat=HF) -> dict | None
+    def row_fields(fmt: str, pair_by=(), *, mask=False, chat=HF)
+        -> tuple[frozenset, frozenset] | None
+    def preference_pairs(records: Iterable[dict], *, pair_by=(), margin=0.0, max_pairs=1,
+                         completion="turn", chat=HF) -> Iterator[dict]
     def prompt_split(messages, *, at="last") -> tuple[list, list] | None
+    def first_reply(messages) -> list      # the messages before the next user message
 
 ``render_row`` gives a record's row in a per-record format, or None when the record has no
 row in it (``prompt_completion`` and ``kto`` need a user turn and something after it; ``kto``
-needs a ``passed`` verdict; ``rl_prompts`` a user message). Messages pass through exactly as
-received: the renderers slice the list and never touch a message, except that a
+needs a ``passed`` verdict; ``rl_prompts`` a user message). The chat formats
+(:data:`CHAT_FORMATS`) give their messages in a chat style (:mod:`rl_export.common.chat`,
+``hf`` by default: string content, tool-call arguments as objects); ``raw`` passes them
+through exactly as received, as every other format does. A
 :class:`~rl_export.common.turns.TurnMask` (``messages`` and ``prompt_completion`` only) puts
-a ``weight`` on each assistant message (:func:`~rl_export.common.turns.weigh`).
+a ``weight`` on each assistant message (:func:`~rl_export.common.turns.weigh`), which every
+chat style keeps. The whole conversation is restyled before it is split, so ``--system
+merge`` folds its system messages into the first user message; ``preference`` restyles the
+prompt (merging) and each completion (whose system messages, if any, stay).
 ``rl_prompts`` rows are verl's RL data rows; their ``extra_info.index`` is the row's place in
 the export (``index``), so they are an export only, never a streaming corpus.
 
@@ -44,6 +53,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rl_export.common.chat import HF, Chat
 from rl_export.common.codec import RawJson, dumps
 from rl_export.common.turns import TurnMask, report_of, weigh
 
@@ -66,6 +76,12 @@ the whole latest view, and an ``rl_prompts`` row's ``index`` is its place in one
 both are an export only."""
 MASK_FORMATS: tuple[str, ...] = ("messages", "prompt_completion")
 """The formats ``--mask-failed-turns`` applies to (DESIGN.md section 4)."""
+CHAT_FORMATS: tuple[str, ...] = ("messages", "prompt_completion", "preference", "kto")
+"""The formats whose messages take a chat style (``--chat-style``, ``--system``)."""
+Completion = Literal["turn", "rest"]
+COMPLETIONS: tuple[str, ...] = ("turn", "rest")
+"""``preference --completion``: the agent's reply to the prompt's user message (up to the
+next user message), or everything after the prompt."""
 
 CorpusFormat = Literal["trajectory", "prompt_completion", "messages", "kto", "executions"]
 
@@ -142,17 +158,42 @@ def prompt_split(
     return list(messages[: index + 1]), list(messages[index + 1 :])
 
 
+def first_reply(messages: Sequence[Any]) -> list[Any]:
+    """The messages before the first user message (after a prompt: the agent's reply)."""
+    out = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            break
+        out.append(message)
+    return out
+
+
 def _weighed(record: dict[str, Any], mask: TurnMask) -> list[Any]:
     return weigh(_message_list(record), report_of(record), mask).messages
 
 
+def _chat_messages(record: dict[str, Any], mask: TurnMask | None, chat: Chat) -> Any:
+    """The record's whole conversation, weighed and in the chat style (as stored, maybe
+    RawJson, when neither changes it)."""
+    if mask is None and chat.as_received:
+        return _messages(record)
+    messages = _message_list(record) if mask is None else _weighed(record, mask)
+    return messages if chat.as_received else chat.apply(messages)
+
+
 def render_row(
-    fmt: str, record: dict[str, Any], *, mask: TurnMask | None = None, index: int = 0
+    fmt: str,
+    record: dict[str, Any],
+    *,
+    mask: TurnMask | None = None,
+    index: int = 0,
+    chat: Chat = HF,
 ) -> dict[str, Any] | None:
     """A live trajectory record's row in a per-record format, or None when it has none.
 
     ``mask`` weighs the assistant messages of ``messages`` and ``prompt_completion`` rows
-    (ValueError for another format); ``index`` is an ``rl_prompts`` row's place in its file.
+    (ValueError for another format); ``index`` is an ``rl_prompts`` row's place in its file;
+    ``chat`` is the chat style of the :data:`CHAT_FORMATS` (other formats ignore it).
     Raises ValueError for ``preference`` (pairs: :func:`preference_pairs`) and for a format
     that does not exist.
     """
@@ -161,7 +202,7 @@ def render_row(
     if fmt == "trajectory":
         return record
     if fmt == "messages":
-        return {"messages": _messages(record) if mask is None else _weighed(record, mask)}
+        return {"messages": _chat_messages(record, mask, chat)}
     if fmt == "rl_prompts":
         return rl_prompts_row(record, index)
     if fmt == "executions":
@@ -186,7 +227,9 @@ def render_row(
             "updated_at": record.get("updated_at"),
         }
     if fmt in ("prompt_completion", "kto"):
-        messages = _message_list(record) if mask is None else _weighed(record, mask)
+        messages = _chat_messages(record, mask, chat)
+        if isinstance(messages, RawJson):
+            messages = messages.value()
         split = prompt_split(messages, at="last")
         if split is None or not split[1]:
             return None  # no user turn, or nothing after it: nothing to learn from
@@ -249,12 +292,13 @@ _ROW_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 
 
 def row_fields(
-    fmt: str, pair_by: Sequence[str] = (), *, mask: bool = False
+    fmt: str, pair_by: Sequence[str] = (), *, mask: bool = False, chat: Chat = HF
 ) -> tuple[frozenset[str], frozenset[str]] | None:
     """The top-level record fields a format's rows are made of, as ``(parsed, raw)``: a
     record holding only these (``raw`` ones as :class:`~rl_export.common.codec.RawJson`,
     copied as stored) renders as the whole record does. None for a format not listed.
-    With ``mask`` (turn masks) the messages and the evaluation are parsed."""
+    With ``mask`` (turn masks) the messages and the evaluation are parsed; with a chat
+    style that changes them (a chat format), the messages."""
     found = _ROW_FIELDS.get(fmt)
     if found is None:
         return None
@@ -263,11 +307,13 @@ def row_fields(
         parsed = parsed | set(pair_by)
     if mask:
         parsed, raw = parsed | {"messages", "evaluation"}, raw - {"messages"}
+    if fmt in CHAT_FORMATS and not chat.as_received and "messages" in raw:
+        parsed, raw = parsed | {"messages"}, raw - {"messages"}
     return parsed, raw
 
 
 def corpus_row(
-    fmt: str, record: dict[str, Any], *, mask: TurnMask | None = None
+    fmt: str, record: dict[str, Any], *, mask: TurnMask | None = None, chat: Chat = HF
 ) -> dict[str, Any] | None:
     """The row a streaming corpus of ``fmt`` holds for a live record (None: no row).
 
@@ -276,7 +322,7 @@ def corpus_row(
     """
     if fmt == "trajectory" and mask is None:
         return record
-    row = render_row(fmt, record, mask=mask)
+    row = render_row(fmt, record, mask=mask, chat=chat)
     if row is None:
         return None
     return {"trace_id": record["trace_id"], "revision": record["revision"], **row}
@@ -303,14 +349,16 @@ class Candidate:
 
 
 def preference_group(
-    record: dict[str, Any], pair_by: Sequence[str] = ()
+    record: dict[str, Any], pair_by: Sequence[str] = (), completion: Completion = "turn"
 ) -> tuple[bytes, list[Any], list[Any]] | None:
-    """(group digest, prompt, the rest) of a record for ``preference``; None when it cannot
-    pair: no reward, no user turn, or nothing after the first user turn.
+    """(group digest, prompt, completion) of a record for ``preference``; None when it
+    cannot pair: no reward, no user turn, or no completion after the first user turn.
 
     The prompt is the messages up to and including the first user turn (system messages
     included), compared exactly: two prompts are the same when their JSON is byte for byte
-    the same. ``pair_by`` fields narrow the group further.
+    the same. ``pair_by`` fields narrow the group further. The completion is the agent's
+    reply to that user message (``turn``: up to the next user message) or everything after
+    the prompt (``rest``), as stored.
     """
     reward = record.get("reward")
     if not isinstance(reward, int | float) or isinstance(reward, bool):
@@ -319,6 +367,10 @@ def preference_group(
     if split is None or not split[1]:
         return None
     prompt, rest = split
+    if completion == "turn":
+        rest = first_reply(rest)
+        if not rest:
+            return None
     digest = hashlib.sha256(dumps(prompt))
     for field in pair_by:
         digest.update(b"\0" + dumps(record.get(field)))
@@ -372,13 +424,15 @@ def preference_pairs(
     pair_by: Sequence[str] = (),
     margin: float = 0.0,
     max_pairs: int = 1,
+    completion: Completion = "turn",
+    chat: Chat = HF,
 ) -> Iterator[dict[str, Any]]:
     """``preference`` rows from live trajectory records (held in memory: the export streams
     large corpora through :func:`pair_candidates` and a second pass instead)."""
     split: dict[str, tuple[list[Any], list[Any]]] = {}
     candidates = []
     for record in records:
-        grouped = preference_group(record, pair_by)
+        grouped = preference_group(record, pair_by, completion)
         if grouped is None:
             continue
         group, prompt, rest = grouped
@@ -391,6 +445,7 @@ def preference_pairs(
             split[chosen.trace_id][1],
             rejected,
             split[rejected.trace_id][1],
+            chat=chat,
         )
 
 
@@ -400,8 +455,15 @@ def preference_row(
     chosen_rest: list[Any],
     rejected: Candidate,
     rejected_rest: list[Any],
+    *,
+    chat: Chat = HF,
 ) -> dict[str, Any]:
-    """One ``preference`` row."""
+    """One ``preference`` row, its messages in the chat style (the system mode applies to
+    the prompt; a completion's system messages, if any, stay as they are)."""
+    if not chat.as_received:
+        keep = Chat(chat.style)
+        prompt = chat.apply(prompt)
+        chosen_rest, rejected_rest = keep.apply(chosen_rest), keep.apply(rejected_rest)
     return {
         "prompt": prompt,
         "chosen": chosen_rest,
@@ -433,7 +495,7 @@ class PromptCompletionRow(_Row):
 
 
 class MessagesRow(_Row):
-    """Chat SFT: the conversation exactly as received."""
+    """Chat SFT: the conversation in the export's chat style (``hf`` by default)."""
 
     messages: Messages
 

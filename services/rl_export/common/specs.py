@@ -8,7 +8,11 @@ passed conversations is::
 ``format`` is any JSON Lines format but ``preference`` (pairs need the whole latest view: an
 export) and ``rl_prompts`` (its ``index`` is a row's place in one file). A ``messages`` or
 ``prompt_completion`` corpus may weigh its assistant messages by turn (DESIGN.md section 4):
-``"mask_failed_turns": true``, optionally ``"mask_types": ["goal_met", ...]``. ``filter``
+``"mask_failed_turns": true``, optionally ``"mask_types": ["goal_met", ...]``. A
+``messages``, ``prompt_completion`` or ``kto`` corpus writes its messages in a chat style
+(:mod:`rl_export.common.chat`): ``"chat_style": "hf"`` (the default), ``"openai"`` or
+``"raw"``, and ``"system": "merge"`` folds system messages into the first user message.
+``filter``
 takes every filter of DESIGN.md section 4 by name (``min-reward`` or ``min_reward``;
 ``limit`` aside, which a stream has no use for), JSON values or their text.
 For backwards compatibility any other key that names a field of the trajectory record is the
@@ -41,10 +45,11 @@ from pydantic import (
     model_validator,
 )
 
+from rl_export.common.chat import HF, Chat, ChatStyle, SystemMode
 from rl_export.common.codec import dumps_line
 from rl_export.common.errors import FilterError
 from rl_export.common.filters import FILTER_NAMES, Filters, canonical_name, filters_from_json
-from rl_export.common.formats import CORPUS_FORMATS, MASK_FORMATS, corpus_row
+from rl_export.common.formats import CHAT_FORMATS, CORPUS_FORMATS, MASK_FORMATS, corpus_row
 from rl_export.common.records import SnapshotLines, TrajectoryRecord, render
 from rl_export.common.redact import Counts, RedactError, parse_kinds, redactor
 from rl_export.common.turns import TurnMask, parse_mask_types
@@ -99,12 +104,15 @@ class CorpusSpec(BaseModel):
     redact: tuple[str, ...] | None = None
     mask_failed_turns: bool = False
     mask_types: tuple[str, ...] | None = None
+    chat_style: ChatStyle | None = None  # the chat formats; None: hf
+    system: SystemMode | None = None  # None: keep
     equals: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # Derived (no filter at all); a plain field, not a private attribute: the sink reads it
     # for every snapshot and corpus, and pydantic serves private attributes through
     # __getattr__, several times slower than a field in the instance's __dict__.
     everything: bool = Field(default=True, exclude=True, repr=False)
     mask: TurnMask | None = Field(default=None, exclude=True, repr=False)
+    chat: Chat = Field(default=HF, exclude=True, repr=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -176,6 +184,12 @@ class CorpusSpec(BaseModel):
                 )
             mask = TurnMask(frozenset(self.mask_types) if self.mask_types else None)
             object.__setattr__(self, "mask", mask)
+        for key in ("chat_style", "system"):
+            if getattr(self, key) is not None and self.format not in CHAT_FORMATS:
+                raise ValueError(
+                    f"{key} applies to the formats {', '.join(CHAT_FORMATS)}, not {self.format!r}"
+                )
+        object.__setattr__(self, "chat", Chat(self.chat_style or "hf", self.system or "keep"))
         return self
 
     def with_redact_default(self, kinds: tuple[str, ...]) -> CorpusSpec:
@@ -219,7 +233,7 @@ class CorpusSpec(BaseModel):
             return record
         if not self.matches(record):
             return None
-        return corpus_row(self.format, record, mask=self.mask)
+        return corpus_row(self.format, record, mask=self.mask, chat=self.chat)
 
     def holds(self, snapshot: SnapshotLines) -> bool:
         """True when the record is ready and passes the filter (the format aside).
@@ -244,7 +258,11 @@ class CorpusSpec(BaseModel):
         if self.format == "trajectory":
             return snapshot.line(self.source)
         record = render(snapshot.snapshot, self.source)
-        row = None if record is None else corpus_row(self.format, record, mask=self.mask)
+        row = (
+            None
+            if record is None
+            else corpus_row(self.format, record, mask=self.mask, chat=self.chat)
+        )
         return None if row is None else dumps_line(row)
 
 

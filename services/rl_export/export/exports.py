@@ -7,10 +7,12 @@ Public interface::
     # parse_mask, parse_pair_by, parse_margin, file_for, content_type, file_name).
     async def iter_export(store, ref, *, format, filters=Filters(), columns=None, pair_by=(),
                           margin=0.0, max_pairs=1, zip_data="csv", mask=None, file="jsonl",
-                          redact=None, progress=None, summary=None) -> AsyncIterator[bytes]
+                          redact=None, chat=HF, completion="turn", progress=None,
+                          summary=None) -> AsyncIterator[bytes]
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv", mask=None,
-                           file="jsonl", card=False, redact=None, progress=None) -> ExportSummary
+                           file="jsonl", card=False, redact=None, chat=HF, completion="turn",
+                           progress=None) -> ExportSummary
     async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
     async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
@@ -33,7 +35,9 @@ Hugging Face dataset card (:mod:`rl_export.export.card`) as ``README.md`` beside
 Lines or Parquet file ``out``; a zip always carries one. ``redact`` is the kinds to redact
 (:func:`~rl_export.common.redact.parse_kinds`: ``secrets,email``, ``pii``, ``all``, ``none``;
 None is the default, ``secrets``); the summary's ``redactions`` counts what was replaced.
-``progress(done,
+``chat`` (a :class:`~rl_export.common.chat.Chat`, ``--chat-style``/``--system``) is the chat
+style of the chat formats' messages, ``hf`` by default; ``completion`` is ``preference``'s
+``--completion`` (``turn`` or ``rest``). ``progress(done,
 total)`` is called as latest records are read (``total`` is known once the view is open).
 ``out`` is a path (written to a temporary name beside it, renamed when complete, removed on
 any error: never a partial file under the name) or a binary file object (``sys.stdout.buffer``).
@@ -79,10 +83,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from rl_export.common.chat import HF, Chat
 from rl_export.common.codec import RawJson, dumps, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row
+from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, Completion, render_row
 from rl_export.common.redact import parse_kinds, redactor
 from rl_export.common.turns import TurnMask, outside_turns, report_of
 from rl_export.corpora.layout import CorpusRef
@@ -116,6 +121,8 @@ def _rows(
     mask: TurnMask | None,
     summary: ExportSummary,
     limit: int | None,
+    *,
+    chat: Chat = HF,
 ) -> list[dict[str, Any]]:
     """The rows of a batch of records, up to the ``limit`` of the export (records without a
     row counted as skipped); an ``rl_prompts`` row's index is its place in the export."""
@@ -124,7 +131,7 @@ def _rows(
     for record in records:
         if room is not None and len(rows) >= room:
             break
-        row = render_row(fmt, record, mask=mask, index=summary.records + len(rows))
+        row = render_row(fmt, record, mask=mask, index=summary.records + len(rows), chat=chat)
         if row is None:
             summary.skipped += 1
             continue
@@ -143,7 +150,13 @@ def _outside(record: dict[str, Any], mask: TurnMask) -> int:
 
 
 async def _jsonl(
-    scan: Scan, fmt: str, limit: int | None, summary: ExportSummary, mask: TurnMask | None
+    scan: Scan,
+    fmt: str,
+    limit: int | None,
+    summary: ExportSummary,
+    mask: TurnMask | None,
+    *,
+    chat: Chat,
 ) -> AsyncGenerator[bytes | memoryview, None]:
     if fmt == "trajectory" and scan.filters.is_empty() and not scan.collect_rules:
         # The corpus's lines are already strict JSON Lines: copied as they are (but for the
@@ -156,7 +169,7 @@ async def _jsonl(
         if fmt == "trajectory":
             out = [line for line, _ in scan.redact(limited(batch, summary, limit))]
         else:
-            rows = _rows(fmt, [record for _, record in batch], mask, summary, limit)
+            rows = _rows(fmt, [record for _, record in batch], mask, summary, limit, chat=chat)
             rows = limited(rows, summary, limit)
             out = [dumps_line(r) for _, r in scan.redact([(b"", r) for r in rows])]
         yield b"".join(out)
@@ -304,6 +317,8 @@ async def iter_export(
     mask: TurnMask | None = None,
     file: str = "jsonl",
     redact: str | Sequence[str] | None = None,
+    chat: Chat = HF,
+    completion: Completion = "turn",
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
 ) -> AsyncGenerator[bytes, None]:
@@ -311,7 +326,8 @@ async def iter_export(
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
-        card=False, redact=redact, progress=progress, summary=summary,
+        card=False, redact=redact, chat=chat, completion=completion, progress=progress,
+        summary=summary,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -333,6 +349,8 @@ async def _export_chunks(
     file: str,
     card: bool,
     redact: str | Sequence[str] | None,
+    chat: Chat,
+    completion: Completion,
     progress: Progress | None,
     summary: ExportSummary | None,
 ) -> AsyncGenerator[Chunk, None]:
@@ -341,7 +359,8 @@ async def _export_chunks(
     filters = filters or Filters()
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-        zip_data=zip_data, mask=mask, file=file, card=card, redact=redact,
+        zip_data=zip_data, mask=mask, file=file, card=card, redact=redact, chat=chat,
+        completion=completion,
     )  # fmt: skip
     kinds = parse_kinds(redact)
     scrub = redactor(kinds) if kinds else None
@@ -349,7 +368,8 @@ async def _export_chunks(
     summary.format = format
     view = await open_view(store, ref, progress)
     card = card or format == "zip"
-    fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card)
+    fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card,
+                           chat=chat)  # fmt: skip
     scan = Scan(
         view, filters, summary, progress, fields, with_lines=format == "trajectory",
         redactor=None if format == "preference" else scrub, collect_rules=card,
@@ -383,13 +403,13 @@ async def _export_chunks(
     if format == "preference":
         chunks = preference_chunks(
             store, ref, scan, pair_by=tuple(pair_by), margin=margin, max_pairs=max_pairs,
-            limit=limit, summary=summary, redactor=scrub,
+            limit=limit, summary=summary, redactor=scrub, completion=completion, chat=chat,
         )  # fmt: skip
     elif format in TABULAR_FORMATS:
         assert picked is not None
         chunks = _tabular_chunks(scan, format, picked, limit, summary)
     else:
-        chunks = _jsonl(scan, format, limit, summary, mask)
+        chunks = _jsonl(scan, format, limit, summary, mask, chat=chat)
     pending: list[Chunk] = []
     size = 0
     async with contextlib.aclosing(chunks):
@@ -428,6 +448,8 @@ async def write_export(
     file: str = "jsonl",
     card: bool = False,
     redact: str | Sequence[str] | None = None,
+    chat: Chat = HF,
+    completion: Completion = "turn",
     progress: Progress | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
@@ -439,12 +461,14 @@ async def write_export(
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
-        card=card, redact=redact, progress=progress, summary=summary,
+        card=card, redact=redact, chat=chat, completion=completion, progress=progress,
+        summary=summary,
     )  # fmt: skip
     # Check everything that can be checked before a temporary file exists.
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-        zip_data=zip_data, mask=mask, file=file, card=card, redact=redact,
+        zip_data=zip_data, mask=mask, file=file, card=card, redact=redact, chat=chat,
+        completion=completion,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
         if card:
@@ -541,6 +565,8 @@ async def preview(
     max_pairs: int = 1,
     mask: TurnMask | None = None,
     redact: str | Sequence[str] | None = None,
+    chat: Chat = HF,
+    completion: Completion = "turn",
     summary: ExportSummary | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
@@ -551,7 +577,8 @@ async def preview(
     data = b"".join(
         [c async for c in iter_export(store, ref, format=format, filters=filters,
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-                                      mask=mask, redact=redact, summary=summary)]
+                                      mask=mask, redact=redact, chat=chat,
+                                      completion=completion, summary=summary)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
 

@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from rl_export.common.chat import HF, Chat
 from rl_export.common.codec import RawJson
 from rl_export.common.filters import Filters
 from rl_export.common.formats import TABULAR_FORMATS, row_fields
@@ -70,10 +71,12 @@ def export_fields(
     *,
     mask: bool = False,
     card: bool = False,
+    chat: Chat = HF,
 ) -> tuple[frozenset[str], frozenset[str]] | None:
     """``(parsed, raw)`` top-level fields an export of ``fmt`` reads (``raw``: copied as
     stored), or None when it reads whole records. ``mask``: turn masks (the messages and
-    the evaluation parsed); ``card``: a dataset card (``rules_version`` read too)."""
+    the evaluation parsed); ``card``: a dataset card (``rules_version`` read too);
+    ``chat``: the chat style (one that changes the messages parses them)."""
     wanted = filters.fields() | ({"rules_version"} if card else set())
     if fmt in TABULAR_FORMATS:
         if fmt == "zip" or columns is None:
@@ -81,7 +84,7 @@ def export_fields(
         return wanted | {c.path[0] for c in columns}, frozenset()
     if fmt == "stats":
         return wanted | STATS_FIELDS, frozenset()
-    found = row_fields(fmt, pair_by, mask=mask)
+    found = row_fields(fmt, pair_by, mask=mask, chat=chat)
     if found is None:
         return None
     parsed, raw = found

@@ -17,8 +17,15 @@ from array import array
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import IO, Any
 
+from rl_export.common.chat import HF, Chat
 from rl_export.common.codec import dumps, dumps_line, loads
-from rl_export.common.formats import Candidate, pair_candidates, preference_group, preference_row
+from rl_export.common.formats import (
+    Candidate,
+    Completion,
+    pair_candidates,
+    preference_group,
+    preference_row,
+)
 from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
@@ -84,6 +91,8 @@ async def preference_chunks(
     limit: int | None,
     summary: ExportSummary,
     redactor: Redactor | None = None,
+    completion: Completion = "turn",
+    chat: Chat = HF,
 ) -> AsyncGenerator[bytes, None]:
     """The pairs of the records ``scan`` yields, as JSON Lines chunks (the module docstring):
     memory holds one run of candidates or one group, and two integers per record."""
@@ -93,7 +102,7 @@ async def preference_chunks(
         summary.redactions = dict.fromkeys(redactor.kinds, 0)
     async for batch in scan.lines():  # pass 1: each record's group and reward
         for _, record in batch:
-            grouped = preference_group(record, pair_by)
+            grouped = preference_group(record, pair_by, completion)
             if grouped is None:
                 summary.skipped += 1
             else:
@@ -133,7 +142,7 @@ async def preference_chunks(
                     if redactor is not None:  # pairs were made on the prompts as stored
                         record, counts = redactor.record(stored)
                         add_counts(summary.redactions, counts)
-                    grouped = preference_group(record, pair_by)
+                    grouped = preference_group(record, pair_by, completion)
                     if grouped is not None:
                         data = dumps([grouped[1], grouped[2]])
                         offsets[2 * n], offsets[2 * n + 1] = spill.tell(), len(data)
@@ -154,7 +163,7 @@ async def preference_chunks(
             chosen = Candidate(b"", c_reward, c_id, c_at)
             rejected = Candidate(b"", r_reward, r_id, r_at)
             out.append(dumps_line(preference_row(prompt, chosen, chosen_rest, rejected,
-                                                 rejected_rest)))  # fmt: skip
+                                                 rejected_rest, chat=chat)))  # fmt: skip
             summary.records += 1
             if len(out) >= 1000:
                 yield b"".join(out)

@@ -9,10 +9,18 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
+from rl_export.common.chat import HF, Chat, parse_chat
 from rl_export.common.errors import ExportError
-from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, TABULAR_FORMATS
+from rl_export.common.formats import (
+    CHAT_FORMATS,
+    COMPLETIONS,
+    JSONL_FORMATS,
+    MASK_FORMATS,
+    TABULAR_FORMATS,
+    Completion,
+)
 from rl_export.common.redact import parse_kinds
 from rl_export.common.specs import check_name
 from rl_export.common.turns import TurnMask, parse_mask_types
@@ -89,6 +97,38 @@ def parse_mask(
         raise ExportError("mask-types", str(exc)) from None
 
 
+def parse_chat_style(fmt: str, style: str | None, system: str | None = None) -> Chat:
+    """``--chat-style`` and ``--system`` -> the chat style (None: the default, ``hf`` and
+    ``keep``); ExportError naming the flag when a value is unknown or the format has no
+    chat messages."""
+    try:
+        chat = parse_chat(style, None)
+    except ValueError as exc:
+        raise ExportError("chat-style", str(exc)) from None
+    try:
+        chat = parse_chat(chat.style, system)
+    except ValueError as exc:
+        raise ExportError("system", str(exc)) from None
+    if fmt not in CHAT_FORMATS:
+        for flag, given in (("chat-style", style), ("system", system)):
+            if given is not None:
+                raise ExportError(
+                    flag, f"only applies to --format {', '.join(CHAT_FORMATS)}, not {fmt}"
+                )
+    return chat
+
+
+def parse_completion(fmt: str, text: str | None) -> Completion:
+    """``preference --completion turn|rest`` (None: ``turn``); ExportError otherwise."""
+    if text is None:
+        return "turn"
+    if fmt != "preference":
+        raise ExportError("completion", "only applies to --format preference")
+    if text in COMPLETIONS:
+        return cast(Completion, text)
+    raise ExportError("completion", f"{text!r} is not {' or '.join(COMPLETIONS)}")
+
+
 def parse_pair_by(text: str | Sequence[str] | None) -> tuple[str, ...]:
     """``scenario,agent_version`` -> record fields to pair within; ExportError if unknown."""
     if text is None:
@@ -128,9 +168,15 @@ def check_export(
     file: str = "jsonl",
     card: bool = False,
     redact: str | Sequence[str] | None = None,
+    chat: Chat = HF,
+    completion: str = "turn",
 ) -> list[Column] | None:
     """Check an export's parameters; return its columns (None for JSON Lines formats)."""
     parse_kinds(redact)
+    if chat != HF and fmt not in CHAT_FORMATS:
+        raise ExportError("chat-style", f"only applies to --format {', '.join(CHAT_FORMATS)}")
+    if completion != "turn":
+        parse_completion(fmt, completion)
     if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS:
         raise ExportError(
             "format",

@@ -48,6 +48,37 @@ class ExportSummary:
         out["rules_versions"] = sorted(self.rules_versions)
         return out
 
+    def why_empty(self) -> str | None:
+        """Why the export wrote no row, and what to try (None when it wrote some)."""
+        if self.records:
+            return None
+        if not self.scanned:
+            return "the corpus holds no live record yet"
+        if not self.matched:
+            return f"none of the {self.scanned} latest records matches the filters"
+        if self.format == "preference":
+            if self.skipped >= self.matched:
+                return (f"none of the {self.matched} matching records can pair (a pair needs "
+                        f"a reward, a user message and a reply to it)")  # fmt: skip
+            return (
+                f"no two of the {self.matched - self.skipped} matching trajectories share a "
+                f"prompt (the messages up to the first user message, compared exactly) with "
+                f"different rewards; pairs need several runs of the same prompt: try "
+                f"--pair-by with fewer fields, a smaller --margin, or other filters"
+            )
+        if self.skipped >= self.matched:
+            need = _ROW_NEEDS.get(self.format, "what the format needs")
+            return f"none of the {self.matched} matching records has a {self.format} row ({need})"
+        return None
+
+
+_ROW_NEEDS = {
+    "prompt_completion": "a user message and something after the last one",
+    "kto": "a user message, something after the last one, and a passed verdict, which the "
+    "traces source lacks",
+    "rl_prompts": "a user message",
+}
+
 
 class Scan:
     """Reads the view, parses, filters; counts into the summary; calls progress.

@@ -40,7 +40,15 @@ from rl_export.common.filters import parse_filters
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
-from rl_export.export import content_type, file_name, parse_mask, source_ref, write_export
+from rl_export.export import (
+    content_type,
+    file_name,
+    parse_chat_style,
+    parse_completion,
+    parse_mask,
+    source_ref,
+    write_export,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,9 @@ class JobRequest(BaseModel):
     mask_types: str | None = None
     file: str = "jsonl"
     redact: str | None = None  # kinds, "none"; None (older jobs): the service's default
+    chat_style: str | None = None  # None: hf (the chat formats)
+    system: str | None = None  # None: keep
+    completion: str | None = None  # preference; None: turn
 
 
 class JobStatus(BaseModel):
@@ -82,6 +93,7 @@ class JobStatus(BaseModel):
     content_type: str
     bytes: int | None = None
     redactions: dict[str, int] | None = None  # substrings replaced per kind, once ready
+    note: str | None = None  # once ready: why the export has no row
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
@@ -170,6 +182,8 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
+                chat=parse_chat_style(request.format, request.chat_style, request.system),
+                completion=parse_completion(request.format, request.completion),
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
@@ -179,6 +193,7 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
             "status": "ready", "progress": 1.0, "records": summary.records, "bytes": size,
             "redactions": summary.redactions, "updated_at": now, "finished_at": now,
             "turns_outside": summary.turns_outside if mask is not None else None,
+            "note": summary.why_empty(),
         })  # fmt: skip
     except Exception as exc:  # any failure of the job is the job's status
         log.warning("export job %s failed: %s", status.id, exc)

@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from rl_export.common.chat import ChatStyle, SystemMode
 from rl_export.common.events import Rubric
 from rl_export.common.filters import filter_text
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
+from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.export import SOURCES
 from rl_export.labeling.agreement import AgreementReport
 from rl_export.labeling.settings import Order
@@ -72,7 +73,21 @@ class RecordsOut(BaseModel):
     columns: list[str] | None = Field(
         None, description="The headers of a tabular format's rows, in order."
     )
+    note: str | None = Field(
+        None, description="When the preview has no row: why (preference: no shared prompt)."
+    )
     index: IndexState
+
+
+CHAT_STYLE_HELP = (
+    "messages, prompt_completion, preference, kto: hf (default; string content, tool-call "
+    "arguments as objects), openai (arguments as JSON strings) or raw (as received)"
+)
+SYSTEM_HELP = "With a chat format: keep (default) or merge (system into the first user message)"
+COMPLETION_HELP = (
+    "preference: turn (default; the agent's reply to the prompt, up to the next user message) "
+    "or rest (everything after the prompt)"
+)
 
 
 class QueueOut(BaseModel):
@@ -187,6 +202,9 @@ class ExportIn(_In):
         description="Kinds to replace with [REDACTED:KIND] (secrets, email, phone, credit_card, "
         "iban, ip, pii, all, none); default: the service's RL_EXPORT_REDACT (secrets).",
     )
+    chat_style: ChatStyle | None = Field(None, description=CHAT_STYLE_HELP)
+    system: SystemMode | None = Field(None, description=SYSTEM_HELP)
+    completion: Completion | None = Field(None, description=COMPLETION_HELP)
 
 
 class JobOut(BaseModel):
@@ -204,4 +222,7 @@ class JobOut(BaseModel):
     )
     redactions: dict[str, int] | None = Field(
         None, description="Substrings replaced per kind (ready only)."
+    )
+    note: str | None = Field(
+        None, description="Once ready: why the export has no row, and what to try."
     )

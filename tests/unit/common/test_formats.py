@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rl_export.common.chat import Chat, restyle
 from rl_export.common.codec import RawJson, dumps, dumps_line, loads
 from rl_export.common.formats import (
     CORPUS_FORMATS,
@@ -20,24 +21,45 @@ from rl_export.common.formats import (
 )
 from tests.records import PROMPT, SYSTEM, conversation, record
 
+RAW = Chat("raw")
+
 
 def test_prompt_completion_splits_after_the_last_user_turn() -> None:
     rec = record("tr-1")
     row = render_row("prompt_completion", rec)
     assert row is not None
     assert list(row) == list(FORMAT_COLUMNS["prompt_completion"])
-    messages = rec["messages"]
+    messages = restyle(rec["messages"])  # the default chat style, hf
     assert row["prompt"] == messages[:6]
     assert row["prompt"][-1]["role"] == "user"
     assert row["completion"] == messages[6:]
     assert (row["reward"], row["passed"], row["trace_id"]) == (0.8, True, "tr-1")
 
 
+@pytest.mark.parametrize("fmt", ["messages", "prompt_completion", "kto"])
+def test_chat_formats_are_hf_by_default(fmt: str) -> None:
+    row = render_row(fmt, record("tr-1"))
+    assert row is not None
+    messages = row.get("messages") or row["prompt"] + row["completion"]
+    assert all(isinstance(m["content"], str) for m in messages)
+    call = messages[2]["tool_calls"][0]["function"]
+    assert call["arguments"] == {"order": 12}
+    assert render_row(fmt, record("tr-1"), chat=Chat("openai")) != row
+
+
+def test_system_merge_folds_the_system_prompt_into_the_first_user_message() -> None:
+    row = render_row("prompt_completion", record("tr-1"), chat=Chat("hf", "merge"))
+    assert row is not None
+    assert [m["role"] for m in row["prompt"]][:1] == ["user"]
+    assert row["prompt"][0]["content"].startswith(SYSTEM["content"] + "\n\n")
+    assert all(m["role"] != "system" for m in row["prompt"] + row["completion"])
+
+
 def test_messages_pass_through_exactly() -> None:
     rec = record("tr-1")
     original = copy.deepcopy(rec["messages"])
     for fmt in ("messages", "prompt_completion", "kto", "executions"):
-        row = render_row(fmt, rec)
+        row = render_row(fmt, rec, chat=RAW)
         assert row is not None
         joined = row.get("messages") or row.get("conversation") or row["prompt"] + row["completion"]
         assert joined == original, fmt  # null content, list content, unknown keys all kept
@@ -51,14 +73,15 @@ def test_raw_messages_are_copied_verbatim_or_parsed_to_split() -> None:
     rec = record("tr-1")
     raw = dumps(rec["messages"])
     rec["messages"] = RawJson(raw)
-    assert render_row("messages", rec) == {"messages": RawJson(raw)}
+    assert render_row("messages", rec, chat=RAW) == {"messages": RawJson(raw)}
+    assert render_row("messages", rec) == {"messages": restyle(loads(raw))}
     row = render_row("prompt_completion", rec)
     assert row is not None
     assert row["prompt"][0] == SYSTEM
 
 
 def test_kto_labels_with_passed_and_skips_records_without_a_verdict() -> None:
-    assert render_row("kto", record("a", passed=False)) == {
+    assert render_row("kto", record("a", passed=False), chat=RAW) == {
         "prompt": conversation(0)[:6],
         "completion": conversation(0)[6:],
         "label": False,
@@ -157,7 +180,7 @@ def test_preference_pairs_only_identical_prompts() -> None:
         pref("c", 0.2, 3, other_prompt=True),
         pref("d", 0.8, 4, other_system=True),  # the system message is part of the prompt
     ]
-    rows = list(preference_pairs(records))
+    rows = list(preference_pairs(records, completion="rest", chat=RAW))
     assert [(r["trace_chosen"], r["trace_rejected"]) for r in rows] == [("a", "b")]
     row = rows[0]
     assert list(row) == list(FORMAT_COLUMNS["preference"])
@@ -165,6 +188,18 @@ def test_preference_pairs_only_identical_prompts() -> None:
     assert row["chosen"] == conversation(1)[2:]
     assert row["rejected"] == conversation(2)[2:]
     assert (row["score_chosen"], row["score_rejected"]) == (0.9, 0.1)
+
+
+def test_preference_turn_is_the_reply_to_the_prompt() -> None:
+    rows = list(preference_pairs([pref("a", 0.9, 1), pref("b", 0.1, 2)]))
+    assert len(rows) == 1
+    row = rows[0]
+    for side, n in (("chosen", 1), ("rejected", 2)):
+        reply = conversation(n)[2:]
+        reply = reply[: next(i for i, m in enumerate(reply) if m["role"] == "user")]
+        assert row[side] == restyle(reply)
+        assert all(m["role"] != "user" for m in row[side])
+    assert row["prompt"] == restyle(conversation(1)[:2])
 
 
 def test_preference_margin_equal_rewards_and_cap() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rl_export.common.chat import Chat
 from rl_export.common.codec import dumps_line, iter_lines
 from rl_export.common.errors import ExportError, NoDataError
 from rl_export.common.filters import Filters, parse_filters
@@ -85,7 +86,7 @@ async def test_each_format_has_its_documented_columns(story: MemoryStore, fmt: s
 
 
 async def test_messages_pass_through_with_tool_calls_and_null_content(story: MemoryStore) -> None:
-    data, _ = await export(story, EVALUATOR, "messages")
+    data, _ = await export(story, EVALUATOR, "messages", chat=Chat("raw"))
     trajectory, _ = await export(story, EVALUATOR, "trajectory")
     originals = [r["messages"] for r in check_jsonl(trajectory)]
     rows = check_jsonl(data)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rl_export.common.chat import Chat
 from rl_export.common.codec import RawJson, dumps, dumps_line
 from rl_export.common.filters import Filters
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row, row_fields
@@ -177,8 +178,10 @@ async def test_every_export_is_the_same_bytes_parsed_in_full_or_in_part(
 
 
 def test_which_fields_each_export_reads() -> None:
-    assert export_fields("messages", Filters(passed=True)) == (
+    assert export_fields("messages", Filters(passed=True), chat=Chat("raw")) == (
         frozenset({"deleted", "passed"}), frozenset({"messages"}))  # fmt: skip
+    assert export_fields("messages", Filters(passed=True)) == (  # hf: parsed to restyle
+        frozenset({"deleted", "passed", "messages"}), frozenset())  # fmt: skip
     assert export_fields("trajectory", Filters(min_reward=0.5)) == (
         frozenset({"deleted", "reward"}), frozenset())  # fmt: skip
     from rl_export.export.columns import parse_columns

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from rl_export.common.chat import Chat
 from rl_export.common.codec import dumps
 from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
 from rl_export.common.redact import KINDS, placeholder
@@ -128,11 +129,13 @@ async def test_counts_are_per_substring_replaced(store: MemoryStore) -> None:
         assert record["labels"][0]["labeler"] == "ana"
 
 
-async def test_arguments_that_were_json_stay_json(store: MemoryStore) -> None:
-    data, _ = await export(store, "messages", "all")
+@pytest.mark.parametrize("style", ["raw", "openai", "hf"])
+async def test_arguments_that_were_json_stay_json(store: MemoryStore, style: Any) -> None:
+    data, _ = await export(store, "messages", "all", chat=Chat(style))
     for line in data.splitlines():
         call = json.loads(line)["messages"][2]["tool_calls"][0]["function"]
-        arguments = json.loads(call["arguments"])
+        # hf gives arguments as an object; raw and openai as the JSON text
+        arguments = call["arguments"] if style == "hf" else json.loads(call["arguments"])
         assert set(arguments) == {"q", "n"}
         assert arguments["q"].startswith("Here: [REDACTED:SECRETS]; [REDACTED:EMAIL]")
 

@@ -23,9 +23,10 @@ import orjson
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
 
+from rl_export.common.chat import HF, Chat, ChatStyle, SystemMode
 from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
 from rl_export.common.filters import Filters, parse_filters
-from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
+from rl_export.common.formats import TABULAR_FORMATS, Completion, preference_pairs, render_row
 from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
@@ -35,6 +36,8 @@ from rl_export.export import (
     content_type,
     file_name,
     iter_export,
+    parse_chat_style,
+    parse_completion,
     parse_mask,
     source_ref,
 )
@@ -53,6 +56,9 @@ from rl_export.web.index import QueryIndex
 from rl_export.web.indexsql import BINS
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
 from rl_export.web.models import (
+    CHAT_STYLE_HELP,
+    COMPLETION_HELP,
+    SYSTEM_HELP,
     ExportIn,
     File,
     Format,
@@ -91,6 +97,9 @@ RedactQuery = Annotated[
         "iban, ip, pii, all or none (default: the service's RL_EXPORT_REDACT, secrets)"
     ),
 ]
+ChatStyleQuery = Annotated[ChatStyle | None, Query(description=CHAT_STYLE_HELP)]
+SystemQuery = Annotated[SystemMode | None, Query(description=SYSTEM_HELP)]
+CompletionQuery = Annotated[Completion | None, Query(description=COMPLETION_HELP)]
 REDACTIONS_HEADER = "X-RL-Export-Redactions"
 _SPOOL_BYTES = 8 << 20  # a redacted direct export is held in memory up to this, then on disk
 
@@ -106,11 +115,26 @@ def _checked(
     mask: TurnMask | None = None,
     file: str = "jsonl",
     redact: str | None = None,
+    chat: Chat = HF,
+    completion: Completion = "turn",
 ) -> Any:
     try:
-        return check_export(fmt, columns=columns, mask=mask, file=file, redact=redact)
+        return check_export(fmt, columns=columns, mask=mask, file=file, redact=redact,
+                            chat=chat, completion=completion)  # fmt: skip
     except ExportError as exc:
         raise Invalid(str(exc)) from None
+
+
+def _chat(
+    fmt: str, chat_style: str | None, system: str | None, completion: str | None
+) -> tuple[Chat, Completion]:
+    """The chat style and preference completion of a request; 422 naming the parameter
+    when one does not apply to the format."""
+    try:
+        return (parse_chat_style(fmt, chat_style, system),
+                parse_completion(fmt, completion))  # fmt: skip
+    except ExportError as exc:
+        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
 
 
 def _mask(fmt: str, mask_failed_turns: bool, mask_types: str | list[str] | None) -> Any:
@@ -194,13 +218,16 @@ async def _preview(
     mask: TurnMask | None = None,
     scrub: Redactor | None = None,
     counts: dict[str, int] | None = None,
+    chat: Chat = HF,
+    completion: Completion = "turn",
 ) -> list[dict[str, Any]]:
     """The first ``size`` rows of the format over the matching records, in read order,
     redacted by ``scrub`` (what it replaced added to ``counts``)."""
     counts = {} if counts is None else counts
     if fmt == "preference":
         sample = _records(await query(index.preview, corpus_id, filters, PAIRING_SAMPLE))
-        pairs = list(preference_pairs(sample))[:size]  # made on the prompts as stored
+        # Made on the prompts as stored.
+        pairs = list(preference_pairs(sample, completion=completion, chat=chat))[:size]
         return [_scrubbed(scrub, row, counts) for row in pairs]
     rows: list[dict[str, Any]] = []
     offset = 0
@@ -216,7 +243,7 @@ async def _preview(
                 scrubbed = _scrubbed(scrub, record, counts)
                 rows.append({c.header: c.value(scrubbed) for c in columns})
             else:
-                row = render_row(fmt, record, mask=mask, index=len(rows))
+                row = render_row(fmt, record, mask=mask, index=len(rows), chat=chat)
                 if row is not None:
                     rows.append(_scrubbed(scrub, row, counts))
             if len(rows) >= size:
@@ -231,9 +258,12 @@ async def get_records(
     filters: FiltersQuery, response: Response, format: FormatQuery = "trajectory",
     columns: ColumnsQuery = None, mask_failed_turns: MaskQuery = False,
     mask_types: MaskTypesQuery = None, redact: RedactQuery = None,
+    chat_style: ChatStyleQuery = None, system: SystemQuery = None,
+    completion: CompletionQuery = None,
 ) -> RecordsOut:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
-    picked = _checked(format, columns, mask=mask)
+    chat, pairing = _chat(format, chat_style, system, completion)
+    picked = _checked(format, columns, mask=mask, chat=chat, completion=pairing)
     scrub = _redactor(svc, redact)
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
@@ -244,14 +274,25 @@ async def get_records(
     if followed.corpus_id is not None:
         items = await _preview(
             svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
-            mask=mask, scrub=scrub, counts=counts,
+            mask=mask, scrub=scrub, counts=counts, chat=chat, completion=pairing,
         )  # fmt: skip
     _count(svc, response.headers, counts)
     return RecordsOut(
         items=items,
         columns=[c.header for c in picked] if picked is not None else None,
+        note=None if items else _empty_note(format),
         index=index_state(followed, time.monotonic()),
     )
+
+
+def _empty_note(fmt: str) -> str:
+    """Why a preview has no row (it reads the first matching records only)."""
+    if fmt == "preference":
+        return (f"no two of the first {PAIRING_SAMPLE} matching trajectories share a prompt "
+                f"(the messages up to the first user message) with different rewards; pairs "
+                f"need several runs of the same prompt: try pair_by with fewer fields, a "
+                f"smaller margin, or other filters")  # fmt: skip
+    return f"no matching record has a {fmt} row (or none matches the filters)"
 
 
 def _disposition(name: str) -> str:
@@ -276,17 +317,20 @@ async def get_export(
     filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
     mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
     file: FileQuery = "jsonl", redact: RedactQuery = None,
+    chat_style: ChatStyleQuery = None, system: SystemQuery = None,
+    completion: CompletionQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
+    chat, pairing = _chat(format, chat_style, system, completion)
     kinds = ",".join(_kinds(svc, redact)) or "none"
-    _checked(format, columns, mask=mask, file=file, redact=kinds)
+    _checked(format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing)
     ref = source_ref(org, project, source)
     summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
-            redact=kinds, summary=summary,
+            redact=kinds, summary=summary, chat=chat, completion=pairing,
         )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
@@ -356,7 +400,7 @@ def _job_out(status: JobStatus) -> JobOut:
     return JobOut(
         id=status.id, status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
-        turns_outside=status.turns_outside, redactions=status.redactions,
+        turns_outside=status.turns_outside, redactions=status.redactions, note=status.note,
     )  # fmt: skip
 
 
@@ -368,8 +412,10 @@ async def post_exports(
     mask_types = ",".join(body.mask_types) if isinstance(body.mask_types, list) else (
         body.mask_types)  # fmt: skip
     mask = _mask(body.format, body.mask_failed_turns, mask_types)
+    chat, pairing = _chat(body.format, body.chat_style, body.system, body.completion)
     redact = ",".join(_kinds(svc, body.redact)) or "none"
-    _checked(body.format, columns, mask=mask, file=body.file, redact=redact)
+    _checked(body.format, columns, mask=mask, file=body.file, redact=redact, chat=chat,
+             completion=pairing)  # fmt: skip
     try:
         parse_filters(body.filters)
     except FilterError as exc:
@@ -377,7 +423,8 @@ async def post_exports(
     request = JobRequest(
         source=body.source, format=body.format, filters=body.filters, columns=columns,
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
-        redact=redact,
+        redact=redact, chat_style=body.chat_style, system=body.system,
+        completion=body.completion,
     )  # fmt: skip
     return _job_out(await svc.jobs.start(org, project, request))
 
