@@ -112,7 +112,8 @@ def _corpus_text(exports: Exports) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def tokenizer(exports: Exports) -> Any:
-    """A byte-level BPE trained on the corpus's text, with Qwen 3's chat template."""
+    """A byte-level BPE trained on the corpus's text, with Qwen 2.5's chat template (it refuses
+    content that is not a string: the default chat style must give it strings)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -128,7 +129,7 @@ def tokenizer(exports: Exports) -> Any:
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=QWEN_SPECIAL[3:],
     )  # fmt: skip
-    wrapped.chat_template = chat_template("qwen3")
+    wrapped.chat_template = chat_template("qwen2_5")
     return wrapped
 
 
