@@ -1,9 +1,10 @@
 """The data path of ``examples/trl_sft_masked_messages.py`` up to TRL's collator: a masked
 ``messages`` corpus (written by replay through the join and the sink) read through
-``rl_export.hf`` and turned into TRL's pre-tokenized rows, ``input_ids`` and
-``completion_mask``. TRL and torch are not installed here (see the example's docstring): the
-chat template is a real ChatML template rendered by Jinja2, the tokenizer a byte-level one
-(a token per UTF-8 byte, as ByT5's), which lets every masked span be read back as text."""
+``rl_export.hf`` and turned into TRL's pre-tokenised rows, ``input_ids``, ``attention_mask``
+and ``assistant_masks``. Torch and TRL are not needed here (``tests/trainers/`` trains): the
+chat template is a ChatML template with ``{% generation %}`` blocks, the tokenizer a
+byte-level one built here (a token per UTF-8 byte), which lets every learned span be read
+back as text."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import jinja2
 import pytest
 
 from rl_export.common.codec import dumps
@@ -25,21 +25,31 @@ from rl_export.hf import corpus_dataset
 from tests.records import trace_events
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "trl_sft_masked_messages.py"
-# A chat template renders text for a tokenizer, not HTML: nothing to escape.
-CHATML = jinja2.Environment(autoescape=False).from_string(
+CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.content is string %}{{ m.content }}"
-    "{% elif m.content %}{% for part in m.content %}{{ part.text }}{% endfor %}{% endif %}"
-    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
 )
 
 
-def render(messages: list[dict[str, Any]]) -> str:
-    return CHATML.render(messages=messages)
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """A byte-level tokenizer: one token per byte, so decoding any span gives its text."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-
-def encode(text: str) -> list[int]:
-    return list(text.encode())
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: n for n, c in enumerate(sorted(alphabet))}
+    vocab |= {"<|im_start|>": len(vocab), "<|im_end|>": len(vocab) + 1}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
+                                      additional_special_tokens=["<|im_start|>"])  # fmt: skip
+    wrapped.chat_template = CHATML
+    return wrapped
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +62,14 @@ def example() -> ModuleType:
     return module
 
 
-def learned(row: dict[str, list[int]]) -> str:
+def learned(tokenizer: Any, row: dict[str, list[int]]) -> str:
     """The text of the tokens the loss counts."""
-    kept = [t for t, m in zip(row["input_ids"], row["completion_mask"], strict=True) if m]
-    return bytes(kept).decode()
+    kept = [t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m]
+    return str(tokenizer.decode(kept))
 
 
-async def test_masked_corpus_rows_become_trls_completion_masks(
-    example: ModuleType, tmp_path: Path
+async def test_masked_corpus_rows_become_trls_assistant_masks(
+    example: ModuleType, tokenizer: Any, tmp_path: Path
 ) -> None:
     spec = CorpusSpec(name="sft-masked", source="evaluator", format="messages",
                       mask_failed_turns=True)  # fmt: skip
@@ -72,35 +82,31 @@ async def test_masked_corpus_rows_become_trls_completion_masks(
 
     def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         dataset = corpus_dataset(str(tmp_path), "acme", "bot", "sft-masked")
-        return list(dataset), list(example.sft_rows(dataset, render, encode))
+        return list(dataset), list(example.sft_rows(dataset, tokenizer, CHATML))
 
     corpus, rows = await asyncio.to_thread(run)
     assert len(rows) == len(corpus) == 2
     for source, row in zip(corpus, rows, strict=True):
-        assert set(row) == {"input_ids", "completion_mask"}  # what TRL's collator reads
-        assert len(row["input_ids"]) == len(row["completion_mask"])
-        assert bytes(row["input_ids"]).decode() == render(source["messages"])
-        messages = source["messages"]
-        # The learned text is exactly the weight-1 assistant messages, rendered in place.
-        expected = "".join(
-            render(messages[: n + 1])[len(render(messages[:n])) :]
-            for n, m in enumerate(messages) if m["role"] == "assistant" and m["weight"] == 1
-        )  # fmt: skip
-        assert learned(row) == expected
+        assert set(row) == {"input_ids", "attention_mask", "assistant_masks"}
+        assert len(row["input_ids"]) == len(row["assistant_masks"])
+        rendered = tokenizer.apply_chat_template(source["messages"], tokenize=False)
+        assert tokenizer.decode(row["input_ids"]) == rendered
+        # The learned text is exactly the weight-1 assistant messages, as rendered in place.
+        for message in source["messages"]:
+            if message["role"] == "assistant" and message["content"]:
+                assert (message["content"] in learned(tokenizer, row)) == (message["weight"] == 1)
     failed = next(r for s, r in zip(corpus, rows, strict=True) if s["trace_id"] == "tr-001")
     passed = next(r for s, r in zip(corpus, rows, strict=True) if s["trace_id"] == "tr-002")
-    assert "No, all set" not in learned(failed)  # the failed second turn's reply
-    assert "re-shipped it" in learned(failed)  # the first turn's reply still counts
-    assert "No, all set" in learned(passed)
-    assert "My order" not in learned(passed)  # user turns never count
+    assert "No, all set" not in learned(tokenizer, failed)  # the failed second turn's reply
+    assert "re-shipped it" in learned(tokenizer, failed)  # the first turn's reply still counts
+    assert "lookup_order" in learned(tokenizer, failed)  # a tool call is the model's output
+    assert "No, all set" in learned(tokenizer, passed)
+    assert "My order" not in learned(tokenizer, passed)  # user turns never count
+    assert '"status"' not in learned(tokenizer, passed)  # nor tool results
 
 
-def test_a_template_that_rewrites_the_past_is_refused(example: ModuleType) -> None:
-    def numbered(messages: list[dict[str, Any]]) -> str:  # the count changes every prefix
-        return f"{len(messages)} messages: " + "|".join(str(m["content"]) for m in messages)
-
-    with pytest.raises(ValueError, match="changes what came before it"):
-        example.weighted_tokens(
-            [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
-            numbered, encode,
-        )  # fmt: skip
+def test_a_template_without_generation_blocks_is_refused(
+    example: ModuleType, tokenizer: Any
+) -> None:
+    with pytest.raises(ValueError, match="generation"):
+        example.sft_rows([], tokenizer, "{% for m in messages %}{{ m.content }}{% endfor %}")
