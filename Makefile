@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The chat templates of the render matrix (trl installed without its dependencies).
+TRL_VERSION := 1.16.0
 PYTEST_ARGS ?=
 # kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
 # installed from its Go module path into the project's .cache/: a version bump is a new path.
@@ -32,6 +34,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps "trl==$(TRL_VERSION)"
 	@touch $(STAMP)
 
 install: $(STAMP) browser kustomize promtool ## create .venv and install rl-export with the dev tools (idempotent)
