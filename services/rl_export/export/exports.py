@@ -125,13 +125,13 @@ def _rows(
     chat: Chat = HF,
 ) -> list[dict[str, Any]]:
     """The rows of a batch of records, up to the ``limit`` of the export (records without a
-    row counted as skipped); an ``rl_prompts`` row's index is its place in the export."""
+    row counted as skipped)."""
     room = None if limit is None else max(limit - summary.records, 0)
     rows: list[dict[str, Any]] = []
     for record in records:
         if room is not None and len(rows) >= room:
             break
-        row = render_row(fmt, record, mask=mask, index=summary.records + len(rows), chat=chat)
+        row = render_row(fmt, record, mask=mask, chat=chat)
         if row is None:
             summary.skipped += 1
             continue

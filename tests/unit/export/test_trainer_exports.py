@@ -17,6 +17,7 @@ import yaml
 from rl_export.common.codec import iter_lines
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import parse_filters
+from rl_export.common.formats import trace_index
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
 from rl_export.corpora.store import MemoryStore
@@ -141,7 +142,17 @@ async def test_rl_prompts_json_lines_rows(story: MemoryStore) -> None:
     rows, summary = await export(story, "rl_prompts", filters=parse_filters({"passed": "false"}))
     assert summary.records == len(rows) > 0
     assert all(list(r) == VERL_COLUMNS for r in rows)
-    assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))
+    # extra_info.index: from the trace id, so unique and the same in every file
+    assert [r["extra_info"]["index"] for r in rows] == [
+        trace_index(r["extra_info"]["trace_id"]) for r in rows
+    ]
+    assert len({r["extra_info"]["index"] for r in rows}) == len(rows)
+    assert all(0 <= r["extra_info"]["index"] < 2**63 for r in rows)
+    everything, _ = await export(story, "rl_prompts")  # another file: other places
+    places = {r["extra_info"]["trace_id"]: n for n, r in enumerate(everything)}
+    assert any(places[r["extra_info"]["trace_id"]] != n for n, r in enumerate(rows))
+    index = {r["extra_info"]["trace_id"]: r["extra_info"]["index"] for r in everything}
+    assert all(index[r["extra_info"]["trace_id"]] == r["extra_info"]["index"] for r in rows)
     assert all(r["extra_info"]["passed"] is False for r in rows)
     assert all(r["prompt"][-1]["role"] == "user" for r in rows)
     assert all([m["role"] for m in r["prompt"]].count("user") == 1 for r in rows)
