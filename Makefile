@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRAINERS_STAMP := $(VENV)/.installed-trainers
+# The chat templates of the render matrix (trl installed without its dependencies).
+TRL_VERSION := 1.16.0
 PYTEST_ARGS ?=
 # kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
 # installed from its Go module path into the project's .cache/: a version bump is a new path.
@@ -33,6 +35,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps "trl==$(TRL_VERSION)"
 	@touch $(STAMP)
 
 install: $(STAMP) browser kustomize promtool ## create .venv and install rl-export with the dev tools (idempotent)
@@ -110,9 +113,10 @@ test: lint typecheck ## the whole suite: lint, types, unit tests, the strict doc
 
 # The trainers extra (torch with its CUDA libraries from PyPI, ~6 GB, ~5 minutes) is installed
 # only here, and tests/trainers/ runs only here: `make test` leaves that folder out
-# (norecursedirs in pyproject.toml).
+# (norecursedirs in pyproject.toml). Installed without `dev`, whose transformers (>= 5.25, the
+# render matrix's) verl 0.9.1 refuses (< 5.11): here pip moves transformers to verl's range.
 $(TRAINERS_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e ".[dev,trainers]"
+	$(BIN)/pip install --quiet -e ".[trainers]"
 	@touch $(TRAINERS_STAMP)
 
 test-trainers: $(TRAINERS_STAMP) ## TRL and verl on the exports, a tiny model built locally on CPU (installs the trainers extra)

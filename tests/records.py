@@ -98,7 +98,7 @@ def record(
         "updated_at": updated_at,
         "pass_threshold": 0.7,
         "rules_version": 1,
-        "labels": [
+        "human_labels": [
             {
                 "labeler": name,
                 "rubric": dict(zip(DIMENSIONS, ratings, strict=True)),

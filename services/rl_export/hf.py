@@ -72,6 +72,7 @@ import orjson
 
 from rl_export.common.codec import dumps
 from rl_export.common.errors import ObjectNotFoundError
+from rl_export.common.records import upgrade_record
 from rl_export.common.settings import load_settings
 from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import (
@@ -265,7 +266,7 @@ def _shard_rows(plan: Plan, shard: _Shard, lines: list[bytes]) -> list[dict[str,
             raise ChainError(f"{shard.part.key}: line {n + 1} is not a JSON object")
         if keep is None and not _live(row, plan.hidden):
             continue
-        rows.append(row)
+        rows.append(upgrade_record(row))  # record schema 2's labels: human_labels
     return rows
 
 
@@ -290,7 +291,11 @@ async def _next_commit(
         raise ChainError(f"{keys[0][1]}: does not continue {stream} at {position}")
     part = Part(ref.key(commit.shard), commit.sha256, commit.records, commit.compression)
     lines = await _object_rows(store, part)
-    rows = [r for r in map(orjson.loads, lines) if isinstance(r, dict) and not r.get("deleted")]
+    rows = [
+        upgrade_record(r)
+        for r in map(orjson.loads, lines)
+        if isinstance(r, dict) and not r.get("deleted")
+    ]
     return commit.last_offset + 1, rows, part.key
 
 

@@ -8,7 +8,11 @@ DESIGN.md section 4, "Chat style" (``--chat-style``, API ``chat_style=``, corpus
   ``""``, a part that holds no text is left out), tool-call ``arguments`` are JSON objects (a
   string that is valid JSON for an object is parsed; any other string stays as it is), tool
   results are strings. A ``tool_calls`` that is null or empty is left out, because several
-  templates (Llama 3.x) test whether the key exists and then index it.
+  templates (Llama 3.x) test whether the key exists and then index it. An assistant message
+  with several tool calls, or with text beside its tool calls, becomes one message for its
+  text and one per call, in order (each keeping the message's other keys, ``weight``
+  included): Llama 3.x and GPT-OSS render one call per message (Llama refuses more, GPT-OSS
+  drops the rest) and neither shows text beside a call as the reply.
 - ``openai`` is OpenAI's chat fine-tuning shape: string content as above, ``arguments`` as
   JSON strings (an object is encoded once; a string stays as it is).
 - ``raw`` is the messages exactly as received.
@@ -135,6 +139,19 @@ def _as_parts(content: Any) -> list[Any]:
     return [{"type": "text", "text": content_text(content)}]
 
 
+def _split_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """An hf assistant message as one message per part: its text, then each tool call."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        return [message]
+    if len(calls) <= 1 and not message.get("content"):
+        return [message]
+    rest = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
+    out = [{**rest, "content": message["content"]}] if message.get("content") else []
+    out += [{**rest, "content": "", "tool_calls": [call]} for call in calls]
+    return out
+
+
 def _merged_content(contents: list[Any]) -> Any:
     present = [c for c in contents if c is not None and c not in ("", [])]
     if all(isinstance(c, str) for c in present):
@@ -190,6 +207,8 @@ def restyle(
     out: list[Any] = [
         _styled(message, style) if isinstance(message, Mapping) else message for message in messages
     ]
+    if style == "hf":
+        out = [part for m in out for part in (_split_calls(m) if isinstance(m, dict) else [m])]
     if system == "merge":
         out = _merge_system(out)
     return out

@@ -150,7 +150,7 @@ class Filters(BaseModel):
         if self.min_reward is not None or self.max_reward is not None:
             wanted.add("reward")
         if self.max_spread is not None:
-            wanted.update(("labels", "labels_count"))
+            wanted.update(("human_labels", "labels_count"))
         return frozenset(wanted)
 
     def to_params(self, *, sep: str = "_") -> dict[str, str | list[str]]:
@@ -195,12 +195,12 @@ _DIMENSIONS = tuple(Rubric.model_fields)  # correctness, helpfulness, efficiency
 def record_spread(record: Mapping[str, Any]) -> float | None:
     """The largest difference between two current labelers' rewards (each labeler's four
     ratings summed / 20): 0 with fewer than two labels; None when unknown (a record with two
-    or more labels written before records carried ``labels``).
+    or more labels written before records carried ``human_labels``).
 
     Computed as (greatest sum - least sum) / 20, one division of integers, so that it equals
     the query index's SQL to the bit and a spread of exactly X passes ``max-spread X``.
     """
-    labels = record.get("labels")
+    labels = record.get("human_labels")
     if not isinstance(labels, list):
         return 0.0 if (record.get("labels_count") or 0) < 2 else None
     if len(labels) < 2:

@@ -11,7 +11,8 @@ Public interface (the export, the sink and the web service rely on these names):
     CHAT_FORMATS = ("messages", "prompt_completion", "preference", "kto")   # --chat-style
     COMPLETIONS = ("turn", "rest")                        # preference --completion
     FORMAT_COLUMNS      # format -> the columns of its rows, in order (trajectory: the record)
-    def render_row(fmt: str, record: dict, *, mask=None, index=0, chat=HF) -> dict | None
+    def render_row(fmt: str, record: dict, *, mask=None, chat=HF) -> dict | None
+    def trace_index(trace_id: str) -> int    # rl_prompts extra_info.index
     def corpus_row(fmt: str, record: dict, *, mask=None, chat=HF) -> dict | None
     def row_fields(fmt: str, pair_by=(), *, mask=False, chat=HF)
         -> tuple[frozenset, frozenset] | None
@@ -31,8 +32,9 @@ a ``weight`` on each assistant message (:func:`~rl_export.common.turns.weigh`), 
 chat style keeps. The whole conversation is restyled before it is split, so ``--system
 merge`` folds its system messages into the first user message; ``preference`` restyles the
 prompt (merging) and each completion (whose system messages, if any, stay).
-``rl_prompts`` rows are verl's RL data rows; their ``extra_info.index`` is the row's place in
-the export (``index``), so they are an export only, never a streaming corpus.
+``rl_prompts`` rows are verl's RL data rows; their ``extra_info.index`` is derived from the
+trace id (:func:`trace_index`), so a trace has the same index in every file and two traces
+never share one (in practice: 63 bits of a SHA-256).
 
 A record's messages may be a :class:`~rl_export.common.codec.RawJson` (the sink's records):
 formats that keep the whole conversation copy those bytes as they are; formats that split it
@@ -72,8 +74,8 @@ CORPUS_FORMATS: tuple[str, ...] = tuple(
     f for f in JSONL_FORMATS if f not in ("preference", "rl_prompts")
 )
 """The formats a streaming corpus (``RL_EXPORT_CORPORA``) may hold: preference pairs need
-the whole latest view, and an ``rl_prompts`` row's ``index`` is its place in one file, so
-both are an export only."""
+the whole latest view, and ``rl_prompts`` is a file for verl (Parquet, or JSON Lines) made
+from the latest view, so both are an export only."""
 MASK_FORMATS: tuple[str, ...] = ("messages", "prompt_completion")
 """The formats ``--mask-failed-turns`` applies to (DESIGN.md section 4)."""
 CHAT_FORMATS: tuple[str, ...] = ("messages", "prompt_completion", "preference", "kto")
@@ -186,14 +188,13 @@ def render_row(
     record: dict[str, Any],
     *,
     mask: TurnMask | None = None,
-    index: int = 0,
     chat: Chat = HF,
 ) -> dict[str, Any] | None:
     """A live trajectory record's row in a per-record format, or None when it has none.
 
     ``mask`` weighs the assistant messages of ``messages`` and ``prompt_completion`` rows
-    (ValueError for another format); ``index`` is an ``rl_prompts`` row's place in its file;
-    ``chat`` is the chat style of the :data:`CHAT_FORMATS` (other formats ignore it).
+    (ValueError for another format); ``chat`` is the chat style of the
+    :data:`CHAT_FORMATS` (other formats ignore it).
     Raises ValueError for ``preference`` (pairs: :func:`preference_pairs`) and for a format
     that does not exist.
     """
@@ -204,7 +205,7 @@ def render_row(
     if fmt == "messages":
         return {"messages": _chat_messages(record, mask, chat)}
     if fmt == "rl_prompts":
-        return rl_prompts_row(record, index)
+        return rl_prompts_row(record)
     if fmt == "executions":
         evaluation = record.get("evaluation")
         return {
@@ -251,10 +252,17 @@ def render_row(
     raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS)})")
 
 
-def rl_prompts_row(record: dict[str, Any], index: int) -> dict[str, Any] | None:
+def trace_index(trace_id: str) -> int:
+    """An ``rl_prompts`` row's ``extra_info.index``: the first 63 bits of the SHA-256 of the
+    trace id, a non-negative int64 that is the same in every file (verl keys samples on it)."""
+    digest = hashlib.sha256(trace_id.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def rl_prompts_row(record: dict[str, Any]) -> dict[str, Any] | None:
     """verl's RL data row of a record (DESIGN.md section 4, ``rl_prompts``), or None when
     the conversation has no user message. ``prompt`` is the messages up to and including
-    the first user message, as received; ``index`` the row's place in its file."""
+    the first user message, as received; ``extra_info.index`` is :func:`trace_index`."""
     split = prompt_split(_message_list(record), at="first")
     if split is None:
         return None
@@ -268,7 +276,7 @@ def rl_prompts_row(record: dict[str, Any], index: int) -> dict[str, Any] | None:
             "agent_version": record.get("agent_version"),
             "reward": record.get("reward"),
             "passed": record.get("passed"),
-            "index": index,
+            "index": trace_index(record["trace_id"]),
         },
     }
 
@@ -557,7 +565,12 @@ class RlPromptsExtra(_Row):
     agent_version: str
     reward: float | None
     passed: bool | None
-    index: int = Field(ge=0, description="The row's place in its file, from 0.")
+    index: int = Field(
+        ge=0,
+        lt=2**63,
+        description="Derived from the trace id (the first 63 bits of its SHA-256): the same "
+        "in every file, unique per trace.",
+    )
 
 
 class RlPromptsRow(_Row):

@@ -6,6 +6,7 @@ by :mod:`rl_export.common.schemas` and checked against these models by the test 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -89,9 +90,10 @@ class TrajectoryRecord(_Record):
     updated_at: UtcDatetime
     pass_threshold: float = Field(ge=0, le=1)
     rules_version: int = Field(ge=1)
-    labels: list[LabelDetail] = Field(
-        description="Each current label, sorted by labeler ([] when unlabeled). Records "
-        "written before schema version 2 lack the field: unknown, not empty."
+    human_labels: list[LabelDetail] = Field(
+        description="Each current label, sorted by labeler ([] when unlabeled). Schema "
+        "version 2 named it `labels` (read as this field); records written before schema "
+        "version 2 lack it: unknown, not empty."
     )
 
 
@@ -126,9 +128,51 @@ def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | N
 
 
 def _fields(snapshot: dict[str, Any]) -> list[str]:
-    """The record's fields of a snapshot: all of them, but ``labels`` when the snapshot was
-    made from a record written before it existed (the field is unknown there, not empty)."""
-    return _RECORD_FIELDS if "labels" in snapshot else _FIELDS_BEFORE_LABELS
+    """The record's fields of a snapshot: all of them, but ``human_labels`` when the
+    snapshot was made from a record written before it existed (the field is unknown there,
+    not empty)."""
+    return _RECORD_FIELDS if HUMAN_LABELS in snapshot else _FIELDS_BEFORE_LABELS
+
+
+# --- record schema 3: ``labels`` became ``human_labels`` -----------------------------------
+
+HUMAN_LABELS = "human_labels"
+LEGACY_LABELS = "labels"
+"""Record schema 2's name of ``human_labels`` (Hugging Face trainers take a ``labels`` column
+for their own loss labels, so schema 3 renamed it). Readers map it: :func:`upgrade_record`,
+:func:`upgrade_lines`."""
+_LEGACY_KEY = b',"labels":['
+_HUMAN_KEY = b',"human_labels":['
+LEGACY_KEY_RE = re.compile(re.escape(_LEGACY_KEY))
+"""Finds schema 2's key in JSON Lines text (also in a memoryview, which has no ``find``)."""
+_BEFORE_LABELS = re.compile(rb'"rules_version":\d+$')
+
+
+def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record of schema 2 (``labels``) as schema 3 (``human_labels``), in place; any other
+    record or row as it is. Returns it."""
+    if LEGACY_LABELS in record and HUMAN_LABELS not in record and "trace_id" in record:
+        record[HUMAN_LABELS] = record.pop(LEGACY_LABELS)
+    return record
+
+
+def upgrade_line(line: bytes) -> bytes:
+    """One JSON Lines record line of schema 2 with its ``labels`` key renamed
+    ``human_labels`` (the key is the record's last, right after ``rules_version``); any
+    other line as it is."""
+    at = line.rfind(_LEGACY_KEY)
+    if at < 0 or _BEFORE_LABELS.search(line, 0, at) is None:
+        return line
+    return line[:at] + _HUMAN_KEY + line[at + len(_LEGACY_KEY) :]
+
+
+def upgrade_lines(data: bytes | memoryview) -> bytes | memoryview:
+    """JSON Lines text with every schema-2 record line upgraded (:func:`upgrade_line`); the
+    text itself when none holds the old key (one search, no copy)."""
+    if LEGACY_KEY_RE.search(data) is None:
+        return data
+    text = bytes(data)
+    return b"\n".join(upgrade_line(line) for line in text.split(b"\n"))
 
 
 # The scored fields of the ``traces`` corpus, which has no reward source.
@@ -161,7 +205,7 @@ def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
 # The record's fields, in DESIGN.md order.
 _RECORD_FIELDS = list(TrajectoryRecord.model_fields)
 _RECORD_KEYS = frozenset(_RECORD_FIELDS)
-_FIELDS_BEFORE_LABELS = [k for k in _RECORD_FIELDS if k != "labels"]
+_FIELDS_BEFORE_LABELS = [k for k in _RECORD_FIELDS if k != HUMAN_LABELS]
 
 # What SnapshotLines leaves as holes in a snapshot's shared encoding, in record order: the
 # fields in which corpora differ (``_scored``), and the messages (RawJson, most of the bytes).
@@ -251,6 +295,8 @@ class SnapshotLines:
             and value.startswith(_MESSAGES, messages_at[0] - len(_MESSAGES))
         ):  # fmt: skip
             return None
+        if _HUMAN_KEY not in value[c:d] and _LEGACY_KEY in value[c:d]:
+            return None  # schema 2's layout (labels): decoded whole, which renames it
         if not (
             value.startswith(b"null", a) and value.startswith(b"null", c)
             and value.startswith(_REWARD_NULL, b - len(b',"reward":'))
@@ -470,6 +516,8 @@ def decode_snapshot(value: bytes) -> dict[str, Any]:
         snapshot = _decode_two_lines(value)
     else:
         if isinstance(snapshot, dict):
+            if LEGACY_LABELS in snapshot and HUMAN_LABELS not in snapshot:  # schema 2
+                snapshot[HUMAN_LABELS] = snapshot.pop(LEGACY_LABELS)
             if "reward_source" in snapshot:  # the record layout: its record-only fields go
                 for key in _SCORED_FIELDS:
                     snapshot.pop(key, None)

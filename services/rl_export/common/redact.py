@@ -262,7 +262,7 @@ class Redactor:
                 new = self._messages(record[key], p)
                 if new is not record[key]:
                     out[key], changed = new, True
-        for key in ("evaluation", "labels", "metadata", "report", "results"):
+        for key in ("evaluation", "human_labels", "labels", "metadata", "report", "results"):
             if key in record:
                 new = _PLACES[key](self, record[key], p)
                 if new is not record[key]:
@@ -456,7 +456,8 @@ class Redactor:
 
 _PLACES: dict[str, Callable[[Redactor, Any, _Pass], Any]] = {
     "evaluation": Redactor._evaluation,
-    "labels": Redactor._labels,
+    "human_labels": Redactor._labels,
+    "labels": Redactor._labels,  # record schema 2's name of human_labels
     "metadata": Redactor._metadata,
     "report": Redactor._report,  # executions rows carry the report and results on their own
     "results": Redactor._results,
@@ -467,7 +468,8 @@ _PLACES: dict[str, Callable[[Redactor, Any, _Pass], Any]] = {
 # of our own encoding, which no text can hold (a quote in a string is escaped).
 _HEAD_END = b',"evaluation":'
 _TAIL_START = b',"agent_version":"'
-_TAIL_END = b',"labels":['
+_TAIL_END = b',"human_labels":['
+_TAIL_END_V2 = b',"labels":['  # record schema 2
 
 
 def _fixed_fields(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
@@ -488,6 +490,8 @@ def _fixed_fields(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
         tail = data.rfind(_TAIL_START, head, end)
         if tail >= 0:
             labels = data.find(_TAIL_END, tail, end)
+            if labels < 0:
+                labels = data.find(_TAIL_END_V2, tail, end)
             regions.append((tail, end if labels < 0 else labels))
     return regions
 
@@ -513,10 +517,11 @@ def _gather(record: dict[str, Any], p: _Pass) -> None:
         _gather_report(evaluation.get("report"), texts)
     _gather_results(record.get("results"), texts)
     _gather_report(record.get("report"), texts)
-    labels = record.get("labels")
-    if isinstance(labels, list):
-        texts += [x["comment"] for x in labels if isinstance(x, dict) and isinstance(
-            x.get("comment"), str)]  # fmt: skip
+    for key in ("human_labels", "labels"):  # schema 3's name and schema 2's
+        labels = record.get(key)
+        if isinstance(labels, list):
+            texts += [x["comment"] for x in labels if isinstance(x, dict) and isinstance(
+                x.get("comment"), str)]  # fmt: skip
     if isinstance(record.get("metadata"), dict | list):
         texts.append(json.dumps(record["metadata"], ensure_ascii=False))
 

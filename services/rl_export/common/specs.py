@@ -6,7 +6,7 @@ passed conversations is::
     {"name": "sft-passed", "source": "evaluator", "format": "messages", "filter": {"passed": true}}
 
 ``format`` is any JSON Lines format but ``preference`` (pairs need the whole latest view: an
-export) and ``rl_prompts`` (its ``index`` is a row's place in one file). A ``messages`` or
+export) and ``rl_prompts`` (verl's files: an export). A ``messages`` or
 ``prompt_completion`` corpus may weigh its assistant messages by turn (DESIGN.md section 4):
 ``"mask_failed_turns": true``, optionally ``"mask_types": ["goal_met", ...]``. A
 ``messages``, ``prompt_completion`` or ``kto`` corpus writes its messages in a chat style
@@ -161,7 +161,7 @@ class CorpusSpec(BaseModel):
         if self.format not in CORPUS_FORMATS:
             hint = {
                 "preference": " (pairs need the whole latest view: use rl-export export)",
-                "rl_prompts": " (a row's index is its place in one file: use rl-export export)",
+                "rl_prompts": " (verl's files: use rl-export export)",
             }.get(self.format, "")
             raise ValueError(
                 f"format {self.format!r} cannot be a corpus{hint}; corpus formats: "

@@ -53,7 +53,7 @@ from rl_export.corpora.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The record schema of the objects this code writes. 2: records carry ``labels``. A compaction
 copies the records it keeps as they were written, so it may hold records of version 1, which
 lack ``labels``: readers treat a missing ``labels`` as unknown."""

@@ -38,6 +38,7 @@ from typing import Any
 
 from rl_export.common.codec import dumps, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError
+from rl_export.common.records import upgrade_record
 from rl_export.corpora.layout import (
     ChainError,
     Commit,
@@ -518,6 +519,7 @@ async def _rows(span: _Span) -> list[dict[str, Any]]:
     for number, row in enumerate(rows, start=span.skipped + 1):
         if not isinstance(row, dict):
             raise ChainError(f"{span.key}: line {number} is not a JSON object")
+        upgrade_record(row)  # record schema 2's labels read as human_labels
     return rows
 
 

@@ -107,7 +107,9 @@ def index_row(r: dict[str, Any]) -> tuple[Any, ...]:
         r.get("trace_id"), r.get("revision"), r.get("deleted") is True, r.get("reward"),
         r.get("passed"), r.get("labels_count"), r.get("agent_version"), r.get("scenario"),
         r.get("updated_at"), r.get("completed_at"), _list(r.get("labelers")),
-        _list(r.get("skipped_by")), _list(r.get("labels")), _dict_or_none(r.get("evaluation")),
+        _list(r.get("skipped_by")),
+        _list(r["human_labels"] if "human_labels" in r else r.get("labels")),  # schema 2: labels
+        _dict_or_none(r.get("evaluation")),
         r.get("pass_threshold"),
     )  # fmt: skip
 

@@ -10,17 +10,22 @@ its own provenance::
     configs: [{config_name: default, data_files: [{split: train, path: <the file>}]}]
     dataset_info: {features: [...] (Parquet files: their exact Arrow types),
                    splits: [{name: train, num_examples: <records>}]}
-    rl_export: {format, file, records, corpus, source, reward_source, filters, masks,
-                features, rules_versions, schema_version, row_schema, redaction}
+    rl_export: {format, file, records, counts, corpus, source, reward_source, filters,
+                masks, chat_style, features, rules_versions, schema_version, row_schema,
+                redaction}
     ---
 
 ``features`` (under ``rl_export``) names every column with its JSON type, from the format's
 row schema (``schemas/format.<format>.schema.json``); Parquet files also get Hugging Face's
 own ``dataset_info.features``, from the file's Arrow schema, so ``datasets`` and the Hub read
 them as the loader would. ``rules_versions`` are the join rules versions of the records
-exported; ``schema_version`` the corpus layout's. ``redaction`` is null: exports are not
-redacted yet (the ``--redact`` change will fill it in). The card holds no clock time: the
-same export of the same corpus gives the same card, byte for byte.
+exported; ``schema_version`` the corpus layout's. ``redaction`` is what the export redacted:
+``{kinds, replaced: {kind: substrings replaced}}`` (``kinds`` empty with ``--redact none``).
+``chat_style`` is ``{style, system}`` for the chat formats (null for the others), ``masks``
+the turn masks with how many failing outcomes named a turn outside their conversation, and
+``counts`` how the rows came to be: latest records read, matching the filters, without a row
+in the format. The card holds no clock time: the same export of the same corpus gives the
+same card, byte for byte.
 
 The header is written as YAML flow style that is also JSON (each value one JSON text), so
 no YAML library is needed to write it and any YAML parser reads it.
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from rl_export.common.chat import Chat
 from rl_export.common.codec import dumps
 from rl_export.common.filters import Filters
 from rl_export.common.formats import ROW_MODELS, TABULAR_FORMATS
@@ -64,6 +70,13 @@ class CardFacts:
     rules_versions: Sequence[int] = ()
     columns: Sequence[Column] | None = None  # tabular formats
     arrow_schema: pa.Schema | None = None  # Parquet files
+    redaction: Sequence[str] = ()  # the kinds redacted (none: --redact none)
+    redactions: dict[str, int] = field(default_factory=dict)  # substrings replaced per kind
+    chat: Chat | None = None  # the chat style of a chat format
+    scanned: int = 0  # latest records read
+    matched: int = 0  # of them, matching the filters
+    skipped: int = 0  # of those, without a row in the format
+    turns_outside: int = 0  # with masks: failing outcomes outside their conversation
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -143,7 +156,11 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
     mask = None
     if facts.mask is not None:
         types = sorted(facts.mask.types) if facts.mask.types is not None else None
-        mask = {"mask_failed_turns": True, "mask_types": types}
+        mask = {"mask_failed_turns": True, "mask_types": types,
+                "turns_outside": facts.turns_outside}  # fmt: skip
+    chat = None
+    if facts.chat is not None:
+        chat = {"style": facts.chat.style, "system": facts.chat.system}
     return {
         "pretty_name": f"{facts.ref.org}/{facts.ref.project} {facts.ref.corpus} corpus, {fmt}",
         "tags": ["rl-export"],
@@ -158,16 +175,25 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
             "format": fmt,
             "file": facts.file,
             "records": facts.records,
+            "counts": {
+                "scanned": facts.scanned,
+                "matched": facts.matched,
+                "skipped": facts.skipped,
+            },
             "corpus": facts.ref.root,
             "source": facts.ref.corpus,
             "reward_source": REWARD_SOURCES.get(facts.ref.corpus),
             "filters": facts.filters.to_params(sep="-"),
             "masks": mask,
+            "chat_style": chat,
             "features": features_of(fmt, facts.columns),
             "rules_versions": sorted(facts.rules_versions),
             "schema_version": SCHEMA_VERSION,
             "row_schema": f"format.{row_format}.schema.json" if row_format else None,
-            "redaction": None,
+            "redaction": {
+                "kinds": list(facts.redaction),
+                "replaced": {k: facts.redactions.get(k, 0) for k in facts.redaction},
+            },
             **facts.extra,
         },
     }
@@ -176,6 +202,17 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
 def _yaml(header: dict[str, Any]) -> str:
     """Top-level keys in block style, each value one JSON text (valid YAML flow style)."""
     return "".join(f"{key}: {dumps(value).decode()}\n" for key, value in header.items())
+
+
+def _redaction_line(facts: CardFacts) -> str:
+    """What the card says of redaction: the kinds and how many substrings each replaced."""
+    if not facts.redaction:
+        return ("- Redaction: none (`--redact none`). Traces are untrusted and may hold "
+                "secrets and personal data.")  # fmt: skip
+    counts = ", ".join(f"{k} {facts.redactions.get(k, 0)}" for k in facts.redaction)
+    return (f"- Redaction: {', '.join(facts.redaction)} replaced with `[REDACTED:KIND]` "
+            f"(substrings replaced: {counts}). Other personal data may remain: traces are "
+            f"untrusted.")  # fmt: skip
 
 
 def dataset_card(facts: CardFacts) -> str:
@@ -196,20 +233,28 @@ def dataset_card(facts: CardFacts) -> str:
         f"traces left out).",
         "",
         f"- Filters: {filters}.",
+        f"- Rows: {facts.matched} of the {facts.scanned} latest records matched the filters"
+        + (f"; {facts.skipped} of them have no `{facts.format}` row" if facts.skipped else "")
+        + ".",
         f"- Reward source: {meta['reward_source'] or 'none (the traces corpus: unscored)'}.",
     ]
+    if facts.chat is not None:
+        merged = "; system messages folded into the first user message" if (
+            facts.chat.system == "merge") else ""  # fmt: skip
+        lines.append(f"- Chat style: `{facts.chat.style}`{merged}.")
     if facts.mask is not None:
         types = ", ".join(sorted(facts.mask.types)) if facts.mask.types else "any type"
         lines.append(
             f"- Turn masks: every assistant message has a `weight`, 0 when its turn has an "
-            f"outcome with `decision: false` ({types}), else 1."
+            f"outcome with `decision: false` ({types}), else 1; {facts.turns_outside} failing "
+            f"outcomes named a turn outside their conversation and masked nothing."
         )
     if meta["row_schema"]:
         lines.append(f"- Row schema: `schemas/{meta['row_schema']}` in rl-export.")
     lines += [
         f"- Join rules version(s): {', '.join(map(str, meta['rules_versions'])) or 'none'}; "
         f"corpus layout version {SCHEMA_VERSION}.",
-        "- Redaction: none applied. Traces are untrusted and may hold personal data.",
+        _redaction_line(facts),
         "",
         "| column | type |",
         "| --- | --- |",

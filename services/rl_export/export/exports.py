@@ -87,7 +87,13 @@ from rl_export.common.chat import HF, Chat
 from rl_export.common.codec import RawJson, dumps, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, Completion, render_row
+from rl_export.common.formats import (
+    CHAT_FORMATS,
+    JSONL_FORMATS,
+    TABULAR_FORMATS,
+    Completion,
+    render_row,
+)
 from rl_export.common.redact import parse_kinds, redactor
 from rl_export.common.turns import TurnMask, outside_turns, report_of
 from rl_export.corpora.layout import CorpusRef
@@ -125,13 +131,13 @@ def _rows(
     chat: Chat = HF,
 ) -> list[dict[str, Any]]:
     """The rows of a batch of records, up to the ``limit`` of the export (records without a
-    row counted as skipped); an ``rl_prompts`` row's index is its place in the export."""
+    row counted as skipped)."""
     room = None if limit is None else max(limit - summary.records, 0)
     rows: list[dict[str, Any]] = []
     for record in records:
         if room is not None and len(rows) >= room:
             break
-        row = render_row(fmt, record, mask=mask, index=summary.records + len(rows), chat=chat)
+        row = render_row(fmt, record, mask=mask, chat=chat)
         if row is None:
             summary.skipped += 1
             continue
@@ -389,7 +395,7 @@ async def _export_chunks(
                 def zip_card(done: ExportSummary) -> str:
                     return dataset_card(card_facts(
                         ref, "zip", f"data.{data}", data, filters=filters, summary=done,
-                        columns=picked,
+                        columns=picked, redaction=kinds,
                     ))  # fmt: skip
 
                 await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data,
@@ -487,6 +493,7 @@ async def write_export(
         text = dataset_card(card_facts(
             ref, format, target.name, file if format in JSONL_FORMATS else format,
             filters=filters, summary=summary, mask=mask, columns=picked,
+            redaction=parse_kinds(redact), chat=chat if format in CHAT_FORMATS else None,
         ))  # fmt: skip
 
         async def write_card(fh: BinaryIO) -> None:
@@ -524,8 +531,12 @@ def card_facts(
     summary: ExportSummary,
     mask: TurnMask | None = None,
     columns: Sequence[Column] | None = None,
+    redaction: Sequence[str] = (),
+    chat: Chat | None = None,
 ) -> CardFacts:
-    """What the dataset card of an export says (:mod:`rl_export.export.card`)."""
+    """What the dataset card of an export says (:mod:`rl_export.export.card`): ``redaction``
+    the kinds redacted (the summary counts what was replaced), ``chat`` a chat format's
+    style."""
     schema = None
     if file == "parquet":
         schema = rl_prompts_schema() if fmt == "rl_prompts" else parquet_schema(columns or [])
@@ -533,6 +544,9 @@ def card_facts(
         ref=ref, format=fmt, file_name=name, file=file, records=summary.records,
         filters=filters, mask=mask,
         rules_versions=sorted(summary.rules_versions), columns=columns, arrow_schema=schema,
+        redaction=tuple(redaction), redactions=dict(summary.redactions), chat=chat,
+        scanned=summary.scanned, matched=summary.matched, skipped=summary.skipped,
+        turns_outside=summary.turns_outside,
     )  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import orjson
 
 from rl_export.common.codec import RawJson, dumps
 from rl_export.common.filters import Filters
+from rl_export.common.records import LEGACY_KEY_RE, upgrade_lines
 from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.layout import ChainError, CorpusRef, block_lines
 from rl_export.corpora.store import ObjectStore
@@ -178,7 +179,7 @@ class Scan:
                 yield decoded
             return
         matches = self.filters.matches
-        async for data, start, end, passed_over in self.view.ranges(self.prefilter):
+        async for data, start, end, passed_over in self._ranges():
             batch = block_lines((data, start, end))
             out = []
             for line in batch:
@@ -194,7 +195,7 @@ class Scan:
         self, decoder: FieldDecoder
     ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         matches = self.filters.matches
-        async for data, start, end, passed_over in self.view.ranges(self.prefilter):
+        async for data, start, end, passed_over in self._ranges():
             if end <= start:
                 self._advance(passed_over)
                 continue
@@ -229,12 +230,24 @@ class Scan:
                     versions.add(version)
 
     async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
-        """Blocks of whole lines and their counts, unparsed: only when no filter is set."""
+        """Blocks of whole lines and their counts, unparsed: only when no filter is set
+        (record schema 2's lines upgraded: :func:`~rl_export.common.records.upgrade_lines`)."""
         async for block, count in self.view.blocks():
             if count:
                 self.summary.matched += count
                 self._advance(count)
-            yield block, count
+            upgraded = upgrade_lines(block)
+            yield upgraded if isinstance(upgraded, memoryview) else memoryview(upgraded), count
+
+    async def _ranges(self) -> AsyncIterator[tuple[Any, int, int, int]]:
+        """The view's ranges of lines, record schema 2's lines upgraded to schema 3 (a range
+        without the old key is passed on as it is)."""
+        async for data, start, end, passed_over in self.view.ranges(self.prefilter):
+            if end > start and LEGACY_KEY_RE.search(data, start, end) is not None:
+                upgraded = bytes(upgrade_lines(bytes(data[start:end])))
+                yield upgraded, 0, len(upgraded), passed_over
+            else:
+                yield data, start, end, passed_over
 
 
 def _project(full: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:

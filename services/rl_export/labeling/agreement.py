@@ -181,13 +181,13 @@ def _check_range(name: str, values: IntArray, bound: int) -> None:
 class AgreementBuilder:
     """Builds an :class:`AgreementInput` from trajectory records, one at a time.
 
-    Reads ``labels`` (missing: ratings unknown, ``labels_count`` counts), ``skipped_by``,
+    Reads ``human_labels`` (missing: ratings unknown, ``labels_count`` counts), ``skipped_by``,
     ``pass_threshold`` and ``evaluation.results`` (an evaluator named twice: its last
     result, as the record's ``evaluator_scores``). Tombstones are not traces.
     """
 
     FIELDS = frozenset(
-        {"labels", "labels_count", "skipped_by", "pass_threshold", "evaluation", "deleted"}
+        {"human_labels", "labels_count", "skipped_by", "pass_threshold", "evaluation", "deleted"}
     )
     """The record fields :meth:`add` reads (an export's scan may parse only these)."""
 
@@ -220,7 +220,7 @@ class AgreementBuilder:
         trace = self.traces
         self.traces += 1
         self._threshold.append(float(record["pass_threshold"]))
-        labels = record.get("labels")
+        labels = record.get("human_labels")
         if labels is None:  # written before records carried labels: ratings unknown
             count = record.get("labels_count") or 0
             self._unrated[0] += count >= 1

@@ -37,7 +37,7 @@ from rl_export.common.settings import Settings, env_name
 from rl_export.common.storeurl import parse_store_url
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
-from rl_export.local.synthetic import trace_events
+from rl_export.local.synthetic import SHAPES, trace_events
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
 
@@ -110,7 +110,7 @@ async def _traffic(settings: Settings, rate: float, stop: asyncio.Event) -> None
         while not stop.is_set():
             # Completed a little while ago, so labels and evaluations stay in the past.
             completed = datetime.now(UTC) - timedelta(hours=6)
-            for event in trace_events(rng, index, completed):
+            for event in trace_events(rng, index, completed, SHAPES["dev"]):
                 topic = topic_for(settings, FAMILY_OF_TYPE[event["event_type"]])
                 await producer.send(topic, orjson.dumps(event), key=event["trace_id"].encode())
             index += 1

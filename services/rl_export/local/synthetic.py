@@ -7,7 +7,11 @@ same seed always gives the same events.
 
 Traffic comes in shapes (:data:`SHAPES`), because what a worker costs depends on them: the
 ``standard`` shape (one org/project, 1.3 KiB events, about 2.9 per trace) and the ``small``
-one (three org/projects, 0.7 KiB events, label-heavy: about 5 events per trace).
+one (three org/projects, 0.7 KiB events, label-heavy: about 5 events per trace). The
+``dev`` shape, what ``rl-export dev`` publishes, is the standard one with a few prompts per
+scenario (``prompts``): like an agent run several times on the same task, several
+trajectories share a prompt (the system message and the first user message), so that the
+``preference`` export of a few minutes of traffic pairs them.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class Shape:
     reasoning_words: int = 20
     labelers: tuple[str, ...] = tuple(LABELERS)
     labels: tuple[int, ...] = (0, 0, 1, 2)  # drawn from, per trace
+    # First user messages per scenario, drawn from (several runs of one task share a prompt);
+    # 0: every trace's is its own.
+    prompts: int = 0
 
 
 SHAPES: dict[str, Shape] = {
@@ -68,6 +75,7 @@ SHAPES: dict[str, Shape] = {
     ),
 }
 STANDARD = SHAPES["standard"]
+SHAPES["dev"] = Shape("dev", prompts=4)
 _WORDS = [
     "plan", "goal", "step", "budget", "weekly", "check", "progress", "habit", "sleep", "walk",
     "friend", "call", "schedule", "review", "order", "refund", "account", "reset", "summary",
@@ -79,10 +87,16 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
 
 
-def _conversation(rng: random.Random, turns: int, shape: Shape) -> list[dict[str, Any]]:
+def _conversation(
+    rng: random.Random, turns: int, shape: Shape, first: str | None = None
+) -> list[dict[str, Any]]:
+    """A conversation of ``turns`` user turns; ``first``: the first user message's text."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
     for turn in range(turns):
-        messages.append({"role": "user", "content": _text(rng, rng.randint(*shape.user_words))})
+        if turn == 0 and first is not None:
+            messages.append({"role": "user", "content": first})
+        else:
+            messages.append({"role": "user", "content": _text(rng, rng.randint(*shape.user_words))})
         if rng.random() < shape.tool_call_rate:
             call_id = f"call_{turn}_{rng.randrange(10**6)}"
             messages.append(
@@ -104,6 +118,11 @@ def _conversation(rng: random.Random, turns: int, shape: Shape) -> list[dict[str
         text = _text(rng, shape.assistant_words)
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
     return messages
+
+
+def _prompt(scenario: str, n: int) -> str:
+    """The ``n``-th first user message of a scenario: the same in every trace that draws it."""
+    return _text(random.Random(f"{scenario}/{n}"), 20)
 
 
 def _base(
@@ -131,10 +150,13 @@ def trace_events(
     at = completed_at
     events = []
     completed = _base(rng, "trace.completed", trace, at, 0)
+    agent_version = rng.choice(["v3", "v4"])
+    scenario = rng.choice(SCENARIOS)
+    first = _prompt(scenario, rng.randrange(shape.prompts)) if shape.prompts else None
     completed |= {
-        "agent_version": rng.choice(["v3", "v4"]),
-        "scenario": rng.choice(SCENARIOS),
-        "messages": _conversation(rng, rng.randint(*shape.turns), shape),
+        "agent_version": agent_version,
+        "scenario": scenario,
+        "messages": _conversation(rng, rng.randint(*shape.turns), shape, first),
         "metadata": {"latency_ms": rng.randint(200, 9000)},
         "attachments": [],
     }

@@ -489,7 +489,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "updated_at": format_micros(st.updated_at),
         "pass_threshold": config.human_pass_threshold,
         "rules_version": RULES_VERSION,
-        "labels": label_details(st.labels),
+        "human_labels": label_details(st.labels),
     }
 
 

@@ -122,9 +122,12 @@ def from_json(
     reads, one JSON read at a time (each holds buffers twice the largest object, 512 MiB, and
     two at once would pass the memory limit)."""
     columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in JSON_COLUMNS.items()) + "}"
+    # The index's column is ``labels`` (as in the sidecars): a record's ``human_labels``, or
+    # record schema 2's ``labels``.
     source = (
-        f"read_json('{path}', format = 'newline_delimited', "
-        f"columns = {columns}, maximum_object_size = 268435456)"
+        f"(SELECT * EXCLUDE (human_labels, labels), coalesce(human_labels, labels) AS labels "
+        f"FROM read_json('{path}', format = 'newline_delimited', "
+        f"columns = {columns}, maximum_object_size = 268435456))"
     )
     # A new table's rowids start at a base of its own, in the order its rows were inserted:
     # rowid - base is the line's place in the slice (checked).

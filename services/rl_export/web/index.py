@@ -58,6 +58,7 @@ import duckdb
 from rl_export.common.codec import dumps, loads
 from rl_export.common.errors import ObjectNotFoundError
 from rl_export.common.filters import Filters
+from rl_export.common.records import upgrade_line
 from rl_export.corpora.reader import Cursor, check_cursor
 from rl_export.web.batches import IndexError_, Narrow, Slice, first_row, from_columns, from_json
 from rl_export.web.gate import Gate
@@ -524,6 +525,9 @@ class QueryIndex:
 
         FileNotFoundError when a local segment went away under the query (ask again);
         :class:`BodiesGone` when a store object did (the corpus is then read again)."""
+        return [upgrade_line(body) for body in self._bodies_at(rows)]  # schema 2: labels
+
+    def _bodies_at(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
         places = [(int(s), int(o), int(n)) for s, o, n in rows]
         remote = self._remote
         if not any(seg in remote for seg, _, _ in places):

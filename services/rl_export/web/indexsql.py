@@ -26,7 +26,8 @@ JSON_COLUMNS = {
     "completed_at": "VARCHAR",
     "labelers": "VARCHAR[]",
     "skipped_by": "VARCHAR[]",
-    "labels": f"STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE})[]",
+    "human_labels": f"STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE})[]",
+    "labels": f"STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE})[]",  # record schema 2's name
     "evaluation": "STRUCT(report STRUCT(outcomes "
     "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]), "
     "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[])",

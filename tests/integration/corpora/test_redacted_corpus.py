@@ -96,7 +96,7 @@ async def test_a_redacted_corpus_is_scrubbed_from_its_history_and_from_the_strea
     scrubbed = json.dumps(got["scrubbed"])
     assert all(v not in scrubbed for v in VALUES)
     assert {f"planted-{n}" for n in range(1, 5)} <= set(got["scrubbed"])
-    assert got["scrubbed"]["planted-1"]["labels"][0]["comment"] == (
+    assert got["scrubbed"]["planted-1"]["human_labels"][0]["comment"] == (
         "Reach me: [REDACTED:SECRETS], [REDACTED:EMAIL], [REDACTED:PHONE], "
         "[REDACTED:CREDIT_CARD], [REDACTED:IBAN], [REDACTED:IP]."
     )

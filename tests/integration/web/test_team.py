@@ -169,7 +169,7 @@ def test_a_team_on_two_instances_labels_every_trace_exactly_to_its_target(
 
     records = wait_for("every trace with two labels in the corpora", corpora_agree, 60)
     assert len(records) == team.traces
-    assert all(len(r["labels"]) == 2 for r in records)
+    assert all(len(r["human_labels"]) == 2 for r in records)
     for name in labelers:
         for n in range(2):
             with team.client(name, n) as api:

@@ -51,14 +51,28 @@ def test_hf_flattens_content_and_parses_arguments() -> None:
     before = copy.deepcopy(CONVERSATION)
     out = restyle(CONVERSATION)
     assert before == CONVERSATION  # pure
-    assert [m["content"] for m in out] == ["Be brief.", "Hi there", "", "42", "The answer is 42."]
-    assert [c["function"]["arguments"] for c in out[2]["tool_calls"]] == [
-        {"q": "x"},
-        "not json",
-        {"k": 1},
+    # the three calls of one message: one message each (Llama 3.x, GPT-OSS: one per message)
+    assert [m["content"] for m in out] == ["Be brief.", "Hi there", "", "", "", "42",
+                                           "The answer is 42."]  # fmt: skip
+    assert [[c["function"]["arguments"] for c in m["tool_calls"]] for m in out[2:5]] == [
+        [{"q": "x"}],
+        ["not json"],
+        [{"k": 1}],
     ]
-    assert (out[2]["weight"], out[4]["weight"]) == (0, 1)
-    assert (out[3]["tool_call_id"], out[3]["name"]) == ("c1", "f")
+    assert [m["weight"] for m in out[2:5]] == [0, 0, 0]
+    assert out[6]["weight"] == 1
+    assert (out[5]["tool_call_id"], out[5]["name"]) == ("c1", "f")
+
+
+def test_hf_splits_text_beside_tool_calls() -> None:
+    message = {"role": "assistant", "content": "Looking.", "tool_calls": [call("{}")], "x": 1}
+    assert restyle([message]) == [
+        {"role": "assistant", "content": "Looking.", "x": 1},
+        {"role": "assistant", "content": "", "tool_calls": [call({})], "x": 1},
+    ]
+    one = {"role": "assistant", "content": None, "tool_calls": [call("{}")]}
+    assert restyle([one]) == [{"role": "assistant", "content": "", "tool_calls": [call({})]}]
+    assert len(restyle([message], "openai")) == 1  # openai keeps the message whole
 
 
 def test_openai_encodes_arguments_once() -> None:
@@ -78,9 +92,10 @@ def test_raw_is_as_received() -> None:
 
 @pytest.mark.parametrize("style", CHAT_STYLES)
 def test_a_non_object_argument_string_stays_a_string(style: Any) -> None:
-    message = {"role": "assistant", "content": "x", "tool_calls": [call("[1, 2]"), call("7")]}
+    message = {"role": "assistant", "content": "", "tool_calls": [call("[1, 2]"), call("7")]}
     out = restyle([message], style)
-    assert [c["function"]["arguments"] for c in out[0]["tool_calls"]] == ["[1, 2]", "7"]
+    calls = [c for m in out for c in m["tool_calls"]]
+    assert [c["function"]["arguments"] for c in calls] == ["[1, 2]", "7"]
 
 
 def test_hf_drops_empty_tool_calls_only() -> None:

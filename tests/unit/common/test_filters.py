@@ -174,13 +174,13 @@ def labels(*sums: tuple[int, int, int, int]) -> list[dict[str, object]]:
 def legacy(trace_id: str, count: int) -> dict[str, object]:
     """A record written before records carried ``labels``: ``count`` labels, ratings unknown."""
     value = record(trace_id, labels=count)
-    del value["labels"]
+    del value["human_labels"]
     return value
 
 
 def labeled(trace_id: str, *ratings: tuple[int, int, int, int]) -> dict[str, object]:
     value = record(trace_id, labels=min(len(ratings), 2))
-    value["labels"] = labels(*ratings)
+    value["human_labels"] = labels(*ratings)
     value["labels_count"] = len(ratings)
     value["labelers"] = [f"l{n}" for n in range(len(ratings))]
     return value

@@ -17,6 +17,10 @@ A second (issue 29, DESIGN.md section 4's per-label detail): every record ends w
 was updated: each of the 1,102 lines is the line before with that field added before its
 closing brace (tombstones unchanged), and each record's ``labels`` has ``labels_count``
 entries.
+
+A third (issue 42, record schema 3): ``labels`` is named ``human_labels``. Checked when the
+digest was updated: with ``,"human_labels":[`` written back as ``,"labels":[`` in every
+shard (1,097 records) and each shard's name re-hashed, the digest is the one before.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
 from tests.factories import event
 
-EXPECTED = "43d08087ae49bd63bcfbad78ba9074bcd224b8f0ea135f444dc7817472fdd38f"
+EXPECTED = "3f499d6a4a363309128336446e008247593f416ad2a8aba47eb8dc4e826a9da9"
 
 
 def special_events() -> list[dict[str, Any]]:

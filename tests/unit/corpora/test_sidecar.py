@@ -47,7 +47,7 @@ def test_a_sidecar_holds_each_lines_fields_and_place_and_is_the_same_bytes_twice
     rows = [record("a", labels=2), record("b", source=None, reward=None, passed=None),
             {"trace_id": "c", "org": "acme", "project": "bot", "reward_source": "human",
              "revision": 4, "deleted": True}]  # fmt: skip
-    del rows[1]["labels"]  # a record of before `labels`: unknown, not empty
+    del rows[1]["human_labels"]  # a record of before `human_labels`: unknown, not empty
     lines = [dumps_line(r) for r in rows]
     sidecar, ref, sha, size = sidecar_of(lines)
     assert build_sidecar(line_rows(lines), [len(x) for x in lines], sha) == sidecar
@@ -62,7 +62,7 @@ def test_a_sidecar_holds_each_lines_fields_and_place_and_is_the_same_bytes_twice
         assert row["deleted"] is bool(want.get("deleted"))
         assert row["reward"] == want.get("reward")
         assert row["labelers"] == want.get("labelers")
-    assert [x["labeler"] for x in got[0]["labels"]] == ["ana", "bo"]
+    assert [x["labeler"] for x in got[0]["labels"]] == ["ana", "bo"]  # column of human_labels
     assert got[1]["labels"] is None
     assert (
         got[0]["evaluation"]["results"][0]["score"] == rows[0]["evaluation"]["results"][0]["score"]
@@ -91,7 +91,7 @@ def test_a_sidecar_that_does_not_describe_its_object_is_refused() -> None:
 
 def test_fields_of_unexpected_types_make_no_sidecar() -> None:
     bad = record("a", labels=2)
-    bad["labels"][0]["rubric"]["safety"] = "high"
+    bad["human_labels"][0]["rubric"]["safety"] = "high"
     with pytest.raises((ValueError, TypeError)):
         build_sidecar([index_row(bad)], [10], "0" * 64)
 

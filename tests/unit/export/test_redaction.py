@@ -125,8 +125,8 @@ async def test_counts_are_per_substring_replaced(store: MemoryStore) -> None:
     for kind in KINDS:
         assert data.decode().count(placeholder(kind)) == 3 * PLACES
     for record in records:
-        assert record["labels"][0]["comment"].count("[REDACTED:") == len(KINDS)
-        assert record["labels"][0]["labeler"] == "ana"
+        assert record["human_labels"][0]["comment"].count("[REDACTED:") == len(KINDS)
+        assert record["human_labels"][0]["labeler"] == "ana"
 
 
 @pytest.mark.parametrize("style", ["raw", "openai", "hf"])

@@ -14,9 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from rl_export.common.chat import Chat
 from rl_export.common.codec import iter_lines
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import parse_filters
+from rl_export.common.formats import trace_index
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
 from rl_export.corpora.store import MemoryStore
@@ -141,7 +143,17 @@ async def test_rl_prompts_json_lines_rows(story: MemoryStore) -> None:
     rows, summary = await export(story, "rl_prompts", filters=parse_filters({"passed": "false"}))
     assert summary.records == len(rows) > 0
     assert all(list(r) == VERL_COLUMNS for r in rows)
-    assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))
+    # extra_info.index: from the trace id, so unique and the same in every file
+    assert [r["extra_info"]["index"] for r in rows] == [
+        trace_index(r["extra_info"]["trace_id"]) for r in rows
+    ]
+    assert len({r["extra_info"]["index"] for r in rows}) == len(rows)
+    assert all(0 <= r["extra_info"]["index"] < 2**63 for r in rows)
+    everything, _ = await export(story, "rl_prompts")  # another file: other places
+    places = {r["extra_info"]["trace_id"]: n for n, r in enumerate(everything)}
+    assert any(places[r["extra_info"]["trace_id"]] != n for n, r in enumerate(rows))
+    index = {r["extra_info"]["trace_id"]: r["extra_info"]["index"] for r in everything}
+    assert all(index[r["extra_info"]["trace_id"]] == r["extra_info"]["index"] for r in rows)
     assert all(r["extra_info"]["passed"] is False for r in rows)
     assert all(r["prompt"][-1]["role"] == "user" for r in rows)
     assert all([m["role"] for m in r["prompt"]].count("user") == 1 for r in rows)
@@ -229,13 +241,22 @@ async def test_a_card_beside_a_json_lines_export(story: MemoryStore, tmp_path: P
     assert ours["records"] == summary.records == len(path.read_bytes().splitlines())
     assert (ours["source"], ours["reward_source"]) == ("evaluator", "evaluator")
     assert ours["filters"] == {"passed": "true", "min-reward": "0.5"}
-    assert ours["masks"] == {"mask_failed_turns": True, "mask_types": ["tone"]}
+    assert ours["masks"] == {"mask_failed_turns": True, "mask_types": ["tone"],
+                             "turns_outside": summary.turns_outside}  # fmt: skip
+    assert ours["chat_style"] == {"style": "hf", "system": "keep"}
+    assert ours["counts"] == {"scanned": summary.scanned, "matched": summary.matched,
+                              "skipped": summary.skipped}  # fmt: skip
+    assert summary.matched < summary.scanned  # the filters left some out: the card says so
+    assert f"{summary.matched} of the {summary.scanned} latest records" in card
+    assert "- Chat style: `hf`." in card
     assert ours["features"] == [{"name": "messages", "type": "array of object"}]
     assert ours["rules_versions"] == [1]
     assert ours["schema_version"] == SCHEMA_VERSION  # the corpus layout version
     assert ours["row_schema"] == "format.messages.schema.json"
-    assert "redaction" in ours
-    assert ours["redaction"] is None  # the field --redact fills in
+    # the default redaction, secrets, ran: the card says so (never "none applied")
+    assert ours["redaction"] == {"kinds": ["secrets"], "replaced": summary.redactions}
+    assert "- Redaction: secrets replaced with `[REDACTED:KIND]`" in card
+    assert "none applied" not in card
     assert (Path(__file__).parents[3] / "schemas" / ours["row_schema"]).is_file()
     from huggingface_hub import DatasetCard  # how the Hub reads a card
 
@@ -297,3 +318,26 @@ async def test_a_zip_export_carries_its_card(story: MemoryStore, tmp_path: Path)
 async def test_no_card_for_a_stream(story: MemoryStore) -> None:
     with pytest.raises(ExportError, match="card: a dataset card goes beside a file"):
         await write_export(story, EVALUATOR, format="messages", out=io.BytesIO(), card=True)
+
+
+async def test_a_card_tells_the_redaction_and_chat_style_asked(
+    story: MemoryStore, tmp_path: Path
+) -> None:
+    summary = await write_export(
+        story, EVALUATOR, format="prompt_completion", out=tmp_path / "pc.jsonl", card=True,
+        redact="secrets,email", chat=Chat("openai", "merge"),
+    )  # fmt: skip
+    card = (tmp_path / "README.md").read_text()
+    ours = header(card)["rl_export"]
+    assert ours["redaction"]["kinds"] == ["secrets", "email"]
+    assert ours["redaction"]["replaced"] == summary.redactions
+    assert set(summary.redactions) == {"secrets", "email"}
+    assert ours["chat_style"] == {"style": "openai", "system": "merge"}
+    assert "system messages folded into the first user message" in card
+    await write_export(story, EVALUATOR, format="trajectory", out=tmp_path / "t.jsonl",
+                       card=True, redact="none")  # fmt: skip
+    card = (tmp_path / "README.md").read_text()
+    ours = header(card)["rl_export"]
+    assert ours["redaction"] == {"kinds": [], "replaced": {}}
+    assert ours["chat_style"] is None
+    assert "- Redaction: none (`--redact none`)" in card

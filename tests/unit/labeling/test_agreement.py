@@ -262,7 +262,7 @@ def test_cohen_kappa_is_null_when_chance_agreement_is_certain() -> None:
 def rated(trace_id: str, *labels: tuple[str, tuple[int, int, int, int]], **kw: Any) -> Any:
     """A ``traces`` corpus record with these current labels (labeler, four ratings)."""
     value = record(trace_id, source=None, reward=None, passed=None, **kw)
-    value["labels"] = [
+    value["human_labels"] = [
         {"labeler": who, "rubric": dict(zip(DIMENSIONS, r, strict=True)), "comment": None,
          "occurred_at": "2026-01-02T00:00:00Z"}
         for who, r in sorted(labels)
@@ -301,7 +301,7 @@ def test_the_report_of_records() -> None:
     d = judged(rated("d"), ("judge", 0.5, True))  # no label: not compared
     d["skipped_by"] = ["bo", "dee"]
     old = record("old", source=None, reward=None, passed=None, labels=2)
-    del old["labels"]  # written before records carried labels: ratings unknown
+    del old["human_labels"]  # written before records carried labels: ratings unknown
     gone = {"trace_id": "gone", "revision": 9, "deleted": True}
     report = report_of([a, b, c, d, old, gone])
 

@@ -58,12 +58,12 @@ T1 = "2026-01-01T00:00:01Z"
 T2 = "2026-01-01T00:00:02Z"
 T3 = "2026-01-01T00:00:03Z"
 
-# DESIGN.md section 4, in the order written there ("records also carry labels": last).
+# DESIGN.md section 4, in the order written there ("records also carry human_labels": last).
 RECORD_FIELDS = [
     "trace_id", "org", "project", "reward_source", "revision", "reward", "passed", "rubric",
     "labels_count", "labelers", "skipped_by", "evaluator_scores", "evaluation", "messages",
     "agent_version", "scenario", "attachments", "completed_at", "updated_at", "pass_threshold",
-    "rules_version", "labels",
+    "rules_version", "human_labels",
 ]  # fmt: skip
 TOMBSTONE_FIELDS = ["trace_id", "org", "project", "reward_source", "revision", "deleted"]
 
@@ -509,7 +509,7 @@ def test_labels_hold_each_current_label_as_submitted_sorted_by_labeler(reverse: 
     ]
     j = joined(trace(), *(reversed(events) if reverse else events))
     for source in (None, "human"):
-        assert j.ready(source)["labels"] == [
+        assert j.ready(source)["human_labels"] == [
             {"labeler": "ana", "rubric": rubric(5, 5, 4, 5), "comment": None, "occurred_at": T2},
             {"labeler": "bo", "rubric": rubric(3, 3, 3, 3), "comment": None, "occurred_at": T3},
             {"labeler": "zoe", "rubric": rubric(1, 2, 3, 4), "comment": "missed the refund",
@@ -520,7 +520,8 @@ def test_labels_hold_each_current_label_as_submitted_sorted_by_labeler(reverse: 
 
 def test_an_unlabeled_record_has_empty_labels() -> None:
     assert (
-        joined(trace(), evaluation(results=[result("j", 0.5)])).ready("evaluator")["labels"] == []
+        joined(trace(), evaluation(results=[result("j", 0.5)])).ready("evaluator")["human_labels"]
+        == []
     )
 
 

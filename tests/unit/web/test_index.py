@@ -158,7 +158,7 @@ def traced(
     labels = labels or {}
     value["labelers"] = sorted(labels)
     value["labels_count"] = len(labels)
-    value["labels"] = [
+    value["human_labels"] = [
         {"labeler": name, "rubric": dict.fromkeys(RUBRIC, rating), "comment": None,
          "occurred_at": "2026-01-02T00:00:00Z"}
         for name, rating in sorted(labels.items())
@@ -271,7 +271,7 @@ def test_trace_labels_and_bodies_in_the_order_asked(index: QueryIndex) -> None:
     ]
     # A record written before ``labels``: its labelers' sums are unknown.
     old = orjson.loads(traced(3, labels={"ana": 4}))
-    del old["labels"]
+    del old["human_labels"]
     index.ingest(cid, line(old), {})
     unknown = trace_labels(index, cid, "t3")
     assert unknown is not None
@@ -315,10 +315,10 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
     # bounds), or none of them: a record written before records carried `labels`.
     kind = draw(st.sampled_from(["rated", "legacy", "as made"]))
     if kind == "legacy":
-        del value["labels"]
+        del value["human_labels"]
     elif kind == "rated":
         rubrics = draw(st.lists(st.lists(st.integers(3, 5), min_size=4, max_size=4), max_size=3))
-        value["labels"] = [
+        value["human_labels"] = [
             {"labeler": f"l{k}", "rubric": dict(zip(RUBRIC, r, strict=True)), "comment": None,
              "occurred_at": "2026-01-02T00:00:00Z"}
             for k, r in enumerate(rubrics)

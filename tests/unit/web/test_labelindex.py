@@ -22,7 +22,7 @@ def random_record(rng: random.Random, n: int) -> dict[str, Any]:
     value = record(f"t{n:03d}", source=None, reward=None, passed=None,
                    scenario=rng.choice(["refund", "trip"]))  # fmt: skip
     labelers = rng.sample(["ana", "bo", "cy", "dee", "eve"], rng.choice([0, 1, 2, 2, 3, 4]))
-    value["labels"] = [
+    value["human_labels"] = [
         {"labeler": name, "rubric": {d: rng.randint(1, 5) for d in DIMENSIONS},
          "comment": None, "occurred_at": "2026-01-02T00:00:00Z"}
         for name in sorted(labelers)
@@ -44,7 +44,7 @@ def random_record(rng: random.Random, n: int) -> dict[str, Any]:
         "report": {"outcomes": [], "classifications": []},
     }
     if rng.random() < 0.05:  # written before records carried labels
-        del value["labels"]
+        del value["human_labels"]
     return value
 
 

@@ -243,7 +243,7 @@ async def _preview(
                 scrubbed = _scrubbed(scrub, record, counts)
                 rows.append({c.header: c.value(scrubbed) for c in columns})
             else:
-                row = render_row(fmt, record, mask=mask, index=len(rows), chat=chat)
+                row = render_row(fmt, record, mask=mask, chat=chat)
                 if row is not None:
                     rows.append(_scrubbed(scrub, row, counts))
             if len(rows) >= size:
