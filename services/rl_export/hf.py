@@ -61,19 +61,23 @@ import asyncio
 import atexit
 import contextlib
 import os
-import re
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
+from rl_export.common.chat import HF, Chat, parse_chat
 from rl_export.common.codec import dumps
 from rl_export.common.errors import ObjectNotFoundError
+from rl_export.common.filters import Filters
+from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, render_row
 from rl_export.common.records import upgrade_record
+from rl_export.common.redact import RedactError, parse_kinds, redactor
 from rl_export.common.settings import load_settings
+from rl_export.common.turns import TurnMask
 from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import (
     ChainError,
@@ -85,6 +89,12 @@ from rl_export.corpora.layout import (
 )
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export.latest import LatestView, ViewPosition
+from rl_export.export.sft import SFT_COLUMNS, tokenize_for_sft, tokenize_row
+
+__all__ = [
+    "SFT_COLUMNS", "Plan", "RowOptions", "corpus_dataset", "find_position", "row_options",
+    "tokenize_for_sft", "tokenize_row",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     import datasets
@@ -167,6 +177,77 @@ class _Shard:
     keep: bytes | None  # bit n set: row n is yielded; None: every live row not hidden
 
 
+ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
+"""The formats ``corpus_dataset(format=...)`` renders a trajectory corpus's records in
+(``preference`` pairs records across the corpus: it is an export)."""
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    """How a dataset renders the records of a trajectory corpus: the export's row options,
+    applied with the export's own code (filters, redaction, then
+    :func:`~rl_export.common.formats.render_row`). The default is the rows as stored."""
+
+    format: str = "trajectory"
+    chat: Chat = HF
+    mask: TurnMask | None = None
+    redact: tuple[str, ...] = ()
+    filters: Filters = field(default_factory=Filters)
+
+    @property
+    def as_stored(self) -> bool:
+        return self == RowOptions()
+
+    def rows(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of some live records (those without a row, or filtered out, left out)."""
+        if self.as_stored:
+            return records
+        out = []
+        for record in records:
+            if "reward_source" not in record or "messages" not in record:
+                raise ValueError(
+                    "corpus_dataset's format, chat_style, redact, mask and filter options "
+                    "render trajectory records: this corpus holds rows of another format "
+                    f"(columns {sorted(record)})"
+                )
+            if not self.filters.matches(record):
+                continue
+            redacted = redactor(self.redact).record(record)[0] if self.redact else record
+            row = render_row(self.format, redacted, mask=self.mask, chat=self.chat)
+            if row is not None:
+                out.append(row)
+        return out
+
+
+def row_options(
+    fmt: str = "trajectory",
+    *,
+    chat_style: str | None = None,
+    system: str | None = None,
+    mask_failed_turns: bool = False,
+    mask_types: Iterable[str] | None = None,
+    redact: str | Iterable[str] | None = None,
+    filters: Filters | None = None,
+) -> RowOptions:
+    """The options checked as the export checks them (ValueError naming what is wrong)."""
+    if fmt not in ROW_FORMATS:
+        raise ValueError(f"unknown format {fmt!r} (corpus_dataset formats: "
+                         f"{', '.join(ROW_FORMATS)})")  # fmt: skip
+    if (mask_failed_turns or mask_types) and fmt not in MASK_FORMATS:
+        raise ValueError(f"mask_failed_turns applies to {' and '.join(MASK_FORMATS)}, "
+                         f"not {fmt!r}")  # fmt: skip
+    if filters is not None and filters.limit is not None:
+        raise ValueError("filters: limit does not apply to a dataset (use dataset.take(n))")
+    mask = None
+    if mask_failed_turns or mask_types:
+        mask = TurnMask(frozenset(mask_types) if mask_types else None)
+    try:
+        kinds = parse_kinds(redact) if redact else ()
+    except RedactError as e:
+        raise ValueError(str(e)) from None
+    return RowOptions(fmt, parse_chat(chat_style, system), mask, kinds, filters or Filters())
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a dataset reads: see the module. Picklable when ``store`` is a URL."""
@@ -179,6 +260,7 @@ class Plan:
     hidden: Mapping[str, int] = field(default_factory=dict)  # trace -> tombstone revision
     follow: tuple[str, ...] = ()  # chains followed after the shards
     poll_interval_s: float = 1.0
+    options: RowOptions = field(default_factory=RowOptions)
 
     @property
     def pin(self) -> str:
@@ -267,7 +349,7 @@ def _shard_rows(plan: Plan, shard: _Shard, lines: list[bytes]) -> list[dict[str,
         if keep is None and not _live(row, plan.hidden):
             continue
         rows.append(upgrade_record(row))  # record schema 2's labels: human_labels
-    return rows
+    return plan.options.rows(rows)
 
 
 async def _next_commit(
@@ -428,7 +510,8 @@ def _follow(
             if found is None:
                 continue
             moved = True
-            after, rows, key = found
+            after, records, key = found
+            rows = plan.options.rows(records)
             for n in range(skip, len(rows)):
                 cursor[stream] = [position, n + 1] if n + 1 < len(rows) else [after, 0]
                 if state is not None:
@@ -475,6 +558,13 @@ def corpus_dataset(
     poll_interval_s: float = 1.0,
     topic: str | None = None,
     partitions: int | None = None,
+    format: str = "trajectory",  # the export's name for it (--format)
+    chat_style: str | None = None,
+    system: str | None = None,
+    mask_failed_turns: bool = False,
+    mask_types: Iterable[str] | None = None,
+    redact: str | Iterable[str] | None = None,
+    filters: Filters | None = None,
 ) -> datasets.IterableDataset:
     """The corpus as a ``datasets.IterableDataset`` (see the module).
 
@@ -483,8 +573,20 @@ def corpus_dataset(
     ``load_state_dict(state)`` resumes it exactly. ``topic`` and ``partitions`` name the
     chains ``follow`` follows (default: the settings' trajectories topic and partition
     count). Raises ChainError for a corpus whose chains are broken.
+
+    The export's row options, for a corpus of trajectory records (the default corpora):
+    ``format`` (any per-record format: ``messages``, ``prompt_completion``, ``kto``,
+    ``rl_prompts``, ``executions``), ``chat_style`` (``hf`` by default) and ``system``,
+    ``mask_failed_turns`` / ``mask_types``, ``redact`` (kinds) and ``filters`` (a
+    :class:`~rl_export.common.filters.Filters`): each record is filtered, redacted and
+    rendered by the export's own code, and records without a row are left out. ValueError
+    for an unknown value, and, when iterated, for a corpus of another format.
     """
     ds = _datasets()
+    options = row_options(
+        format, chat_style=chat_style, system=system, mask_failed_turns=mask_failed_turns,
+        mask_types=mask_types, redact=redact, filters=filters,
+    )  # fmt: skip
     if poll_interval_s <= 0:
         raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
     ref = CorpusRef(org, project, corpus)
@@ -502,6 +604,7 @@ def corpus_dataset(
         store, ref, latest_only=latest_only, at=at, follow=streams,
         poll_interval_s=poll_interval_s,
     ))  # fmt: skip
+    plan = replace(plan, options=options)
     examples = _examples_class()(
         plan, tuple(range(len(plan.shards))), tuple(range(len(plan.follow)))
     )
@@ -512,122 +615,3 @@ def corpus_dataset(
         dataset_name=ref.root,
     )
     return ds.IterableDataset(examples, info=info, split=ds.Split.TRAIN)
-
-
-# --- tokenising for SFT: masks TRL honours --------------------------------------------------
-
-SFT_COLUMNS = ("input_ids", "attention_mask", "assistant_masks")
-"""What :func:`tokenize_for_sft` yields: TRL's ``SFTTrainer`` takes a dataset with
-``input_ids`` as pre-tokenised, and always builds its labels from ``assistant_masks`` (-100
-where the mask is 0), with or without ``assistant_only_loss``."""
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
-def _conversation(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A row's conversation: ``messages``, or a ``prompt`` followed by its ``completion``."""
-    if isinstance(row.get("messages"), list):
-        return list(row["messages"])
-    if isinstance(row.get("prompt"), list) and isinstance(row.get("completion"), list):
-        return [*row["prompt"], *row["completion"]]
-    raise ValueError(
-        "tokenize_for_sft needs conversational rows: a 'messages' list, or 'prompt' and "
-        f"'completion' lists; this row has {sorted(row)}"
-    )
-
-
-def learned_spans(
-    messages: list[dict[str, Any]],
-    blocks: list[tuple[int, int]],
-    *,
-    mask_failed_turns: bool,
-) -> list[tuple[int, int]]:
-    """The character spans of the rendered conversation the loss counts: the ``{% generation
-    %}`` blocks of the assistant messages, in order, less those of weight 0 (with
-    ``mask_failed_turns``). ValueError when the blocks are not one per assistant message."""
-    assistants = [m for m in messages if m.get("role") == "assistant"]
-    if len(blocks) != len(assistants):
-        raise ValueError(
-            f"the chat template rendered {len(blocks)} generation blocks for "
-            f"{len(assistants)} assistant messages: each assistant message must be in one "
-            "{% generation %} block"
-        )
-    return [
-        block
-        for block, message in zip(blocks, assistants, strict=True)
-        if not (mask_failed_turns and message.get("weight", 1) == 0)
-    ]
-
-
-def span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """1 for each token (its character offsets) that starts inside one of ``spans``."""
-    mask = []
-    for start, end in offsets:
-        inside = end > start and any(lo <= start < hi for lo, hi in spans)
-        mask.append(1 if inside else 0)
-    return mask
-
-
-def tokenize_row(
-    row: Mapping[str, Any],
-    tokenizer: Any,
-    *,
-    chat_template: str,
-    mask_failed_turns: bool = True,
-) -> dict[str, list[int]]:
-    """One conversational row as ``input_ids``, ``attention_mask`` and ``assistant_masks``
-    (see :func:`tokenize_for_sft`)."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    messages = _conversation(row)
-    # Annotated as returning the text, it returns (texts, generation blocks per text) here.
-    result: Any = render_jinja_template(
-        conversations=[messages], chat_template=chat_template,
-        return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
-    )  # fmt: skip
-    rendered, indices = result
-    text = rendered[0]
-    spans = learned_spans(messages, indices[0], mask_failed_turns=mask_failed_turns)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(encoded["input_ids"])
-    return {
-        "input_ids": ids,
-        "attention_mask": [1] * len(ids),
-        "assistant_masks": span_mask([tuple(o) for o in encoded["offset_mapping"]], spans),
-    }
-
-
-def tokenize_for_sft(
-    dataset: Any,
-    tokenizer: Any,
-    *,
-    mask_failed_turns: bool = True,
-    chat_template: str | None = None,
-) -> Any:
-    """A conversational dataset (``messages`` rows, or ``prompt_completion`` rows) tokenised
-    for TRL's ``SFTTrainer``: ``input_ids``, ``attention_mask`` and ``assistant_masks``, in
-    which only the tokens of assistant messages count (1), less those of assistant messages
-    with ``weight`` 0 when ``mask_failed_turns`` (``--mask-failed-turns`` exports and
-    corpora); every other column is dropped. A lazy ``map`` for an ``IterableDataset``.
-
-    How the tokens of each assistant message are found: the whole conversation is rendered
-    once, with a chat template that marks assistant output with ``{% generation %}`` blocks
-    (TRL ships one per model family, e.g. ``trl/chat_templates/qwen3_training.jinja``), and
-    the n-th block is the n-th assistant message. Nothing is rendered twice, so a template
-    that renders earlier messages differently as the conversation grows (Qwen 3 drops earlier
-    reasoning) is tokenised exactly as it renders the whole conversation. ``chat_template``
-    defaults to the tokenizer's; a template without ``{% generation %}`` is a ValueError.
-    """
-    template = chat_template if chat_template is not None else tokenizer.chat_template
-    if not isinstance(template, str) or not _GENERATION.search(template):
-        raise ValueError(
-            "tokenize_for_sft needs a chat template that marks assistant output with "
-            "{% generation %} blocks: pass chat_template= (TRL ships one for each model family "
-            "in trl/chat_templates/, e.g. qwen3_training.jinja, llama3_training.jinja)"
-        )
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("tokenize_for_sft needs a fast tokenizer (character offsets)")
-    tokenized = dataset.map(
-        partial(tokenize_row, tokenizer=tokenizer, chat_template=template,
-                mask_failed_turns=mask_failed_turns),
-    )  # fmt: skip
-    return tokenized.select_columns(list(SFT_COLUMNS))
