@@ -114,9 +114,12 @@ test: lint typecheck ## the whole suite: lint, types, unit tests, the strict doc
 # The trainers extra (torch with its CUDA libraries from PyPI, ~6 GB, ~5 minutes) is installed
 # only here, and tests/trainers/ runs only here: `make test` leaves that folder out
 # (norecursedirs in pyproject.toml). Installed without `dev`, whose transformers (>= 5.25, the
-# render matrix's) verl 0.9.1 refuses (< 5.11): here pip moves transformers to verl's range.
+# render matrix's) verl 0.9.1 refuses (< 5.11): here pip moves transformers to verl's range,
+# and the `kernels` package the newer one required goes (transformers 5.10 fails to import
+# its hub integration with that version).
 $(TRAINERS_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e ".[trainers]"
+	$(BIN)/pip uninstall --quiet --yes kernels
 	@touch $(TRAINERS_STAMP)
 
 test-trainers: $(TRAINERS_STAMP) ## TRL and verl on the exports, a tiny model built locally on CPU (installs the trainers extra)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,10 @@ import pytest
 
 from rl_export.common.codec import dumps
 from tests.records import trace_events
+
+# transformers uses the `kernels` package's hub kernels when it is installed (dev's newer
+# transformers brings it): they are downloaded from the hub, which is out of reach here.
+os.environ.setdefault("USE_HUB_KERNELS", "NO")
 
 ORG, PROJECT = "acme", "bot"
 QWEN_SPECIAL = [
