@@ -44,6 +44,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rl_export.common.errors import StoreError
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT
 from rl_export.common.retrying import start_when_reachable, stop_quietly
@@ -62,7 +63,7 @@ class Sink:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        kafka: KafkaConnection,
         topic: str,
         group: str,
         store: ObjectStore,
@@ -71,7 +72,7 @@ class Sink:
         specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
         session_timeout_s: float = 10.0,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.topic = topic
         self.group = group
         self.store = store
@@ -120,7 +121,7 @@ class Sink:
                 log.info("sink assigned partitions %s", sorted(tp.partition for tp in assigned))
 
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+            **self.kafka.aiokafka(),
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -134,7 +135,9 @@ class Sink:
             fetch_max_bytes=8 * 1024 * 1024,  # what is fetched ahead, held in memory
         )
         consumer.subscribe([self.topic], listener=Listener())
-        if not await start_when_reachable(consumer.start, "sink consumer", stop, log):
+        if not await start_when_reachable(
+            consumer.start, "sink consumer", stop, log, check=self.kafka.check
+        ):
             return
         try:
             while not stop.is_set():

@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError, RlExportError
+from rl_export.common.kafka import KafkaConnection, connection_of
 from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
@@ -89,15 +90,16 @@ def _quiet_aiokafka() -> Iterator[None]:
         client_log.setLevel(level)
 
 
-async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
+async def _admin(target: KafkaConnection | str, timeout_s: float) -> AIOKafkaAdminClient:
+    kafka = connection_of(target)
+    bootstrap = kafka.bootstrap
+    admin = AIOKafkaAdminClient(**kafka.aiokafka(), request_timeout_ms=int(timeout_s * 1000))
     try:
         with _quiet_aiokafka():
             await asyncio.wait_for(admin.start(), timeout_s)
     except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
+        await kafka.check(timeout_s)  # raises KafkaSecurityError when TLS or SASL failed
         why = f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
         raise BrokerUnavailableError(
             f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
@@ -106,7 +108,7 @@ async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
 
 
 async def partition_counts(
-    bootstrap: str, topics: Sequence[str], timeout_s: float = CONNECT_TIMEOUT_S
+    bootstrap: KafkaConnection | str, topics: Sequence[str], timeout_s: float = CONNECT_TIMEOUT_S
 ) -> dict[str, int]:
     """Return the partition count of each named topic that exists."""
     admin = await _admin(bootstrap, timeout_s)
@@ -138,7 +140,7 @@ def check_partition_counts(counts: dict[str, int], expected: int) -> None:
 
 
 async def ensure_topics(
-    bootstrap: str,
+    bootstrap: KafkaConnection | str,
     specs: Sequence[TopicSpec],
     *,
     replication_factor: int = 1,
@@ -166,14 +168,18 @@ async def ensure_topics(
 
 
 async def _ensure_once(
-    bootstrap: str, specs: Sequence[TopicSpec], replication_factor: int, timeout_s: float
+    bootstrap: KafkaConnection | str,
+    specs: Sequence[TopicSpec],
+    replication_factor: int,
+    timeout_s: float,
 ) -> dict[str, int]:
     admin = await _admin(bootstrap, timeout_s)
     try:
         return await _ensure(admin, specs, replication_factor)
     except (KafkaError, OSError) as exc:
         raise BrokerUnavailableError(
-            f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the topics "
+            f"{env_name('kafka_bootstrap')}={connection_of(bootstrap).bootstrap}: the broker "
+            "went away while the topics "
             f"were checked ({type(exc).__name__}: {exc})"
         ) from None
     finally:
@@ -211,7 +217,7 @@ async def ensure_service_topics(settings: Settings, wait_s: float = 0.0) -> dict
     """Create and check every topic the service uses, as configured; wait ``wait_s`` for
     a broker that does not answer yet."""
     return await ensure_topics(
-        settings.kafka_bootstrap,
+        KafkaConnection.of(settings),
         topic_specs(settings),
         replication_factor=settings.replication_factor,
         wait_s=wait_s,

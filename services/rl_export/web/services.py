@@ -11,11 +11,13 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.errors import RlExportError
+from rl_export.common.errors import KafkaSecurityError, RlExportError
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.redact import warm_up
 from rl_export.common.settings import Settings
@@ -52,6 +54,10 @@ class Services:
     claims: Claims
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
+    # Why the instance must end (the broker refused our TLS handshake or login), and what
+    # ends it: ``run_web`` stops the server, which then reports this.
+    fatal: KafkaSecurityError | None = None
+    on_fatal: Callable[[], object] = lambda: None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -66,11 +72,25 @@ class Services:
         ]
         self._tasks = [
             asyncio.create_task(self._warm_redaction(), name="redact-warm-up"),
-            asyncio.create_task(self._topics(), name="topics"),
-            asyncio.create_task(self._labels_tail().run(self._stop), name="labels"),
-            asyncio.create_task(self._claims_tail().run(self._stop), name="claims"),
+            asyncio.create_task(self._fatal_ends(self._topics()), name="topics"),
+            asyncio.create_task(
+                self._fatal_ends(self._labels_tail().run(self._stop)), name="labels"
+            ),
+            asyncio.create_task(
+                self._fatal_ends(self._claims_tail().run(self._stop)), name="claims"
+            ),
             asyncio.create_task(self.jobs.sweep_forever(self._stop), name="sweep"),
         ]
+
+    async def _fatal_ends(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work``; a refused TLS handshake or login ends the instance (no retry loop)."""
+        try:
+            await work
+        except KafkaSecurityError as exc:
+            log.error("web: %s; stopping", exc)
+            if self.fatal is None:
+                self.fatal = exc
+                self.on_fatal()
 
     def cold(self) -> list[str]:
         """The warmed corpora not indexed through once yet (the instance is not ready).
@@ -117,6 +137,8 @@ class Services:
             try:
                 await ensure_service_topics(self.settings)
                 return
+            except KafkaSecurityError:
+                raise
             except RlExportError as exc:
                 log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)
             with contextlib.suppress(TimeoutError):

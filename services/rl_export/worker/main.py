@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.common.errors import StoreError
 from rl_export.common.gctune import tune_gc
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.settings import MIB, Settings
 from rl_export.corpora.chain import SinkConfig
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
     return Sink(
-        bootstrap=settings.kafka_bootstrap,
+        kafka=KafkaConnection.of(settings),
         topic=settings.topic_trajectories,
         group=settings.sink_group,
         store=open_store(settings.store_url),
