@@ -301,7 +301,7 @@ async def _closed_on_us(exc: BaseException, host: str, port: int, timeout_s: flo
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
+    if isinstance(exc, ssl.SSLError) and getattr(exc, "reason", None):
         return str(exc.reason)
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
