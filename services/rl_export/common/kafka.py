@@ -18,16 +18,19 @@ apply everywhere alike:
    handshake or SASL authentication raises :class:`KafkaSecurityError` naming the setting to
    fix, which ends the process (retrying cannot help); a broker that is only unreachable
    does not, and the caller waits for it as before.
+4. A running client reconnects inside aiokafka, which only logs a refused connection:
+   :func:`watch_refusals` reads those logs and ends the worker or web process too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,12 @@ from rl_export.common.errors import ConfigError, KafkaSecurityError
 from rl_export.common.settings import Settings, env_name
 
 CHECK_TIMEOUT_S = 10.0
+# The settings beside the bootstrap that say how to connect (unset: plaintext).
+SECURITY_SETTINGS = (
+    "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
+    "kafka_sasl_password", "kafka_sasl_password_file", "kafka_ssl_ca_file",
+    "kafka_ssl_cert_file", "kafka_ssl_key_file",
+)  # fmt: skip
 # librdkafka asks for a new token at 80 % of its lifetime: a minute makes it re-read the file.
 _OAUTH_LIFETIME_S = 60.0
 
@@ -205,6 +214,19 @@ class KafkaConnection:
             pairs.append((host.strip("[]"), int(port)))
         return pairs
 
+    @property
+    def on_this_machine(self) -> bool:
+        """Whether every bootstrap server is a loopback address (development, tests)."""
+        for host, _ in self.hosts():
+            if host == "localhost":
+                continue
+            try:
+                if not ipaddress.ip_address(host).is_loopback:
+                    return False
+            except ValueError:  # a host name
+                return False
+        return True
+
     async def check(self, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
         """Connect to one bootstrap server as the clients do; True when one let us in.
 
@@ -279,6 +301,58 @@ class KafkaConnection:
                 f"{type(exc).__name__}",
             )
         return None
+
+
+class _RefusalWatch(logging.Handler):
+    def __init__(self, kafka: KafkaConnection, on_refusal: Callable[[KafkaSecurityError], object]):
+        super().__init__(logging.ERROR)
+        self.kafka = kafka
+        self.on_refusal = on_refusal
+        self.fired = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # aiokafka logs a failed (re)connection with the error among the arguments.
+        args = record.args if isinstance(record.args, tuple) else ()
+        for arg in args:
+            refused = self.kafka.refusal(arg) if isinstance(arg, BaseException) else None
+            if refused is not None and not self.fired:
+                self.fired = True
+                self.on_refusal(refused)
+
+
+@contextlib.contextmanager
+def watch_refusals(
+    kafka: KafkaConnection, on_refusal: Callable[[KafkaSecurityError], object]
+) -> Iterator[None]:
+    """Call ``on_refusal`` once when a client's (re)connection is refused by TLS or SASL.
+
+    A password rotated away under a running process, or a certificate that expired, shows
+    only in aiokafka's logs while it retries; the caller stops the process instead.
+    """
+    watch = _RefusalWatch(kafka, on_refusal)
+    client_log = logging.getLogger("aiokafka")
+    client_log.addHandler(watch)
+    try:
+        yield
+    finally:
+        client_log.removeHandler(watch)
+
+
+def check_app_id(settings: Settings) -> None:
+    """Refuse the default ``RL_EXPORT_APP_ID`` for a worker of a cluster off this machine.
+
+    The app id names the join's group, its changelog and its transactional ids: two
+    environments sharing one would fence each other's producers and split each other's
+    partitions. Local development (a broker on loopback, as ``dev`` runs it) may keep it.
+    """
+    default = Settings.model_fields["app_id"].default
+    if settings.app_id == default and not KafkaConnection.of(settings).on_this_machine:
+        raise ConfigError(
+            env_name("app_id"),
+            f"the default {default!r} is for local development only; give each environment "
+            "its own (for example rl-export-prod), so that two never share transactional "
+            "ids, consumer groups or the changelog",
+        )
 
 
 def connection_of(target: KafkaConnection | str) -> KafkaConnection:

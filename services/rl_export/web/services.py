@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from rl_export.common.errors import KafkaSecurityError, RlExportError
+from rl_export.common.kafka import KafkaConnection, watch_refusals
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.redact import warm_up
 from rl_export.common.settings import Settings
@@ -59,9 +60,13 @@ class Services:
     fatal: KafkaSecurityError | None = None
     on_fatal: Callable[[], object] = lambda: None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _watch: contextlib.AbstractContextManager[None] | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
+        # Refused reconnections of the running clients end the instance too.
+        self._watch = watch_refusals(KafkaConnection.of(self.settings), self._fail)
+        self._watch.__enter__()
         self.indexer.start()
         names = {spec.name for spec in self.settings.corpora}
         self.warming = [
@@ -87,10 +92,13 @@ class Services:
         try:
             await work
         except KafkaSecurityError as exc:
-            log.error("web: %s; stopping", exc)
-            if self.fatal is None:
-                self.fatal = exc
-                self.on_fatal()
+            self._fail(exc)
+
+    def _fail(self, exc: KafkaSecurityError) -> None:
+        log.error("web: %s; stopping", exc)
+        if self.fatal is None:
+            self.fatal = exc
+            self.on_fatal()
 
     def cold(self) -> list[str]:
         """The warmed corpora not indexed through once yet (the instance is not ready).
@@ -146,6 +154,8 @@ class Services:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
         for task in self._tasks:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)

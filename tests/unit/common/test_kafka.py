@@ -5,6 +5,7 @@ to aiokafka and librdkafka, secrets read from files, and which failures name whi
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from aiokafka import errors as kafka_errors
 from aiokafka.abc import AbstractTokenProvider
 
 from rl_export.common.errors import ConfigError
-from rl_export.common.kafka import KafkaConnection
+from rl_export.common.kafka import KafkaConnection, check_app_id, watch_refusals
 from rl_export.common.net import free_port
 from rl_export.common.settings import load_settings
 from tests.harness.tls import make_tls_files
@@ -165,3 +166,40 @@ def test_an_unreachable_broker_is_no_refusal() -> None:
     assert kafka.refusal(kafka_errors.KafkaConnectionError("no route")) is None
     assert kafka.refusal(ConnectionRefusedError()) is None
     assert asyncio.run(kafka.check(timeout_s=2)) is False
+
+
+def test_a_refused_reconnection_in_aiokafka_logs_is_reported_once() -> None:
+    kafka = KafkaConnection("k:9093", "SASL_SSL", "SCRAM-SHA-512", "app", "old")
+    seen: list[str] = []
+    client_log = logging.getLogger("aiokafka.conn")
+    with watch_refusals(kafka, lambda exc: seen.append(exc.setting)):
+        # How aiokafka logs a failed connection to a node (the error among the arguments).
+        client_log.error("Unable connect to node with id %s: %s", 1, OSError("reset"))
+        assert seen == []
+        for _ in range(2):
+            failed = kafka_errors.SaslAuthenticationFailed("invalid credentials")
+            client_log.error("Unable connect to node with id %s: %s", 1, failed)
+    client_log.error("after: %s", kafka_errors.SaslAuthenticationFailed("x"))
+    assert seen == ["RL_EXPORT_KAFKA_SASL_PASSWORD"]
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "app_id", "refused"),
+    [
+        ("127.0.0.1:9092", "rl-export", False),
+        ("localhost:9092,[::1]:9093", "rl-export", False),
+        ("kafka-1.internal:9092", "rl-export", True),
+        ("127.0.0.1:9092,10.0.0.7:9092", "rl-export", True),
+        ("kafka-1.internal:9092", "rl-export-prod", False),
+    ],
+)
+def test_a_worker_off_this_machine_refuses_the_default_app_id(
+    bootstrap: str, app_id: str, refused: bool
+) -> None:
+    settings = load_settings(kafka_bootstrap=bootstrap, app_id=app_id)
+    if not refused:
+        check_app_id(settings)
+        return
+    with pytest.raises(ConfigError) as error:
+        check_app_id(settings)
+    assert error.value.setting == "RL_EXPORT_APP_ID"
