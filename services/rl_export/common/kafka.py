@@ -236,6 +236,7 @@ class KafkaConnection:
         options = self.aiokafka()
         options.pop("bootstrap_servers")
         for host, port in self.hosts():
+            answered = False  # the broker spoke Kafka with us (it gave its API versions)
             try:
                 with _quiet():
                     conn = await asyncio.wait_for(
@@ -243,23 +244,41 @@ class KafkaConnection:
                                     **options),
                         timeout_s,
                     )  # fmt: skip
+                    answered = True
                     try:  # a SASL listener lets a client without SASL ask only for versions
                         await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
                     finally:
                         conn.close()
             except (OSError, kafka_errors.KafkaError, TimeoutError) as exc:
                 refused = self.refusal(exc)
-                if refused is None and await _closed_on_us(exc, host, port, timeout_s):
-                    refused = KafkaSecurityError(
-                        env_name("kafka_security_protocol"),
-                        f"the broker at {host}:{port} accepted the connection and closed it "
-                        f"when spoken to in {self.security_protocol}: does it need SSL or SASL?",
-                    )
+                if refused is None and _hung_up(exc):
+                    refused = await self._wrong_protocol(host, port, answered, timeout_s)
                 if refused is not None:
                     raise refused from None
                 continue
             return True
         return False
+
+    async def _wrong_protocol(
+        self, host: str, port: int, answered: bool, timeout_s: float
+    ) -> KafkaSecurityError | None:
+        """Why a broker hung up on us, when it is the security protocol; None otherwise.
+
+        One that answered our versions request and hung up when asked for metadata wants
+        SASL; one that hung up at once, and completes a TLS handshake, wants TLS. A proxy
+        before a broker that is away hangs up too, but does neither.
+        """
+        if answered and not self.uses_sasl:
+            wants = "SASL (SASL_SSL or SASL_PLAINTEXT)"
+        elif not answered and not self.uses_tls and await _speaks_tls(host, port, timeout_s):
+            wants = "TLS (SSL or SASL_SSL)"
+        else:
+            return None
+        return KafkaSecurityError(
+            env_name("kafka_security_protocol"),
+            f"the broker at {host}:{port} hung up on a {self.security_protocol} client: it "
+            f"wants {wants}",
+        )
 
     def refusal(self, exc: BaseException) -> KafkaSecurityError | None:
         """The security error ``exc`` stands for, naming the setting; None when it is none."""
@@ -360,14 +379,22 @@ def connection_of(target: KafkaConnection | str) -> KafkaConnection:
     return target if isinstance(target, KafkaConnection) else KafkaConnection(target)
 
 
-async def _closed_on_us(exc: BaseException, host: str, port: int, timeout_s: float) -> bool:
-    """Whether ``exc`` is the broker hanging up on a client it could reach (not a broker away)."""
-    if isinstance(exc, TimeoutError | ConnectionRefusedError) or not isinstance(
-        exc, kafka_errors.KafkaConnectionError | ConnectionError | EOFError
-    ):
+def _hung_up(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection closed by the other side (not refused, not silent)."""
+    if isinstance(exc, TimeoutError | ConnectionRefusedError):
         return False
-    try:  # reachable at all? then the hang-up was about what we said
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    return isinstance(exc, kafka_errors.KafkaConnectionError | ConnectionError | EOFError)
+
+
+async def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a TLS handshake with ``host:port`` completes (nothing verified, nothing sent)."""
+    probe = ssl.create_default_context()
+    probe.check_hostname = False  # only asking whether it speaks TLS at all
+    probe.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=probe), timeout_s
+        )
     except (OSError, TimeoutError):
         return False
     writer.close()
