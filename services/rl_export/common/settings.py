@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     sink_group: str = Field(
         "rl-export-sink", min_length=1, description="Consumer group of the sink."
     )
+    instance_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,200}$",
+        description="A stable name of this worker (the pod name): its join and sink join their "
+        "groups as static members, so a restart within the session timeout moves no partition.",
+    )
     session_timeout_s: float = Field(
         10.0, ge=1, description="How soon the group notices a dead worker and rebalances."
     )

@@ -71,6 +71,7 @@ class Sink:
         config: SinkConfig,
         specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
         session_timeout_s: float = 10.0,
+        instance_id: str | None = None,
     ) -> None:
         self.kafka = kafka
         self.topic = topic
@@ -80,6 +81,7 @@ class Sink:
         self.config = config
         self.specs = specs
         self.session_timeout_s = session_timeout_s
+        self.instance_id = instance_id  # a static member of the group (KIP-345) when set
         self.writer = writer_id()
         self.parts: dict[int, PartitionSink] = {}
         self.unseeded: set[int] = set()  # assigned partitions whose new chains are not seeded
@@ -129,6 +131,7 @@ class Sink:
             # must never reach a corpus.
             isolation_level="read_committed",
             session_timeout_ms=int(self.session_timeout_s * 1000),
+            group_instance_id=None if self.instance_id is None else f"{self.instance_id}-sink",
             heartbeat_interval_ms=min(int(self.session_timeout_s * 250), 1000),
             max_poll_records=5000,
             max_partition_fetch_bytes=512 * 1024,

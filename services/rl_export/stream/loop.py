@@ -161,7 +161,11 @@ class JoinWorker:
             # when it rebalances (aiokafka's default is the session timeout): a batch stuck
             # behind a broker restart must not get us thrown out of the group.
             rebalance_timeout_ms=max(60_000, session_ms),
-        )
+            # Static membership (KIP-345): a restart within the session timeout gets the
+            # same partitions back with no rebalance of the others.
+            group_instance_id=None if self.settings.instance_id is None
+            else f"{self.settings.instance_id}-join",
+        )  # fmt: skip
         consumer.subscribe(list(self.settings.input_topics), listener=Listener())
         if not await start_when_reachable(
             consumer.start, "join consumer", stop, log, check=kafka.check

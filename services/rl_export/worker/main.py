@@ -53,6 +53,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
         ),
         specs=settings.corpora,
         session_timeout_s=settings.session_timeout_s,
+        instance_id=settings.instance_id,
     )
 
 

@@ -103,8 +103,10 @@ def latest(settings: Settings, corpus: str) -> dict[str, dict[str, Any]]:
 def test_produce_join_sink_web_label_and_librdkafka_over_sasl_ssl(
     secured: Secured, tmp_path: Path
 ) -> None:
+    # With static membership too, as the Kubernetes manifests run the worker.
     settings = secured.settings(tmp_path / "var", join_processes=1, shard_max_age_s=1.0,
-                                web_index_poll_s=0.25, web_publish_timeout_s=10.0)  # fmt: skip
+                                web_index_poll_s=0.25, web_publish_timeout_s=10.0,
+                                instance_id="rl-export-worker-0")  # fmt: skip
     events = tmp_path / "events.jsonl"
     lines = [json.dumps(e) for n in range(TRACES)
              for e in trace_events(n, score=0.5 + n / 10, passed=True, minute=n)]  # fmt: skip
