@@ -27,6 +27,7 @@ import yaml
 
 from rl_export.common.kafka import check_app_id
 from rl_export.common.settings import ENV_PREFIX, Settings
+from rl_export.stream.topics import topic_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -47,6 +48,8 @@ KUSTOMIZE = (
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 Resource = dict[str, Any]
+# Custom resources (KEDA's, Strimzi's): no schema here; their own tests check them.
+CUSTOM_GROUPS = ("keda.sh/", "kafka.strimzi.io/")
 
 # --- what KEDA 2.17 documents ----------------------------------------------------------------
 # ScaledObject specification (reference/scaledobject-spec.md of KEDA 2.17's documentation).
@@ -230,14 +233,14 @@ def test_built_resources_validate_against_the_kubernetes_schemas(
     kinds = {r["kind"] for r in built}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
             "NetworkPolicy", "ConfigMap"} <= kinds  # fmt: skip
-    builtin = [r for r in built if not r["apiVersion"].startswith("keda.sh/")]
+    builtin = [r for r in built if not r["apiVersion"].startswith(CUSTOM_GROUPS)]
     assert [p for r in builtin for p in schema_problems(r, version)] == []
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_written_resources_validate_without_kustomize(version: str) -> None:
     """The files as written, so a machine without kustomize still checks them."""
-    resources = [r for _, r in source_resources() if not r["apiVersion"].startswith("keda.sh/")]
+    resources = [r for _, r in source_resources() if not r["apiVersion"].startswith(CUSTOM_GROUPS)]
     assert len(resources) >= 9
     assert [p for r in resources for p in schema_problems(r, version)] == []
 
@@ -387,7 +390,8 @@ def test_config_holds_only_real_settings(built: list[Resource]) -> None:
     names = {k for k in config(built) if k.startswith(ENV_PREFIX)}
     unknown = {n for n in names if n.removeprefix(ENV_PREFIX).lower() not in Settings.model_fields}
     assert unknown == set()
-    settings_of(built)  # and their values validate
+    for name in ("rl-export-worker", "rl-export-web"):  # and their values validate
+        settings_of(built, container(one(built, "Deployment", name)))
 
 
 @pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
@@ -626,3 +630,78 @@ def test_both_deployments_run_the_same_image(built: list[Resource]) -> None:
     images = {box["image"] for box in iter_containers(built)}
     assert len(images) == 1
     assert all(box["command"][0] == "rl-export" for box in iter_containers(built))
+
+
+# --- Strimzi: managed topics and least-privilege users (components/strimzi, in the overlay) ---
+
+
+def test_the_kafkatopics_are_the_topics_the_worker_verifies(overlay: list[Resource]) -> None:
+    settings = settings_of(overlay, container(one(overlay, "Deployment", "rl-export-worker")))
+    assert settings.create_topics is False  # the worker only verifies them
+    topics = {t["spec"]["topicName"]: t["spec"] for t in overlay if t["kind"] == "KafkaTopic"}
+    wanted = {spec.name: spec for spec in topic_specs(settings)}
+    assert set(topics) == set(wanted)
+    for name, spec in wanted.items():
+        assert topics[name]["partitions"] == settings.partitions, name
+        config = topics[name]["config"]
+        assert topics[name]["replicas"] >= 3
+        assert int(config["min.insync.replicas"]) >= 2
+        for key, value in spec.configs.items():  # what the worker would have created
+            assert config[key] == value, (name, key)
+    assert {t["metadata"]["labels"]["strimzi.io/cluster"]
+            for t in overlay if t["kind"] in ("KafkaTopic", "KafkaUser")} == {"events"}  # fmt: skip
+
+
+def acls(resources: list[Resource], user: str) -> dict[tuple[str, str, str], set[str]]:
+    spec = one(resources, "KafkaUser", user)["spec"]
+    assert spec["authentication"]["type"] == "scram-sha-512"
+    return {(a["resource"]["type"], a["resource"]["name"], a["resource"]["patternType"]):
+            set(a["operations"]) for a in spec["authorization"]["acls"]}  # fmt: skip
+
+
+def test_the_worker_and_web_users_have_least_privilege(overlay: list[Resource]) -> None:
+    settings = settings_of(overlay, container(one(overlay, "Deployment", "rl-export-worker")))
+    worker = acls(overlay, "rl-export-worker")
+    for topic in (*settings.input_topics, settings.topic_trajectories, settings.topic_changelog):
+        assert {"Read", "Write", "Describe"} <= worker[("topic", topic, "literal")], topic
+    assert "Write" in worker[("topic", settings.topic_dead_letter, "literal")]
+    assert "Read" in worker[("group", settings.app_id, "literal")]
+    assert "Read" in worker[("group", settings.sink_group, "literal")]
+    assert "Write" in worker[("transactionalId", f"{settings.app_id}-", "prefix")]
+    web = acls(overlay, "rl-export-web")
+    for topic in (settings.topic_labels, settings.topic_claims):
+        assert {"Read", "Write"} <= web[("topic", topic, "literal")], topic
+    assert not any(kind == "group" for kind, _, _ in web)  # reads without a group
+    for user in (worker, web):  # every topic is checked at start; nobody creates or deletes
+        for topic in settings.all_topics:
+            assert {"Describe", "DescribeConfigs"} <= user[("topic", topic, "literal")]
+        assert not any({"Create", "Delete", "Alter", "All"} & ops for ops in user.values())
+
+
+@pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
+def test_each_deployment_logs_in_as_its_own_user(overlay: list[Resource], name: str) -> None:
+    deployment = one(overlay, "Deployment", name)
+    settings = settings_of(overlay, container(deployment))
+    assert settings.kafka_security_protocol == "SASL_SSL"
+    assert settings.kafka_sasl_username == name  # separate credentials for web and worker
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    mounted = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
+    for path, secret in ((settings.kafka_sasl_password_file, name),
+                         (settings.kafka_ssl_ca_file, "rl-export-kafka-ca")):  # fmt: skip
+        assert path is not None
+        volume = mounted[str(path.parent)]
+        assert volume["secret"]["secretName"] == secret
+        assert [i["path"] for i in volume["secret"]["items"]] == [path.name]
+
+
+def test_keda_reads_the_lag_as_the_worker_over_tls(overlay: list[Resource]) -> None:
+    obj = one(overlay, "ScaledObject", "rl-export-worker")
+    auth = one(overlay, "TriggerAuthentication", "rl-export-kafka")["spec"]
+    for trigger in obj["spec"]["triggers"]:
+        assert trigger["authenticationRef"]["name"] == "rl-export-kafka"
+        assert trigger["metadata"]["sasl"] == "scram_sha512"
+        assert trigger["metadata"]["tls"] == "enable"
+    given = [e["parameter"] for e in auth["env"]] + [
+        s["parameter"] for s in auth["secretTargetRef"]
+    ]
+    assert sorted(given) == ["ca", "password", "username"]
