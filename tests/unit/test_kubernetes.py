@@ -507,6 +507,17 @@ def test_requests_and_limits_are_set(built: list[Resource], name: str) -> None:
     )
 
 
+@pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
+def test_ephemeral_storage_covers_the_emptydirs_and_logs(built: list[Resource], name: str) -> None:
+    deployment = one(built, "Deployment", name)
+    resources = container(deployment)["resources"]
+    limit = quantity_mib(resources["limits"]["ephemeral-storage"])
+    assert 0 < quantity_mib(resources["requests"]["ephemeral-storage"]) <= limit
+    empty_dirs = [v["emptyDir"]["sizeLimit"] for v in pod_spec(deployment)["volumes"]
+                  if "emptyDir" in v]  # fmt: skip
+    assert limit >= sum(quantity_mib(size) for size in empty_dirs) + 256  # and some logs
+
+
 def test_worker_memory_covers_its_measured_peak(built: list[Resource]) -> None:
     """README, Performance: a worker with two join processes peaked at 372-399 MiB."""
     worker = container(one(built, "Deployment", "rl-export-worker"))
@@ -705,3 +716,21 @@ def test_keda_reads_the_lag_as_the_worker_over_tls(overlay: list[Resource]) -> N
         s["parameter"] for s in auth["secretTargetRef"]
     ]
     assert sorted(given) == ["ca", "password", "username"]
+
+
+def test_egress_reaches_only_dns_kafka_and_the_store(built: list[Resource]) -> None:
+    policy = one(built, "NetworkPolicy", "rl-export-egress")
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    for name in ("rl-export-worker", "rl-export-web"):
+        labels = pod_labels(one(built, "Deployment", name))
+        assert selects(policy["spec"]["podSelector"], labels), name
+    allowed: set[tuple[str, int]] = set()
+    for rule in policy["spec"]["egress"]:
+        for port in rule["ports"]:
+            last = port.get("endPort", port["port"])
+            allowed |= {(port["protocol"], p) for p in range(port["port"], last + 1)}
+    settings = settings_of(built, container(one(built, "Deployment", "rl-export-worker")))
+    kafka_ports = {int(s.rsplit(":", 1)[1]) for s in settings.kafka_bootstrap.split(",")}
+    assert {("TCP", p) for p in kafka_ports} <= allowed
+    assert {("UDP", 53), ("TCP", 53), ("TCP", 443)} <= allowed
+    assert {p for _, p in allowed} <= {53, 443, *range(9092, 9097)}
