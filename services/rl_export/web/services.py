@@ -32,6 +32,7 @@ from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
+from rl_export.web.storehealth import StoreHealth
 from rl_export.web.tailing import Tail
 from rl_export.web.tokens import TokenStore, TokenVerifier
 
@@ -53,6 +54,7 @@ class Services:
     labeling: SettingsBook
     claim_book: ClaimBook
     claims: Claims
+    store_health: StoreHealth
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
     # Why the instance must end (the broker refused our TLS handshake or login), and what
@@ -85,6 +87,7 @@ class Services:
                 self._fatal_ends(self._claims_tail().run(self._stop)), name="claims"
             ),
             asyncio.create_task(self.jobs.sweep_forever(self._stop), name="sweep"),
+            asyncio.create_task(self.store_health.run(self._stop), name="store-health"),
         ]
 
     async def _fatal_ends(self, work: Coroutine[Any, Any, None]) -> None:
@@ -199,4 +202,5 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
         labeling=SettingsBook(store, defaults, cache_s=settings.labeling_cache_s),
         claim_book=claim_book,
         claims=Claims(store, claim_book, publisher.broadcast),
+        store_health=StoreHealth(store),
     )
