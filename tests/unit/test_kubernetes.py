@@ -734,3 +734,20 @@ def test_egress_reaches_only_dns_kafka_and_the_store(built: list[Resource]) -> N
     assert {("TCP", p) for p in kafka_ports} <= allowed
     assert {("UDP", 53), ("TCP", 53), ("TCP", 443)} <= allowed
     assert {p for _, p in allowed} <= {53, 443, *range(9092, 9097)}
+
+
+@pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
+def test_each_deployment_has_its_own_service_account(built: list[Resource], name: str) -> None:
+    """So each gets its own cloud role (IRSA, Workload Identity); no Kubernetes API token."""
+    spec = pod_spec(one(built, "Deployment", name))
+    assert spec["serviceAccountName"] == name
+    account = one(built, "ServiceAccount", name)
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_the_overlay_binds_a_role_to_each_account(overlay: list[Resource]) -> None:
+    key = "eks.amazonaws.com/role-arn"
+    roles = {one(overlay, "ServiceAccount", name)["metadata"]["annotations"][key]
+             for name in ("rl-export-worker", "rl-export-web")}  # fmt: skip
+    assert len(roles) == 2  # separate credentials
