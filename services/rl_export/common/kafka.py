@@ -60,6 +60,9 @@ _CLIENT_CERT_ALERTS = (
     "CERTIFICATE_UNKNOWN",
     "UNKNOWN_CA",
 )
+# TLS errors of a peer that does not speak TLS at all.
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL", "HTTP_REQUEST",
+            "PACKET_LENGTH_TOO_LONG")  # fmt: skip
 # aiokafka's errors that mean "the broker refused who we are", not "the broker is away".
 _SASL_REFUSED = (
     kafka_errors.SaslAuthenticationFailed,
@@ -301,11 +304,13 @@ class KafkaConnection:
                     env_name("kafka_ssl_cert_file"),
                     f"the broker refused our TLS client certificate ({reason})",
                 )
-            return KafkaSecurityError(
-                env_name("kafka_security_protocol"),
-                f"the TLS handshake with the broker failed ({reason}): does it speak "
-                f"{self.security_protocol}?",
-            )
+            if any(word in reason.upper() for word in _NOT_TLS):
+                return KafkaSecurityError(
+                    env_name("kafka_security_protocol"),
+                    f"the TLS handshake with the broker failed ({reason}): does it speak "
+                    f"{self.security_protocol}?",
+                )
+            return None  # a connection cut during the handshake: a broker going away
         if isinstance(exc, kafka_errors.UnsupportedSaslMechanismError):
             return KafkaSecurityError(
                 env_name("kafka_sasl_mechanism"), f"the broker does not offer {self.sasl_mechanism}"
@@ -402,8 +407,8 @@ async def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and getattr(exc, "reason", None):
-        return str(exc.reason)
+    if isinstance(exc, ssl.SSLError):
+        return str(getattr(exc, "reason", None) or exc)
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return type(exc).__name__

@@ -17,7 +17,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.errors import KafkaSecurityError, RlExportError
+from rl_export.common.errors import (
+    ConfigError,
+    PartitionMismatchError,
+    RlExportError,
+    TopicMismatchError,
+)
 from rl_export.common.kafka import KafkaConnection, watch_refusals
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.redact import warm_up
@@ -59,7 +64,7 @@ class Services:
     warming: list[Followed] = field(default_factory=list)
     # Why the instance must end (the broker refused our TLS handshake or login), and what
     # ends it: ``run_web`` stops the server, which then reports this.
-    fatal: KafkaSecurityError | None = None
+    fatal: ConfigError | None = None
     on_fatal: Callable[[], object] = lambda: None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _watch: contextlib.AbstractContextManager[None] | None = None
@@ -94,10 +99,10 @@ class Services:
         """Run ``work``; a refused TLS handshake or login ends the instance (no retry loop)."""
         try:
             await work
-        except KafkaSecurityError as exc:
+        except ConfigError as exc:  # KafkaSecurityError, or a secret file that cannot be read
             self._fail(exc)
 
-    def _fail(self, exc: KafkaSecurityError) -> None:
+    def _fail(self, exc: ConfigError) -> None:
         log.error("web: %s; stopping", exc)
         if self.fatal is None:
             self.fatal = exc
@@ -148,7 +153,9 @@ class Services:
             try:
                 await ensure_service_topics(self.settings)
                 return
-            except KafkaSecurityError:
+            except (PartitionMismatchError, TopicMismatchError) as exc:  # may be fixed meanwhile
+                log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)
+            except ConfigError:  # a refused login, an unreadable secret: fatal (_fatal_ends)
                 raise
             except RlExportError as exc:
                 log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)

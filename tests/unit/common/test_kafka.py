@@ -163,6 +163,8 @@ def test_refusals_name_the_setting_to_fix(error: BaseException, variable: str) -
 
 def test_an_unreachable_broker_is_no_refusal() -> None:
     kafka = KafkaConnection(f"127.0.0.1:{free_port()}")
+    # A TLS broker going away mid-handshake: wait for it, it is no wrong setting.
+    assert kafka.refusal(ssl.SSLEOFError(8, "EOF occurred in violation of protocol")) is None
     assert kafka.refusal(kafka_errors.KafkaConnectionError("no route")) is None
     assert kafka.refusal(ConnectionRefusedError()) is None
     assert asyncio.run(kafka.check(timeout_s=2)) is False
