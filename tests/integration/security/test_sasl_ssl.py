@@ -179,6 +179,18 @@ def test_a_wrong_password_ends_the_worker_quickly_naming_the_setting(
     assert "not-the-password" not in result.stderr + result.stdout
 
 
+def test_a_wrong_password_ends_the_web_service_naming_the_setting(
+    secured: Secured, tmp_path: Path
+) -> None:
+    settings = secured.settings(tmp_path / "var", kafka_sasl_password_file=secured.wrong_file,
+                                web_port=free_port())  # fmt: skip
+    result = cli(settings, "web", timeout_s=60)  # it stops its server by itself
+    assert result.returncode != 0
+    assert "RL_EXPORT_KAFKA_SASL_PASSWORD_FILE" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "not-the-password" not in result.stderr + result.stdout
+
+
 @pytest.mark.parametrize(
     ("change", "setting"),
     [
