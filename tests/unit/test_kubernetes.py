@@ -25,7 +25,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rl_export.common.kafka import check_app_id
 from rl_export.common.settings import ENV_PREFIX, Settings
+from rl_export.stream.topics import topic_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -46,6 +48,8 @@ KUSTOMIZE = (
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 Resource = dict[str, Any]
+# Custom resources (KEDA's, Strimzi's): no schema here; their own tests check them.
+CUSTOM_GROUPS = ("keda.sh/", "kafka.strimzi.io/")
 
 # --- what KEDA 2.17 documents ----------------------------------------------------------------
 # ScaledObject specification (reference/scaledobject-spec.md of KEDA 2.17's documentation).
@@ -156,7 +160,11 @@ def settings_of(resources: list[Resource], container: Resource | None = None) ->
     """The settings a container would load: the ConfigMap, then its own ``env``."""
     values = config(resources)
     for item in (container or {}).get("env", []):
-        values[item["name"]] = item["value"]
+        if "value" in item:
+            values[item["name"]] = item["value"]
+        else:  # the downward API: only the pod's name is used
+            assert item["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+            values[item["name"]] = "rl-export-worker-5d8f7c9b4-x2x7q"
     return Settings.model_validate(
         {
             k.removeprefix(ENV_PREFIX).lower(): v
@@ -225,14 +233,14 @@ def test_built_resources_validate_against_the_kubernetes_schemas(
     kinds = {r["kind"] for r in built}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
             "NetworkPolicy", "ConfigMap"} <= kinds  # fmt: skip
-    builtin = [r for r in built if not r["apiVersion"].startswith("keda.sh/")]
+    builtin = [r for r in built if not r["apiVersion"].startswith(CUSTOM_GROUPS)]
     assert [p for r in builtin for p in schema_problems(r, version)] == []
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_written_resources_validate_without_kustomize(version: str) -> None:
     """The files as written, so a machine without kustomize still checks them."""
-    resources = [r for _, r in source_resources() if not r["apiVersion"].startswith("keda.sh/")]
+    resources = [r for _, r in source_resources() if not r["apiVersion"].startswith(CUSTOM_GROUPS)]
     assert len(resources) >= 9
     assert [p for r in resources for p in schema_problems(r, version)] == []
 
@@ -350,13 +358,20 @@ def test_triggers_watch_the_groups_and_topics_the_worker_consumes(built: list[Re
     new groups start at the earliest offset, and KEDA must count lag the same way)."""
     settings = settings_of(built, container(one(built, "Deployment", "rl-export-worker")))
     triggers = one(built, "ScaledObject", "rl-export-worker")["spec"]["triggers"]
-    watched = {(t["metadata"]["consumerGroup"], t["metadata"]["topic"]) for t in triggers}
-    expected = {(settings.app_id, topic) for topic in settings.input_topics}
-    expected.add((settings.sink_group, settings.topic_trajectories))
-    assert watched == expected
+    watched = {(t["metadata"]["consumerGroup"], t["metadata"].get("topic")) for t in triggers}
+    # The join's one trigger has no topic: KEDA sums its lag over the three input topics.
+    assert watched == {(settings.app_id, None), (settings.sink_group, settings.topic_trajectories)}
+    sink = next(t for t in triggers if t["metadata"]["consumerGroup"] == settings.sink_group)
+    assert sink["metadata"]["excludePersistentLag"] == "true"  # an S3 outage adds no worker
     for trigger in triggers:
         assert trigger["metadata"]["bootstrapServers"] == settings.kafka_bootstrap
         assert trigger["metadata"]["offsetResetPolicy"] == "earliest"
+
+
+def test_the_worker_runs_with_an_app_id_of_its_own(built: list[Resource]) -> None:
+    settings = settings_of(built, container(one(built, "Deployment", "rl-export-worker")))
+    check_app_id(settings)  # raises for the default app id on a cluster off the machine
+    assert settings.instance_id  # static membership, from the pod's name
 
 
 def test_overlay_changes_reach_the_triggers(base: list[Resource], overlay: list[Resource]) -> None:
@@ -375,7 +390,8 @@ def test_config_holds_only_real_settings(built: list[Resource]) -> None:
     names = {k for k in config(built) if k.startswith(ENV_PREFIX)}
     unknown = {n for n in names if n.removeprefix(ENV_PREFIX).lower() not in Settings.model_fields}
     assert unknown == set()
-    settings_of(built)  # and their values validate
+    for name in ("rl-export-worker", "rl-export-web"):  # and their values validate
+        settings_of(built, container(one(built, "Deployment", name)))
 
 
 @pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
@@ -489,6 +505,17 @@ def test_requests_and_limits_are_set(built: list[Resource], name: str) -> None:
     assert quantity_mib(resources["limits"]["memory"]) >= quantity_mib(
         resources["requests"]["memory"]
     )
+
+
+@pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
+def test_ephemeral_storage_covers_the_emptydirs_and_logs(built: list[Resource], name: str) -> None:
+    deployment = one(built, "Deployment", name)
+    resources = container(deployment)["resources"]
+    limit = quantity_mib(resources["limits"]["ephemeral-storage"])
+    assert 0 < quantity_mib(resources["requests"]["ephemeral-storage"]) <= limit
+    empty_dirs = [v["emptyDir"]["sizeLimit"] for v in pod_spec(deployment)["volumes"]
+                  if "emptyDir" in v]  # fmt: skip
+    assert limit >= sum(quantity_mib(size) for size in empty_dirs) + 256  # and some logs
 
 
 def test_worker_memory_covers_its_measured_peak(built: list[Resource]) -> None:
@@ -614,3 +641,113 @@ def test_both_deployments_run_the_same_image(built: list[Resource]) -> None:
     images = {box["image"] for box in iter_containers(built)}
     assert len(images) == 1
     assert all(box["command"][0] == "rl-export" for box in iter_containers(built))
+
+
+# --- Strimzi: managed topics and least-privilege users (components/strimzi, in the overlay) ---
+
+
+def test_the_kafkatopics_are_the_topics_the_worker_verifies(overlay: list[Resource]) -> None:
+    settings = settings_of(overlay, container(one(overlay, "Deployment", "rl-export-worker")))
+    assert settings.create_topics is False  # the worker only verifies them
+    topics = {t["spec"]["topicName"]: t["spec"] for t in overlay if t["kind"] == "KafkaTopic"}
+    wanted = {spec.name: spec for spec in topic_specs(settings)}
+    assert set(topics) == set(wanted)
+    for name, spec in wanted.items():
+        assert topics[name]["partitions"] == settings.partitions, name
+        config = topics[name]["config"]
+        assert topics[name]["replicas"] >= 3
+        assert int(config["min.insync.replicas"]) >= 2
+        for key, value in spec.configs.items():  # what the worker would have created
+            assert config[key] == value, (name, key)
+    assert {t["metadata"]["labels"]["strimzi.io/cluster"]
+            for t in overlay if t["kind"] in ("KafkaTopic", "KafkaUser")} == {"events"}  # fmt: skip
+
+
+def acls(resources: list[Resource], user: str) -> dict[tuple[str, str, str], set[str]]:
+    spec = one(resources, "KafkaUser", user)["spec"]
+    assert spec["authentication"]["type"] == "scram-sha-512"
+    return {(a["resource"]["type"], a["resource"]["name"], a["resource"]["patternType"]):
+            set(a["operations"]) for a in spec["authorization"]["acls"]}  # fmt: skip
+
+
+def test_the_worker_and_web_users_have_least_privilege(overlay: list[Resource]) -> None:
+    settings = settings_of(overlay, container(one(overlay, "Deployment", "rl-export-worker")))
+    worker = acls(overlay, "rl-export-worker")
+    for topic in (*settings.input_topics, settings.topic_trajectories, settings.topic_changelog):
+        assert {"Read", "Write", "Describe"} <= worker[("topic", topic, "literal")], topic
+    assert "Write" in worker[("topic", settings.topic_dead_letter, "literal")]
+    assert "Read" in worker[("group", settings.app_id, "literal")]
+    assert "Read" in worker[("group", settings.sink_group, "literal")]
+    assert "Write" in worker[("transactionalId", f"{settings.app_id}-", "prefix")]
+    web = acls(overlay, "rl-export-web")
+    for topic in (settings.topic_labels, settings.topic_claims):
+        assert {"Read", "Write"} <= web[("topic", topic, "literal")], topic
+    assert not any(kind == "group" for kind, _, _ in web)  # reads without a group
+    for user in (worker, web):  # every topic is checked at start; nobody creates or deletes
+        for topic in settings.all_topics:
+            assert {"Describe", "DescribeConfigs"} <= user[("topic", topic, "literal")]
+        assert not any({"Create", "Delete", "Alter", "All"} & ops for ops in user.values())
+
+
+@pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
+def test_each_deployment_logs_in_as_its_own_user(overlay: list[Resource], name: str) -> None:
+    deployment = one(overlay, "Deployment", name)
+    settings = settings_of(overlay, container(deployment))
+    assert settings.kafka_security_protocol == "SASL_SSL"
+    assert settings.kafka_sasl_username == name  # separate credentials for web and worker
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    mounted = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
+    for path, secret in ((settings.kafka_sasl_password_file, name),
+                         (settings.kafka_ssl_ca_file, "rl-export-kafka-ca")):  # fmt: skip
+        assert path is not None
+        volume = mounted[str(path.parent)]
+        assert volume["secret"]["secretName"] == secret
+        assert [i["path"] for i in volume["secret"]["items"]] == [path.name]
+
+
+def test_keda_reads_the_lag_as_the_worker_over_tls(overlay: list[Resource]) -> None:
+    obj = one(overlay, "ScaledObject", "rl-export-worker")
+    auth = one(overlay, "TriggerAuthentication", "rl-export-kafka")["spec"]
+    for trigger in obj["spec"]["triggers"]:
+        assert trigger["authenticationRef"]["name"] == "rl-export-kafka"
+        assert trigger["metadata"]["sasl"] == "scram_sha512"
+        assert trigger["metadata"]["tls"] == "enable"
+    given = [e["parameter"] for e in auth["env"]] + [
+        s["parameter"] for s in auth["secretTargetRef"]
+    ]
+    assert sorted(given) == ["ca", "password", "username"]
+
+
+def test_egress_reaches_only_dns_kafka_and_the_store(built: list[Resource]) -> None:
+    policy = one(built, "NetworkPolicy", "rl-export-egress")
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    for name in ("rl-export-worker", "rl-export-web"):
+        labels = pod_labels(one(built, "Deployment", name))
+        assert selects(policy["spec"]["podSelector"], labels), name
+    allowed: set[tuple[str, int]] = set()
+    for rule in policy["spec"]["egress"]:
+        for port in rule["ports"]:
+            last = port.get("endPort", port["port"])
+            allowed |= {(port["protocol"], p) for p in range(port["port"], last + 1)}
+    settings = settings_of(built, container(one(built, "Deployment", "rl-export-worker")))
+    kafka_ports = {int(s.rsplit(":", 1)[1]) for s in settings.kafka_bootstrap.split(",")}
+    assert {("TCP", p) for p in kafka_ports} <= allowed
+    assert {("UDP", 53), ("TCP", 53), ("TCP", 443)} <= allowed
+    assert {p for _, p in allowed} <= {53, 443, *range(9092, 9097)}
+
+
+@pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])
+def test_each_deployment_has_its_own_service_account(built: list[Resource], name: str) -> None:
+    """So each gets its own cloud role (IRSA, Workload Identity); no Kubernetes API token."""
+    spec = pod_spec(one(built, "Deployment", name))
+    assert spec["serviceAccountName"] == name
+    account = one(built, "ServiceAccount", name)
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_the_overlay_binds_a_role_to_each_account(overlay: list[Resource]) -> None:
+    key = "eks.amazonaws.com/role-arn"
+    roles = {one(overlay, "ServiceAccount", name)["metadata"]["annotations"][key]
+             for name in ("rl-export-worker", "rl-export-web")}  # fmt: skip
+    assert len(roles) == 2  # separate credentials

@@ -5,6 +5,8 @@ Hierarchy::
     RlExportError                  base of everything the CLI turns into a one-line message
     ├── ConfigError                a setting is wrong; names the environment variable or flag
     │   ├── PartitionMismatchError topics exist with a partition count other than configured
+    │   ├── TopicMismatchError     managed topics (RL_EXPORT_CREATE_TOPICS=false) are not as needed
+    │   ├── KafkaSecurityError     the broker refused our TLS handshake or SASL authentication
     │   ├── FilterError            a filter (flag, query parameter, corpus spec) is malformed
     │   └── ExportError            an export request cannot be met (format, source, column, ...)
     │       └── NoDataError        the org/project/corpus asked for has no data at all
@@ -33,6 +35,14 @@ class ConfigError(RlExportError):
 
 class PartitionMismatchError(ConfigError):
     """Existing topics do not all have the configured partition count."""
+
+
+class TopicMismatchError(ConfigError):
+    """Topics we may not create are missing or not as the service needs them (every one listed)."""
+
+
+class KafkaSecurityError(ConfigError):
+    """TLS or SASL failed with the broker: fatal (retrying cannot help); names the setting."""
 
 
 class FilterError(ConfigError):

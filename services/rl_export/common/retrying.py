@@ -15,18 +15,24 @@ async def start_when_reachable(
     what: str,
     stop: asyncio.Event,
     log: logging.Logger,
+    *,
     delay_s: float = 2.0,
+    check: Callable[[], Awaitable[object]] | None = None,
 ) -> bool:
     """Call ``start`` until it succeeds (True) or ``stop`` is set (False).
 
     A client that cannot reach the broker raises a :class:`KafkaError` (or an ``OSError``)
-    and can be started again; anything else is a real error and propagates.
+    and can be started again; anything else is a real error and propagates. After a failure
+    ``check`` (``KafkaConnection.check``) asks the broker why: a refused TLS handshake or
+    SASL authentication raises there, and ends the process instead of retrying forever.
     """
     while not stop.is_set():
         try:
             await start()
             return True
         except (KafkaError, OSError) as exc:
+            if check is not None:
+                await check()
             log.warning("%s: cannot reach Kafka (%s); trying again in %.0fs", what, exc, delay_s)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay_s)

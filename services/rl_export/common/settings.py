@@ -37,6 +37,46 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Comma-separated host:port list of Kafka brokers."
     )
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT",
+        description="How every Kafka client connects: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "
+        "SASL_SSL (SASL authentication over TLS). TLS always verifies the broker's hostname.",
+    )
+    kafka_sasl_mechanism: (
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None
+    ) = Field(
+        None,
+        description="The SASL mechanism (needed with SASL_PLAINTEXT and SASL_SSL): PLAIN, "
+        "SCRAM-SHA-256, SCRAM-SHA-512, or OAUTHBEARER (the token is the password, or the "
+        "content of the password file, read again for every connection).",
+    )
+    kafka_sasl_username: str | None = Field(None, description="The SASL user (PLAIN and SCRAM).")
+    kafka_sasl_password: str | None = Field(
+        None,
+        repr=False,
+        description="The SASL password (or OAUTHBEARER token); prefer the password file.",
+    )
+    kafka_sasl_password_file: Path | None = Field(
+        None,
+        description="A file holding the SASL password or OAUTHBEARER token (a mounted secret), "
+        "read again whenever a client is built or, for OAUTHBEARER, connects.",
+    )
+    kafka_ssl_ca_file: Path | None = Field(
+        None,
+        description="PEM file of the certificate authorities that sign the brokers' "
+        "certificates (default: the system's trusted authorities).",
+    )
+    kafka_ssl_cert_file: Path | None = Field(
+        None, description="PEM client certificate for mutual TLS (with the key file)."
+    )
+    kafka_ssl_key_file: Path | None = Field(
+        None, description="PEM private key of the client certificate (mutual TLS)."
+    )
+    create_topics: bool = Field(
+        True,
+        description="Whether the service creates its missing topics; false on managed "
+        "clusters, where it only verifies them and refuses to start listing every mismatch.",
+    )
     topic_traces: str = Field("traces.completed", description="Input topic of trace events.")
     topic_evaluations: str = Field(
         "evaluations.finished", description="Input topic of evaluation events."
@@ -68,6 +108,12 @@ class Settings(BaseSettings):
     app_id: str = Field("rl-export", min_length=1, description="Consumer group of the join.")
     sink_group: str = Field(
         "rl-export-sink", min_length=1, description="Consumer group of the sink."
+    )
+    instance_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,200}$",
+        description="A stable name of this worker (the pod name): its join and sink join their "
+        "groups as static members, so a restart within the session timeout moves no partition.",
     )
     session_timeout_s: float = Field(
         10.0, ge=1, description="How soon the group notices a dead worker and rebalances."
@@ -302,6 +348,32 @@ class Settings(BaseSettings):
             raise ValueError(f"expected host:port[,host:port...], got {value!r}")
         return ",".join(servers)
 
+    @model_validator(mode="after")
+    def _check_kafka_security(self) -> Settings:
+        """Refuse combinations that cannot connect; each message starts with the variable."""
+        protocol, mechanism = self.kafka_security_protocol, self.kafka_sasl_mechanism
+        sasl = protocol.startswith("SASL_")
+        password = env_name("kafka_sasl_password")
+        problems = [
+            (sasl and mechanism is None, "kafka_sasl_mechanism",
+             f"needed with {env_name('kafka_security_protocol')}={protocol}"),
+            (not sasl and mechanism is not None, "kafka_sasl_mechanism",
+             f"needs {env_name('kafka_security_protocol')}=SASL_SSL or SASL_PLAINTEXT"),
+            (self.kafka_sasl_password is not None and self.kafka_sasl_password_file is not None,
+             "kafka_sasl_password_file", f"set it or {password}, not both"),
+            (sasl and self.kafka_sasl_password is None and self.kafka_sasl_password_file is None,
+             "kafka_sasl_password_file", f"(or {password}) needed with "
+             f"{env_name('kafka_sasl_mechanism')}={mechanism}"),
+            (sasl and mechanism != "OAUTHBEARER" and not self.kafka_sasl_username,
+             "kafka_sasl_username", f"needed with {env_name('kafka_sasl_mechanism')}={mechanism}"),
+            ((self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None),
+             "kafka_ssl_cert_file", f"mutual TLS needs it and {env_name('kafka_ssl_key_file')}"),
+        ]  # fmt: skip
+        for wrong, field, detail in problems:
+            if wrong:
+                raise ValueError(f"{env_name(field)}: {detail}")
+        return self
+
     @field_validator("web_warm")
     @classmethod
     def _check_warm(cls, value: str) -> str:
@@ -391,8 +463,11 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(env_name(field), "not valid JSON") from None
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "settings"
         message = str(first["msg"]).removeprefix("Value error, ")
+        if not first["loc"] and message.startswith(ENV_PREFIX):  # a check across settings
+            variable, _, detail = message.partition(": ")
+            raise ConfigError(variable, detail) from None
+        field = str(first["loc"][0]) if first["loc"] else "settings"
         raise ConfigError(env_name(field), message) from None
 
 

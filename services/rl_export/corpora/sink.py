@@ -44,6 +44,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rl_export.common.errors import StoreError
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT
 from rl_export.common.retrying import start_when_reachable, stop_quietly
@@ -62,7 +63,7 @@ class Sink:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        kafka: KafkaConnection,
         topic: str,
         group: str,
         store: ObjectStore,
@@ -70,8 +71,9 @@ class Sink:
         config: SinkConfig,
         specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
         session_timeout_s: float = 10.0,
+        instance_id: str | None = None,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.topic = topic
         self.group = group
         self.store = store
@@ -79,6 +81,7 @@ class Sink:
         self.config = config
         self.specs = specs
         self.session_timeout_s = session_timeout_s
+        self.instance_id = instance_id  # a static member of the group (KIP-345) when set
         self.writer = writer_id()
         self.parts: dict[int, PartitionSink] = {}
         self.unseeded: set[int] = set()  # assigned partitions whose new chains are not seeded
@@ -120,7 +123,7 @@ class Sink:
                 log.info("sink assigned partitions %s", sorted(tp.partition for tp in assigned))
 
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+            **self.kafka.aiokafka(),
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -128,13 +131,16 @@ class Sink:
             # must never reach a corpus.
             isolation_level="read_committed",
             session_timeout_ms=int(self.session_timeout_s * 1000),
+            group_instance_id=None if self.instance_id is None else f"{self.instance_id}-sink",
             heartbeat_interval_ms=min(int(self.session_timeout_s * 250), 1000),
             max_poll_records=5000,
             max_partition_fetch_bytes=512 * 1024,
             fetch_max_bytes=8 * 1024 * 1024,  # what is fetched ahead, held in memory
         )
         consumer.subscribe([self.topic], listener=Listener())
-        if not await start_when_reachable(consumer.start, "sink consumer", stop, log):
+        if not await start_when_reachable(
+            consumer.start, "sink consumer", stop, log, check=self.kafka.check
+        ):
             return
         try:
             while not stop.is_set():

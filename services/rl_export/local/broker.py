@@ -8,6 +8,10 @@ into ``.cache/kafka/<version>/libs`` once, and later runs reuse them. Starting i
 3. format the storage directory with a new cluster id when it has not been formatted;
 4. start ``kafka.Kafka`` and wait until it logs that it started and accepts connections;
 5. on stop, send SIGTERM (a controlled shutdown) and wait, then SIGKILL if it hangs.
+
+Given a :class:`SaslSslListener`, the broker's only client listener is ``SASL_SSL`` (SCRAM users
+made when the storage is formatted, a PEM key store and trust store): how the integration
+tests check that every client of the project connects to a secured cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from rl_export.common.errors import LocalStackError
@@ -117,6 +123,47 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
+@dataclass(frozen=True)
+class SaslSslListener:
+    """A SASL_SSL listener: the broker's PEM key and certificate, the CA and SCRAM users.
+
+    ``keystore`` holds the broker's unencrypted PKCS#8 private key and certificate chain,
+    whose names must include 127.0.0.1; ``users`` (name to password) get SCRAM-SHA-256 and
+    SCRAM-SHA-512 credentials; the first one is the broker's own, between its listeners.
+    """
+
+    keystore: Path
+    truststore: Path
+    users: Mapping[str, str]
+
+    def config(self, listener: str) -> dict[str, str]:
+        """The broker settings of the listener named ``listener``."""
+        admin, password = next(iter(self.users.items()))
+        jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{admin}" password="{password}";')  # fmt: skip
+        prefix = f"listener.name.{listener.lower()}"
+        return {
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            f"{prefix}.scram-sha-512.sasl.jaas.config": jaas,
+            f"{prefix}.scram-sha-256.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.truststore),
+            "ssl.client.auth": "none",
+        }
+
+    def format_args(self) -> list[str]:
+        """``kafka-storage format`` arguments that create the SCRAM credentials."""
+        return [
+            arg
+            for name, password in self.users.items()
+            for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+            for arg in ("--add-scram", f"{mechanism}=[name={name},password={password}]")
+        ]
+
+
 class LocalKafka(ManagedProcess):
     """A single-node KRaft Kafka on 127.0.0.1 with its data under ``data_dir``."""
 
@@ -129,8 +176,10 @@ class LocalKafka(ManagedProcess):
         *,
         heap: str = "768m",
         libs: Path | None = None,
+        sasl_ssl: SaslSslListener | None = None,
     ) -> None:
         super().__init__(data_dir / "broker.log")
+        self.sasl_ssl = sasl_ssl
         self.data_dir = data_dir.resolve()
         self.port = port
         self.heap = heap
@@ -178,6 +227,13 @@ class LocalKafka(ManagedProcess):
             "log.retention.hours": "-1",
             "log.flush.interval.messages": str(2**62),
         }
+        if self.sasl_ssl is not None:  # the one client listener is SASL_SSL
+            config |= {
+                "listeners": f"SASL_SSL://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{controller}",
+                "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{self.port}",
+                "inter.broker.listener.name": "SASL_SSL",
+                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            } | self.sasl_ssl.config("SASL_SSL")
         props.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
         (self.data_dir / "log4j.properties").write_text(_LOG4J)
         return props
@@ -213,9 +269,11 @@ class LocalKafka(ManagedProcess):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         props = self._write_config()
         if not (self.data_dir / "logs" / "meta.properties").exists():
+            scram = [] if self.sasl_ssl is None else self.sasl_ssl.format_args()
             fmt = self._java(
-                libs, "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(props)
-            )
+                libs, "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(props),
+                *scram,
+            )  # fmt: skip
             result = subprocess.run(fmt, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise LocalStackError(f"formatting Kafka storage failed: {result.stderr[-500:]}")

@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaProducer
 
 from rl_export.common.errors import LocalStackError
 from rl_export.common.events import FAMILY_OF_TYPE
+from rl_export.common.kafka import SECURITY_SETTINGS
 from rl_export.common.settings import Settings, env_name
 from rl_export.common.storeurl import parse_store_url
 from rl_export.local.broker import LocalKafka
@@ -150,6 +151,8 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
         store = parse_store_url(settings.store_url)
         env = dict(os.environ)
         env[env_name("kafka_bootstrap")] = broker.bootstrap
+        for name in SECURITY_SETTINGS:  # the embedded broker is plaintext on 127.0.0.1
+            env.pop(env_name(name), None)
         env[env_name("data_dir")] = str(data)
         for name, argv in stages(settings):
             running.append(Stage(name, argv, data / "logs" / f"{name}.log", env).start())
@@ -174,8 +177,9 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
             f"                     (every scope, {SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}; the page "
             "asks for it once)"
         )
-        asyncio.run(_serve(settings.model_copy(update={"kafka_bootstrap": broker.bootstrap}),
-                           traffic_rate))  # fmt: skip
+        local = {"kafka_bootstrap": broker.bootstrap} | {
+            name: Settings.model_fields[name].default for name in SECURITY_SETTINGS}  # fmt: skip
+        asyncio.run(_serve(settings.model_copy(update=local), traffic_rate))
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP):  # asyncio.run put back the defaults
             signal.signal(sig, signal.SIG_IGN)  # stopping now; a second signal must not cut it

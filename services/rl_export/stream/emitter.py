@@ -46,6 +46,7 @@ from aiokafka.errors import (
 )
 
 from rl_export.common.events import EventRejection
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.records import HEADER_EVENT_MS, Headers
 from rl_export.common.retrying import stop_quietly
 from rl_export.common.settings import Settings
@@ -121,7 +122,7 @@ class KafkaEmitter:
 
     def _producer(self, **extra: Any) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            **KafkaConnection.of(self.settings).aiokafka(),
             acks="all",
             enable_idempotence=True,
             compression_type=self.settings.producer_compression or None,

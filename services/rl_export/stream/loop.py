@@ -50,6 +50,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from rl_export.common.events import EventFamily
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.metrics import Metrics
 from rl_export.common.retrying import start_when_reachable, stop_quietly
 from rl_export.common.settings import Settings
@@ -131,11 +132,14 @@ class JoinWorker:
                     log.info("join assigned partitions %s", sorted(worker.assigned))
 
         self._stop = stop
-        if not await start_when_reachable(self.emitter.start, "join producer", stop, log):
+        kafka = KafkaConnection.of(self.settings)
+        if not await start_when_reachable(
+            self.emitter.start, "join producer", stop, log, check=kafka.check
+        ):
             return
         session_ms = int(self.settings.session_timeout_s * 1000)
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            **kafka.aiokafka(),
             group_id=self.settings.app_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -157,9 +161,15 @@ class JoinWorker:
             # when it rebalances (aiokafka's default is the session timeout): a batch stuck
             # behind a broker restart must not get us thrown out of the group.
             rebalance_timeout_ms=max(60_000, session_ms),
-        )
+            # Static membership (KIP-345): a restart within the session timeout gets the
+            # same partitions back with no rebalance of the others.
+            group_instance_id=None if self.settings.instance_id is None
+            else f"{self.settings.instance_id}-join",
+        )  # fmt: skip
         consumer.subscribe(list(self.settings.input_topics), listener=Listener())
-        if not await start_when_reachable(consumer.start, "join consumer", stop, log):
+        if not await start_when_reachable(
+            consumer.start, "join consumer", stop, log, check=kafka.check
+        ):
             await self.emitter.close()
             return
         try:
@@ -339,7 +349,7 @@ class JoinWorker:
                     self._wait_for_store(consumer, partition)
             if stores:  # 3.
                 await restore(
-                    self.settings.kafka_bootstrap, self.settings.topic_changelog, stores,
+                    KafkaConnection.of(self.settings), self.settings.topic_changelog, stores,
                     should_stop=lambda: self.revoking, mark_of=expiry_mark_of,
                 )  # fmt: skip
                 if self.revoking:  # cut short: the revocation closes them; restored next time

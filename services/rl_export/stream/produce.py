@@ -16,6 +16,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from rl_export.common.events import FAMILY_OF_TYPE, EventFamily
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings
 from rl_export.stream.topics import ensure_service_topics, topic_max_bytes
@@ -68,7 +69,7 @@ def read_lines(paths: Iterable[Path]) -> Iterator[tuple[str, bytes]]:
 def make_producer(settings: Settings) -> AIOKafkaProducer:
     """Return a producer that waits for the broker's acknowledgement and never duplicates."""
     return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **KafkaConnection.of(settings).aiokafka(),
         partitioner=kafka_partitioner(settings.partitioner),
         acks="all",
         enable_idempotence=True,

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from rl_export.common.kafka import KafkaConnection, connection_of
 from rl_export.common.retrying import stop_quietly
 
 log = logging.getLogger(__name__)
@@ -475,7 +476,7 @@ class ChangelogTable:
 
 
 async def restore(
-    bootstrap: str,
+    kafka: KafkaConnection | str,
     topic: str,
     stores: dict[int, PartitionStore],
     *,
@@ -495,7 +496,7 @@ async def restore(
         return 0
     started = time.monotonic()
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **connection_of(kafka).aiokafka(),
         enable_auto_commit=False,
         isolation_level="read_committed",
         max_partition_fetch_bytes=8 * 1024 * 1024,

@@ -1,5 +1,10 @@
 """Create the service's topics and check that they are co-partitioned.
 
+On a managed cluster (``RL_EXPORT_CREATE_TOPICS=false``: Strimzi ``KafkaTopic``s, MSK,
+Confluent Cloud) nothing is created: every topic must exist with the configured partition
+count and the changelog must be compacted, or the worker refuses to start listing every
+mismatch (:class:`TopicMismatchError`).
+
 The join relies on one trace's events meeting in one partition: the input topics, the
 ``trajectories`` topic and the table's changelog must all have the same partition count
 (and their producers one consistent partitioner, :mod:`rl_export.common.partitioning`). A
@@ -17,9 +22,23 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+)
 
-from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError, RlExportError
+from rl_export.common.errors import (
+    BrokerUnavailableError,
+    ConfigError,
+    PartitionMismatchError,
+    RlExportError,
+    TopicMismatchError,
+)
+from rl_export.common.kafka import KafkaConnection, connection_of
 from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
@@ -27,6 +46,8 @@ _WAIT_RETRY_S = 1.0
 _HEADERS_ROOM = 64 * 1024
 
 log = logging.getLogger(__name__)
+# Topic and cluster authorization failed: the principal may not create topics.
+_NOT_ALLOWED = (TopicAuthorizationFailedError.errno, ClusterAuthorizationFailedError.errno)
 
 
 def topic_max_bytes(settings: Settings) -> int:
@@ -89,15 +110,16 @@ def _quiet_aiokafka() -> Iterator[None]:
         client_log.setLevel(level)
 
 
-async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
+async def _admin(target: KafkaConnection | str, timeout_s: float) -> AIOKafkaAdminClient:
+    kafka = connection_of(target)
+    bootstrap = kafka.bootstrap
+    admin = AIOKafkaAdminClient(**kafka.aiokafka(), request_timeout_ms=int(timeout_s * 1000))
     try:
         with _quiet_aiokafka():
             await asyncio.wait_for(admin.start(), timeout_s)
     except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
+        await kafka.check(timeout_s)  # raises KafkaSecurityError when TLS or SASL failed
         why = f"no answer within {timeout_s:.0f}s" if isinstance(exc, TimeoutError) else str(exc)
         raise BrokerUnavailableError(
             f"{env_name('kafka_bootstrap')}={bootstrap}: no Kafka broker answered ({why})"
@@ -106,7 +128,7 @@ async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
 
 
 async def partition_counts(
-    bootstrap: str, topics: Sequence[str], timeout_s: float = CONNECT_TIMEOUT_S
+    bootstrap: KafkaConnection | str, topics: Sequence[str], timeout_s: float = CONNECT_TIMEOUT_S
 ) -> dict[str, int]:
     """Return the partition count of each named topic that exists."""
     admin = await _admin(bootstrap, timeout_s)
@@ -138,14 +160,17 @@ def check_partition_counts(counts: dict[str, int], expected: int) -> None:
 
 
 async def ensure_topics(
-    bootstrap: str,
+    bootstrap: KafkaConnection | str,
     specs: Sequence[TopicSpec],
     *,
     replication_factor: int = 1,
     timeout_s: float = CONNECT_TIMEOUT_S,
     wait_s: float = 0.0,
+    create: bool = True,
 ) -> dict[str, int]:
     """Create missing topics, then check every topic's partition count; return the counts.
+
+    With ``create`` false nothing is created: the topics are verified (:func:`verify`).
 
     A broker that does not answer, or goes away during the check, is asked again for
     ``wait_s`` (saying so every 10 s); then its :class:`BrokerUnavailableError` is raised.
@@ -154,7 +179,7 @@ async def ensure_topics(
     said = float("-inf")  # when we last said we are waiting
     while True:
         try:
-            return await _ensure_once(bootstrap, specs, replication_factor, timeout_s)
+            return await _ensure_once(bootstrap, specs, replication_factor, timeout_s, create)
         except BrokerUnavailableError as exc:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -166,14 +191,21 @@ async def ensure_topics(
 
 
 async def _ensure_once(
-    bootstrap: str, specs: Sequence[TopicSpec], replication_factor: int, timeout_s: float
+    bootstrap: KafkaConnection | str,
+    specs: Sequence[TopicSpec],
+    replication_factor: int,
+    timeout_s: float,
+    create: bool = True,
 ) -> dict[str, int]:
     admin = await _admin(bootstrap, timeout_s)
     try:
+        if not create:
+            return await verify(admin, specs)
         return await _ensure(admin, specs, replication_factor)
     except (KafkaError, OSError) as exc:
         raise BrokerUnavailableError(
-            f"{env_name('kafka_bootstrap')}={bootstrap}: the broker went away while the topics "
+            f"{env_name('kafka_bootstrap')}={connection_of(bootstrap).bootstrap}: the broker "
+            "went away while the topics "
             f"were checked ({type(exc).__name__}: {exc})"
         ) from None
     finally:
@@ -194,6 +226,12 @@ async def _ensure(
         )
         for name, code, *rest in response.topic_errors:
             # Another worker may have created it between our list and create: fine.
+            if code in _NOT_ALLOWED:
+                raise ConfigError(
+                    env_name("create_topics"),
+                    f"the broker does not allow us to create {name}: make the topics "
+                    "beforehand (see the Kubernetes guide) and set this to false",
+                )
             if code not in (0, TopicAlreadyExistsError.errno):
                 detail = rest[0] if rest and rest[0] else f"error code {code}"
                 raise RlExportError(f"could not create topic {name}: {detail}")
@@ -207,12 +245,49 @@ async def _ensure(
     return counts
 
 
+async def verify(admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec]) -> dict[str, int]:
+    """Check topics we may not create; raise :class:`TopicMismatchError` listing every
+    mismatch (missing, another partition count, a changelog that is not compacted)."""
+    counts = await _counts(admin, [s.name for s in specs])
+    problems = [f"{s.name} is missing" for s in specs if s.name not in counts]
+    problems += [f"{s.name} has {counts[s.name]} partitions, not {s.partitions}"
+                 for s in specs if s.name in counts and counts[s.name] != s.partitions]  # fmt: skip
+    compacted = [s.name for s in specs if "compact" in s.configs.get("cleanup.policy", "")]
+    policies = await _cleanup_policies(admin, [t for t in compacted if t in counts])
+    problems += [f"{name} has cleanup.policy={policies.get(name) or 'unknown'}, not compact"
+                 for name in compacted if name in counts
+                 and "compact" not in (policies.get(name) or "")]  # fmt: skip
+    if problems:
+        raise TopicMismatchError(
+            env_name("create_topics"),
+            "false, so the topics must be made beforehand (see the Kubernetes guide's "
+            f"KafkaTopics), but {'; '.join(problems)}",
+        )
+    return counts
+
+
+async def _cleanup_policies(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, str]:
+    if not topics:
+        return {}
+    wanted = [ConfigResource(ConfigResourceType.TOPIC, t, {"cleanup.policy": None}) for t in topics]
+    policies: dict[str, str] = {}
+    for response in await admin.describe_configs(wanted):
+        for error_code, _message, _type, name, entries, *_ in response.resources:
+            if error_code:
+                continue
+            for entry in entries:
+                if entry[0] == "cleanup.policy":
+                    policies[name] = entry[1]
+    return policies
+
+
 async def ensure_service_topics(settings: Settings, wait_s: float = 0.0) -> dict[str, int]:
     """Create and check every topic the service uses, as configured; wait ``wait_s`` for
     a broker that does not answer yet."""
     return await ensure_topics(
-        settings.kafka_bootstrap,
+        KafkaConnection.of(settings),
         topic_specs(settings),
         replication_factor=settings.replication_factor,
         wait_s=wait_s,
+        create=settings.create_topics,
     )

@@ -15,7 +15,10 @@ _LEVELS = {"crit": "critical", "error": "error", "warn": "warning", "info": "inf
 
 
 def run_web(settings: Settings) -> int:
-    """Serve the API and the page until SIGINT or SIGTERM; return the exit code."""
+    """Serve the API and the page until SIGINT or SIGTERM; return the exit code.
+
+    Raise :class:`KafkaSecurityError` when the broker refused our TLS handshake or login.
+    """
     logging.basicConfig(
         level=_LEVELS[settings.log_level].upper(),
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
@@ -40,5 +43,8 @@ def run_web(settings: Settings) -> int:
         flush=True,
     )
     server = uvicorn.Server(config)
+    services.on_fatal = lambda: setattr(server, "should_exit", True)
     server.run()
+    if services.fatal is not None:  # the command line reports it in one line
+        raise services.fatal
     return 0 if server.started else 1

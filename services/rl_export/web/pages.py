@@ -8,7 +8,6 @@ data and needs no token: the page's script asks for a token once, keeps it in th
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -81,12 +80,12 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(svc: Svc) -> JSONResponse:
-    """Ready when the object store answers and the corpora of RL_EXPORT_WEB_WARM are indexed
-    (the broker only matters to labels: a 503 there)."""
-    try:
-        await asyncio.wait_for(svc.store.check(), 5)
-    except Exception as exc:  # any failure means not ready; the reason is in the answer
-        return JSONResponse({"ready": False, "store": str(exc)}, status_code=503)
+    """Ready when the object store answered lately (checked in the background, not per
+    probe: :mod:`rl_export.web.storehealth`) and the corpora of RL_EXPORT_WEB_WARM are
+    indexed (the broker only matters to labels: a 503 there)."""
+    problem = svc.store_health.problem()
+    if problem is not None:
+        return JSONResponse({"ready": False, "store": problem}, status_code=503)
     cold = svc.cold()
     if cold:
         return JSONResponse({"ready": False, "indexing": cold}, status_code=503)

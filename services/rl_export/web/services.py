@@ -11,11 +11,19 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.errors import RlExportError
+from rl_export.common.errors import (
+    ConfigError,
+    PartitionMismatchError,
+    RlExportError,
+    TopicMismatchError,
+)
+from rl_export.common.kafka import KafkaConnection, watch_refusals
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.redact import warm_up
 from rl_export.common.settings import Settings
@@ -29,6 +37,7 @@ from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
+from rl_export.web.storehealth import StoreHealth
 from rl_export.web.tailing import Tail
 from rl_export.web.tokens import TokenStore, TokenVerifier
 
@@ -50,12 +59,21 @@ class Services:
     labeling: SettingsBook
     claim_book: ClaimBook
     claims: Claims
+    store_health: StoreHealth
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
+    # Why the instance must end (the broker refused our TLS handshake or login), and what
+    # ends it: ``run_web`` stops the server, which then reports this.
+    fatal: ConfigError | None = None
+    on_fatal: Callable[[], object] = lambda: None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _watch: contextlib.AbstractContextManager[None] | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
+        # Refused reconnections of the running clients end the instance too.
+        self._watch = watch_refusals(KafkaConnection.of(self.settings), self._fail)
+        self._watch.__enter__()
         self.indexer.start()
         names = {spec.name for spec in self.settings.corpora}
         self.warming = [
@@ -66,11 +84,29 @@ class Services:
         ]
         self._tasks = [
             asyncio.create_task(self._warm_redaction(), name="redact-warm-up"),
-            asyncio.create_task(self._topics(), name="topics"),
-            asyncio.create_task(self._labels_tail().run(self._stop), name="labels"),
-            asyncio.create_task(self._claims_tail().run(self._stop), name="claims"),
+            asyncio.create_task(self._fatal_ends(self._topics()), name="topics"),
+            asyncio.create_task(
+                self._fatal_ends(self._labels_tail().run(self._stop)), name="labels"
+            ),
+            asyncio.create_task(
+                self._fatal_ends(self._claims_tail().run(self._stop)), name="claims"
+            ),
             asyncio.create_task(self.jobs.sweep_forever(self._stop), name="sweep"),
+            asyncio.create_task(self.store_health.run(self._stop), name="store-health"),
         ]
+
+    async def _fatal_ends(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work``; a refused TLS handshake or login ends the instance (no retry loop)."""
+        try:
+            await work
+        except ConfigError as exc:  # KafkaSecurityError, or a secret file that cannot be read
+            self._fail(exc)
+
+    def _fail(self, exc: ConfigError) -> None:
+        log.error("web: %s; stopping", exc)
+        if self.fatal is None:
+            self.fatal = exc
+            self.on_fatal()
 
     def cold(self) -> list[str]:
         """The warmed corpora not indexed through once yet (the instance is not ready).
@@ -117,6 +153,10 @@ class Services:
             try:
                 await ensure_service_topics(self.settings)
                 return
+            except (PartitionMismatchError, TopicMismatchError) as exc:  # may be fixed meanwhile
+                log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)
+            except ConfigError:  # a refused login, an unreadable secret: fatal (_fatal_ends)
+                raise
             except RlExportError as exc:
                 log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)
             with contextlib.suppress(TimeoutError):
@@ -124,6 +164,8 @@ class Services:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
         for task in self._tasks:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
@@ -167,4 +209,5 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
         labeling=SettingsBook(store, defaults, cache_s=settings.labeling_cache_s),
         claim_book=claim_book,
         claims=Claims(store, claim_book, publisher.broadcast),
+        store_health=StoreHealth(store),
     )

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Tail:
         note: Callable[[bytes | None], None], tick: Callable[[], object] = lambda: None,
     ) -> None:  # fmt: skip
         self.settings = settings
+        self.kafka = KafkaConnection.of(settings)
         self.topic = topic
         self.lookback_s = lookback_s
         self.note = note
@@ -42,6 +44,7 @@ class Tail:
             try:
                 await self._consume(stop)
             except (KafkaError, OSError) as exc:
+                await self.kafka.check()  # a refused TLS handshake or login ends the process
                 log.warning("following %s: %s; retrying in 5 s", self.topic, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 5.0)
@@ -50,7 +53,7 @@ class Tail:
         # Without a group every partition of the topic is assigned to this consumer.
         consumer = AIOKafkaConsumer(
             self.topic,
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            **self.kafka.aiokafka(),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="latest",

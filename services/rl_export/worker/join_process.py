@@ -13,7 +13,9 @@ import os
 import socket
 import sys
 
+from rl_export.common.errors import KafkaSecurityError
 from rl_export.common.gctune import tune_gc
+from rl_export.common.kafka import KafkaConnection, watch_refusals
 from rl_export.common.settings import Settings
 from rl_export.worker.child_pages import ChildPages
 from rl_export.worker.inprocess import InProcessJoin
@@ -31,12 +33,22 @@ async def serve_join(settings: Settings, listening: socket.socket, stop: asyncio
     """The join child's main: the join, and its pages on the parent's loopback socket."""
     join = InProcessJoin(settings)
     pages = ChildPages(listening, join.is_ready, join.metrics_text)
+    refused: list[KafkaSecurityError] = []
+
+    def on_refusal(exc: KafkaSecurityError) -> None:
+        log.error("join: %s; stopping", exc)
+        refused.append(exc)
+        stop.set()
+
     try:
-        await run_stages(
-            [asyncio.create_task(join.run(stop), name="join")], stop, settings.stop_grace_s
-        )
+        with watch_refusals(KafkaConnection.of(settings), on_refusal):
+            await run_stages(
+                [asyncio.create_task(join.run(stop), name="join")], stop, settings.stop_grace_s
+            )
     finally:
         await pages.close()
+    if refused:
+        raise refused[0]
 
 
 def run_join_process(parent_pid: int, fd: int) -> int:
@@ -66,7 +78,11 @@ def run_join_process(parent_pid: int, fd: int) -> int:
             watcher.cancel()
         log.info("join process stopped")
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except KafkaSecurityError as exc:  # one line, not a traceback; the worker stops too
+        log.error("join process: %s", exc)
+        return 2
     return 0
 
 

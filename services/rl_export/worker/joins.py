@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from rl_export.common.errors import WorkerError
 from rl_export.common.net import LOOPBACK
-from rl_export.common.settings import Settings, child_env
+from rl_export.common.settings import Settings, child_env, env_name
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,12 @@ class ChildJoins:
         self.children = [_Child(i) for i in range(count)]
         self.http: ClientSession | None = None
 
+    def _instance(self, index: int) -> dict[str, str]:
+        """Each join process is its own static member of the join's group."""
+        if self.settings.instance_id is None:
+            return {}
+        return {env_name("instance_id"): f"{self.settings.instance_id}-{index}"}
+
     async def run(self, stop: asyncio.Event) -> None:
         self.http = ClientSession(timeout=ClientTimeout(total=5))
         exits: dict[asyncio.Task[int], _Child] = {}
@@ -66,7 +72,8 @@ class ChildJoins:
                     child.port = listening.getsockname()[1]
                     child.proc = await asyncio.create_subprocess_exec(
                         sys.executable, "-m", "rl_export.worker.join_process", str(os.getpid()),
-                        str(listening.fileno()), env=child_env(self.settings, os.environ),
+                        str(listening.fileno()), env=child_env(self.settings, os.environ,
+                                                               **self._instance(child.index)),
                         stdin=asyncio.subprocess.DEVNULL, pass_fds=(listening.fileno(),),
                     )  # fmt: skip
                 exits[asyncio.create_task(child.proc.wait())] = child

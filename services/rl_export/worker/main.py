@@ -15,8 +15,9 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rl_export.common.errors import StoreError
+from rl_export.common.errors import KafkaSecurityError, StoreError
 from rl_export.common.gctune import tune_gc
+from rl_export.common.kafka import KafkaConnection, check_app_id, watch_refusals
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.settings import MIB, Settings
 from rl_export.corpora.chain import SinkConfig
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
     return Sink(
-        bootstrap=settings.kafka_bootstrap,
+        kafka=KafkaConnection.of(settings),
         topic=settings.topic_trajectories,
         group=settings.sink_group,
         store=open_store(settings.store_url),
@@ -52,6 +53,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
         ),
         specs=settings.corpora,
         session_timeout_s=settings.session_timeout_s,
+        instance_id=settings.instance_id,
     )
 
 
@@ -114,6 +116,8 @@ def run_worker(settings: Settings) -> int:
     """Check the topics, then run the worker until SIGTERM/SIGINT; return the exit code."""
     configure_logging(settings)
 
+    check_app_id(settings)
+
     async def main() -> None:
         stop = asyncio.Event()
         stop_on_signals(stop)
@@ -131,7 +135,17 @@ def run_worker(settings: Settings) -> int:
         log.info("worker starting: join group %s in %d processes (0: in this one), sink group "
                  "%s, store %s", settings.app_id, settings.join_processes, settings.sink_group,
                  settings.store_url)  # fmt: skip
-        await serve_worker(settings, stop)
+        refused: list[KafkaSecurityError] = []
+
+        def on_refusal(exc: KafkaSecurityError) -> None:
+            log.error("worker: %s; stopping", exc)
+            refused.append(exc)
+            stop.set()
+
+        with watch_refusals(KafkaConnection.of(settings), on_refusal):
+            await serve_worker(settings, stop)
+        if refused:  # the command line reports it in one line, and exits non-zero
+            raise refused[0]
         log.info("worker stopped")
 
     asyncio.run(main())  # a WorkerError is reported by the command line, in one line

@@ -11,7 +11,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from rl_export.common.codec import dumps_lines
-from rl_export.common.errors import BrokerUnavailableError, PartitionMismatchError
+from rl_export.common.errors import (
+    BrokerUnavailableError,
+    PartitionMismatchError,
+    TopicMismatchError,
+)
 from rl_export.common.net import free_port
 from rl_export.common.settings import Settings
 from rl_export.local.synthetic import generate
@@ -21,6 +25,7 @@ from rl_export.stream.topics import (
     ensure_service_topics,
     ensure_topics,
     partition_counts,
+    topic_specs,
 )
 from tests.harness.faults import CuttableProxy
 
@@ -61,6 +66,39 @@ async def test_differing_partition_counts_are_refused(settings: Settings) -> Non
     message = str(info.value)
     assert message.startswith("RL_EXPORT_PARTITIONS:")
     assert f"{settings.topic_labels} has 2" in message
+
+
+async def test_managed_topics_are_only_verified_and_every_mismatch_is_listed(
+    settings: Settings,
+) -> None:
+    managed = settings.model_copy(update={"create_topics": False})
+    with pytest.raises(TopicMismatchError) as info:
+        await ensure_service_topics(managed)
+    message = str(info.value)
+    assert message.startswith("RL_EXPORT_CREATE_TOPICS:")
+    for topic in settings.all_topics:
+        assert f"{topic} is missing" in message
+    assert await partition_counts(settings.kafka_bootstrap, settings.all_topics) == {}
+
+    # Made by someone else: one with another partition count, the changelog not compacted.
+    others = [s for s in topic_specs(settings) if s.name != settings.topic_changelog]
+    made = [TopicSpec(s.name, 2 if s.name == settings.topic_labels else s.partitions, {})
+            for s in others]  # fmt: skip
+    made.append(TopicSpec(settings.topic_changelog, settings.partitions, {}))
+    for spec in made:  # one at a time: ensure_topics would refuse the mix of counts
+        await ensure_topics(settings.kafka_bootstrap, [spec])
+    with pytest.raises(TopicMismatchError) as info:
+        await ensure_service_topics(managed)
+    message = str(info.value)
+    assert f"{settings.topic_labels} has 2 partitions, not 4" in message
+    assert f"{settings.topic_changelog} has cleanup.policy=delete, not compact" in message
+    assert "missing" not in message
+
+
+async def test_managed_topics_made_right_pass(settings: Settings) -> None:
+    await ensure_service_topics(settings)  # made as the service would make them
+    managed = settings.model_copy(update={"create_topics": False})
+    assert await ensure_service_topics(managed) == dict.fromkeys(settings.all_topics, 4)
 
 
 async def test_produced_events_round_trip_and_meet_in_one_partition(

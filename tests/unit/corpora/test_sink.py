@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from rl_export.common.codec import RawJson, dumps, dumps_line, iter_lines, loads
 from rl_export.common.errors import StoreError
 from rl_export.common.events import EventRejection, decode_event
+from rl_export.common.kafka import KafkaConnection
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import (
     HEADER_RECORD_AT,
@@ -681,7 +682,7 @@ async def buffering_sink(
     from 0), whose own bounds are far away."""
     registry = CollectorRegistry()
     sink = Sink(
-        bootstrap="127.0.0.1:9", topic=TOPIC, group="g", store=store,
+        kafka=KafkaConnection("127.0.0.1:9"), topic=TOPIC, group="g", store=store,
         metrics=SinkMetrics(registry), config=SinkConfig(**{"max_age_s": 3600.0, **config}),
     )  # fmt: skip
     for p, count in traces.items():

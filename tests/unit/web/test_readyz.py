@@ -1,4 +1,5 @@
-"""/readyz: not ready while the store fails or a warmed corpus's first pass is running."""
+"""/readyz: not ready while the store has failed for a while (checked in the background, not
+per probe) or a warmed corpus's first pass is running."""
 
 from __future__ import annotations
 
@@ -12,15 +13,32 @@ from rl_export.web.follower import Followed
 from rl_export.web.index import CorpusKey
 from rl_export.web.pages import readyz
 from rl_export.web.services import Services
+from rl_export.web.storehealth import StoreHealth
 
 
 class _Store:
     def __init__(self, error: Exception | None = None) -> None:
         self.error = error
+        self.checks = 0
 
     async def check(self) -> None:
+        self.checks += 1
         if self.error is not None:
             raise self.error
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _health(store: _Store, clock: _Clock | None = None) -> StoreHealth:
+    health = StoreHealth(store, every_s=10, grace_s=45, clock=clock or _Clock())  # type: ignore[arg-type]
+    asyncio.run(health.check_once())
+    return health
 
 
 def _answer(svc: Any) -> tuple[int, dict[str, Any]]:
@@ -30,15 +48,40 @@ def _answer(svc: Any) -> tuple[int, dict[str, Any]]:
 
 def test_ready_only_once_the_warmed_corpora_are_indexed() -> None:
     cold = ["acme/bot/traces"]
-    svc = SimpleNamespace(store=_Store(), cold=lambda: list(cold))
+    svc = SimpleNamespace(store_health=_health(_Store()), cold=lambda: list(cold))
     assert _answer(svc) == (503, {"ready": False, "indexing": ["acme/bot/traces"]})
     cold.clear()
     assert _answer(svc) == (200, {"ready": True})
 
 
 def test_a_store_that_fails_is_not_ready_and_says_why() -> None:
-    svc = SimpleNamespace(store=_Store(OSError("connection refused")), cold=lambda: [])
+    svc = SimpleNamespace(store_health=_health(_Store(OSError("connection refused"))),
+                          cold=lambda: [])  # fmt: skip
     assert _answer(svc) == (503, {"ready": False, "store": "connection refused"})
+
+
+def test_not_ready_before_the_first_check() -> None:
+    health = StoreHealth(_Store())  # type: ignore[arg-type]
+    assert health.problem() == "the object store has not been checked yet"
+
+
+def test_a_blip_keeps_the_instance_ready_and_probes_never_reach_the_store() -> None:
+    store, clock = _Store(), _Clock()
+    health = _health(store, clock)
+    svc = SimpleNamespace(store_health=health, cold=lambda: [])
+    for _ in range(5):
+        assert _answer(svc) == (200, {"ready": True})
+    assert store.checks == 1  # the probes read the last check's result
+    store.error = OSError("503 Slow Down")
+    clock.now += 10
+    asyncio.run(health.check_once())  # one failed check: still ready
+    assert _answer(svc) == (200, {"ready": True})
+    clock.now += 40  # no success for 50 s: out of traffic, saying why
+    asyncio.run(health.check_once())
+    assert _answer(svc) == (503, {"ready": False, "store": "503 Slow Down"})
+    store.error = None
+    asyncio.run(health.check_once())
+    assert _answer(svc) == (200, {"ready": True})
 
 
 def test_a_failed_first_pass_keeps_the_instance_out_of_traffic() -> None:
