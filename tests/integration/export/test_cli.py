@@ -115,6 +115,11 @@ def test_stats_prints_one_json_object(store_dir: Path) -> None:
         (["--format", "csv", "--card"], "card: a dataset card goes with"),
         (["--format", "messages", "--redact", "secrets,emails"], "redact: unknown kind 'emails'"),
         (["--format", "csv", "--redact", "none,ip"], "redact: 'none' cannot be combined"),
+        (["--format", "messages", "--chat-style", "chatml"], "chat-style: unknown chat style"),
+        (["--format", "trajectory", "--chat-style", "raw"], "chat-style: only applies to"),
+        (["--format", "kto", "--system", "drop"], "system: unknown system mode 'drop'"),
+        (["--format", "messages", "--completion", "rest"], "completion: only applies to"),
+        (["--format", "preference", "--completion", "all"], "completion: 'all' is not turn"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_file(
@@ -128,6 +133,29 @@ def test_bad_input_is_one_line_exit_2_and_no_file(
     assert message in stderr
     assert "Traceback" not in stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_chat_styles_and_an_empty_preference_export(store_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft.jsonl"
+    result = rl_export(*base(store_dir), "--format", "messages", "--chat-style", "openai",
+                       "--system", "merge", "-o", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_bytes().splitlines()]
+    assert rows
+    assert all(m["role"] != "system" for r in rows for m in r["messages"])
+    calls = [c for r in rows for m in r["messages"] for c in m.get("tool_calls") or []]
+    assert calls
+    assert all(isinstance(c["function"]["arguments"], str) for c in calls)
+    # No two trajectories share a prompt and a trace id: no pair, and stderr says why.
+    out = tmp_path / "dpo.jsonl"
+    result = rl_export(*base(store_dir), "--format", "preference", "--pair-by", "trace_id",
+                       "-o", str(out))  # fmt: skip
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert out.read_bytes() == b""
+    assert "no preference row: no two of the" in stderr
+    assert "share a prompt" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_unknown_source_and_no_data_say_so(store_dir: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from rl_export.common.formats import (
     preference_pairs,
     prompt_split,
     render_row,
+    trace_index,
 )
 from tests.records import PROMPT, SYSTEM, conversation, record
 
@@ -244,7 +245,7 @@ def test_preference_is_deterministic_whatever_the_input_order() -> None:
 
 def test_rl_prompts_rows_are_verls_columns() -> None:
     rec = record("tr-1", reward=0.25, passed=False, scenario="travel", agent_version="v9")
-    row = render_row("rl_prompts", rec, index=41)
+    row = render_row("rl_prompts", rec)
     assert row is not None
     assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     assert list(row) == list(FORMAT_COLUMNS["rl_prompts"])
@@ -254,8 +255,10 @@ def test_rl_prompts_rows_are_verls_columns() -> None:
     assert row["ability"] == "agent"
     assert row["reward_model"] == {"style": "model", "ground_truth": None}
     assert row["extra_info"] == {"trace_id": "tr-1", "agent_version": "v9", "reward": 0.25,
-                                 "passed": False, "index": 41}  # fmt: skip
+                                 "passed": False, "index": trace_index("tr-1")}  # fmt: skip
     assert render_row("rl_prompts", record("tr-2", messages=[SYSTEM])) is None
-    assert "rl_prompts" not in CORPUS_FORMATS  # its index is a place in one file
+    assert "rl_prompts" not in CORPUS_FORMATS  # verl's files: an export
     raw = {**rec, "messages": RawJson(dumps(rec["messages"]))}
-    assert render_row("rl_prompts", raw, index=41) == row
+    assert render_row("rl_prompts", raw) == row
+    assert trace_index("tr-1") != trace_index("tr-2")
+    assert 0 <= trace_index("tr-1") < 2**63
