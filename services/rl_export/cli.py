@@ -377,6 +377,10 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
         "--max-spread", dest="f_max_spread", metavar="X",
         help="the largest difference between two labelers' rewards is at most X (0..1)",
     )  # fmt: skip
+    group.add_argument(
+        "--metadata", dest="f_metadata", metavar="KEY=VALUE", action="append",
+        help="repeatable: the trace's top-level metadata KEY equals VALUE (as text)",
+    )  # fmt: skip
     group.add_argument("--limit", dest="f_limit", metavar="N")
 
 

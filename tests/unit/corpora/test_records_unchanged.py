@@ -17,6 +17,11 @@ A second (issue 29, DESIGN.md section 4's per-label detail): every record ends w
 was updated: each of the 1,102 lines is the line before with that field added before its
 closing brace (tombstones unchanged), and each record's ``labels`` has ``labels_count``
 entries.
+
+A third (issue 44, DESIGN.md section 4: records carry the trace's ``metadata``): every record
+ends with ``"metadata": {...}``, the trace's object as received. Compared line by line when the
+digest was updated: each of the 1,097 records is the line before with that field added before
+its closing brace; the 5 tombstones are unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
 from tests.factories import event
 
-EXPECTED = "43d08087ae49bd63bcfbad78ba9074bcd224b8f0ea135f444dc7817472fdd38f"
+EXPECTED = "68ad3ebaeddb6448671acd812ff60400568d5fd701e242a1b5795f3b7363447e"
 
 
 def special_events() -> list[dict[str, Any]]:

@@ -38,6 +38,8 @@ from rl_export.export import (
     parse_mask,
     source_ref,
 )
+from rl_export.export import preview as export_preview
+from rl_export.export import stats as export_stats
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -153,6 +155,9 @@ async def get_stats(
     counts = [0] * bins
     records = rewarded = judged = passed = labeled = 0
     reward_sum = 0.0
+    if filters.metadata:  # the index holds no metadata: read the corpus itself
+        scanned = await _scanned_stats(svc, org, project, source, filters)
+        return StatsOut(**scanned, index=index_state(followed, time.monotonic()))
     if followed.corpus_id is not None:
         stats = await query(svc.index.stats, followed.corpus_id, filters)
         records, rewarded, reward_sum = stats.records, stats.rewarded, stats.reward_sum
@@ -169,6 +174,24 @@ async def get_stats(
         ],
         index=index_state(followed, time.monotonic()),
     )
+
+
+async def _scanned_stats(
+    svc: Services, org: str, project: str, source: str, filters: Filters
+) -> dict[str, Any]:
+    """Stats read from the corpus (not the index), for filters the index cannot answer."""
+    try:
+        return await export_stats(
+            svc.store, source_ref(org, project, source), filters=filters, histogram_bins=BINS
+        )
+    except NoDataError:
+        return {
+            "records": 0, "avg_reward": None, "pass_rate": None, "human_labeled": 0,
+            "reward_histogram": [
+                {"lo": round(n / BINS, 10), "hi": round((n + 1) / BINS, 10), "count": 0}
+                for n in range(BINS)
+            ],
+        }  # fmt: skip
 
 
 def _records(bodies: list[bytes]) -> list[dict[str, Any]]:
@@ -241,7 +264,21 @@ async def get_records(
     followed = await corpus(svc, org, project, source)
     items: list[dict[str, Any]] = []
     counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
-    if followed.corpus_id is not None:
+    if filters.metadata:  # the index holds no metadata: read the corpus itself
+        try:
+            summary = ExportSummary()
+            tabular = format in TABULAR_FORMATS
+            items = await export_preview(
+                svc.store, source_ref(org, project, source),
+                format="trajectory" if tabular else format, filters=filters, limit=size,
+                mask=mask, redact=",".join(_kinds(svc, redact)) or "none", summary=summary,
+            )  # fmt: skip
+            if tabular:
+                items = [{c.header: c.value(item) for c in picked} for item in items]
+            add_counts(counts, summary.redactions)
+        except NoDataError:
+            items = []
+    elif followed.corpus_id is not None:
         items = await _preview(
             svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
             mask=mask, scrub=scrub, counts=counts,
