@@ -250,6 +250,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         max_pairs=args.max_pairs, zip_data=args.zip_data, mask=mask, file=file, card=args.card,
         redact=redact,
     )  # fmt: skip
+    split, dedup = _training_set(args)
     if to_stdout and args.card:
         raise ConfigError("--card", "writes README.md beside the output file: give -o FILE")
     if not to_stdout and Path(args.output).is_dir():
@@ -266,7 +267,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-                    redact=redact,
+                    redact=redact, split=split, dedup=dedup,
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -280,6 +281,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     note += f" from {summary.scanned} latest records, {summary.matched} matching the filters"
     if summary.skipped:
         note += f", {summary.skipped} without a {args.format} row"
+    if split is not None:
+        note += f"; --split {split.name}: {summary.split_left_out} of other splits left out"
+    if dedup is not None:
+        note += f"; --dedup {dedup.mode}: {summary.duplicates_removed} duplicates removed"
     if args.format == "zip":
         note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
     if mask is not None:
@@ -382,6 +387,41 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
         help="repeatable: the trace's top-level metadata KEY equals VALUE (as text)",
     )  # fmt: skip
     group.add_argument("--limit", dest="f_limit", metavar="N")
+
+
+def _add_training_set(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("training sets (DESIGN.md section 4)")
+    group.add_argument("--split", metavar="NAME", help="keep the rows of this split only")
+    group.add_argument(
+        "--splits", metavar="NAME=FRACTION,...",
+        help="the splits and their shares, summing to 1 (e.g. train=0.9,eval=0.05,test=0.05)",
+    )  # fmt: skip
+    group.add_argument(
+        "--split-by", metavar="FIELD",
+        help="what decides a row's split: trace_id (default), a record field, metadata.KEY",
+    )  # fmt: skip
+    group.add_argument("--split-salt", metavar="S", help="a salt for the split's hash")
+    group.add_argument(
+        "--dedup", metavar="exact|near",
+        help="keep one row per group of duplicates: the best reward, then the latest",
+    )  # fmt: skip
+    group.add_argument(
+        "--dedup-threshold", metavar="J",
+        help="near: least estimated Jaccard similarity of word 5-shingles (default 0.85)",
+    )  # fmt: skip
+    group.add_argument(
+        "--dedup-on", metavar="conversation|prompt",
+        help="the text compared: every message (default) or up to the first user message",
+    )  # fmt: skip
+
+
+def _training_set(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The ``--split`` and ``--dedup`` flags, checked: (Split | None, Dedup | None)."""
+    from rl_export.export import parse_dedup, parse_split
+
+    split = parse_split(args.split, args.splits, args.split_by, args.split_salt)
+    dedup = parse_dedup(args.dedup, args.dedup_threshold, args.dedup_on)
+    return split, dedup
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
@@ -557,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="'-' for stdout")
     _add_filters(p)
+    _add_training_set(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("stats", help="print {records, avg_reward, pass_rate, human_labeled}")

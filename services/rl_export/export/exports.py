@@ -90,10 +90,13 @@ from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import Column
+from rl_export.export.dedup import Dedup, Deduplicator
+from rl_export.export.latest import LatestView
 from rl_export.export.lazy import export_fields
 from rl_export.export.pairs import preference_chunks
 from rl_export.export.requests import ZipData, check_export
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
+from rl_export.export.splits import Split
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import (
     CsvEncoder,
@@ -145,7 +148,10 @@ def _outside(record: dict[str, Any], mask: TurnMask) -> int:
 async def _jsonl(
     scan: Scan, fmt: str, limit: int | None, summary: ExportSummary, mask: TurnMask | None
 ) -> AsyncGenerator[bytes | memoryview, None]:
-    if fmt == "trajectory" and scan.filters.is_empty() and not scan.collect_rules:
+    if (
+        fmt == "trajectory" and scan.filters.is_empty() and not scan.collect_rules
+        and scan.select is None
+    ):  # fmt: skip
         # The corpus's lines are already strict JSON Lines: copied as they are (but for the
         # lines redaction changes).
         async for block, count in scan.raw():
@@ -304,6 +310,8 @@ async def iter_export(
     mask: TurnMask | None = None,
     file: str = "jsonl",
     redact: str | Sequence[str] | None = None,
+    split: Split | None = None,
+    dedup: Dedup | None = None,
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
 ) -> AsyncGenerator[bytes, None]:
@@ -311,7 +319,8 @@ async def iter_export(
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
-        card=False, redact=redact, progress=progress, summary=summary,
+        card=False, redact=redact, split=split, dedup=dedup, progress=progress,
+        summary=summary,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -333,6 +342,8 @@ async def _export_chunks(
     file: str,
     card: bool,
     redact: str | Sequence[str] | None,
+    split: Split | None,
+    dedup: Dedup | None,
     progress: Progress | None,
     summary: ExportSummary | None,
 ) -> AsyncGenerator[Chunk, None]:
@@ -350,9 +361,14 @@ async def _export_chunks(
     view = await open_view(store, ref, progress)
     card = card or format == "zip"
     fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card)
+    select = await selector(view, filters, summary, split, dedup)
+    if select is not None and fields is not None:
+        read = {"trace_id"} | ({split.field} if split is not None else set())
+        fields = fields[0] | read, fields[1] - read
     scan = Scan(
         view, filters, summary, progress, fields, with_lines=format == "trajectory",
         redactor=None if format == "preference" else scrub, collect_rules=card,
+        select=select,
     )  # fmt: skip
     limit = filters.limit
     if format in ("parquet", "zip") or file == "parquet":
@@ -412,6 +428,46 @@ async def _export_chunks(
         yield b"".join(pending)
 
 
+DEDUP_FIELDS = frozenset({"trace_id", "reward", "updated_at", "messages"})
+"""What a dedup's first pass reads of each record."""
+
+
+async def selector(
+    view: LatestView,
+    filters: Filters,
+    summary: ExportSummary,
+    split: Split | None,
+    dedup: Dedup | None,
+) -> Callable[[dict[str, Any]], bool] | None:
+    """What a :class:`Scan` asks of each record that passed the filters: in the split, and
+    kept by the dedup (None: neither asked). A dedup first reads the view once (filtered,
+    every split: a duplicate in another split is a duplicate too, so no conversation is in
+    two splits) and groups the rows; the summary counts the rows of the split it removed,
+    and (as the export reads) those of other splits."""
+    if split is None and dedup is None:
+        return None
+    kept: set[str] | None = None
+    if dedup is not None:
+        grouping = Deduplicator(dedup)
+        read = DEDUP_FIELDS | filters.fields() | ({split.field} if split is not None else set())
+        first = Scan(view, filters, ExportSummary(), None, (frozenset(read), frozenset()))
+        async for batch in first.lines():
+            for _, record in batch:
+                grouping.add(
+                    record["trace_id"], record.get("reward"), record.get("updated_at"),
+                    record.get("messages"), counted=split is None or split.matches(record),
+                )  # fmt: skip
+        kept, summary.duplicates_removed = await asyncio.to_thread(grouping.kept)
+
+    def select(record: dict[str, Any]) -> bool:
+        if split is not None and not split.matches(record):
+            summary.split_left_out += 1
+            return False
+        return kept is None or record["trace_id"] in kept
+
+    return select
+
+
 async def write_export(
     store: ObjectStore,
     ref: CorpusRef,
@@ -428,6 +484,8 @@ async def write_export(
     file: str = "jsonl",
     card: bool = False,
     redact: str | Sequence[str] | None = None,
+    split: Split | None = None,
+    dedup: Dedup | None = None,
     progress: Progress | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
@@ -439,7 +497,8 @@ async def write_export(
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
-        card=card, redact=redact, progress=progress, summary=summary,
+        card=card, redact=redact, split=split, dedup=dedup, progress=progress,
+        summary=summary,
     )  # fmt: skip
     # Check everything that can be checked before a temporary file exists.
     picked = check_export(
@@ -541,6 +600,8 @@ async def preview(
     max_pairs: int = 1,
     mask: TurnMask | None = None,
     redact: str | Sequence[str] | None = None,
+    split: Split | None = None,
+    dedup: Dedup | None = None,
     summary: ExportSummary | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
@@ -551,7 +612,8 @@ async def preview(
     data = b"".join(
         [c async for c in iter_export(store, ref, format=format, filters=filters,
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
-                                      mask=mask, redact=redact, summary=summary)]
+                                      mask=mask, redact=redact, split=split, dedup=dedup,
+                                      summary=summary)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
 

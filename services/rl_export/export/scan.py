@@ -41,6 +41,8 @@ class ExportSummary:
     # Substrings replaced per kind (every kind asked for, 0 when none was found).
     redactions: dict[str, int] = field(default_factory=dict)
     turns_outside: int = 0  # failing outcomes whose turn the conversation lacks (masks)
+    duplicates_removed: int = 0  # --dedup: matched rows of the split left out as duplicates
+    split_left_out: int = 0  # --split: rows that passed the filters but are of another split
     rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,7 +60,9 @@ class Scan:
     record's line (else an empty ``bytes``). ``collect_rules`` notes the ``rules_version``
     of every record that passes (it must be among ``fields``) in the summary. ``redactor`` is
     what :meth:`redact` and :meth:`redact_block` apply to what an export writes (after its
-    limit)."""
+    limit). ``select`` (a split, the rows a dedup keeps) is asked of every record that passed
+    the filters (it must read only ``fields``); the records it turns down are not
+    yielded."""
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class Scan:
         with_lines: bool = False,
         redactor: Redactor | None = None,
         collect_rules: bool = False,
+        select: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.view = view
         self.filters = filters
@@ -79,6 +84,7 @@ class Scan:
         self.fields = fields
         self.with_lines = with_lines
         self.collect_rules = collect_rules
+        self.select = select
         self.decoder = None if fields is None else FieldDecoder(*fields)
         # What a line's index sidecar can tell of the filters: the lines it turns down are
         # not parsed (the rest are filtered in full, so the result is the same).
@@ -146,7 +152,7 @@ class Scan:
             async for decoded in self._decoded(self.decoder):
                 yield decoded
             return
-        matches = self.filters.matches
+        matches = self._matcher()
         async for data, start, end, passed_over in self.view.ranges(self.prefilter):
             batch = block_lines((data, start, end))
             out = []
@@ -162,7 +168,7 @@ class Scan:
     async def _decoded(
         self, decoder: FieldDecoder
     ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
-        matches = self.filters.matches
+        matches = self._matcher()
         async for data, start, end, passed_over in self.view.ranges(self.prefilter):
             if end <= start:
                 self._advance(passed_over)
@@ -187,6 +193,13 @@ class Scan:
             self._advance(len(records) + passed_over)
             if out:
                 yield out
+
+    def _matcher(self) -> Callable[[dict[str, Any]], bool]:
+        """The filters, then ``select``."""
+        matches, select = self.filters.matches, self.select
+        if select is None:
+            return matches
+        return lambda record: matches(record) and select(record)
 
     def _matched(self, out: list[tuple[bytes, dict[str, Any]]]) -> None:
         self.summary.matched += len(out)

@@ -1,0 +1,300 @@
+"""Training sets (DESIGN.md section 4): splits that stay put, deduplication, metadata filters,
+pure and through exports of a corpus written the real way (replay)."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from rl_export.common.errors import ExportError
+from rl_export.common.filters import parse_filters
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import MemoryStore
+from rl_export.export import ExportSummary, parse_dedup, parse_split, write_export
+from rl_export.export.dedup import Dedup, Deduplicator, dedup_text, shingles
+from rl_export.export.splits import split_point
+from tests.exportdata import ORG, PROJECT, replay_events
+from tests.factories import event
+
+EVALUATOR = CorpusRef(ORG, PROJECT, "evaluator")
+SPLITS = "train=0.8,eval=0.1,test=0.1"
+
+
+# --- splits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("train", None), "splits: --split needs --splits"),
+        (("train", "train=0.9,eval=0.05"), "splits: the fractions sum to 0.95, not 1"),
+        (("train", "train=0.5,eval=0.6"), "splits: the fractions sum to 1.1, not 1"),
+        (("dev", "train=0.9,eval=0.1"), "split: 'dev' is not one of --splits (train, eval)"),
+        (("train", "train=0.9,eval"), "splits: expected NAME=FRACTION"),
+        (("train", "train=x,eval=0.1"), "splits: train: 'x' is not a number"),
+        (("train", "train=1.5,eval=-0.5"), "splits: train: 1.5 is not a fraction in (0, 1]"),
+        (("train", "train=0.5,train=0.5"), "splits: train is given twice"),
+        (("train", "train=1", "colour"), "split-by: no record field 'colour'"),
+        (("train", "train=1", "metadata."), "split-by: metadata. needs a key"),
+        ((None, "train=1"), "splits: only applies with --split NAME"),
+        ((None, None, "scenario"), "split-by: only applies with --split NAME"),
+    ],
+)
+def test_bad_splits_are_precise_errors(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(ExportError) as caught:
+        parse_split(*args)
+    assert str(caught.value).startswith(message)
+
+
+def test_decimal_fractions_that_sum_to_one_in_decimal_are_accepted() -> None:
+    split = parse_split("eval", "train=0.7,eval=0.2,test=0.1")
+    assert split is not None
+    assert [n for n, _ in split.splits] == ["train", "eval", "test"]
+
+
+def test_a_row_s_split_depends_on_its_value_and_the_salt_only() -> None:
+    split = parse_split("train", SPLITS)
+    assert split is not None
+    names = [split.of({"trace_id": f"tr-{n}"}) for n in range(4000)]
+    shares = {name: names.count(name) / len(names) for name in ("train", "eval", "test")}
+    assert shares["train"] == pytest.approx(0.8, abs=0.03)
+    assert shares["eval"] == pytest.approx(0.1, abs=0.02)
+    # The same value, whatever else the record holds, in any order: the same split.
+    again = [split.of({"trace_id": f"tr-{n}", "reward": n % 7}) for n in reversed(range(4000))]
+    assert again[::-1] == names
+    salted = parse_split("train", SPLITS, salt="2027")
+    assert salted is not None
+    assert [salted.of({"trace_id": f"tr-{n}"}) for n in range(4000)] != names
+    assert 0 <= split_point("", "x") < 1
+
+
+def test_split_by_a_field_or_a_metadata_key_keeps_a_value_together() -> None:
+    by_scenario = parse_split("eval", "train=0.5,eval=0.5", "scenario")
+    by_region = parse_split("eval", "train=0.5,eval=0.5", "metadata.region")
+    assert by_scenario is not None
+    assert by_region is not None
+    records = [
+        {"trace_id": f"tr-{n}", "scenario": f"s{n % 5}", "metadata": {"region": f"r{n % 3}"}}
+        for n in range(200)
+    ]
+    for split, value in ((by_scenario, lambda r: r["scenario"]),
+                         (by_region, lambda r: r["metadata"]["region"])):  # fmt: skip
+        seen: dict[str, str] = {}
+        for record in records:
+            assert seen.setdefault(value(record), split.of(record)) == split.of(record)
+    # A record without the key (or without metadata) has the value null: one split for all.
+    assert by_region.of({"trace_id": "a"}) == by_region.of({"trace_id": "b", "metadata": {}})
+
+
+# --- dedup ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("fuzzy",), "dedup: 'fuzzy' is not exact or near"),
+        (("near", "0"), "dedup-threshold: '0' is outside (0, 1]"),
+        (("near", "1.01"), "dedup-threshold: '1.01' is outside (0, 1]"),
+        (("near", "nan"), "dedup-threshold: 'nan' is outside (0, 1]"),
+        (("near", "high"), "dedup-threshold: 'high' is not a number"),
+        (("exact", "0.9"), "dedup-threshold: only applies with --dedup near"),
+        ((None, "0.9"), "dedup-threshold: only applies with --dedup near"),
+        (("exact", None, "title"), "dedup-on: 'title' is not conversation or prompt"),
+        ((None, None, "prompt"), "dedup-on: only applies with --dedup"),
+    ],
+)
+def test_bad_dedup_options_are_precise_errors(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(ExportError) as caught:
+        parse_dedup(*args)
+    assert str(caught.value).startswith(message)
+
+
+def test_dedup_text_collapses_whitespace_and_keeps_case() -> None:
+    a = [{"role": "user", "content": "Hello   there\n\tfriend "},
+         {"role": "assistant", "content": [{"type": "text", "text": "Hi!"}]}]  # fmt: skip
+    b = [{"role": "user", "content": "Hello there friend"},
+         {"role": "assistant", "content": "Hi!"}]  # fmt: skip
+    assert dedup_text(a) == dedup_text(b) == "user Hello there friend assistant Hi!"
+    assert dedup_text([{"role": "user", "content": "hello there friend"}]) != dedup_text(b[:1])
+    assert dedup_text(a, "prompt") == "user Hello there friend"
+    assert parse_dedup("near") == Dedup("near", 0.85, "conversation")
+
+
+def words(n: int, seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta",
+                                "iota", "kappa", "lambda", "mu"]) + str(rng.randrange(50))
+                    for _ in range(n))  # fmt: skip
+
+
+def convo(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "Please help."}, {"role": "assistant", "content": text}]
+
+
+def test_exact_keeps_the_best_of_each_group_and_no_distinct_row_is_lost() -> None:
+    dedup = Deduplicator(Dedup("exact"))
+    base, other = words(300, 1), words(300, 2)
+    dedup.add("c", 0.5, "2026-01-03T00:00:00Z", convo(base))
+    dedup.add("a", 0.9, "2026-01-01T00:00:00Z", convo(" " + base.replace(" ", "  ")))
+    dedup.add("b", 0.9, "2026-01-02T00:00:00Z", convo(base))  # ties a's reward, later: kept
+    dedup.add("z", None, "2026-01-09T00:00:00Z", convo(base))  # no reward: below any
+    dedup.add("d", 0.1, "2026-01-01T00:00:00Z", convo(other))
+    dedup.add("e", 0.1, "2026-01-01T00:00:00Z", convo(other.upper()))  # case kept: distinct
+    kept, removed = dedup.kept()
+    assert kept == {"b", "d", "e"}
+    assert removed == 3
+
+
+def test_equal_rank_keeps_the_smallest_trace_id() -> None:
+    dedup = Deduplicator(Dedup("exact"))
+    for trace_id in ("tr-9", "tr-3", "tr-5"):
+        dedup.add(trace_id, 0.5, "2026-01-01T00:00:00Z", convo("same"))
+    assert dedup.kept() == ({"tr-3"}, 2)
+
+
+def test_near_groups_small_edits_and_keeps_distinct_conversations() -> None:
+    rows = []
+    for n in range(40):
+        text = words(400, 100 + n)
+        rows.append((f"tr-{n:03d}-0", 0.5, text))
+        edited = text.split(" ")
+        edited[200] = "changed"  # one word in 400: Jaccard of 5-shingles about 0.98
+        rows.append((f"tr-{n:03d}-1", 0.7, " ".join(edited)))
+    dedup = Deduplicator(Dedup("near", 0.85))
+    exact = Deduplicator(Dedup("exact"))
+    for trace_id, reward, text in rows:
+        dedup.add(trace_id, reward, "2026-01-01T00:00:00Z", convo(text))
+        exact.add(trace_id, reward, "2026-01-01T00:00:00Z", convo(text))
+    kept, removed = dedup.kept()
+    assert kept == {f"tr-{n:03d}-1" for n in range(40)}  # the better reward of each pair
+    assert removed == 40
+    assert exact.kept() == ({r[0] for r in rows}, 0)  # no two are identical
+    # Deterministic, whatever the order the rows came in.
+    backwards = Deduplicator(Dedup("near", 0.85))
+    for trace_id, reward, text in reversed(rows):
+        backwards.add(trace_id, reward, "2026-01-01T00:00:00Z", convo(text))
+    assert backwards.kept() == (kept, removed)
+
+
+def test_near_with_a_threshold_of_one_is_exact_on_shingles() -> None:
+    dedup = Deduplicator(Dedup("near", 1.0))
+    text = words(100, 5)
+    dedup.add("a", 0.5, "t", convo(text))
+    dedup.add("b", 0.6, "t", convo(text + " extra words here now please"))
+    assert dedup.kept() == ({"a", "b"}, 0)
+    assert shingles("one two") == ["one two"]
+
+
+# --- through exports ------------------------------------------------------------------------
+
+
+def kind(i: int) -> str:
+    """Trace i of :func:`traffic`: an ``exact`` copy of the trace before it, a ``near`` copy
+    (one word in 200 changed), or ``new``."""
+    return "exact" if i % 5 == 4 else "near" if i % 7 == 6 else "new"
+
+
+def traffic(n: int, *, start: int = 0) -> list[dict[str, Any]]:
+    """n evaluated traces over three scenarios with metadata, copies as :func:`kind` says."""
+    events: list[dict[str, Any]] = []
+    text = ""
+    for i in range(start, start + n):
+        tid = f"tr-{i:04d}"
+        if kind(i) == "new" or not text:
+            text = words(200, i)
+        elif kind(i) == "near":
+            edited = text.split(" ")
+            edited[100] = f"tweaked{i}"
+            text = " ".join(edited)
+        common = {"org": ORG, "project": PROJECT, "trace_id": tid}
+        events.append(event(
+            "trace.completed", f"t-{tid}", "2026-01-01T00:00:00Z", **common,
+            scenario=f"s{i % 3}", messages=convo(text),
+            metadata={"tier": "gold" if i % 2 else "free", "region": f"r{i % 4}"},
+        ))  # fmt: skip
+        score = round(0.3 + (i * 37 % 11) / 20, 2)
+        events.append(event(
+            "evaluation.finished", f"e-{tid}", "2026-01-01T01:00:00Z", **common,
+            evaluation_id=f"ev-{tid}",
+            results=[{"evaluator": "judge", "score": score, "passed": True, "reasoning": "ok"}],
+        ))  # fmt: skip
+    return events
+
+
+def best_of_groups(rows: list[dict[str, Any]], key: Any) -> set[str]:
+    """The trace kept of each group of rows with equal ``key(row)``: the highest reward, then
+    the smallest trace id (every row here has the same updated_at)."""
+    best: dict[Any, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: (-r["reward"], r["trace_id"])):
+        best.setdefault(key(row), row)
+    return {r["trace_id"] for r in best.values()}
+
+
+async def export(store: MemoryStore, **kw: Any) -> tuple[list[dict[str, Any]], ExportSummary]:
+    out = io.BytesIO()
+    summary = await write_export(store, EVALUATOR, format="trajectory", out=out, **kw)
+    return [json.loads(line) for line in out.getvalue().splitlines()], summary
+
+
+async def test_splits_are_disjoint_complete_and_stay_put_as_the_corpus_grows() -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(60), "one")
+    first = {}
+    for name in ("train", "eval", "test"):
+        rows, summary = await export(store, split=parse_split(name, SPLITS, "scenario"))
+        first[name] = {r["trace_id"] for r in rows}
+        assert summary.split_left_out == 60 - len(rows)
+        assert len({r["scenario"] for r in rows}) <= 1 or name == "train"
+    assert sum(len(v) for v in first.values()) == 60
+    assert set().union(*first.values()) == {f"tr-{i:04d}" for i in range(60)}
+    await replay_events(store, traffic(40, start=60), "two")
+    for name in ("train", "eval", "test"):
+        rows, _ = await export(store, split=parse_split(name, SPLITS, "scenario"))
+        assert first[name] <= {r["trace_id"] for r in rows}
+
+
+async def test_dedup_through_an_export_keeps_the_best_reward() -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(70), "one")
+    every, _ = await export(store)
+    assert len(every) == 70
+    origin: dict[str, int] = {}
+    for i in range(70):  # a copy is of the group of the trace before it
+        origin[f"tr-{i:04d}"] = origin[f"tr-{i - 1:04d}"] if kind(i) != "new" and i else i
+    for mode, key in (("exact", lambda r: dedup_text(r["messages"])),
+                      ("near", lambda r: origin[r["trace_id"]])):  # fmt: skip
+        rows, summary = await export(store, dedup=parse_dedup(mode))
+        expected = best_of_groups(every, key)
+        assert {r["trace_id"] for r in rows} == expected, mode
+        assert summary.duplicates_removed == 70 - len(expected)
+        assert len({dedup_text(r["messages"]) for r in rows}) == len(rows)
+    assert len(best_of_groups(every, key)) < len(best_of_groups(every, lambda r: dedup_text(
+        r["messages"])))  # fmt: skip
+
+
+async def test_dedup_before_split_no_conversation_is_in_two_splits() -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(80), "one")
+    texts: list[str] = []
+    total = 0
+    for name in ("train", "eval", "test"):
+        rows, summary = await export(
+            store, split=parse_split(name, SPLITS), dedup=parse_dedup("exact")
+        )
+        texts += [dedup_text(r["messages"]) for r in rows]
+        total += summary.duplicates_removed
+    assert len(texts) == len(set(texts))
+    assert total == 80 - len(texts)
+
+
+async def test_metadata_filters_through_an_export() -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(20), "one")
+    rows, _ = await export(store, filters=parse_filters({"metadata": ["tier=gold", "region=r1"]}))
+    assert {r["trace_id"] for r in rows} == {f"tr-{i:04d}" for i in range(20) if i % 4 == 1}
+    assert all(r["metadata"] == {"tier": "gold", "region": "r1"} for r in rows)
