@@ -385,7 +385,7 @@ async def _export_chunks(
                 def zip_card(done: ExportSummary) -> str:
                     return dataset_card(card_facts(
                         ref, "zip", f"data.{data}", data, filters=filters, summary=done,
-                        columns=picked,
+                        columns=picked, split=split, dedup=dedup,
                     ))  # fmt: skip
 
                 await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data,
@@ -521,7 +521,8 @@ async def write_export(
     if card and format != "zip":
         text = dataset_card(card_facts(
             ref, format, target.name, file if format in JSONL_FORMATS else format,
-            filters=filters, summary=summary, mask=mask, columns=picked,
+            filters=filters, summary=summary, mask=mask, columns=picked, split=split,
+            dedup=dedup,
         ))  # fmt: skip
 
         async def write_card(fh: BinaryIO) -> None:
@@ -559,8 +560,15 @@ def card_facts(
     summary: ExportSummary,
     mask: TurnMask | None = None,
     columns: Sequence[Column] | None = None,
+    split: Split | None = None,
+    dedup: Dedup | None = None,
 ) -> CardFacts:
     """What the dataset card of an export says (:mod:`rl_export.export.card`)."""
+    extra: dict[str, Any] = {}
+    if split is not None:
+        extra["split"] = {**split.as_dict(), "left_out": summary.split_left_out}
+    if dedup is not None:
+        extra["dedup"] = {**dedup.as_dict(), "removed": summary.duplicates_removed}
     schema = None
     if file == "parquet":
         schema = rl_prompts_schema() if fmt == "rl_prompts" else parquet_schema(columns or [])
@@ -568,6 +576,7 @@ def card_facts(
         ref=ref, format=fmt, file_name=name, file=file, records=summary.records,
         filters=filters, mask=mask,
         rules_versions=sorted(summary.rules_versions), columns=columns, arrow_schema=schema,
+        extra=extra,
     )  # fmt: skip
 
 

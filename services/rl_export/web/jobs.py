@@ -40,7 +40,15 @@ from rl_export.common.filters import parse_filters
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
-from rl_export.export import content_type, file_name, parse_mask, source_ref, write_export
+from rl_export.export import (
+    content_type,
+    file_name,
+    parse_dedup,
+    parse_mask,
+    parse_split,
+    source_ref,
+    write_export,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,14 @@ class JobRequest(BaseModel):
     mask_types: str | None = None
     file: str = "jsonl"
     redact: str | None = None  # kinds, "none"; None (older jobs): the service's default
+    # Training sets (DESIGN.md section 4), as the flags' text: None when not asked.
+    split: str | None = None
+    splits: str | None = None
+    split_by: str | None = None
+    split_salt: str | None = None
+    dedup: str | None = None
+    dedup_threshold: str | None = None
+    dedup_on: str | None = None
 
 
 class JobStatus(BaseModel):
@@ -82,6 +98,8 @@ class JobStatus(BaseModel):
     content_type: str
     bytes: int | None = None
     redactions: dict[str, int] | None = None  # substrings replaced per kind, once ready
+    duplicates_removed: int | None = None  # with dedup, once ready
+    split_left_out: int | None = None  # with a split, once ready: rows of other splits
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
@@ -165,11 +183,15 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
         with tempfile.TemporaryDirectory(prefix="rl-export-job-") as folder:
             out = Path(folder) / status.file_name
             mask = parse_mask(request.format, request.mask_failed_turns, request.mask_types)
+            split = parse_split(request.split, request.splits, request.split_by,
+                                request.split_salt)  # fmt: skip
+            dedup = parse_dedup(request.dedup, request.dedup_threshold, request.dedup_on)
             summary = await write_export(
                 store, source_ref(status.org, status.project, request.source),
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
+                split=split, dedup=dedup,
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
@@ -179,6 +201,8 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
             "status": "ready", "progress": 1.0, "records": summary.records, "bytes": size,
             "redactions": summary.redactions, "updated_at": now, "finished_at": now,
             "turns_outside": summary.turns_outside if mask is not None else None,
+            "duplicates_removed": summary.duplicates_removed if dedup is not None else None,
+            "split_left_out": summary.split_left_out if split is not None else None,
         })  # fmt: skip
     except Exception as exc:  # any failure of the job is the job's status
         log.warning("export job %s failed: %s", status.id, exc)

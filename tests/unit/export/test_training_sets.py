@@ -298,3 +298,24 @@ async def test_metadata_filters_through_an_export() -> None:
     rows, _ = await export(store, filters=parse_filters({"metadata": ["tier=gold", "region=r1"]}))
     assert {r["trace_id"] for r in rows} == {f"tr-{i:04d}" for i in range(20) if i % 4 == 1}
     assert all(r["metadata"] == {"tier": "gold", "region": "r1"} for r in rows)
+
+
+async def test_the_card_says_the_split_and_what_the_dedup_removed(tmp_path: Any) -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(30), "one")
+    out = tmp_path / "eval.jsonl"
+    summary = await write_export(
+        store, EVALUATOR, format="messages", out=out, card=True,
+        split=parse_split("eval", "train=0.5,eval=0.5", "metadata.region"),
+        dedup=parse_dedup("near", "0.9"),
+    )  # fmt: skip
+    card = (tmp_path / "README.md").read_text()
+    header = json.loads(card.split("\nrl_export: ", 1)[1].split("\n", 1)[0])
+    assert header["split"] == {"name": "eval", "splits": {"train": 0.5, "eval": 0.5},
+                               "by": "metadata.region", "salt": "",
+                               "left_out": summary.split_left_out}  # fmt: skip
+    assert header["dedup"] == {"mode": "near", "on": "conversation", "threshold": 0.9,
+                               "removed": summary.duplicates_removed}  # fmt: skip
+    assert summary.duplicates_removed > 0
+    assert '"split":"eval"' in card  # Hugging Face's split of the data file
+    assert f"{summary.duplicates_removed} rows removed" in card

@@ -30,12 +30,16 @@ from rl_export.common.redact import Redactor, add_counts, counts_header, parse_k
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
 from rl_export.export import (
+    Dedup,
     ExportSummary,
+    Split,
     check_export,
     content_type,
     file_name,
     iter_export,
+    parse_dedup,
     parse_mask,
+    parse_split,
     source_ref,
 )
 from rl_export.export import preview as export_preview
@@ -94,6 +98,24 @@ RedactQuery = Annotated[
     ),
 ]
 REDACTIONS_HEADER = "X-RL-Export-Redactions"
+DUPLICATES_HEADER = "X-RL-Export-Duplicates-Removed"
+SplitQuery = Annotated[str | None, Query(description="Keep the rows of this split")]
+SplitsQuery = Annotated[
+    str | None, Query(description="NAME=FRACTION,... summing to 1 (train=0.9,eval=0.1)")
+]
+SplitByQuery = Annotated[
+    str | None, Query(description="What decides a row's split: trace_id, a field, metadata.KEY")
+]
+SaltQuery = Annotated[str | None, Query(description="A salt for the split's hash")]
+DedupQuery = Annotated[
+    str | None, Query(description="exact or near: one row per group of duplicates")
+]
+ThresholdQuery = Annotated[
+    str | None, Query(description="near: least estimated Jaccard similarity (0, 1]; 0.85")
+]
+DedupOnQuery = Annotated[
+    str | None, Query(description="conversation (default) or prompt: the text compared")
+]
 _SPOOL_BYTES = 8 << 20  # a redacted direct export is held in memory up to this, then on disk
 
 PREVIEW_MAX = 100
@@ -119,6 +141,18 @@ def _mask(fmt: str, mask_failed_turns: bool, mask_types: str | list[str] | None)
     """The turn mask of a request; 422 naming the parameter when it does not apply."""
     try:
         return parse_mask(fmt, mask_failed_turns, mask_types)
+    except ExportError as exc:
+        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
+
+
+def _training(
+    *, split: str | None, splits: str | None, split_by: str | None, split_salt: str | None,
+    dedup: str | None, dedup_threshold: str | None, dedup_on: str | None,
+) -> tuple[Split | None, Dedup | None]:  # fmt: skip
+    """A request's split and dedup; 422 naming the parameter for a bad one."""
+    try:
+        return (parse_split(split, splits, split_by, split_salt),
+                parse_dedup(dedup, dedup_threshold, dedup_on))  # fmt: skip
     except ExportError as exc:
         raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
 
@@ -312,18 +346,25 @@ async def get_export(
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
     filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
     mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
-    file: FileQuery = "jsonl", redact: RedactQuery = None,
+    file: FileQuery = "jsonl", redact: RedactQuery = None, split: SplitQuery = None,
+    splits: SplitsQuery = None, split_by: SplitByQuery = None, split_salt: SaltQuery = None,
+    dedup: DedupQuery = None, dedup_threshold: ThresholdQuery = None,
+    dedup_on: DedupOnQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     kinds = ",".join(_kinds(svc, redact)) or "none"
     _checked(format, columns, mask=mask, file=file, redact=kinds)
+    picked_split, picked_dedup = _training(
+        split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
+        dedup_threshold=dedup_threshold, dedup_on=dedup_on,
+    )  # fmt: skip
     ref = source_ref(org, project, source)
     summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
-            redact=kinds, summary=summary,
+            redact=kinds, split=picked_split, dedup=picked_dedup, summary=summary,
         )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
@@ -342,6 +383,9 @@ async def get_export(
         raise
 
     headers = {"Content-Disposition": _disposition(file_name(ref, format, file))}
+    # A dedup groups the rows before the first chunk: its count is known now.
+    if picked_dedup is not None:
+        headers[DUPLICATES_HEADER] = str(summary.duplicates_removed)
     if kinds != "none":
         # The counts are known at the end, and a header goes first: the export is made whole.
         spool = await _spooled(stream, first)
@@ -394,6 +438,7 @@ def _job_out(status: JobStatus) -> JobOut:
         id=status.id, status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
         turns_outside=status.turns_outside, redactions=status.redactions,
+        duplicates_removed=status.duplicates_removed, split_left_out=status.split_left_out,
     )  # fmt: skip
 
 
@@ -411,10 +456,16 @@ async def post_exports(
         parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
+    threshold = None if body.dedup_threshold is None else repr(body.dedup_threshold)
+    _training(split=body.split, splits=body.splits, split_by=body.split_by,
+              split_salt=body.split_salt, dedup=body.dedup, dedup_threshold=threshold,
+              dedup_on=body.dedup_on)  # fmt: skip
     request = JobRequest(
         source=body.source, format=body.format, filters=body.filters, columns=columns,
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
-        redact=redact,
+        redact=redact, split=body.split, splits=body.splits, split_by=body.split_by,
+        split_salt=body.split_salt, dedup=body.dedup, dedup_threshold=threshold,
+        dedup_on=body.dedup_on,
     )  # fmt: skip
     return _job_out(await svc.jobs.start(org, project, request))
 
