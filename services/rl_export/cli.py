@@ -223,6 +223,60 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
     return source_ref(args.org, args.project, args.source)
 
 
+_MANIFEST_FLAGS = (
+    "org", "project", "source", "format", "columns", "pair_by", "margin", "mask_types",
+    "redact", "split", "splits", "split_by", "split_salt", "dedup", "dedup_threshold",
+    "dedup_on",
+)  # fmt: skip
+"""What ``--from-manifest`` takes from the manifest: not to be given with it."""
+
+
+def _from_manifest(args: argparse.Namespace) -> Any:
+    """Fill the export's options in ``args`` from ``--from-manifest FILE``; return the view
+    position it read. ConfigError for an option given beside it, or a file that is not a
+    manifest (or says another rl-export version made it: the bytes may differ)."""
+    from rl_export.common.filters import FILTER_NAMES
+    from rl_export.export.lineage import read_manifest
+
+    given = [f"--{n.replace('_', '-')}" for n in _MANIFEST_FLAGS if getattr(args, n) is not None]
+    given += [f"--{n}" for n in FILTER_NAMES if getattr(args, "f_" + n.replace("-", "_"))
+              is not None]  # fmt: skip
+    if args.max_pairs != 1:
+        given.append("--max-pairs")
+    if args.zip_data != "csv":
+        given.append("--zip-data")
+    if args.mask_failed_turns:
+        given.append("--mask-failed-turns")
+    if given:
+        raise ConfigError(
+            "--from-manifest", f"takes the export's options from the manifest: give only "
+            f"--store, -o and --card, not {', '.join(given)}",
+        )  # fmt: skip
+    manifest = read_manifest(Path(args.from_manifest))
+    if manifest.rl_export_version != __version__:
+        raise ConfigError(
+            "--from-manifest", f"{args.from_manifest} was made by rl-export "
+            f"{manifest.rl_export_version}, this is {__version__}: the bytes may differ",
+        )  # fmt: skip
+    args.org, args.project, args.source = manifest.org, manifest.project, manifest.source
+    args.format, args.columns, args.margin = manifest.format, manifest.columns, manifest.margin
+    args.pair_by = ",".join(manifest.pair_by) or None
+    args.max_pairs, args.zip_data = manifest.max_pairs, manifest.zip_data
+    args.mask_failed_turns = manifest.mask_failed_turns
+    args.mask_types = None if manifest.mask_types is None else ",".join(manifest.mask_types)
+    args.redact = ",".join(manifest.redact) or "none"
+    for name, value in manifest.filters.items():
+        setattr(args, "f_" + name.replace("-", "_"), value)
+    split, dedup = manifest.split_of(), manifest.dedup_of()
+    if split is not None:
+        args.split, args.split_by, args.split_salt = split.name, split.by, split.salt
+        args.splits = ",".join(f"{n}={v!r}" for n, v in split.splits)
+    if dedup is not None:
+        args.dedup, args.dedup_on = dedup.mode, dedup.on
+        args.dedup_threshold = repr(dedup.threshold) if dedup.mode == "near" else None
+    return manifest.view_position()
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.common.filters import parse_filters
     from rl_export.common.gctune import lean_allocators, tune_gc
@@ -237,6 +291,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
 
     settings = _settings(args, store_url="store")
+    at = _from_manifest(args) if args.from_manifest is not None else None
+    for flag in ("org", "project", "source", "format"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag}", "is required (or --from-manifest FILE)")
     filters = parse_filters(_filter_values(args))
     ref = _export_ref(args)
     pair_by = parse_pair_by(args.pair_by)
@@ -267,7 +325,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-                    redact=redact, split=split, dedup=dedup,
+                    redact=redact, split=split, dedup=dedup, at=at, manifest=args.card,
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -291,7 +349,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         note += (f"; {summary.turns_outside} failing outcomes named a turn outside their "
                  f"conversation (they mask nothing)")  # fmt: skip
     if args.card:
-        note += f"; dataset card {Path(args.output).parent / 'README.md'}"
+        note += f"; dataset card {Path(args.output).parent / 'README.md'}, lineage "
+        note += f"{args.output}.manifest.json"
+    if at is not None:
+        note += f"; read at the position of {args.from_manifest}"
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:
@@ -424,11 +485,11 @@ def _training_set(args: argparse.Namespace) -> tuple[Any, Any]:
     return split, dedup
 
 
-def _add_source(p: argparse.ArgumentParser) -> None:
+def _add_source(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
-    p.add_argument("--org", required=True)
-    p.add_argument("--project", required=True)
-    p.add_argument("--source", required=True, metavar="human|evaluator|traces")
+    p.add_argument("--org", required=required)
+    p.add_argument("--project", required=required)
+    p.add_argument("--source", required=required, metavar="human|evaluator|traces")
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -563,9 +624,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export", help="write an export of a corpus's latest view (any format, filtered)"
     )
-    _add_source(p)
+    _add_source(p, required=False)  # required unless --from-manifest: checked by cmd_export
     p.add_argument(
-        "--format", required=True, metavar="F",
+        "--from-manifest", metavar="FILE",
+        help="the export a FILE.manifest.json describes, again: the same bytes while the "
+        "corpus position it read exists (give only --store and -o)",
+    )  # fmt: skip
+    p.add_argument(
+        "--format", metavar="F",
         help="trajectory, prompt_completion, messages, kto, preference, executions, rl_prompts "
         "(Parquet when FILE ends in .parquet), csv, json, parquet or zip",
     )  # fmt: skip
@@ -588,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--card", action="store_true",
-        help="write a Hugging Face dataset card (README.md) beside the output file",
+        help="write a Hugging Face dataset card (README.md) and the lineage manifest "
+        "(FILE.manifest.json) beside the output file",
     )  # fmt: skip
     p.add_argument(
         "--redact", metavar="KIND,...",

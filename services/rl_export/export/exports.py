@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -91,8 +92,9 @@ from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import Column
 from rl_export.export.dedup import Dedup, Deduplicator
-from rl_export.export.latest import LatestView
+from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.lazy import export_fields
+from rl_export.export.lineage import Manifest, encode_manifest, manifest_path
 from rl_export.export.pairs import preference_chunks
 from rl_export.export.requests import ZipData, check_export
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
@@ -344,6 +346,7 @@ async def _export_chunks(
     redact: str | Sequence[str] | None,
     split: Split | None,
     dedup: Dedup | None,
+    at: ViewPosition | None = None,
     progress: Progress | None,
     summary: ExportSummary | None,
 ) -> AsyncGenerator[Chunk, None]:
@@ -358,7 +361,8 @@ async def _export_chunks(
     scrub = redactor(kinds) if kinds else None
     summary = summary if summary is not None else ExportSummary()
     summary.format = format
-    view = await open_view(store, ref, progress)
+    view = await open_view(store, ref, progress, at)
+    summary.position = view.position.to_json()
     card = card or format == "zip"
     fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card)
     select = await selector(view, filters, summary, split, dedup)
@@ -486,6 +490,8 @@ async def write_export(
     redact: str | Sequence[str] | None = None,
     split: Split | None = None,
     dedup: Dedup | None = None,
+    at: ViewPosition | None = None,
+    manifest: bool = False,
     progress: Progress | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
@@ -498,7 +504,7 @@ async def write_export(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=card, redact=redact, split=split, dedup=dedup, progress=progress,
-        summary=summary,
+        summary=summary, at=at,
     )  # fmt: skip
     # Check everything that can be checked before a temporary file exists.
     picked = check_export(
@@ -506,7 +512,7 @@ async def write_export(
         zip_data=zip_data, mask=mask, file=file, card=card, redact=redact,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
-        if card:
+        if card or manifest:
             await chunks.aclose()
             raise ExportError("card", "a dataset card goes beside a file, not into a stream")
         await _write_chunks(chunks, out)
@@ -517,7 +523,9 @@ async def write_export(
     if not directory.is_dir():
         await chunks.aclose()
         raise ExportError("output", f"no such directory: {directory}")
-    await _write_atomically(target, lambda fh: _write_chunks(chunks, fh))
+    digest = hashlib.sha256()
+    await _write_atomically(target, lambda fh: _write_chunks(chunks, fh, digest))
+    summary.sha256 = digest.hexdigest()
     if card and format != "zip":
         text = dataset_card(card_facts(
             ref, format, target.name, file if format in JSONL_FORMATS else format,
@@ -529,6 +537,27 @@ async def write_export(
             await asyncio.to_thread(fh.write, text.encode())
 
         await _write_atomically(directory / CARD_NAME, write_card)
+    if manifest:
+        made = Manifest(
+            org=ref.org, project=ref.project, source=ref.corpus, format=format, file=file,
+            position=summary.position or {}, filters=filters.to_params(sep="-"),
+            columns=columns if columns is None or isinstance(columns, str) else ",".join(columns),
+            pair_by=list(pair_by), margin=margin, max_pairs=max_pairs, zip_data=zip_data,
+            mask_failed_turns=mask is not None,
+            mask_types=None if mask is None or mask.types is None else sorted(mask.types),
+            split=None if split is None else split.as_dict(),
+            dedup=None if dedup is None else dedup.as_dict(),
+            redact=list(parse_kinds(redact)), redactions=summary.redactions,
+            duplicates_removed=None if dedup is None else summary.duplicates_removed,
+            split_left_out=None if split is None else summary.split_left_out,
+            rows=summary.records, bytes=summary.bytes, sha256=summary.sha256,
+        )  # fmt: skip
+        lineage = encode_manifest(made)
+
+        async def write_manifest(fh: BinaryIO) -> None:
+            await asyncio.to_thread(fh.write, lineage)
+
+        await _write_atomically(manifest_path(target), write_manifest)
     return summary
 
 
@@ -580,7 +609,9 @@ def card_facts(
     )  # fmt: skip
 
 
-async def _write_chunks(chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO) -> None:
+async def _write_chunks(
+    chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO, digest: Any = None
+) -> None:
     """Write every chunk, each in a thread while the next one is made (one at a time, in
     order): on two cores reading and writing overlap. ``run_in_executor`` hands the write
     to the thread at once (a ``to_thread`` task would start only at the next await)."""
@@ -591,6 +622,8 @@ async def _write_chunks(chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | Bi
             async for chunk in chunks:
                 if writing is not None:
                     await writing
+                if digest is not None:
+                    digest.update(chunk)  # the output's sha256 (lineage)
                 writing = loop.run_in_executor(None, out.write, chunk)
     finally:
         if writing is not None:

@@ -18,7 +18,7 @@ from rl_export.common.filters import Filters
 from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.layout import ChainError, CorpusRef, block_lines
 from rl_export.corpora.store import ObjectStore
-from rl_export.export.latest import LatestView
+from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.lazy import DecodeError, FieldDecoder
 from rl_export.export.prefilter import sidecar_part
 
@@ -43,6 +43,8 @@ class ExportSummary:
     turns_outside: int = 0  # failing outcomes whose turn the conversation lacks (masks)
     duplicates_removed: int = 0  # --dedup: matched rows of the split left out as duplicates
     split_left_out: int = 0  # --split: rows that passed the filters but are of another split
+    position: dict[str, Any] | None = None  # the view's position read (lineage)
+    sha256: str | None = None  # of the bytes written to a file (lineage)
     rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
 
     def as_dict(self) -> dict[str, Any]:
@@ -242,8 +244,11 @@ def limited(rows: list[Any], summary: ExportSummary, limit: int | None) -> list[
     return rows
 
 
-async def open_view(store: ObjectStore, ref: CorpusRef, progress: Progress | None) -> LatestView:
-    view = await LatestView(store, ref).open()
+async def open_view(
+    store: ObjectStore, ref: CorpusRef, progress: Progress | None, at: ViewPosition | None = None
+) -> LatestView:
+    """The corpus's latest view (at ``at``: the view of that position, as it was)."""
+    view = await LatestView(store, ref, at=at).open()
     if progress is not None:
         progress(0, view.total)
     return view

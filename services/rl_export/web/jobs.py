@@ -7,8 +7,9 @@ to ``_exports/<org>/<project>/<id>/status.json`` before the API answers 202. The
    runs the export (:func:`rl_export.export.write_export`, the same code as ``rl-export
    export``) into a local temporary file, rewriting the status with its progress every
    ``web_export_heartbeat_s``.
-2. The file goes to ``_exports/<org>/<project>/<id>/<file name>``, then the status says
-   ``ready`` (or ``failed`` with the message).
+2. The file goes to ``_exports/<org>/<project>/<id>/<file name>``, its lineage manifest
+   (:mod:`rl_export.export.lineage`) beside it as ``<file name>.manifest.json``, then the
+   status says ``ready`` (or ``failed`` with the message).
 3. Any instance answers ``GET exports/{id}`` from the status object: a ``processing`` job
    whose status has not been rewritten for ``stale_after_s`` lost its process (a restart, a
    crash) and is reported, and recorded, as failed. Finished jobs are deleted after
@@ -49,6 +50,7 @@ from rl_export.export import (
     source_ref,
     write_export,
 )
+from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +193,12 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
-                split=split, dedup=dedup,
+                split=split, dedup=dedup, manifest=True,
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
+            # Lineage beside the file: what it read, how, and its sha256.
+            await store.put_file(file_key(status) + MANIFEST_SUFFIX, manifest_path(out))
             size = out.stat().st_size
         now = datetime.now(UTC)
         final = status.model_copy(update={

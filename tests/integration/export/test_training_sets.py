@@ -6,6 +6,7 @@ grows, exact and near duplicates removed with the best reward kept, precise erro
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -152,3 +153,35 @@ def test_splits_by_scenario_are_disjoint_complete_and_stay_put(
     assert b"split: 'dev' is not one of --splits (train, eval, test)" in bad.stderr
     bad = corpus.export("--split", "train", "--splits", "train=0.9,eval=0.05", "-o", "-")
     assert b"splits: the fractions sum to 0.95, not 1" in bad.stderr
+
+
+def test_from_manifest_writes_the_same_bytes_after_the_corpus_moved(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    out = tmp_path / "eval.jsonl"
+    result = corpus.export("--format", "messages", "--split", "eval", "--splits", SPLITS,
+                           "--dedup", "near", "--metadata", "tier=gold", "--card",
+                           "-o", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "eval.jsonl.manifest.json").read_bytes())
+    assert manifest["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert manifest["filters"] == {"metadata": ["tier=gold"]}
+    assert manifest["split"]["name"] == "eval"
+    assert manifest["dedup"] == {"mode": "near", "on": "conversation", "threshold": 0.85}
+    assert manifest["rows"] == len(out.read_bytes().splitlines())
+    corpus.feed(15)  # new traffic after the export
+    again = tmp_path / "again.jsonl"
+    manifest_file = str(tmp_path / "eval.jsonl.manifest.json")
+    argv = [sys.executable, "-m", "rl_export.cli", "export", "--store",
+            corpus.settings.store_url, "--from-manifest", manifest_file,
+            "-o", str(again)]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, timeout=120, env=corpus.env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert again.read_bytes() == out.read_bytes()
+    latest = corpus.export("--format", "messages", "--split", "eval", "--splits", SPLITS,
+                           "--dedup", "near", "--metadata", "tier=gold", "-o", "-")  # fmt: skip
+    assert latest.stdout != out.read_bytes()  # the latest view has the new traces
+    result = subprocess.run([*argv[:-2], "--format", "kto", "-o", "-"], capture_output=True,
+                            timeout=120, env=corpus.env, check=False)  # fmt: skip
+    assert result.returncode == 2
+    assert b"--from-manifest: takes the export's options from the manifest" in result.stderr

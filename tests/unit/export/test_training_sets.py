@@ -264,3 +264,53 @@ async def test_the_card_says_the_split_and_what_the_dedup_removed(tmp_path: Any)
     assert summary.duplicates_removed > 0
     assert '"split":"eval"' in card  # Hugging Face's split of the data file
     assert f"{summary.duplicates_removed} rows removed" in card
+
+
+async def test_a_manifest_reproduces_the_export_byte_for_byte(tmp_path: Any) -> None:
+    from rl_export.export.latest import ViewPosition
+    from rl_export.export.lineage import manifest_path, read_manifest
+
+    store = MemoryStore()
+    await replay_events(store, traffic(40), "one")
+    out = tmp_path / "train.jsonl"
+    options: dict[str, Any] = {
+        "filters": parse_filters({"metadata": ["tier=gold"], "min-reward": "0.3"}),
+        "split": parse_split("train", "train=0.7,eval=0.3", "metadata.region", "s"),
+        "dedup": parse_dedup("near", "0.9", "conversation"),
+        "redact": "pii",
+    }
+    summary = await write_export(store, EVALUATOR, format="messages", out=out, card=True,
+                                 manifest=True, **options)  # fmt: skip
+    manifest = read_manifest(manifest_path(out))
+    import hashlib
+
+    assert manifest.sha256 == hashlib.sha256(out.read_bytes()).hexdigest() == summary.sha256
+    assert (manifest.rows, manifest.bytes) == (summary.records, out.stat().st_size)
+    assert manifest.filters == {"min-reward": "0.3", "metadata": ["tier=gold"]}
+    assert manifest.split_of() == options["split"]
+    assert manifest.dedup_of() == options["dedup"]
+    assert manifest.redact == ["email", "phone", "credit_card", "iban", "ip"]
+    # The corpus moves on; the manifest's position still reads what it read.
+    await replay_events(store, traffic(20, start=40), "two")
+    again = tmp_path / "again.jsonl"
+    await write_export(
+        store, EVALUATOR, format=manifest.format, out=again, at=manifest.view_position(),
+        filters=parse_filters(manifest.filters), split=manifest.split_of(),
+        dedup=manifest.dedup_of(), redact=",".join(manifest.redact),
+    )  # fmt: skip
+    assert again.read_bytes() == out.read_bytes()
+    latest = tmp_path / "latest.jsonl"
+    moved = await write_export(store, EVALUATOR, format="messages", out=latest, **options)
+    assert latest.read_bytes() != out.read_bytes()  # the new traffic is in the latest view
+    assert ViewPosition.from_json(moved.position) != manifest.view_position()
+
+
+def test_a_file_that_is_not_a_manifest_is_a_precise_error(tmp_path: Any) -> None:
+    from rl_export.export.lineage import read_manifest
+
+    path = tmp_path / "x.manifest.json"
+    path.write_text('{"org": "acme"}')
+    with pytest.raises(ExportError, match=r"from-manifest: .* is not an export manifest"):
+        read_manifest(path)
+    with pytest.raises(ExportError, match="from-manifest: cannot read"):
+        read_manifest(tmp_path / "missing.json")
