@@ -234,46 +234,22 @@ _MANIFEST_FLAGS = (
 def _from_manifest(args: argparse.Namespace) -> Any:
     """Fill the export's options in ``args`` from ``--from-manifest FILE``; return the view
     position it read. ConfigError for an option given beside it, or a file that is not a
-    manifest (or says another rl-export version made it: the bytes may differ)."""
+    manifest of this rl-export version."""
     from rl_export.common.filters import FILTER_NAMES
-    from rl_export.export.lineage import read_manifest
+    from rl_export.export.lineage import manifest_options, read_manifest
 
-    given = [f"--{n.replace('_', '-')}" for n in _MANIFEST_FLAGS if getattr(args, n) is not None]
-    given += [f"--{n}" for n in FILTER_NAMES if getattr(args, "f_" + n.replace("-", "_"))
+    defaults = {"max_pairs": 1, "zip_data": "csv", "mask_failed_turns": False}
+    given = [n for n in _MANIFEST_FLAGS if getattr(args, n) is not None]
+    given += [n for n, default in defaults.items() if getattr(args, n) != default]
+    given += ["f_" + n for n in FILTER_NAMES if getattr(args, "f_" + n.replace("-", "_"))
               is not None]  # fmt: skip
-    if args.max_pairs != 1:
-        given.append("--max-pairs")
-    if args.zip_data != "csv":
-        given.append("--zip-data")
-    if args.mask_failed_turns:
-        given.append("--mask-failed-turns")
     if given:
-        raise ConfigError(
-            "--from-manifest", f"takes the export's options from the manifest: give only "
-            f"--store, -o and --card, not {', '.join(given)}",
-        )  # fmt: skip
+        flags = ", ".join("--" + n.removeprefix("f_").replace("_", "-") for n in given)
+        raise ConfigError("--from-manifest", "takes the export's options from the manifest: "
+                          f"give only --store, -o and --card, not {flags}")  # fmt: skip
     manifest = read_manifest(Path(args.from_manifest))
-    if manifest.rl_export_version != __version__:
-        raise ConfigError(
-            "--from-manifest", f"{args.from_manifest} was made by rl-export "
-            f"{manifest.rl_export_version}, this is {__version__}: the bytes may differ",
-        )  # fmt: skip
-    args.org, args.project, args.source = manifest.org, manifest.project, manifest.source
-    args.format, args.columns, args.margin = manifest.format, manifest.columns, manifest.margin
-    args.pair_by = ",".join(manifest.pair_by) or None
-    args.max_pairs, args.zip_data = manifest.max_pairs, manifest.zip_data
-    args.mask_failed_turns = manifest.mask_failed_turns
-    args.mask_types = None if manifest.mask_types is None else ",".join(manifest.mask_types)
-    args.redact = ",".join(manifest.redact) or "none"
-    for name, value in manifest.filters.items():
-        setattr(args, "f_" + name.replace("-", "_"), value)
-    split, dedup = manifest.split_of(), manifest.dedup_of()
-    if split is not None:
-        args.split, args.split_by, args.split_salt = split.name, split.by, split.salt
-        args.splits = ",".join(f"{n}={v!r}" for n, v in split.splits)
-    if dedup is not None:
-        args.dedup, args.dedup_on = dedup.mode, dedup.on
-        args.dedup_threshold = repr(dedup.threshold) if dedup.mode == "near" else None
+    for name, value in manifest_options(manifest).items():
+        setattr(args, name, value)
     return manifest.view_position()
 
 
@@ -450,30 +426,21 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     group.add_argument("--limit", dest="f_limit", metavar="N")
 
 
+_TRAINING_FLAGS = (
+    ("--split", "NAME", "keep the rows of this split only"),
+    ("--splits", "NAME=FRACTION,...", "the splits' shares, summing to 1 (train=0.9,eval=0.1)"),
+    ("--split-by", "FIELD", "what decides a row's split: trace_id, a field, metadata.KEY"),
+    ("--split-salt", "S", "a salt for the split's hash"),
+    ("--dedup", "exact|near", "one row per group of duplicates: the best reward, the latest"),
+    ("--dedup-threshold", "J", "near: least estimated Jaccard of word 5-shingles (0.85)"),
+    ("--dedup-on", "conversation|prompt", "the text compared (default: every message)"),
+)
+
+
 def _add_training_set(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("training sets (DESIGN.md section 4)")
-    group.add_argument("--split", metavar="NAME", help="keep the rows of this split only")
-    group.add_argument(
-        "--splits", metavar="NAME=FRACTION,...",
-        help="the splits and their shares, summing to 1 (e.g. train=0.9,eval=0.05,test=0.05)",
-    )  # fmt: skip
-    group.add_argument(
-        "--split-by", metavar="FIELD",
-        help="what decides a row's split: trace_id (default), a record field, metadata.KEY",
-    )  # fmt: skip
-    group.add_argument("--split-salt", metavar="S", help="a salt for the split's hash")
-    group.add_argument(
-        "--dedup", metavar="exact|near",
-        help="keep one row per group of duplicates: the best reward, then the latest",
-    )  # fmt: skip
-    group.add_argument(
-        "--dedup-threshold", metavar="J",
-        help="near: least estimated Jaccard similarity of word 5-shingles (default 0.85)",
-    )  # fmt: skip
-    group.add_argument(
-        "--dedup-on", metavar="conversation|prompt",
-        help="the text compared: every message (default) or up to the first user message",
-    )  # fmt: skip
+    for flag, metavar, text in _TRAINING_FLAGS:
+        group.add_argument(flag, metavar=metavar, help=text)
 
 
 def _training_set(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -625,11 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="write an export of a corpus's latest view (any format, filtered)"
     )
     _add_source(p, required=False)  # required unless --from-manifest: checked by cmd_export
-    p.add_argument(
-        "--from-manifest", metavar="FILE",
-        help="the export a FILE.manifest.json describes, again: the same bytes while the "
-        "corpus position it read exists (give only --store and -o)",
-    )  # fmt: skip
+    p.add_argument("--from-manifest", metavar="FILE", help="a .manifest.json's export again")
     p.add_argument(
         "--format", metavar="F",
         help="trajectory, prompt_completion, messages, kto, preference, executions, rl_prompts "

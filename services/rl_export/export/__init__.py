@@ -15,6 +15,8 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.stats`       stats and the reward histogram
 - :mod:`~rl_export.export.splits`      ``--split``: stable splits by a hash of a field
 - :mod:`~rl_export.export.dedup`       ``--dedup``: exact and near duplicates grouped
+- :mod:`~rl_export.export.selection`   what a scan keeps beyond the filters (split, dedup)
+- :mod:`~rl_export.export.lineage`     ``<file>.manifest.json`` and ``--from-manifest``
 - :mod:`~rl_export.export.requests`    an export's parameters checked; names, content types
 - :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
   ``latest_records``

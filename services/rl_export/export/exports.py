@@ -91,13 +91,14 @@ from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import Column
-from rl_export.export.dedup import Dedup, Deduplicator
-from rl_export.export.latest import LatestView, ViewPosition
+from rl_export.export.dedup import Dedup
+from rl_export.export.latest import ViewPosition
 from rl_export.export.lazy import export_fields
-from rl_export.export.lineage import Manifest, encode_manifest, manifest_path
+from rl_export.export.lineage import encode_manifest, export_manifest, manifest_path
 from rl_export.export.pairs import preference_chunks
 from rl_export.export.requests import ZipData, check_export
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
+from rl_export.export.selection import selector
 from rl_export.export.splits import Split
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import (
@@ -432,46 +433,6 @@ async def _export_chunks(
         yield b"".join(pending)
 
 
-DEDUP_FIELDS = frozenset({"trace_id", "reward", "updated_at", "messages"})
-"""What a dedup's first pass reads of each record."""
-
-
-async def selector(
-    view: LatestView,
-    filters: Filters,
-    summary: ExportSummary,
-    split: Split | None,
-    dedup: Dedup | None,
-) -> Callable[[dict[str, Any]], bool] | None:
-    """What a :class:`Scan` asks of each record that passed the filters: in the split, and
-    kept by the dedup (None: neither asked). A dedup first reads the view once (filtered,
-    every split: a duplicate in another split is a duplicate too, so no conversation is in
-    two splits) and groups the rows; the summary counts the rows of the split it removed,
-    and (as the export reads) those of other splits."""
-    if split is None and dedup is None:
-        return None
-    kept: set[str] | None = None
-    if dedup is not None:
-        grouping = Deduplicator(dedup)
-        read = DEDUP_FIELDS | filters.fields() | ({split.field} if split is not None else set())
-        first = Scan(view, filters, ExportSummary(), None, (frozenset(read), frozenset()))
-        async for batch in first.lines():
-            for _, record in batch:
-                grouping.add(
-                    record["trace_id"], record.get("reward"), record.get("updated_at"),
-                    record.get("messages"), counted=split is None or split.matches(record),
-                )  # fmt: skip
-        kept, summary.duplicates_removed = await asyncio.to_thread(grouping.kept)
-
-    def select(record: dict[str, Any]) -> bool:
-        if split is not None and not split.matches(record):
-            summary.split_left_out += 1
-            return False
-        return kept is None or record["trace_id"] in kept
-
-    return select
-
-
 async def write_export(
     store: ObjectStore,
     ref: CorpusRef,
@@ -538,19 +499,10 @@ async def write_export(
 
         await _write_atomically(directory / CARD_NAME, write_card)
     if manifest:
-        made = Manifest(
-            org=ref.org, project=ref.project, source=ref.corpus, format=format, file=file,
-            position=summary.position or {}, filters=filters.to_params(sep="-"),
-            columns=columns if columns is None or isinstance(columns, str) else ",".join(columns),
-            pair_by=list(pair_by), margin=margin, max_pairs=max_pairs, zip_data=zip_data,
-            mask_failed_turns=mask is not None,
-            mask_types=None if mask is None or mask.types is None else sorted(mask.types),
-            split=None if split is None else split.as_dict(),
-            dedup=None if dedup is None else dedup.as_dict(),
-            redact=list(parse_kinds(redact)), redactions=summary.redactions,
-            duplicates_removed=None if dedup is None else summary.duplicates_removed,
-            split_left_out=None if split is None else summary.split_left_out,
-            rows=summary.records, bytes=summary.bytes, sha256=summary.sha256,
+        made = export_manifest(
+            summary, ref, format, file=file, filters=filters, columns=columns, pair_by=pair_by,
+            margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, split=split,
+            dedup=dedup, kinds=parse_kinds(redact),
         )  # fmt: skip
         lineage = encode_manifest(made)
 

@@ -110,9 +110,60 @@ def read_manifest(path: Path) -> Manifest:
         ) from None
     except (ValueError, FilterError, KeyError, TypeError) as exc:
         raise ExportError("from-manifest", f"{path} is not an export manifest ({exc})") from None
+    if manifest.rl_export_version != __version__:
+        raise ExportError(
+            "from-manifest", f"{path} was made by rl-export {manifest.rl_export_version}, this "
+            f"is {__version__}: the bytes may differ",
+        )  # fmt: skip
     if manifest.manifest_version != MANIFEST_VERSION:
         raise ExportError(
             "from-manifest", f"{path}: manifest version {manifest.manifest_version} is not "
             f"{MANIFEST_VERSION}",
         )  # fmt: skip
     return manifest
+
+
+def manifest_options(manifest: Manifest) -> dict[str, Any]:
+    """The export's options a manifest holds, by the names of ``rl-export export``'s flags
+    (``f_<filter>`` for the filters), as the command line gives them."""
+    split, dedup = manifest.split_of(), manifest.dedup_of()
+    options: dict[str, Any] = {
+        "org": manifest.org, "project": manifest.project, "source": manifest.source,
+        "format": manifest.format, "columns": manifest.columns, "margin": manifest.margin,
+        "pair_by": ",".join(manifest.pair_by) or None, "max_pairs": manifest.max_pairs,
+        "zip_data": manifest.zip_data, "mask_failed_turns": manifest.mask_failed_turns,
+        "mask_types": None if manifest.mask_types is None else ",".join(manifest.mask_types),
+        "redact": ",".join(manifest.redact) or "none",
+    }  # fmt: skip
+    for name, value in manifest.filters.items():
+        options["f_" + name.replace("-", "_")] = value
+    if split is not None:
+        options |= {"split": split.name, "split_by": split.by, "split_salt": split.salt,
+                    "splits": ",".join(f"{n}={v!r}" for n, v in split.splits)}  # fmt: skip
+    if dedup is not None:
+        threshold = repr(dedup.threshold) if dedup.mode == "near" else None
+        options |= {"dedup": dedup.mode, "dedup_on": dedup.on, "dedup_threshold": threshold}
+    return options
+
+
+def export_manifest(summary: Any, ref: Any, fmt: str, **options: Any) -> Manifest:
+    """The manifest of an export just written: its :class:`~rl_export.export.scan.
+    ExportSummary` (position, counts, sha256), its corpus and format, and the options it was
+    made with (the keyword arguments of :func:`~rl_export.export.write_export`)."""
+    columns, mask, split, dedup = (options["columns"], options["mask"], options["split"],
+                                   options["dedup"])  # fmt: skip
+    return Manifest(
+        org=ref.org, project=ref.project, source=ref.corpus, format=fmt, file=options["file"],
+        position=summary.position or {}, filters=options["filters"].to_params(sep="-"),
+        columns=columns if columns is None or isinstance(columns, str) else ",".join(columns),
+        pair_by=list(options["pair_by"]), margin=options["margin"],
+        max_pairs=options["max_pairs"], zip_data=options["zip_data"],
+        mask_failed_turns=mask is not None,
+        mask_types=None if mask is None or mask.types is None else sorted(mask.types),
+        split=None if split is None else split.as_dict(),
+        dedup=None if dedup is None else dedup.as_dict(),
+        redact=list(options["kinds"]), redactions=summary.redactions,
+        duplicates_removed=None if dedup is None else summary.duplicates_removed,
+        split_left_out=None if split is None else summary.split_left_out,
+        rows=summary.records, bytes=summary.bytes, sha256=summary.sha256,
+    )  # fmt: skip
