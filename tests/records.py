@@ -57,6 +57,7 @@ def record(
     outcomes: list[dict[str, Any]] | None = None,
     attachments: list[dict[str, Any]] | None = None,
     revision: int = 3,
+    metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A trajectory record as a corpus holds it (every field, DESIGN.md order)."""
     evaluation = None
@@ -107,6 +108,7 @@ def record(
             }
             for name, ratings in list(LABELS.items())[:labels]
         ],
+        "metadata": dict(metadata or {}),
     }
 
 

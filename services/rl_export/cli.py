@@ -223,6 +223,36 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
     return source_ref(args.org, args.project, args.source)
 
 
+_MANIFEST_FLAGS = (
+    "org", "project", "source", "format", "columns", "pair_by", "margin", "mask_types",
+    "redact", "split", "splits", "split_by", "split_salt", "dedup", "dedup_threshold",
+    "dedup_on",
+)  # fmt: skip
+"""What ``--from-manifest`` takes from the manifest: not to be given with it."""
+
+
+def _from_manifest(args: argparse.Namespace) -> Any:
+    """Fill the export's options in ``args`` from ``--from-manifest FILE``; return the view
+    position it read. ConfigError for an option given beside it, or a file that is not a
+    manifest of this rl-export version."""
+    from rl_export.common.filters import FILTER_NAMES
+    from rl_export.export.lineage import manifest_options, read_manifest
+
+    defaults = {"max_pairs": 1, "zip_data": "csv", "mask_failed_turns": False}
+    given = [n for n in _MANIFEST_FLAGS if getattr(args, n) is not None]
+    given += [n for n, default in defaults.items() if getattr(args, n) != default]
+    given += ["f_" + n for n in FILTER_NAMES if getattr(args, "f_" + n.replace("-", "_"))
+              is not None]  # fmt: skip
+    if given:
+        flags = ", ".join("--" + n.removeprefix("f_").replace("_", "-") for n in given)
+        raise ConfigError("--from-manifest", "takes the export's options from the manifest: "
+                          f"give only --store, -o and --card, not {flags}")  # fmt: skip
+    manifest = read_manifest(Path(args.from_manifest))
+    for name, value in manifest_options(manifest).items():
+        setattr(args, name, value)
+    return manifest.view_position()
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from rl_export.common.filters import parse_filters
     from rl_export.common.gctune import lean_allocators, tune_gc
@@ -239,6 +269,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
 
     settings = _settings(args, store_url="store")
+    at = _from_manifest(args) if args.from_manifest is not None else None
+    for flag in ("org", "project", "source", "format"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag}", "is required (or --from-manifest FILE)")
     filters = parse_filters(_filter_values(args))
     ref = _export_ref(args)
     pair_by = parse_pair_by(args.pair_by)
@@ -254,6 +288,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         max_pairs=args.max_pairs, zip_data=args.zip_data, mask=mask, file=file, card=args.card,
         redact=redact, chat=chat, completion=completion,
     )  # fmt: skip
+    split, dedup = _training_set(args)
     if to_stdout and args.card:
         raise ConfigError("--card", "writes README.md beside the output file: give -o FILE")
     if not to_stdout and Path(args.output).is_dir():
@@ -270,7 +305,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-                    redact=redact, chat=chat, completion=completion,
+                    redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
+                    at=at, manifest=args.card,
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -284,13 +320,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     note += f" from {summary.scanned} latest records, {summary.matched} matching the filters"
     if summary.skipped:
         note += f", {summary.skipped} without a {args.format} row"
+    if split is not None:
+        note += f"; --split {split.name}: {summary.split_left_out} of other splits left out"
+    if dedup is not None:
+        note += f"; --dedup {dedup.mode}: {summary.duplicates_removed} duplicates removed"
     if args.format == "zip":
         note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
     if mask is not None:
         note += (f"; {summary.turns_outside} failing outcomes named a turn outside their "
                  f"conversation (they mask nothing)")  # fmt: skip
     if args.card:
-        note += f"; dataset card {Path(args.output).parent / 'README.md'}"
+        note += f"; dataset card {Path(args.output).parent / 'README.md'}, lineage "
+        note += f"{args.output}.manifest.json"
+    if at is not None:
+        note += f"; read at the position of {args.from_manifest}"
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:
@@ -383,14 +426,44 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
         "--max-spread", dest="f_max_spread", metavar="X",
         help="the largest difference between two labelers' rewards is at most X (0..1)",
     )  # fmt: skip
+    group.add_argument(
+        "--metadata", dest="f_metadata", metavar="KEY=VALUE", action="append",
+        help="repeatable: the trace's top-level metadata KEY equals VALUE (as text)",
+    )  # fmt: skip
     group.add_argument("--limit", dest="f_limit", metavar="N")
 
 
-def _add_source(p: argparse.ArgumentParser) -> None:
+_TRAINING_FLAGS = (
+    ("--split", "NAME", "keep the rows of this split only"),
+    ("--splits", "NAME=FRACTION,...", "the splits' shares, summing to 1 (train=0.9,eval=0.1)"),
+    ("--split-by", "FIELD", "what decides a row's split: trace_id, a field, metadata.KEY"),
+    ("--split-salt", "S", "a salt for the split's hash"),
+    ("--dedup", "exact|near", "one row per group of duplicates: the best reward, the latest"),
+    ("--dedup-threshold", "J", "near: least estimated Jaccard of word 5-shingles (0.85)"),
+    ("--dedup-on", "conversation|prompt", "the text compared (default: every message)"),
+)
+
+
+def _add_training_set(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("training sets (DESIGN.md section 4)")
+    for flag, metavar, text in _TRAINING_FLAGS:
+        group.add_argument(flag, metavar=metavar, help=text)
+
+
+def _training_set(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The ``--split`` and ``--dedup`` flags, checked: (Split | None, Dedup | None)."""
+    from rl_export.export import parse_dedup, parse_split
+
+    split = parse_split(args.split, args.splits, args.split_by, args.split_salt)
+    dedup = parse_dedup(args.dedup, args.dedup_threshold, args.dedup_on)
+    return split, dedup
+
+
+def _add_source(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
-    p.add_argument("--org", required=True)
-    p.add_argument("--project", required=True)
-    p.add_argument("--source", required=True, metavar="human|evaluator|traces")
+    p.add_argument("--org", required=required)
+    p.add_argument("--project", required=required)
+    p.add_argument("--source", required=required, metavar="human|evaluator|traces")
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -525,9 +598,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export", help="write an export of a corpus's latest view (any format, filtered)"
     )
-    _add_source(p)
+    _add_source(p, required=False)  # required unless --from-manifest: checked by cmd_export
+    p.add_argument("--from-manifest", metavar="FILE", help="a .manifest.json's export again")
     p.add_argument(
-        "--format", required=True, metavar="F",
+        "--format", metavar="F",
         help="trajectory, prompt_completion, messages, kto, preference, executions, rl_prompts "
         "(Parquet when FILE ends in .parquet), csv, json, parquet or zip",
     )  # fmt: skip
@@ -566,7 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--card", action="store_true",
-        help="write a Hugging Face dataset card (README.md) beside the output file",
+        help="write a Hugging Face dataset card (README.md) and the lineage manifest "
+        "(FILE.manifest.json) beside the output file",
     )  # fmt: skip
     p.add_argument(
         "--redact", metavar="KIND,...",
@@ -575,6 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="'-' for stdout")
     _add_filters(p)
+    _add_training_set(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("stats", help="print {records, avg_reward, pass_rate, human_labeled}")

@@ -11,8 +11,9 @@
    production. Its latest view holds exactly ``--records`` live records.
 2. Export it with ``rl-export export`` in a child process, per case: ``trajectory`` JSON
    Lines without redaction, with the default ``--redact secrets`` and with ``--redact all``
-   (side by side: the redaction's cost), ``messages`` with ``--passed true``, and CSV with
-   chosen columns (and, with ``--all``, ``executions``, Parquet and ``preference``). Wall
+   (side by side: the redaction's cost), ``messages`` with ``--passed true``, CSV with
+   chosen columns, ``trajectory`` with ``--dedup exact`` and ``--dedup near`` and ``messages``
+   of one ``--split`` (and, with ``--all``, ``executions``, Parquet and ``preference``). Wall
    time, records/s, CPU time and the child's peak RSS (its own VmHWM) are measured.
 3. Profile each case once more under cProfile and report where the time goes.
 4. Backfill (``--backfill``): a ``traces`` corpus whose one chain holds the history of
@@ -80,6 +81,20 @@ CASES: dict[str, list[str]] = {
     "trajectory --redact all": ["--format", "trajectory", "--redact", "all"],
     "messages --passed true": ["--format", "messages", "--passed", "true", "--redact", "none"],
     "csv (8 columns)": ["--format", "csv", "--columns", CSV_COLUMNS, "--redact", "none"],
+    # Training sets (issue 44's goals on 1M records: exact >= 20,000 records/s, near >= 5,000,
+    # peak RSS <= 1 GiB).
+    "trajectory --dedup exact": ["--format", "trajectory", "--dedup", "exact", "--redact", "none"],
+    "trajectory --dedup near": ["--format", "trajectory", "--dedup", "near", "--redact", "none"],
+    "messages --split train": [
+        "--format",
+        "messages",
+        "--split",
+        "train",
+        "--splits",
+        "train=0.9,eval=0.05,test=0.05",
+        "--redact",
+        "none",
+    ],
 }
 MORE_CASES: dict[str, list[str]] = {
     "executions": ["--format", "executions", "--redact", "none"],

@@ -53,7 +53,8 @@ class EventView:
 
     ``micros`` is ``occurred_at`` in microseconds since the epoch (exact). Payload fields are
     set for their event type only: ``messages`` (the conversation as compact JSON, parsed and
-    written back once), ``attachments`` / ``results`` / ``report`` as the models dump them,
+    written back once), ``metadata`` (the trace's object as compact JSON, its keys in the
+    order received), ``attachments`` / ``results`` / ``report`` as the models dump them,
     ``rubric`` as (correctness, helpfulness, efficiency, safety) and the label's ``comment``.
     """
 
@@ -67,6 +68,7 @@ class EventView:
     scenario: str = ""
     messages: bytes = b""
     attachments: list[dict[str, Any]] | None = None
+    metadata: bytes = b"{}"
     evaluation_id: str = ""
     results: list[dict[str, Any]] | None = None
     report: dict[str, Any] | None = None
@@ -87,6 +89,7 @@ def view_of(event: BaseEvent) -> EventView:
         view.scenario = event.scenario
         view.messages = orjson.dumps(event.messages)
         view.attachments = [a.model_dump(mode="json") for a in event.attachments]
+        view.metadata = orjson.dumps(event.metadata)
     elif isinstance(event, EvaluationFinished):
         view.evaluation_id = event.evaluation_id
         view.results = [r.model_dump(mode="json", exclude_unset=True) for r in event.results]
@@ -343,6 +346,8 @@ def _fast(raw: bytes) -> tuple[EventView, datetime]:
         view.scenario = event.scenario
         view.messages = orjson.dumps(orjson.loads(memoryview(event.messages)))
         view.attachments = [_attachment(a) for a in event.attachments]
+        if event.metadata is not _NULL:
+            view.metadata = orjson.dumps(orjson.loads(metadata))
     elif isinstance(event, _EvaluationFinished):
         view.evaluation_id = event.evaluation_id
         view.results = [_result(r) for r in event.results]

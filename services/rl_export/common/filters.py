@@ -17,6 +17,7 @@ Public interface (the web service and the corpus specs rely on these names)::
         labeled: bool | None                 # at least one current human label
         min_labels: int | None               # labels_count >= N
         max_spread: float | None             # record_spread(record) <= X (unknown: no match)
+        metadata: tuple[tuple[str, str], ...] # (KEY, VALUE): metadata[KEY], as text, == VALUE
         limit: int | None                    # at most N rows (applied by the export)
         def matches(record: Mapping) -> bool # every given filter holds (limit aside)
         def fields() -> frozenset[str]       # the record fields matches reads
@@ -27,7 +28,8 @@ Public interface (the web service and the corpus specs rely on these names)::
     class FilterError(ConfigError)           # .setting is the filter's name ("min-reward")
 
 ``parse_filters`` accepts both spellings (``min-reward`` and ``min_reward``), a string or a
-list of strings per name (the repeatable ``pass-dimension`` takes several), and raises one
+list of strings per name (the repeatable ``pass-dimension`` and ``metadata KEY=VALUE`` take
+several), and raises one
 :class:`FilterError` naming the filter and the problem, e.g. ``min-reward: 'abc' is not a
 number``. With ``strict=False`` names that are not filters are ignored (a query string also
 carries ``source``, ``format``, ...).
@@ -40,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict
 
 from rl_export.common.errors import FilterError
@@ -58,9 +61,10 @@ FILTER_NAMES: tuple[str, ...] = (
     "labeled",
     "min-labels",
     "max-spread",
+    "metadata",
     "limit",
 )
-_REPEATABLE = frozenset({"pass-dimension"})
+_REPEATABLE = frozenset({"pass-dimension", "metadata"})
 
 __all__ = [
     "FILTER_NAMES", "FilterError", "Filters", "parse_filters", "record_spread", "worst_severity",
@@ -84,6 +88,7 @@ class Filters(BaseModel):
     labeled: bool | None = None
     min_labels: int | None = None
     max_spread: float | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
     limit: int | None = None
 
     def is_empty(self) -> bool:
@@ -121,6 +126,13 @@ class Filters(BaseModel):
             spread = record_spread(record)
             if spread is None or spread > self.max_spread:
                 return False
+        if self.metadata:
+            metadata = record.get("metadata")
+            if not isinstance(metadata, Mapping):
+                return False
+            for key, value in self.metadata:
+                if key not in metadata or metadata_text(metadata[key]) != value:
+                    return False
         if self.since is not None or self.until is not None:
             stamp = _updated_at(record)
             if stamp is None:
@@ -168,6 +180,8 @@ class Filters(BaseModel):
                 out[key] = "true" if value else "false"
             elif isinstance(value, datetime):
                 out[key] = format_utc(value)
+            elif name == "metadata":
+                out[key] = [f"{k}={v}" for k, v in value]
             elif isinstance(value, tuple):
                 out[key] = list(value)
             else:
@@ -186,6 +200,7 @@ _FIELDS = (
     ("until", "updated_at"),
     ("pass_dimension", "evaluation"),
     ("max_severity", "evaluation"),
+    ("metadata", "metadata"),
 )  # (filter, the record field it reads); min/max reward read reward
 
 
@@ -207,6 +222,14 @@ def record_spread(record: Mapping[str, Any]) -> float | None:
         return 0.0
     sums: list[int] = [sum(label["rubric"][d] for d in _DIMENSIONS) for label in labels]
     return (max(sums) - min(sums)) / 20
+
+
+def metadata_text(value: Any) -> str:
+    """A metadata value as the ``metadata`` filter compares it: a string as it is, anything
+    else as its compact JSON (``true``, ``3``, ``1.5``, ``null``)."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
 
 
 def _updated_at(record: Mapping[str, Any]) -> datetime | None:
@@ -291,6 +314,13 @@ def _text(name: str, text: str) -> str:
     return text
 
 
+def _pair(name: str, text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise FilterError(name, f"expected KEY=VALUE (e.g. tier=gold), got {text!r}")
+    return key.strip(), value
+
+
 def _datetime(name: str, text: str) -> datetime:
     try:
         return parse_rfc3339(text.strip())
@@ -315,6 +345,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "labeled": parse_bool,
     "min-labels": _count,
     "max-spread": _spread,
+    "metadata": _pair,
     "limit": _count,
 }
 
@@ -366,7 +397,10 @@ def filters_from_json(value: Mapping[str, Any]) -> Filters:
     booleans and numbers included, are read as their text."""
     texts: dict[str, str | list[str]] = {}
     for name, item in value.items():
-        if isinstance(item, list):
+        if canonical_name(name) == "metadata" and isinstance(item, Mapping):
+            # {"tier": "gold"} is metadata=tier=gold
+            texts[name] = [f"{k}={metadata_text(v)}" for k, v in item.items()]
+        elif isinstance(item, list):
             texts[name] = [filter_text(name, v) for v in item]
         else:
             texts[name] = filter_text(name, item)

@@ -95,6 +95,11 @@ class TrajectoryRecord(_Record):
         "version 2 named it `labels` (read as this field); records written before schema "
         "version 2 lack it: unknown, not empty."
     )
+    metadata: dict[str, Any] = Field(
+        description="The trace's metadata object as received (string values redacted like "
+        "other free text). Records written before the join kept it lack the field: unknown, "
+        "not empty."
+    )
 
 
 class Tombstone(_Record):
@@ -128,10 +133,10 @@ def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | N
 
 
 def _fields(snapshot: dict[str, Any]) -> list[str]:
-    """The record's fields of a snapshot: all of them, but ``human_labels`` when the
-    snapshot was made from a record written before it existed (the field is unknown there,
-    not empty)."""
-    return _RECORD_FIELDS if HUMAN_LABELS in snapshot else _FIELDS_BEFORE_LABELS
+    """The record's fields of a snapshot: all of them, but ``human_labels`` or ``metadata``
+    when the snapshot was made from a state or record kept before the field existed (unknown
+    there, not empty)."""
+    return _FIELD_LISTS[HUMAN_LABELS in snapshot, "metadata" in snapshot]
 
 
 # --- record schema 3: ``labels`` became ``human_labels`` -----------------------------------
@@ -205,7 +210,14 @@ def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
 # The record's fields, in DESIGN.md order.
 _RECORD_FIELDS = list(TrajectoryRecord.model_fields)
 _RECORD_KEYS = frozenset(_RECORD_FIELDS)
-_FIELDS_BEFORE_LABELS = [k for k in _RECORD_FIELDS if k != HUMAN_LABELS]
+_FIELD_LISTS = {
+    (labels, metadata): [
+        k for k in _RECORD_FIELDS
+        if (k != HUMAN_LABELS or labels) and (k != "metadata" or metadata)
+    ]
+    for labels in (False, True)
+    for metadata in (False, True)
+}  # fmt: skip
 
 # What SnapshotLines leaves as holes in a snapshot's shared encoding, in record order: the
 # fields in which corpora differ (``_scored``), and the messages (RawJson, most of the bytes).

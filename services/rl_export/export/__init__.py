@@ -13,11 +13,16 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.attachments` attachment fetching for zip exports
 - :mod:`~rl_export.export.card`        the dataset card (README.md) of an export
 - :mod:`~rl_export.export.stats`       stats and the reward histogram
+- :mod:`~rl_export.export.splits`      ``--split``: stable splits by a hash of a field
+- :mod:`~rl_export.export.dedup`       ``--dedup``: exact and near duplicates grouped
+- :mod:`~rl_export.export.selection`   what a scan keeps beyond the filters (split, dedup)
+- :mod:`~rl_export.export.lineage`     ``<file>.manifest.json`` and ``--from-manifest``
 - :mod:`~rl_export.export.requests`    an export's parameters checked; names, content types
 - :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
   ``latest_records``
 """
 
+from rl_export.export.dedup import Dedup, parse_dedup
 from rl_export.export.exports import iter_export, latest_records, preview, stats, write_export
 from rl_export.export.requests import (
     SOURCES,
@@ -33,11 +38,14 @@ from rl_export.export.requests import (
     source_ref,
 )
 from rl_export.export.scan import ExportSummary
+from rl_export.export.splits import Split, parse_split
 from rl_export.export.stats import StatsAccumulator, reward_histogram
 
 __all__ = [
     "SOURCES",
+    "Dedup",
     "ExportSummary",
+    "Split",
     "StatsAccumulator",
     "check_export",
     "content_type",
@@ -47,9 +55,11 @@ __all__ = [
     "latest_records",
     "parse_chat_style",
     "parse_completion",
+    "parse_dedup",
     "parse_margin",
     "parse_mask",
     "parse_pair_by",
+    "parse_split",
     "preview",
     "reward_histogram",
     "source_ref",

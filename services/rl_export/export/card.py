@@ -150,7 +150,10 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
     """The card's YAML header, as a dict (see the module)."""
     fmt = facts.format
     row_format = fmt if fmt not in TABULAR_FORMATS else None
-    info: dict[str, Any] = {"splits": [{"name": "train", "num_examples": facts.records}]}
+    # An export of one --split is that split for Hugging Face too (else all of it: train).
+    split = facts.extra.get("split")
+    name = split["name"] if isinstance(split, dict) else "train"
+    info: dict[str, Any] = {"splits": [{"name": name, "num_examples": facts.records}]}
     if facts.arrow_schema is not None:
         info = {"features": hf_features(facts.arrow_schema), **info}
     mask = None
@@ -167,7 +170,7 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
         "configs": [
             {
                 "config_name": "default",
-                "data_files": [{"split": "train", "path": facts.file_name}],
+                "data_files": [{"split": name, "path": facts.file_name}],
             }
         ],
         "dataset_info": info,
@@ -248,6 +251,23 @@ def dataset_card(facts: CardFacts) -> str:
             f"- Turn masks: every assistant message has a `weight`, 0 when its turn has an "
             f"outcome with `decision: false` ({types}), else 1; {facts.turns_outside} failing "
             f"outcomes named a turn outside their conversation and masked nothing."
+        )
+    split = meta.get("split")
+    if isinstance(split, dict):
+        shares = ", ".join(f"{k}={v}" for k, v in split["splits"].items())
+        lines.append(
+            f"- Split: `{split['name']}` of {shares}, by a stable hash of (salt, "
+            f"`{split['by']}`): a trace never changes split as the corpus grows; "
+            f"{split['left_out']} matching rows of other splits left out."
+        )
+    dedup = meta.get("dedup")
+    if isinstance(dedup, dict):
+        how = "identical normalised text"
+        if dedup["mode"] == "near":
+            how = f"MinHash-estimated Jaccard of word 5-shingles >= {dedup['threshold']}"
+        lines.append(
+            f"- Deduplication: `{dedup['mode']}` on the {dedup['on']} ({how}), the best reward "
+            f"kept per group; {dedup['removed']} rows removed."
         )
     if meta["row_schema"]:
         lines.append(f"- Row schema: `schemas/{meta['row_schema']}` in rl-export.")

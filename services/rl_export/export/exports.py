@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -101,10 +102,15 @@ from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import Fetcher, FetchError, archive_paths
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import Column
+from rl_export.export.dedup import Dedup
+from rl_export.export.latest import ViewPosition
 from rl_export.export.lazy import export_fields
+from rl_export.export.lineage import encode_manifest, export_manifest, manifest_path
 from rl_export.export.pairs import preference_chunks
 from rl_export.export.requests import ZipData, check_export
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
+from rl_export.export.selection import selector
+from rl_export.export.splits import Split
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import (
     CsvEncoder,
@@ -164,7 +170,10 @@ async def _jsonl(
     *,
     chat: Chat,
 ) -> AsyncGenerator[bytes | memoryview, None]:
-    if fmt == "trajectory" and scan.filters.is_empty() and not scan.collect_rules:
+    if (
+        fmt == "trajectory" and scan.filters.is_empty() and not scan.collect_rules
+        and scan.select is None
+    ):  # fmt: skip
         # The corpus's lines are already strict JSON Lines: copied as they are (but for the
         # lines redaction changes).
         async for block, count in scan.raw():
@@ -325,6 +334,8 @@ async def iter_export(
     redact: str | Sequence[str] | None = None,
     chat: Chat = HF,
     completion: Completion = "turn",
+    split: Split | None = None,
+    dedup: Dedup | None = None,
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
 ) -> AsyncGenerator[bytes, None]:
@@ -332,7 +343,8 @@ async def iter_export(
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
-        card=False, redact=redact, chat=chat, completion=completion, progress=progress,
+        card=False, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
+        progress=progress,
         summary=summary,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
@@ -357,6 +369,9 @@ async def _export_chunks(
     redact: str | Sequence[str] | None,
     chat: Chat,
     completion: Completion,
+    split: Split | None,
+    dedup: Dedup | None,
+    at: ViewPosition | None = None,
     progress: Progress | None,
     summary: ExportSummary | None,
 ) -> AsyncGenerator[Chunk, None]:
@@ -372,13 +387,19 @@ async def _export_chunks(
     scrub = redactor(kinds) if kinds else None
     summary = summary if summary is not None else ExportSummary()
     summary.format = format
-    view = await open_view(store, ref, progress)
+    view = await open_view(store, ref, progress, at)
+    summary.position = view.position.to_json()
     card = card or format == "zip"
     fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card,
                            chat=chat)  # fmt: skip
+    select = await selector(view, filters, summary, split, dedup)
+    if select is not None and fields is not None:
+        read = {"trace_id"} | ({split.field} if split is not None else set())
+        fields = fields[0] | read, fields[1] - read
     scan = Scan(
         view, filters, summary, progress, fields, with_lines=format == "trajectory",
         redactor=None if format == "preference" else scrub, collect_rules=card,
+        select=select,
     )  # fmt: skip
     limit = filters.limit
     if format in ("parquet", "zip") or file == "parquet":
@@ -395,7 +416,7 @@ async def _export_chunks(
                 def zip_card(done: ExportSummary) -> str:
                     return dataset_card(card_facts(
                         ref, "zip", f"data.{data}", data, filters=filters, summary=done,
-                        columns=picked, redaction=kinds,
+                        columns=picked, redaction=kinds, split=split, dedup=dedup,
                     ))  # fmt: skip
 
                 await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data,
@@ -456,6 +477,10 @@ async def write_export(
     redact: str | Sequence[str] | None = None,
     chat: Chat = HF,
     completion: Completion = "turn",
+    split: Split | None = None,
+    dedup: Dedup | None = None,
+    at: ViewPosition | None = None,
+    manifest: bool = False,
     progress: Progress | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
@@ -467,8 +492,8 @@ async def write_export(
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
-        card=card, redact=redact, chat=chat, completion=completion, progress=progress,
-        summary=summary,
+        card=card, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
+        progress=progress, summary=summary, at=at,
     )  # fmt: skip
     # Check everything that can be checked before a temporary file exists.
     picked = check_export(
@@ -477,7 +502,7 @@ async def write_export(
         completion=completion,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
-        if card:
+        if card or manifest:
             await chunks.aclose()
             raise ExportError("card", "a dataset card goes beside a file, not into a stream")
         await _write_chunks(chunks, out)
@@ -488,18 +513,33 @@ async def write_export(
     if not directory.is_dir():
         await chunks.aclose()
         raise ExportError("output", f"no such directory: {directory}")
-    await _write_atomically(target, lambda fh: _write_chunks(chunks, fh))
+    digest = hashlib.sha256()
+    await _write_atomically(target, lambda fh: _write_chunks(chunks, fh, digest))
+    summary.sha256 = digest.hexdigest()
     if card and format != "zip":
         text = dataset_card(card_facts(
             ref, format, target.name, file if format in JSONL_FORMATS else format,
-            filters=filters, summary=summary, mask=mask, columns=picked,
-            redaction=parse_kinds(redact), chat=chat if format in CHAT_FORMATS else None,
+            filters=filters, summary=summary, mask=mask, columns=picked, split=split,
+            dedup=dedup, redaction=parse_kinds(redact),
+            chat=chat if format in CHAT_FORMATS else None,
         ))  # fmt: skip
 
         async def write_card(fh: BinaryIO) -> None:
             await asyncio.to_thread(fh.write, text.encode())
 
         await _write_atomically(directory / CARD_NAME, write_card)
+    if manifest:
+        made = export_manifest(
+            summary, ref, format, file=file, filters=filters, columns=columns, pair_by=pair_by,
+            margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, split=split,
+            dedup=dedup, kinds=parse_kinds(redact),
+        )  # fmt: skip
+        lineage = encode_manifest(made)
+
+        async def write_manifest(fh: BinaryIO) -> None:
+            await asyncio.to_thread(fh.write, lineage)
+
+        await _write_atomically(manifest_path(target), write_manifest)
     return summary
 
 
@@ -533,10 +573,17 @@ def card_facts(
     columns: Sequence[Column] | None = None,
     redaction: Sequence[str] = (),
     chat: Chat | None = None,
+    split: Split | None = None,
+    dedup: Dedup | None = None,
 ) -> CardFacts:
     """What the dataset card of an export says (:mod:`rl_export.export.card`): ``redaction``
     the kinds redacted (the summary counts what was replaced), ``chat`` a chat format's
     style."""
+    extra: dict[str, Any] = {}
+    if split is not None:
+        extra["split"] = {**split.as_dict(), "left_out": summary.split_left_out}
+    if dedup is not None:
+        extra["dedup"] = {**dedup.as_dict(), "removed": summary.duplicates_removed}
     schema = None
     if file == "parquet":
         schema = rl_prompts_schema() if fmt == "rl_prompts" else parquet_schema(columns or [])
@@ -547,10 +594,13 @@ def card_facts(
         redaction=tuple(redaction), redactions=dict(summary.redactions), chat=chat,
         scanned=summary.scanned, matched=summary.matched, skipped=summary.skipped,
         turns_outside=summary.turns_outside,
+        extra=extra,
     )  # fmt: skip
 
 
-async def _write_chunks(chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO) -> None:
+async def _write_chunks(
+    chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO, digest: Any = None
+) -> None:
     """Write every chunk, each in a thread while the next one is made (one at a time, in
     order): on two cores reading and writing overlap. ``run_in_executor`` hands the write
     to the thread at once (a ``to_thread`` task would start only at the next await)."""
@@ -561,6 +611,8 @@ async def _write_chunks(chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | Bi
             async for chunk in chunks:
                 if writing is not None:
                     await writing
+                if digest is not None:
+                    digest.update(chunk)  # the output's sha256 (lineage)
                 writing = loop.run_in_executor(None, out.write, chunk)
     finally:
         if writing is not None:
@@ -581,6 +633,8 @@ async def preview(
     redact: str | Sequence[str] | None = None,
     chat: Chat = HF,
     completion: Completion = "turn",
+    split: Split | None = None,
+    dedup: Dedup | None = None,
     summary: ExportSummary | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
@@ -592,7 +646,8 @@ async def preview(
         [c async for c in iter_export(store, ref, format=format, filters=filters,
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
                                       mask=mask, redact=redact, chat=chat,
-                                      completion=completion, summary=summary)]
+                                      completion=completion, split=split, dedup=dedup,
+                                      summary=summary)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
 

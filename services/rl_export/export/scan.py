@@ -19,7 +19,7 @@ from rl_export.common.records import LEGACY_KEY_RE, upgrade_lines
 from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.layout import ChainError, CorpusRef, block_lines
 from rl_export.corpora.store import ObjectStore
-from rl_export.export.latest import LatestView
+from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.lazy import DecodeError, FieldDecoder
 from rl_export.export.prefilter import sidecar_part
 
@@ -42,6 +42,10 @@ class ExportSummary:
     # Substrings replaced per kind (every kind asked for, 0 when none was found).
     redactions: dict[str, int] = field(default_factory=dict)
     turns_outside: int = 0  # failing outcomes whose turn the conversation lacks (masks)
+    duplicates_removed: int = 0  # --dedup: matched rows of the split left out as duplicates
+    split_left_out: int = 0  # --split: rows that passed the filters but are of another split
+    position: dict[str, Any] | None = None  # the view's position read (lineage)
+    sha256: str | None = None  # of the bytes written to a file (lineage)
     rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,7 +94,9 @@ class Scan:
     record's line (else an empty ``bytes``). ``collect_rules`` notes the ``rules_version``
     of every record that passes (it must be among ``fields``) in the summary. ``redactor`` is
     what :meth:`redact` and :meth:`redact_block` apply to what an export writes (after its
-    limit)."""
+    limit). ``select`` (a split, the rows a dedup keeps) is asked of every record that passed
+    the filters (it must read only ``fields``); the records it turns down are not
+    yielded."""
 
     def __init__(
         self,
@@ -103,6 +109,7 @@ class Scan:
         with_lines: bool = False,
         redactor: Redactor | None = None,
         collect_rules: bool = False,
+        select: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.view = view
         self.filters = filters
@@ -111,6 +118,7 @@ class Scan:
         self.fields = fields
         self.with_lines = with_lines
         self.collect_rules = collect_rules
+        self.select = select
         self.decoder = None if fields is None else FieldDecoder(*fields)
         # What a line's index sidecar can tell of the filters: the lines it turns down are
         # not parsed (the rest are filtered in full, so the result is the same).
@@ -178,7 +186,7 @@ class Scan:
             async for decoded in self._decoded(self.decoder):
                 yield decoded
             return
-        matches = self.filters.matches
+        matches = self._matcher()
         async for data, start, end, passed_over in self._ranges():
             batch = block_lines((data, start, end))
             out = []
@@ -194,7 +202,7 @@ class Scan:
     async def _decoded(
         self, decoder: FieldDecoder
     ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
-        matches = self.filters.matches
+        matches = self._matcher()
         async for data, start, end, passed_over in self._ranges():
             if end <= start:
                 self._advance(passed_over)
@@ -219,6 +227,13 @@ class Scan:
             self._advance(len(records) + passed_over)
             if out:
                 yield out
+
+    def _matcher(self) -> Callable[[dict[str, Any]], bool]:
+        """The filters, then ``select``."""
+        matches, select = self.filters.matches, self.select
+        if select is None:
+            return matches
+        return lambda record: matches(record) and select(record)
 
     def _matched(self, out: list[tuple[bytes, dict[str, Any]]]) -> None:
         self.summary.matched += len(out)
@@ -273,8 +288,11 @@ def limited(rows: list[Any], summary: ExportSummary, limit: int | None) -> list[
     return rows
 
 
-async def open_view(store: ObjectStore, ref: CorpusRef, progress: Progress | None) -> LatestView:
-    view = await LatestView(store, ref).open()
+async def open_view(
+    store: ObjectStore, ref: CorpusRef, progress: Progress | None, at: ViewPosition | None = None
+) -> LatestView:
+    """The corpus's latest view (at ``at``: the view of that position, as it was)."""
+    view = await LatestView(store, ref, at=at).open()
     if progress is not None:
         progress(0, view.total)
     return view

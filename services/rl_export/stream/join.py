@@ -101,6 +101,9 @@ class TraceView:
     messages: RawJson
     attachments: RawJson
     completed_at: str  # ``occurred_at`` of this event, as records show it
+    # The trace's ``metadata`` object as received; None in a state kept before the join kept
+    # it (its records then lack the field: unknown, not empty).
+    metadata: RawJson | None = None
 
 
 @dataclass(slots=True)
@@ -297,7 +300,7 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
         if st.trace is None or key > st.trace.key:
             st.trace = trace_view(
                 key, event.agent_version, event.scenario, RawJson(event.messages),
-                event.attachments or [],
+                event.attachments or [], metadata=RawJson(event.metadata),
             )  # fmt: skip
     elif kind == "evaluation.finished":
         if st.evaluation is None or key > st.evaluation.key:
@@ -314,11 +317,12 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
 
 def trace_view(
     key: OrderKey, agent_version: str, scenario: str, messages: RawJson,
-    attachments: list[dict[str, Any]],
+    attachments: list[dict[str, Any]], *, metadata: RawJson | None = None,
 ) -> TraceView:  # fmt: skip
     """The view of a ``trace.completed`` that won."""
     completed_at = format_micros(key[0])
-    return TraceView(key, agent_version, scenario, messages, _json(attachments), completed_at)
+    return TraceView(key, agent_version, scenario, messages, _json(attachments), completed_at,
+                     metadata)  # fmt: skip
 
 
 def evaluation_view(
@@ -490,6 +494,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "pass_threshold": config.human_pass_threshold,
         "rules_version": RULES_VERSION,
         "human_labels": label_details(st.labels),
+        **({} if trace.metadata is None else {"metadata": json(trace.metadata)}),
     }
 
 

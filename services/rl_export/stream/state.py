@@ -2,9 +2,11 @@
 
 Version 3 (written now) is framed: one version byte (3), the length of a JSON head (4 bytes,
 little-endian), the head, then the JSON the state keeps as is, one after another, their
-lengths listed in the head: the attachments, the evaluation's view and scores, the raw bytes
-of each waiting event. Loading parses the head only. The conversation is kept apart (the
-join's table has a key of its own for it); :func:`dump_state` puts it last.
+lengths listed in the head: the attachments, the trace's metadata (when the trace's head has a
+sixth item; states kept before metadata was kept have none), the evaluation's view and
+scores, the raw bytes of each waiting event. Loading parses the head only. The conversation
+is kept apart (the join's table has a key of its own for it); :func:`dump_state` puts it
+last.
 Versions 1 and 2 were one JSON object (conversation inline in 1, on a second line in 2);
 they are still read.
 """
@@ -48,6 +50,9 @@ def dump_state_parts(st: TraceState) -> tuple[bytes, bytes]:
     if trace is not None:
         segments.append(trace.attachments.data)
         trace_head = [*trace.key, trace.agent_version, trace.scenario, trace.completed_at]
+        if trace.metadata is not None:  # a sixth item: the metadata is the next segment
+            segments.append(trace.metadata.data)
+            trace_head.append(1)
     evaluation = st.evaluation
     evaluation_head = None
     if evaluation is not None:
@@ -106,10 +111,12 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
     taken = 0
     trace = None
     if trace_head is not None:
-        at, eid, agent_version, scenario, completed_at = trace_head
+        at, eid, agent_version, scenario, completed_at, *kept = trace_head
+        # States written before the join kept metadata have five items and no segment.
+        metadata = RawJson(segments[1]) if kept else None
         trace = TraceView((at, eid), agent_version, scenario, RawJson(rest),
-                          RawJson(segments[0]), completed_at)  # fmt: skip
-        taken = 1
+                          RawJson(segments[0]), completed_at, metadata)  # fmt: skip
+        taken = 2 if kept else 1
     evaluation = None
     if evaluation_head is not None:
         at, eid, evaluation_id, reward, passed = evaluation_head

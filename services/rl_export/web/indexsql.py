@@ -93,6 +93,8 @@ RECORD_COLUMNS = (
 def filter_sql(filters: Filters) -> tuple[str, list[Any]]:
     """The SQL condition (and its parameters) of :meth:`Filters.matches` over the index's
     columns; ``limit`` is the caller's. The unit tests check both agree on random records."""
+    if filters.metadata:  # the routes read the corpus itself for these
+        raise ValueError("the index holds no metadata: a metadata filter reads the corpus")
     clauses = ["NOT deleted"]
     params: list[Any] = []
 

@@ -7,8 +7,9 @@ to ``_exports/<org>/<project>/<id>/status.json`` before the API answers 202. The
    runs the export (:func:`rl_export.export.write_export`, the same code as ``rl-export
    export``) into a local temporary file, rewriting the status with its progress every
    ``web_export_heartbeat_s``.
-2. The file goes to ``_exports/<org>/<project>/<id>/<file name>``, then the status says
-   ``ready`` (or ``failed`` with the message).
+2. The file goes to ``_exports/<org>/<project>/<id>/<file name>``, its lineage manifest
+   (:mod:`rl_export.export.lineage`) beside it as ``<file name>.manifest.json``, then the
+   status says ``ready`` (or ``failed`` with the message).
 3. Any instance answers ``GET exports/{id}`` from the status object: a ``processing`` job
    whose status has not been rewritten for ``stale_after_s`` lost its process (a restart, a
    crash) and is reported, and recorded, as failed. Finished jobs are deleted after
@@ -45,10 +46,13 @@ from rl_export.export import (
     file_name,
     parse_chat_style,
     parse_completion,
+    parse_dedup,
     parse_mask,
+    parse_split,
     source_ref,
     write_export,
 )
+from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,14 @@ class JobRequest(BaseModel):
     chat_style: str | None = None  # None: hf (the chat formats)
     system: str | None = None  # None: keep
     completion: str | None = None  # preference; None: turn
+    # Training sets (DESIGN.md section 4), as the flags' text: None when not asked.
+    split: str | None = None
+    splits: str | None = None
+    split_by: str | None = None
+    split_salt: str | None = None
+    dedup: str | None = None
+    dedup_threshold: str | None = None
+    dedup_on: str | None = None
 
 
 class JobStatus(BaseModel):
@@ -94,6 +106,8 @@ class JobStatus(BaseModel):
     bytes: int | None = None
     redactions: dict[str, int] | None = None  # substrings replaced per kind, once ready
     note: str | None = None  # once ready: why the export has no row
+    duplicates_removed: int | None = None  # with dedup, once ready
+    split_left_out: int | None = None  # with a split, once ready: rows of other splits
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
@@ -177,6 +191,9 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
         with tempfile.TemporaryDirectory(prefix="rl-export-job-") as folder:
             out = Path(folder) / status.file_name
             mask = parse_mask(request.format, request.mask_failed_turns, request.mask_types)
+            split = parse_split(request.split, request.splits, request.split_by,
+                                request.split_salt)  # fmt: skip
+            dedup = parse_dedup(request.dedup, request.dedup_threshold, request.dedup_on)
             summary = await write_export(
                 store, source_ref(status.org, status.project, request.source),
                 format=request.format, out=out, filters=parse_filters(request.filters),
@@ -184,9 +201,12 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 redact=request.redact if request.redact is not None else settings.redact,
                 chat=parse_chat_style(request.format, request.chat_style, request.system),
                 completion=parse_completion(request.format, request.completion),
+                split=split, dedup=dedup, manifest=True,
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
+            # Lineage beside the file: what it read, how, and its sha256.
+            await store.put_file(file_key(status) + MANIFEST_SUFFIX, manifest_path(out))
             size = out.stat().st_size
         now = datetime.now(UTC)
         final = status.model_copy(update={
@@ -194,6 +214,8 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
             "redactions": summary.redactions, "updated_at": now, "finished_at": now,
             "turns_outside": summary.turns_outside if mask is not None else None,
             "note": summary.why_empty(),
+            "duplicates_removed": summary.duplicates_removed if dedup is not None else None,
+            "split_left_out": summary.split_left_out if split is not None else None,
         })  # fmt: skip
     except Exception as exc:  # any failure of the job is the job's status
         log.warning("export job %s failed: %s", status.id, exc)

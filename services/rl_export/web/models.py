@@ -205,6 +205,23 @@ class ExportIn(_In):
     chat_style: ChatStyle | None = Field(None, description=CHAT_STYLE_HELP)
     system: SystemMode | None = Field(None, description=SYSTEM_HELP)
     completion: Completion | None = Field(None, description=COMPLETION_HELP)
+    split: str | None = Field(None, description="Keep the rows of this split (with splits).")
+    splits: str | None = Field(
+        None, description="NAME=FRACTION,... summing to 1, e.g. train=0.9,eval=0.05,test=0.05."
+    )
+    split_by: str | None = Field(
+        None, description="What decides a row's split: trace_id (default), a field, metadata.KEY."
+    )
+    split_salt: str | None = Field(None, description="A salt for the split's hash.")
+    dedup: Literal["exact", "near"] | None = Field(
+        None, description="Keep one row per group of duplicates (the best reward)."
+    )
+    dedup_threshold: float | None = Field(
+        None, description="near: least estimated Jaccard similarity, in (0, 1] (default 0.85)."
+    )
+    dedup_on: Literal["conversation", "prompt"] | None = Field(
+        None, description="The text compared: every message, or up to the first user message."
+    )
 
 
 class JobOut(BaseModel):
@@ -225,4 +242,10 @@ class JobOut(BaseModel):
     )
     note: str | None = Field(
         None, description="Once ready: why the export has no row, and what to try."
+    )
+    duplicates_removed: int | None = Field(
+        None, description="With dedup, once ready: rows removed as duplicates."
+    )
+    split_left_out: int | None = Field(
+        None, description="With a split, once ready: matching rows of the other splits."
     )

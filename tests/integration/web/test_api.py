@@ -743,3 +743,62 @@ def test_a_job_reports_its_redactions_and_the_metric_counts_them(
         line = next(x for x in text.splitlines()
                     if x.startswith(f'rl_export_redactions_total{{kind="{kind}"}}'))  # fmt: skip
         assert float(line.split()[-1]) >= 2  # this job, and the direct exports or previews
+
+
+def test_splits_dedup_and_metadata_in_direct_exports_previews_and_jobs(
+    stack: Stack, admin: httpx.Client
+) -> None:
+    splits = "train=0.5,eval=0.3,test=0.2"
+    got: dict[str, set[str]] = {}
+    for name in ("train", "eval", "test"):
+        response = admin.get("export", params={"source": "evaluator", "split": name,
+                                               "splits": splits, "dedup": "exact"})  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert response.headers["x-rl-export-duplicates-removed"] == "0"  # no two alike
+        got[name] = {r["trace_id"] for r in jsonl(response.content)}
+    assert sum(len(v) for v in got.values()) == TRACES
+    assert set().union(*got.values()) == {f"tr-{n:03d}" for n in range(TRACES)}
+    assert_error(admin.get("export", params={"source": "evaluator", "split": "dev",
+                                             "splits": splits}),
+                 422, "invalid", "split: 'dev' is not one of --splits")  # fmt: skip
+    assert_error(admin.get("export", params={"source": "evaluator", "dedup": "near",
+                                             "dedup_threshold": "1.5"}),
+                 422, "invalid", "dedup_threshold: '1.5' is outside (0, 1]")  # fmt: skip
+    # Metadata: the index holds none, so stats and the preview read the corpus itself.
+    assert_error(admin.get("stats", params={"source": "evaluator", "metadata": "tier"}), 422,
+                 "invalid", "metadata: expected KEY=VALUE")  # fmt: skip
+    params = {"source": "evaluator", "metadata": "tier=gold"}
+    assert admin.get("stats", params=params).json()["records"] == 0
+    assert admin.get("records", params=params).json()["items"] == []
+    rows = jsonl(admin.get("export", params={"source": "evaluator"}).content)
+    assert all(r["metadata"] == {} for r in rows)  # the seeded traces have none
+    # A job: what the dedup removed in its status, its lineage beside its file.
+    response = admin.post("exports", json={"source": "evaluator", "format": "messages",
+                                           "split": "train", "splits": splits,
+                                           "dedup": "near", "dedup_threshold": 0.9})  # fmt: skip
+    assert response.status_code == 202, response.text
+    job = response.json()
+    done = wait_for("the job", lambda: (s := admin.get(f"exports/{job['id']}").json())[
+        "status"] != "processing" and s, every_s=0.1)  # fmt: skip
+    assert done["status"] == "ready", done
+    assert done["duplicates_removed"] == 0
+    assert done["split_left_out"] == TRACES - len(got["train"])
+    assert done["records"] == len(got["train"])
+
+    async def manifest() -> dict[str, Any]:
+        store = open_store(stack.settings.store_url)
+        try:
+            prefix = f"_exports/acme/bot/{job['id']}/"
+            keys = await store.list(prefix)
+            (key,) = [k for k in keys if k.endswith(".manifest.json")]
+            return orjson.loads(await store.get(key))  # type: ignore[no-any-return]
+        finally:
+            await store.close()
+
+    lineage = asyncio.run(manifest())
+    assert lineage["split"]["name"] == "train"
+    assert lineage["dedup"] == {"mode": "near", "on": "conversation", "threshold": 0.9}
+    assert lineage["rows"] == done["records"]
+    assert_error(admin.post("exports", json={"source": "evaluator", "format": "messages",
+                                             "split": "train"}),
+                 422, "invalid", "splits: --split needs --splits")  # fmt: skip

@@ -32,6 +32,7 @@ def test_both_spellings_and_every_filter_parse() -> None:
             "labeled": "false",
             "min_labels": "2",
             "max-spread": "0.15",
+            "metadata": ["tier=gold", "region=eu=west"],
             "limit": "10",
         }
     )
@@ -48,6 +49,7 @@ def test_both_spellings_and_every_filter_parse() -> None:
         labeled=False,
         min_labels=2,
         max_spread=0.15,
+        metadata=(("tier", "gold"), ("region", "eu=west")),
         limit=10,
     )
     assert set(FILTER_NAMES) == {n.replace("_", "-") for n in Filters.model_fields}
@@ -74,6 +76,8 @@ def test_both_spellings_and_every_filter_parse() -> None:
         ({"min-reward": "0.8", "max-reward": "0.2"}, "min-reward: 0.8 is above max-reward 0.2"),
         ({"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since: "),
         ({"colour": "red"}, "colour: not a filter"),
+        ({"metadata": "tier"}, "metadata: expected KEY=VALUE (e.g. tier=gold), got 'tier'"),
+        ({"metadata": ["=gold"]}, "metadata: expected KEY=VALUE"),
     ],
 )
 def test_malformed_filters_name_the_filter_and_the_problem(
@@ -103,6 +107,7 @@ def test_to_params_is_the_inverse_of_parse_filters(sep: str) -> None:
             "labeled": "true",
             "min-labels": "2",
             "max-spread": "0.1",
+            "metadata": ["tier=gold", "lang=de"],
         }
     )
     params = filters.to_params(sep=sep)
@@ -234,3 +239,24 @@ def test_corpus_specs_take_min_labels_and_max_spread() -> None:
     assert CorpusSpec.model_validate(spec.model_dump()) == spec
     with pytest.raises(ValueError, match="filter max-spread: 'x' is not a number"):
         CorpusSpec.model_validate({"name": "x", "source": "human", "filter": {"max-spread": "x"}})
+
+
+def test_metadata_filters_compare_top_level_values_as_text() -> None:
+    meta = {"tier": "gold", "n": 3, "beta": True, "empty": "", "nested": {"a": 1}}
+    rec = record("a", metadata=meta)
+    assert parse_filters({"metadata": ["tier=gold"]}).matches(rec)
+    assert parse_filters({"metadata": ["tier=gold", "n=3", "beta=true", "empty="]}).matches(rec)
+    assert parse_filters({"metadata": ['nested={"a":1}']}).matches(rec)
+    assert not parse_filters({"metadata": ["tier=Gold"]}).matches(rec)
+    assert not parse_filters({"metadata": ["tier=gold", "n=4"]}).matches(rec)  # every one holds
+    assert not parse_filters({"metadata": ["region=eu"]}).matches(rec)  # absent key
+    assert not parse_filters({"metadata": ["a=1"]}).matches(rec)  # nested keys are not top-level
+    older = {k: v for k, v in rec.items() if k != "metadata"}  # a record from before the field
+    assert not parse_filters({"metadata": ["tier=gold"]}).matches(older)
+    assert Filters(metadata=(("tier", "gold"),)).fields() == {"deleted", "metadata"}
+
+
+def test_corpus_specs_take_metadata_as_a_list_or_an_object() -> None:
+    wanted = Filters(metadata=(("tier", "gold"), ("n", "3")))
+    assert filters_from_json({"metadata": ["tier=gold", "n=3"]}) == wanted
+    assert filters_from_json({"metadata": {"tier": "gold", "n": 3}}) == wanted

@@ -37,7 +37,8 @@ VALUES = {
 }
 KEEP = "Order #1234567890 of 2024-05-01, v1.2.3, $1,299.99, 4111 1111 1111 1112"
 PLANT = "Here: " + "; ".join(VALUES.values()) + ". " + KEEP
-PLACES = 9  # strings holding PLANT in each trace's record (the label's comment included)
+PLACES = 10  # strings holding PLANT in each trace's record (the label's comment and the
+# trace's metadata included)
 
 
 def trace(n: int, *, prompt: str) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ RECORD_FIELDS = [
     "trace_id", "org", "project", "reward_source", "revision", "reward", "passed", "rubric",
     "labels_count", "labelers", "skipped_by", "evaluator_scores", "evaluation", "messages",
     "agent_version", "scenario", "attachments", "completed_at", "updated_at", "pass_threshold",
-    "rules_version", "human_labels",
+    "rules_version", "human_labels", "metadata",
 ]  # fmt: skip
 TOMBSTONE_FIELDS = ["trace_id", "org", "project", "reward_source", "revision", "deleted"]
 
@@ -1001,12 +1001,24 @@ def test_loaded_pending_state_joins_like_the_original() -> None:
     assert dump_state(original.st) == dump_state(copy.st)
 
 
-def test_state_keeps_no_raw_spans_or_metadata() -> None:
+def test_state_keeps_no_raw_spans_but_the_metadata_the_records_carry() -> None:
     spans = [{"name": "secret-span", "attributes": {"k": "secret-attr"}}]
-    j = joined(trace(spans=spans, metadata={"m": "secret-meta"}))
+    j = joined(trace(spans=spans, metadata={"tier": "gold", "n": 3}))
     data = dump_state(j.st)
-    for secret in (b"secret-span", b"secret-attr", b"secret-meta"):
+    for secret in (b"secret-span", b"secret-attr"):
         assert secret not in data
+    assert load_state(data) == j.st
+    assert j.ready(None)["metadata"] == {"tier": "gold", "n": 3}
+
+
+def test_a_trace_without_metadata_has_an_empty_object_and_an_older_state_none() -> None:
+    j = joined(trace())
+    assert j.ready(None)["metadata"] == {}
+    assert j.st.trace is not None
+    j.st.trace.metadata = None  # a state kept before the join kept metadata
+    loaded = load_state(dump_state(j.st))
+    assert loaded == j.st
+    assert "metadata" not in j.ready(None)
 
 
 def test_load_state_rejects_an_unknown_version() -> None:
@@ -1041,6 +1053,7 @@ def test_a_version_2_state_loads_as_the_state_it_was() -> None:
         "deleted_at": None, "deleted_revision": 0,
     }  # fmt: skip
     loaded = load_state(orjson.dumps(old) + b"\n" + st.trace.messages.data)
+    st.trace.metadata = None  # version 2 did not keep it
     assert loaded == st
     assert dump_state(loaded) == dump_state(st)
 

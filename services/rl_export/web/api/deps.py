@@ -111,6 +111,13 @@ def filters(
             "unknown, never match)"
         ),
     ] = None,
+    metadata: Annotated[
+        list[str] | None,
+        Query(
+            description="Repeatable KEY=VALUE: the trace's top-level metadata KEY equals "
+            "VALUE (compared as text)"
+        ),
+    ] = None,
     limit: Annotated[str | None, Query(description="At most N records")] = None,
 ) -> Filters:
     """The filters of DESIGN.md section 4 from the query string; 422 naming a bad one."""
@@ -121,7 +128,7 @@ def filters(
             "pass_dimension": pass_dimension, "max_severity": max_severity,
             "agent_version": agent_version, "scenario": scenario, "since": since,
             "until": until, "labeled": labeled, "min_labels": min_labels,
-            "max_spread": max_spread, "limit": limit,
+            "max_spread": max_spread, "metadata": metadata, "limit": limit,
         }.items()
         if value is not None
     }  # fmt: skip

@@ -31,16 +31,22 @@ from rl_export.common.redact import Redactor, add_counts, counts_header, parse_k
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
 from rl_export.export import (
+    Dedup,
     ExportSummary,
+    Split,
     check_export,
     content_type,
     file_name,
     iter_export,
     parse_chat_style,
     parse_completion,
+    parse_dedup,
     parse_mask,
+    parse_split,
     source_ref,
 )
+from rl_export.export import preview as export_preview
+from rl_export.export import stats as export_stats
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -101,6 +107,24 @@ ChatStyleQuery = Annotated[ChatStyle | None, Query(description=CHAT_STYLE_HELP)]
 SystemQuery = Annotated[SystemMode | None, Query(description=SYSTEM_HELP)]
 CompletionQuery = Annotated[Completion | None, Query(description=COMPLETION_HELP)]
 REDACTIONS_HEADER = "X-RL-Export-Redactions"
+DUPLICATES_HEADER = "X-RL-Export-Duplicates-Removed"
+SplitQuery = Annotated[str | None, Query(description="Keep the rows of this split")]
+SplitsQuery = Annotated[
+    str | None, Query(description="NAME=FRACTION,... summing to 1 (train=0.9,eval=0.1)")
+]
+SplitByQuery = Annotated[
+    str | None, Query(description="What decides a row's split: trace_id, a field, metadata.KEY")
+]
+SaltQuery = Annotated[str | None, Query(description="A salt for the split's hash")]
+DedupQuery = Annotated[
+    str | None, Query(description="exact or near: one row per group of duplicates")
+]
+ThresholdQuery = Annotated[
+    str | None, Query(description="near: least estimated Jaccard similarity (0, 1]; 0.85")
+]
+DedupOnQuery = Annotated[
+    str | None, Query(description="conversation (default) or prompt: the text compared")
+]
 _SPOOL_BYTES = 8 << 20  # a redacted direct export is held in memory up to this, then on disk
 
 PREVIEW_MAX = 100
@@ -145,6 +169,18 @@ def _mask(fmt: str, mask_failed_turns: bool, mask_types: str | list[str] | None)
         raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
 
 
+def _training(
+    *, split: str | None, splits: str | None, split_by: str | None, split_salt: str | None,
+    dedup: str | None, dedup_threshold: str | None, dedup_on: str | None,
+) -> tuple[Split | None, Dedup | None]:  # fmt: skip
+    """A request's split and dedup; 422 naming the parameter for a bad one."""
+    try:
+        return (parse_split(split, splits, split_by, split_salt),
+                parse_dedup(dedup, dedup_threshold, dedup_on))  # fmt: skip
+    except ExportError as exc:
+        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
+
+
 def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
     """The kinds a request asks to redact (the service's default when it names none)."""
     try:
@@ -177,6 +213,9 @@ async def get_stats(
     counts = [0] * bins
     records = rewarded = judged = passed = labeled = 0
     reward_sum = 0.0
+    if filters.metadata:  # the index holds no metadata: read the corpus itself
+        scanned = await _scanned_stats(svc, org, project, source, filters)
+        return StatsOut(**scanned, index=index_state(followed, time.monotonic()))
     if followed.corpus_id is not None:
         stats = await query(svc.index.stats, followed.corpus_id, filters)
         records, rewarded, reward_sum = stats.records, stats.rewarded, stats.reward_sum
@@ -193,6 +232,24 @@ async def get_stats(
         ],
         index=index_state(followed, time.monotonic()),
     )
+
+
+async def _scanned_stats(
+    svc: Services, org: str, project: str, source: str, filters: Filters
+) -> dict[str, Any]:
+    """Stats read from the corpus (not the index), for filters the index cannot answer."""
+    try:
+        return await export_stats(
+            svc.store, source_ref(org, project, source), filters=filters, histogram_bins=BINS
+        )
+    except NoDataError:
+        return {
+            "records": 0, "avg_reward": None, "pass_rate": None, "human_labeled": 0,
+            "reward_histogram": [
+                {"lo": round(n / BINS, 10), "hi": round((n + 1) / BINS, 10), "count": 0}
+                for n in range(BINS)
+            ],
+        }  # fmt: skip
 
 
 def _records(bodies: list[bytes]) -> list[dict[str, Any]]:
@@ -271,7 +328,22 @@ async def get_records(
     followed = await corpus(svc, org, project, source)
     items: list[dict[str, Any]] = []
     counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
-    if followed.corpus_id is not None:
+    if filters.metadata:  # the index holds no metadata: read the corpus itself
+        try:
+            summary = ExportSummary()
+            tabular = format in TABULAR_FORMATS
+            items = await export_preview(
+                svc.store, source_ref(org, project, source),
+                format="trajectory" if tabular else format, filters=filters, limit=size,
+                mask=mask, redact=",".join(_kinds(svc, redact)) or "none", summary=summary,
+                chat=chat, completion=pairing,
+            )  # fmt: skip
+            if tabular:
+                items = [{c.header: c.value(item) for c in picked} for item in items]
+            add_counts(counts, summary.redactions)
+        except NoDataError:
+            items = []
+    elif followed.corpus_id is not None:
         items = await _preview(
             svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
             mask=mask, scrub=scrub, counts=counts, chat=chat, completion=pairing,
@@ -318,19 +390,27 @@ async def get_export(
     mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
     file: FileQuery = "jsonl", redact: RedactQuery = None,
     chat_style: ChatStyleQuery = None, system: SystemQuery = None,
-    completion: CompletionQuery = None,
+    completion: CompletionQuery = None, split: SplitQuery = None,
+    splits: SplitsQuery = None, split_by: SplitByQuery = None, split_salt: SaltQuery = None,
+    dedup: DedupQuery = None, dedup_threshold: ThresholdQuery = None,
+    dedup_on: DedupOnQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     chat, pairing = _chat(format, chat_style, system, completion)
     kinds = ",".join(_kinds(svc, redact)) or "none"
     _checked(format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing)
+    picked_split, picked_dedup = _training(
+        split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
+        dedup_threshold=dedup_threshold, dedup_on=dedup_on,
+    )  # fmt: skip
     ref = source_ref(org, project, source)
     summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
-            redact=kinds, summary=summary, chat=chat, completion=pairing,
+            redact=kinds, summary=summary, chat=chat, completion=pairing, split=picked_split,
+            dedup=picked_dedup,
         )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
@@ -349,6 +429,9 @@ async def get_export(
         raise
 
     headers = {"Content-Disposition": _disposition(file_name(ref, format, file))}
+    # A dedup groups the rows before the first chunk: its count is known now.
+    if picked_dedup is not None:
+        headers[DUPLICATES_HEADER] = str(summary.duplicates_removed)
     if kinds != "none":
         # The counts are known at the end, and a header goes first: the export is made whole.
         spool = await _spooled(stream, first)
@@ -401,6 +484,7 @@ def _job_out(status: JobStatus) -> JobOut:
         id=status.id, status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
         turns_outside=status.turns_outside, redactions=status.redactions, note=status.note,
+        duplicates_removed=status.duplicates_removed, split_left_out=status.split_left_out,
     )  # fmt: skip
 
 
@@ -420,11 +504,17 @@ async def post_exports(
         parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
+    threshold = None if body.dedup_threshold is None else repr(body.dedup_threshold)
+    _training(split=body.split, splits=body.splits, split_by=body.split_by,
+              split_salt=body.split_salt, dedup=body.dedup, dedup_threshold=threshold,
+              dedup_on=body.dedup_on)  # fmt: skip
     request = JobRequest(
         source=body.source, format=body.format, filters=body.filters, columns=columns,
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
         redact=redact, chat_style=body.chat_style, system=body.system,
-        completion=body.completion,
+        completion=body.completion, split=body.split, splits=body.splits,
+        split_by=body.split_by, split_salt=body.split_salt, dedup=body.dedup,
+        dedup_threshold=threshold, dedup_on=body.dedup_on,
     )  # fmt: skip
     return _job_out(await svc.jobs.start(org, project, request))
 

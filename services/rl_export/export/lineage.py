@@ -1,0 +1,169 @@
+"""Lineage: the ``<file>.manifest.json`` beside an export (DESIGN.md section 4; pure).
+
+An export made with ``--card``, and every export job, says exactly what it is: the position
+of the corpus it read (the compaction generation and every chain's end:
+:class:`~rl_export.export.latest.ViewPosition`), every option that shaped its rows (format,
+filters, split, dedup, masks, columns, pairing, redaction and what it replaced), how many
+rows it holds, the sha256 of its bytes and the rl-export version. ``rl-export export
+--from-manifest FILE -o OUT`` reads the same position with the same options, so it writes
+the same bytes again for as long as the objects of that position exist (compaction and
+shard retention may remove them; a pinned version keeps them).
+
+The manifest holds no clock time and no store URL (the position is relative to the store
+the export is read from).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rl_export import __version__
+from rl_export.common.errors import ExportError
+from rl_export.common.filters import FilterError, parse_filters
+from rl_export.export.dedup import Dedup, parse_dedup
+from rl_export.export.latest import ViewPosition
+from rl_export.export.splits import Split, parse_split
+
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_VERSION = 1
+
+
+class Manifest(BaseModel):
+    """What ``<file>.manifest.json`` holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    manifest_version: int = MANIFEST_VERSION
+    rl_export_version: str = __version__
+    org: str
+    project: str
+    source: str
+    format: str
+    file: str = "jsonl"  # jsonl | parquet (rl_prompts)
+    position: dict[str, Any]  # ViewPosition.to_json()
+    filters: dict[str, str | list[str]] = {}
+    columns: str | None = None
+    pair_by: list[str] = []
+    margin: float = 0.0
+    max_pairs: int = 1
+    zip_data: str = "csv"
+    mask_failed_turns: bool = False
+    mask_types: list[str] | None = None
+    split: dict[str, Any] | None = None  # {name, splits: {name: share}, by, salt}
+    dedup: dict[str, Any] | None = None  # {mode, on[, threshold]}
+    redact: list[str] = []  # the kinds redacted ([]: none)
+    redactions: dict[str, int] = {}
+    duplicates_removed: int | None = None
+    split_left_out: int | None = None
+    rows: int
+    bytes: int
+    sha256: str
+
+    def view_position(self) -> ViewPosition:
+        return ViewPosition.from_json(self.position)
+
+    def split_of(self) -> Split | None:
+        if self.split is None:
+            return None
+        shares = ",".join(f"{k}={v!r}" for k, v in self.split["splits"].items())
+        return parse_split(self.split["name"], shares, self.split["by"], self.split["salt"])
+
+    def dedup_of(self) -> Dedup | None:
+        if self.dedup is None:
+            return None
+        threshold = self.dedup.get("threshold")
+        return parse_dedup(self.dedup["mode"], None if threshold is None else repr(threshold),
+                           self.dedup["on"])  # fmt: skip
+
+
+def manifest_path(output: Path) -> Path:
+    """Where the manifest of ``output`` goes: beside it, ``<file>.manifest.json``."""
+    return output.with_name(output.name + MANIFEST_SUFFIX)
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """The manifest's bytes: one JSON object, keys in a fixed order, a final newline."""
+    return orjson.dumps(manifest.model_dump(mode="json"), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def read_manifest(path: Path) -> Manifest:
+    """A manifest file, checked; ExportError naming ``from-manifest`` for anything wrong."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ExportError("from-manifest", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        manifest = Manifest.model_validate_json(data)
+        manifest.view_position()
+        manifest.split_of()
+        manifest.dedup_of()
+        parse_filters(manifest.filters)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise ExportError(
+            "from-manifest", f"{path} is not an export manifest ({where}: {first['msg']})"
+        ) from None
+    except (ValueError, FilterError, KeyError, TypeError) as exc:
+        raise ExportError("from-manifest", f"{path} is not an export manifest ({exc})") from None
+    if manifest.rl_export_version != __version__:
+        raise ExportError(
+            "from-manifest", f"{path} was made by rl-export {manifest.rl_export_version}, this "
+            f"is {__version__}: the bytes may differ",
+        )  # fmt: skip
+    if manifest.manifest_version != MANIFEST_VERSION:
+        raise ExportError(
+            "from-manifest", f"{path}: manifest version {manifest.manifest_version} is not "
+            f"{MANIFEST_VERSION}",
+        )  # fmt: skip
+    return manifest
+
+
+def manifest_options(manifest: Manifest) -> dict[str, Any]:
+    """The export's options a manifest holds, by the names of ``rl-export export``'s flags
+    (``f_<filter>`` for the filters), as the command line gives them."""
+    split, dedup = manifest.split_of(), manifest.dedup_of()
+    options: dict[str, Any] = {
+        "org": manifest.org, "project": manifest.project, "source": manifest.source,
+        "format": manifest.format, "columns": manifest.columns, "margin": manifest.margin,
+        "pair_by": ",".join(manifest.pair_by) or None, "max_pairs": manifest.max_pairs,
+        "zip_data": manifest.zip_data, "mask_failed_turns": manifest.mask_failed_turns,
+        "mask_types": None if manifest.mask_types is None else ",".join(manifest.mask_types),
+        "redact": ",".join(manifest.redact) or "none",
+    }  # fmt: skip
+    for name, value in manifest.filters.items():
+        options["f_" + name.replace("-", "_")] = value
+    if split is not None:
+        options |= {"split": split.name, "split_by": split.by, "split_salt": split.salt,
+                    "splits": ",".join(f"{n}={v!r}" for n, v in split.splits)}  # fmt: skip
+    if dedup is not None:
+        threshold = repr(dedup.threshold) if dedup.mode == "near" else None
+        options |= {"dedup": dedup.mode, "dedup_on": dedup.on, "dedup_threshold": threshold}
+    return options
+
+
+def export_manifest(summary: Any, ref: Any, fmt: str, **options: Any) -> Manifest:
+    """The manifest of an export just written: its :class:`~rl_export.export.scan.
+    ExportSummary` (position, counts, sha256), its corpus and format, and the options it was
+    made with (the keyword arguments of :func:`~rl_export.export.write_export`)."""
+    columns, mask, split, dedup = (options["columns"], options["mask"], options["split"],
+                                   options["dedup"])  # fmt: skip
+    return Manifest(
+        org=ref.org, project=ref.project, source=ref.corpus, format=fmt, file=options["file"],
+        position=summary.position or {}, filters=options["filters"].to_params(sep="-"),
+        columns=columns if columns is None or isinstance(columns, str) else ",".join(columns),
+        pair_by=list(options["pair_by"]), margin=options["margin"],
+        max_pairs=options["max_pairs"], zip_data=options["zip_data"],
+        mask_failed_turns=mask is not None,
+        mask_types=None if mask is None or mask.types is None else sorted(mask.types),
+        split=None if split is None else split.as_dict(),
+        dedup=None if dedup is None else dedup.as_dict(),
+        redact=list(options["kinds"]), redactions=summary.redactions,
+        duplicates_removed=None if dedup is None else summary.duplicates_removed,
+        split_left_out=None if split is None else summary.split_left_out,
+        rows=summary.records, bytes=summary.bytes, sha256=summary.sha256,
+    )  # fmt: skip
