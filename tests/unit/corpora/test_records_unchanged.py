@@ -42,7 +42,7 @@ from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
 from tests.factories import event
 
-EXPECTED = "3f499d6a4a363309128336446e008247593f416ad2a8aba47eb8dc4e826a9da9"
+EXPECTED = "5536ce93b4876c7e6d546731100c2b2b8efd7dcc8570f299b3bea719b0b90cf0"
 
 
 def special_events() -> list[dict[str, Any]]:

@@ -30,12 +30,13 @@ TRAINER_COLUMNS = frozenset({"labels", "input_ids", "attention_mask"})
 
 
 def schema2(rec: dict[str, Any]) -> dict[str, Any]:
-    """A schema-3 record as schema 2 wrote it: ``labels``, still the last field."""
-    return {("labels" if k == "human_labels" else k): v for k, v in rec.items()}
+    """A schema-3 record as schema 2 wrote it: ``labels``, still the last field (schema 2
+    carried no ``metadata``)."""
+    return {("labels" if k == "human_labels" else k): v for k, v in rec.items() if k != "metadata"}
 
 
 def test_upgrade_record_and_lines() -> None:
-    new = record("a", labels=2)
+    new = {k: v for k, v in record("a", labels=2).items() if k != "metadata"}
     old = schema2(new)
     assert "labels" in old
     assert upgrade_record(dict(old)) == new
