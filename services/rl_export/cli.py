@@ -235,6 +235,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         parse_pair_by,
         write_export,
     )
+    from rl_export.export.attachments import AttachmentPolicy
 
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
@@ -266,7 +267,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     store, ref, format=args.format, filters=filters, columns=args.columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-                    redact=redact,
+                    redact=redact, attachments=AttachmentPolicy.from_settings(settings),
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip

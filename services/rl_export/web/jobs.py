@@ -41,6 +41,7 @@ from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export import content_type, file_name, parse_mask, source_ref, write_export
+from rl_export.export.attachments import AttachmentPolicy
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
+                attachments=AttachmentPolicy.from_settings(settings),
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)

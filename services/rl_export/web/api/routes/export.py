@@ -38,6 +38,7 @@ from rl_export.export import (
     parse_mask,
     source_ref,
 )
+from rl_export.export.attachments import AttachmentPolicy
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -286,7 +287,7 @@ async def get_export(
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
-            redact=kinds, summary=summary,
+            redact=kinds, summary=summary, attachments=AttachmentPolicy.from_settings(svc.settings),
         )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
