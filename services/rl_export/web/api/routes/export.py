@@ -8,7 +8,13 @@ Redaction (``redact=``, default ``RL_EXPORT_REDACT``) applies to the preview, th
 export and jobs; the preview and the direct export say what they replaced in the
 ``X-RL-Export-Redactions`` header (JSON, kind -> count), a job in its status. A header goes
 before the body, so a direct export that redacts is made whole (spooled to a temporary file)
-before it is sent; ``redact=none`` streams from the first chunk.
+before it is sent.
+
+Raw access (DESIGN.md section 10): a redaction weaker than the project's default
+(``redact=none``, or kinds that do not cover ``RL_EXPORT_REDACT``'s) needs the ``raw`` scope
+(403 ``raw_required``, whatever the other scopes) and is audited (:mod:`rl_export.web.audit`)
+before its data leaves: a raw direct export is made whole first too, so its entry holds the
+rows read.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import IO, Annotated, Any
 from urllib.parse import quote
 
@@ -23,7 +30,13 @@ import orjson
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
 
-from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
+from rl_export.common.errors import (
+    ExportError,
+    FilterError,
+    NoDataError,
+    ObjectNotFoundError,
+    StoreError,
+)
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
 from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
@@ -39,6 +52,7 @@ from rl_export.export import (
     source_ref,
 )
 from rl_export.export.attachments import AttachmentPolicy
+from rl_export.web import audit
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -49,7 +63,8 @@ from rl_export.web.api.deps import (
     index_state,
     query,
 )
-from rl_export.web.errors import Invalid, NotFound
+from rl_export.web.audit import AuditEntry
+from rl_export.web.errors import Invalid, NotFound, RawRequired, Unavailable
 from rl_export.web.index import QueryIndex
 from rl_export.web.indexsql import BINS
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
@@ -65,6 +80,7 @@ from rl_export.web.models import (
 )
 from rl_export.web.services import Services
 from rl_export.web.streaming import ThreadStream
+from rl_export.web.tokens import Caller
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
 
@@ -130,9 +146,44 @@ def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
         raise Invalid(str(exc)) from None
 
 
-def _redactor(svc: Services, redact: str | None) -> Redactor | None:
-    kinds = _kinds(svc, redact)
-    return redactor(kinds) if kinds else None
+def _raw(svc: Services, caller: Caller, kinds: tuple[str, ...]) -> bool:
+    """Whether a read redacts less than the project's default (``RL_EXPORT_REDACT``): then
+    it needs the ``raw`` scope (403 ``raw_required`` without it) and is audited."""
+    default = parse_kinds(svc.settings.redact)
+    if set(default) <= set(kinds):
+        return False
+    if not caller.allows("raw"):
+        svc.metrics.auth_failures.labels("scope").inc()
+        asked = ",".join(kinds) or "none"
+        raise RawRequired(
+            f"redact={asked} redacts less than this project's default "
+            f"({','.join(default)}): that needs a token with the raw scope"
+        )
+    return True
+
+
+async def _audit(
+    svc: Services,
+    caller: Caller,
+    route: str,
+    filters: Filters,
+    kinds: tuple[str, ...],
+    *,
+    rows: int | None,
+    job: str | None = None,
+) -> None:
+    """Append the raw read to the project's audit log before its data leaves (503 when the
+    store does not take the entry: nothing unaudited is served) and count it."""
+    entry = AuditEntry(
+        time=datetime.now(UTC), org=caller.org, project=caller.project, subject=caller.subject,
+        token_id=caller.token_id, route=route, filters=filters.to_params(), kinds=list(kinds),
+        rows=rows, job=job,
+    )  # fmt: skip
+    try:
+        await audit.append(svc.store, entry)
+    except StoreError:
+        raise Unavailable("the audit log could not be written, so nothing was read") from None
+    svc.metrics.raw_reads.labels(route).inc()
 
 
 def _count(svc: Services, headers: Any, counts: dict[str, int]) -> None:
@@ -235,7 +286,9 @@ async def get_records(
 ) -> RecordsOut:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     picked = _checked(format, columns, mask=mask)
-    scrub = _redactor(svc, redact)
+    kinds = _kinds(svc, redact)
+    raw = _raw(svc, caller, kinds)
+    scrub = redactor(kinds) if kinds else None
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
@@ -247,6 +300,8 @@ async def get_records(
             svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
             mask=mask, scrub=scrub, counts=counts,
         )  # fmt: skip
+    if raw:
+        await _audit(svc, caller, "records", filters, kinds, rows=len(items))
     _count(svc, response.headers, counts)
     return RecordsOut(
         items=items,
@@ -279,8 +334,10 @@ async def get_export(
     file: FileQuery = "jsonl", redact: RedactQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
-    kinds = ",".join(_kinds(svc, redact)) or "none"
+    asked = _kinds(svc, redact)
+    kinds = ",".join(asked) or "none"
     _checked(format, columns, mask=mask, file=file, redact=kinds)
+    raw = _raw(svc, caller, asked)
     ref = source_ref(org, project, source)
     summary = ExportSummary()
 
@@ -306,10 +363,18 @@ async def get_export(
         raise
 
     headers = {"Content-Disposition": _disposition(file_name(ref, format, file))}
-    if kinds != "none":
+    if kinds != "none" or raw:
         # The counts are known at the end, and a header goes first: the export is made whole.
+        # So is a raw read, whose audit entry (with its rows) is written before it leaves.
         spool = await _spooled(stream, first)
-        _count(svc, headers, summary.redactions)
+        if raw:
+            try:
+                await _audit(svc, caller, "export", filters, asked, rows=summary.records)
+            except BaseException:
+                spool.close()
+                raise
+        if kinds != "none":
+            _count(svc, headers, summary.redactions)
         media = content_type(format, file)
         return StreamingResponse(_read(spool), media_type=media, headers=headers)
 
@@ -369,17 +434,21 @@ async def post_exports(
     mask_types = ",".join(body.mask_types) if isinstance(body.mask_types, list) else (
         body.mask_types)  # fmt: skip
     mask = _mask(body.format, body.mask_failed_turns, mask_types)
-    redact = ",".join(_kinds(svc, body.redact)) or "none"
+    asked = _kinds(svc, body.redact)
+    redact = ",".join(asked) or "none"
     _checked(body.format, columns, mask=mask, file=body.file, redact=redact)
     try:
-        parse_filters(body.filters)
+        parsed = parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
+    raw = _raw(svc, caller, asked)
     request = JobRequest(
         source=body.source, format=body.format, filters=body.filters, columns=columns,
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
         redact=redact,
     )  # fmt: skip
+    if raw:  # audited before the job starts; its status counts the rows
+        await _audit(svc, caller, "exports", parsed, asked, rows=None)
     return _job_out(await svc.jobs.start(org, project, request))
 
 
