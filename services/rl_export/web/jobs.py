@@ -37,7 +37,7 @@ from rl_export.common.codec import dumps, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
 from rl_export.common.events import UtcDatetime
 from rl_export.common.filters import parse_filters
-from rl_export.common.metrics import WebMetrics
+from rl_export.common.metrics import REDACTION_KINDS, WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export import content_type, file_name, parse_mask, source_ref, write_export
@@ -241,7 +241,7 @@ class Jobs:
                 self._executor(), run_job, settings, status.model_dump(mode="json")
             )
             for kind, n in redactions.items():  # the job's process has no metrics of ours
-                if n:
+                if n and kind in REDACTION_KINDS:  # not a zip's count of unscanned attachments
                     self.metrics.redactions.labels(kind).inc(n)
         except Exception as exc:  # the job failed outside its own handling
             if isinstance(exc, BrokenProcessPool):

@@ -20,6 +20,8 @@ import trustme
 from aiohttp import web
 
 from rl_export.common.attachment_sources import NotAllowed, is_public, normalise, parse_sources
+from rl_export.common.errors import ConfigError
+from rl_export.common.settings import load_settings
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, MemoryStore, S3Store
 from rl_export.export import write_export
@@ -286,3 +288,15 @@ async def test_a_zip_export_redacts_text_attachments_and_lists_every_status(
     for detail in ("127.0.0.1", str(tmp_path), HOST, "allowed/"):
         assert detail not in text
     assert servers.hits == []
+
+
+def test_a_bad_source_setting_is_refused_naming_it() -> None:
+    for bad in ("http://files.example.com/a/", "file:///var/", "https://u@h/a/", "s3://b/a"):
+        with pytest.raises(ConfigError) as caught:
+            load_settings(attachment_sources=bad)
+        assert caught.value.setting == "RL_EXPORT_ATTACHMENT_SOURCES"
+    settings = load_settings(attachment_sources="s3://uploads/a/, https://Files.Example.com/x/")
+    policy = AttachmentPolicy.from_settings(settings)
+    assert [str(s) for s in policy.sources] == ["s3://uploads/a/", "https://files.example.com/x/"]
+    assert (policy.max_bytes, policy.max_total_bytes) == (16 << 20, 256 << 20)
+    assert load_settings().attachment_prefixes == ()  # nothing is fetched by default

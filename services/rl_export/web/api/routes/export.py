@@ -39,6 +39,7 @@ from rl_export.common.errors import (
 )
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, preference_pairs, render_row
+from rl_export.common.metrics import REDACTION_KINDS
 from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
@@ -187,10 +188,11 @@ async def _audit(
 
 
 def _count(svc: Services, headers: Any, counts: dict[str, int]) -> None:
-    """Say what was replaced: the header, and the metric."""
+    """Say what was replaced: the header, and the metric (of the redaction kinds; a zip's
+    ``unscanned`` attachments are in the header only)."""
     headers[REDACTIONS_HEADER] = counts_header(counts)
     for kind, n in counts.items():
-        if n:
+        if n and kind in REDACTION_KINDS:
             svc.metrics.redactions.labels(kind).inc(n)
 
 
