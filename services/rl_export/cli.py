@@ -267,6 +267,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         parse_pair_by,
         write_export,
     )
+    from rl_export.export.attachments import AttachmentPolicy
 
     settings = _settings(args, store_url="store")
     at = _from_manifest(args) if args.from_manifest is not None else None
@@ -306,7 +307,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
                     redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-                    at=at, manifest=args.card,
+                    at=at, manifest=args.card, attachments=AttachmentPolicy.from_settings(settings),
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -473,6 +474,42 @@ def cmd_web(args: argparse.Namespace) -> int:
     return run_web(settings)
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from rl_export.common.codec import dumps
+    from rl_export.common.specs import check_name
+    from rl_export.web import audit
+
+    settings = _settings(args, store_url="store")
+    for flag, value in (("org", args.org), ("project", args.project)):
+        try:
+            check_name(flag, value)
+        except ValueError as exc:
+            raise ConfigError(f"--{flag}", str(exc)) from None
+    since = None
+    if args.since is not None:
+        try:
+            since = datetime.fromisoformat(args.since.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError("--since", f"{args.since!r} is not an RFC 3339 time") from None
+        if since.tzinfo is None:
+            raise ConfigError("--since", f"{args.since!r} needs an offset or Z")
+
+    async def run() -> list[bytes]:
+        store = _open(args.store, settings)
+        try:
+            entries = await audit.read(store, args.org, args.project, since)
+        finally:
+            await store.close()
+        return [dumps(e.model_dump(mode="json")) for e in entries]
+
+    for line in asyncio.run(run()):
+        sys.stdout.buffer.write(line + b"\n")
+    sys.stdout.flush()
+    return 0
+
+
 def cmd_tokens(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
@@ -569,9 +606,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--org", help="create: the org the token is for")
     p.add_argument("--project", help="create: the project the token is for")
     p.add_argument("--subject", help="create: who the token speaks for (the labeler)")
-    p.add_argument("--scopes", metavar="label,export[,admin]", help="create: what it may do")
+    p.add_argument(
+        "--scopes",
+        metavar="label,export[,admin][,raw]",
+        help="create: what it may do (raw: read with less redaction than the default; "
+        "admin does not imply it)",
+    )
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
     p.set_defaults(func=cmd_tokens)
+
+    p = sub.add_parser(
+        "audit", help="the raw-access audit log of a project, one JSON object per line"
+    )
+    p.add_argument("--org", required=True, help="the organisation")
+    p.add_argument("--project", required=True, help="the project")
+    p.add_argument("--since", metavar="RFC3339", help="only entries at or after this time")
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("worker", help="a stream-processing worker (the join)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")

@@ -15,9 +15,11 @@ A detector gives spans ``(start, end, kind)``; the redactor replaces them.
 
 from __future__ import annotations
 
+import base64
 import functools
 import math
 import re
+import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -47,7 +49,10 @@ GATES: dict[str, str] = {
         f"(?i:{_SECRET_WORDS})|A3T|ABIA|ACCA|AKIA|ASIA|AKC|eyJ|BEGIN|PuTTY|"
         r"gh[pousr]_|github_pat_|(?i:xox[abposr]-)|hooks\.slack\.com|SG\.|[rs]k_live_|"
         r"sq0csp-|AC[a-z0-9]{32}|SK[a-z0-9]{32}|://|-us[0-9]|"
-        r"[MNO][a-zA-Z0-9_-]{23,25}\.|sk-|AIza|glpat-|hf_"
+        r"[MNO][a-zA-Z0-9_-]{23,25}\.|sk-|AIza|gl[a-z]{1,5}-|hf_|"
+        r"[rs]k_test_|whsec_|npm_|pypi-|[0-9]:AA|shp[a-z]{2}_|dckr_|do[opr]_v1_|dapi|sntry|"
+        r"glsa_|glc_|PMAK-|lin_api_|hv[sb]\.|dp\.|NR[A-Z]{2}-|ATATT3|AGE-SECRET|sbp_|"
+        r"fig[dhu]_|gsk_|r8_|pplx-|xai-|EAAA|sq0atp-|LTAI|ntn_|pcsk_|lsv2_|HRKU-|(?i:basic)"
     ),
     "email": "@",
     # At least 7 digits in a run of digits and phone punctuation (python-phonenumbers'
@@ -120,15 +125,55 @@ Span = tuple[int, int, str]  # start, end, kind
 
 EXTRA_SECRETS: dict[str, str] = {
     # Formats bc-detect-secrets 1.5 has no plugin for (its GitHub plugin knows the classic
-    # gh*_ tokens only).
+    # gh*_ tokens only; its Stripe plugin takes 24 characters of longer keys), written after
+    # the vendors' documented prefixes as gitleaks' rule set has them. A group, where there
+    # is one, is the credential; every span is then widened to its whole token
+    # (:func:`whole_token`), so no tail is ever left.
     "OpenAI or Anthropic API key": r"\bsk-(?:proj-|ant-(?:api03-)?|svcacct-|admin-)?"
     r"[A-Za-z0-9_-]{20,}",
     "Google API key": r"\bAIza[0-9A-Za-z_-]{35}",
-    "GitLab token": r"\bglpat-[0-9A-Za-z_-]{20,}",
+    "GitLab token": r"\bgl(?:pat|rt|ptt|dt|ft|soat|oas|cbt|imt|agent)-[0-9A-Za-z_-]{20,}",
     "Hugging Face token": r"\bhf_[A-Za-z0-9]{30,}",
     "GitHub fine-grained token": r"\bgithub_pat_[A-Za-z0-9_]{22,}",
     "Bearer token": r"(?i:\bbearer\s+)([A-Za-z0-9._~+/-]{20,}=*)",
+    "Stripe key": r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{20,}",
+    "Stripe webhook secret": r"\bwhsec_[0-9A-Za-z]{24,}",
+    "npm token": r"\bnpm_[A-Za-z0-9]{36}",
+    "PyPI token": r"\bpypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}",
+    "Discord webhook URL": r"https://(?:(?:ptb|canary)\.)?discord(?:app)?\.com/api/webhooks/"
+    r"[0-9]{17,20}/[A-Za-z0-9_-]{60,68}",
+    "Telegram bot token": r"\b[0-9]{8,10}:AA[0-9A-Za-z_-]{33}",
+    "Shopify token": r"\bshp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}",
+    "Docker Hub token": r"\bdckr_pat_[A-Za-z0-9_-]{27,}",
+    "DigitalOcean token": r"\bdo[opr]_v1_[a-f0-9]{64}",
+    "Databricks token": r"\bdapi[a-f0-9]{32}",
+    "Sentry token": r"\bsntry[us]_[A-Za-z0-9_=+/-]{40,}",
+    "Grafana token": r"\b(?:glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}={0,2})",
+    "Postman API key": r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}",
+    "Linear API key": r"\blin_api_[A-Za-z0-9]{40}",
+    "HashiCorp Vault token": r"\bhv[sb]\.[A-Za-z0-9_-]{24,}",
+    "Doppler token": r"\bdp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}",
+    "New Relic key": r"\bNR(?:AK|II|JS|RA)-[A-Za-z0-9]{27}",
+    "Atlassian API token": r"\bATATT3[A-Za-z0-9_=-]{150,}",
+    "age secret key": r"\bAGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}",
+    "Supabase token": r"\bsbp_[a-f0-9]{40}",
+    "Figma token": r"\bfig[dhu]_[A-Za-z0-9_-]{40,}",
+    "Groq key": r"\bgsk_[A-Za-z0-9]{52}",
+    "Replicate token": r"\br8_[A-Za-z0-9]{37}",
+    "Perplexity key": r"\bpplx-[A-Za-z0-9]{48}",
+    "xAI key": r"\bxai-[A-Za-z0-9]{80}",
+    "Square token": r"\b(?:EAAA[A-Za-z0-9_-]{60}|sq0atp-[0-9A-Za-z_-]{22})",
+    "Alibaba access key id": r"\bLTAI[A-Za-z0-9]{20}",
+    "Notion token": r"\bntn_[A-Za-z0-9]{40,}",
+    "Pinecone key": r"\bpcsk_[A-Za-z0-9_]{40,}",
+    "LangSmith key": r"\blsv2_(?:pt|sk)_[a-f0-9]{32}_[a-f0-9]{10}",
+    "Heroku token": r"\bHRKU-[A-Za-z0-9_-]{36,}",
+    "Azure storage account key": r"AccountKey=([A-Za-z0-9+/]{86}==)",
+    "Credentials in a URL": r"://([^\s:/?#@\[\]\"'<>]*:[^\s/?#@\"'<>]+)@",
 }
+# ``Authorization: Basic <base64>``: kept only when the value decodes to ``user:password``
+# (so 'basic understanding' stays).
+BASIC_AUTH = r"(?i:\bbasic\s+)([A-Za-z0-9+/]{8,}={0,2})"
 _KEYWORD_MIN_ENTROPY = 2.5  # bits per character: 'hunter2' is 2.8, 'changeme' 2.75
 _KEYWORD_MIN_LENGTH = 6
 
@@ -190,7 +235,17 @@ class _Secrets:
             heuristic.is_templated_secret, heuristic.is_sequential_string,
             heuristic.is_potential_uuid,
         )  # fmt: skip
-        self.extra = [re.compile(p) for p in EXTRA_SECRETS.values()]
+        # The patterns without a group are one alternation (one pass over a window, not
+        # forty), in RE2 (a DFA: Python's re would try each alternative at every position,
+        # which doubled the cost of a window); those whose group is the credential run on
+        # their own.
+        import re2
+
+        plain = [p for p in EXTRA_SECRETS.values() if re.compile(p).groups == 0]
+        grouped = [p for p in EXTRA_SECRETS.values() if re.compile(p).groups > 0]
+        self.prefixed = re2.compile("|".join(f"(?:{p})" for p in plain))
+        self.extra = [re.compile(p) for p in grouped]
+        self.basic = re.compile(BASIC_AUTH)
         self.pem = re.compile(
             r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?"
             r"(?:-----END[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
@@ -226,12 +281,15 @@ class _Secrets:
                 found = set(plugin.analyze_string(piece))  # what the plugin vouches for
                 if found:
                     spans += _plugin_spans(piece, plugin.denylist, found, offset)
+            spans += [(offset + m.start(), offset + m.end(), "secrets")
+                      for m in self.prefixed.finditer(piece)]  # fmt: skip
             for pattern in self.extra:
                 for match in pattern.finditer(piece):
                     group = match.lastindex or 0
                     spans.append(
                         (offset + match.start(group), offset + match.end(group), "secrets")
                     )
+            spans += [(offset + a, offset + b, "secrets") for a, b in self._basic(piece)]
             keyword |= self.keyword_values(piece)
         if "PRIVATE KEY" in text or "PuTTY" in text:
             found = set(self.private_key.analyze_string(text))
@@ -244,7 +302,32 @@ class _Secrets:
                 ]
         for value in sorted(keyword, key=lambda v: (-len(v), v)):
             spans += [(i, i + len(value), "secrets") for i in find_all(text, value)]
-        return spans
+        return [whole_token(text, span) for span in spans]
+
+    def _basic(self, piece: str) -> Iterator[tuple[int, int]]:
+        """``Basic <base64>`` whose value decodes to ``user:password``."""
+        for match in self.basic.finditer(piece):
+            try:
+                decoded = base64.b64decode(match.group(1), validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if ":" in decoded and decoded.isprintable():
+                yield match.start(1), match.end(1)
+
+
+_TOKEN = frozenset(string.ascii_letters + string.digits + "_-")
+
+
+def whole_token(text: str, span: Span) -> Span:
+    """A secret's span widened to the whole token it is part of (letters, digits, ``_`` and
+    ``-`` either side): a pattern that stops early (24 characters of a longer Stripe key)
+    must not leave a tail."""
+    start, end, kind = span
+    while start > 0 and text[start - 1] in _TOKEN:
+        start -= 1
+    while end < len(text) and text[end] in _TOKEN:
+        end += 1
+    return start, end, kind
 
 
 _DELIMITERS = " \t\r\n\"'=:`"

@@ -282,6 +282,13 @@ class WebMetrics:
             ["reason"],
             registry=registry,
         )
+        self.raw_reads = Counter(
+            "rl_export_raw_reads_total",
+            "Reads with a redaction weaker than the project's default (scope raw), each "
+            "audited, by route (export, records, exports).",
+            ["route"],
+            registry=registry,
+        )
         self.published = Counter(
             "rl_export_web_events_published_total",
             "Label events acknowledged by the broker, by event type.",

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from rl_export.common.attachment_sources import AttachmentSource, parse_sources
 from rl_export.common.errors import ConfigError
 from rl_export.common.partitioning import Partitioner
 from rl_export.common.redact import RedactError, parse_kinds
@@ -340,6 +341,29 @@ class Settings(BaseSettings):
         "larger ones as background jobs.",
     )
 
+    # Attachments of zip exports (DESIGN.md section 10)
+    attachment_sources: str = Field(
+        "",
+        description="Comma list of the URI prefixes a zip export may fetch attachments from: "
+        "s3://bucket/prefix/ and https://host[:port]/prefix/, each ending with '/'. Empty (the "
+        "default): no attachment is fetched. file: and http: URIs, the store's own bucket and "
+        "prefix, and https hosts that resolve to a non-public address are never fetched.",
+    )
+    attachment_max_bytes: int = Field(
+        16 * MIB, ge=1, description="Largest attachment a zip export fetches (larger: too_large)."
+    )
+    attachment_max_total_bytes: int = Field(
+        256 * MIB,
+        ge=1,
+        description="Bytes of attachments one zip export fetches at most; the attachments "
+        "past it are listed as too_large.",
+    )
+
+    @field_validator("attachment_sources")
+    @classmethod
+    def _check_attachment_sources(cls, value: str) -> str:
+        return ",".join(str(s) for s in parse_sources(value))
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _check_bootstrap(cls, value: str) -> str:
@@ -414,6 +438,11 @@ class Settings(BaseSettings):
     def _check_store_url(cls, value: str) -> str:
         parse_store_url(value)  # raises ValueError with the reason
         return value
+
+    @property
+    def attachment_prefixes(self) -> tuple[AttachmentSource, ...]:
+        """``attachment_sources`` parsed."""
+        return parse_sources(self.attachment_sources)
 
     @property
     def index_dir(self) -> Path:

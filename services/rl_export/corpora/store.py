@@ -472,14 +472,22 @@ class S3Store:
             await asyncio.to_thread(digest.update, chunk)
         return digest.hexdigest()
 
-    async def get_uri(self, bucket: str, key: str) -> bytes:
-        """An object of any bucket this store's client can read (attachments' ``s3://``)."""
+    async def get_uri(self, bucket: str, key: str, *, max_bytes: int | None = None) -> bytes:
+        """An object of any bucket this store's client can read (attachments' ``s3://``):
+        its first ``max_bytes`` bytes at most (all of it by default)."""
         client = await self._c()
         try:
             response = await client.get_object(Bucket=bucket, Key=key)
             async with response["Body"] as body:
-                data: bytes = await body.read()
-                return data
+                if max_bytes is None:
+                    data: bytes = await body.read()
+                    return data
+                chunks: list[bytes] = []
+                size = 0
+                while size < max_bytes and (chunk := await body.content.read(max_bytes - size)):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                return b"".join(chunks)
         except Exception as exc:
             code, status = _error_code(exc)
             if status == 404 or code in ("NoSuchKey", "404"):

@@ -8,11 +8,11 @@ Public interface::
     async def iter_export(store, ref, *, format, filters=Filters(), columns=None, pair_by=(),
                           margin=0.0, max_pairs=1, zip_data="csv", mask=None, file="jsonl",
                           redact=None, chat=HF, completion="turn", progress=None,
-                          summary=None) -> AsyncIterator[bytes]
+                          summary=None, attachments=None) -> AsyncIterator[bytes]
     async def write_export(store, ref, *, format, out, filters=Filters(), columns=None,
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv", mask=None,
                            file="jsonl", card=False, redact=None, chat=HF, completion="turn",
-                           progress=None) -> ExportSummary
+                           progress=None, attachments=None) -> ExportSummary
     async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
         # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
     async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
@@ -61,8 +61,11 @@ How an export travels:
    spills the paired records' halves to a temporary file, from which the pairs are written
    (:mod:`rl_export.export.pairs`).
 4. ``zip`` writes the data file to a temporary file while each record's attachments are
-   fetched into the archive, then adds the data file, ``files/errors.json`` and
-   ``README.md`` (the dataset card).
+   fetched into the archive where ``attachments`` (an
+   :class:`~rl_export.export.attachments.AttachmentPolicy`; None fetches nothing) allows
+   it, text ones redacted like the rows and others counted as ``unscanned``, then adds the
+   data file, ``files/manifest.json`` (every attachment with its status) and ``README.md``
+   (the dataset card).
 5. With ``card``, the card is written once the data file has its name: ``README.md``
    beside it, replaced atomically.
 6. Redaction (DESIGN.md section 4) applies to what is written, after the limit: a
@@ -95,11 +98,17 @@ from rl_export.common.formats import (
     Completion,
     render_row,
 )
-from rl_export.common.redact import parse_kinds, redactor
+from rl_export.common.redact import Redactor, add_counts, parse_kinds, redactor
 from rl_export.common.turns import TurnMask, outside_turns, report_of
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
-from rl_export.export.attachments import Fetcher, FetchError, archive_paths
+from rl_export.export.attachments import (
+    MESSAGES,
+    AttachmentPolicy,
+    Fetcher,
+    archive_paths,
+    is_text,
+)
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import Column
 from rl_export.export.dedup import Dedup
@@ -268,9 +277,11 @@ async def _zip(
     sink: IO[bytes],
     zip_data: ZipData,
     card: Callable[[ExportSummary], str],
+    policy: AttachmentPolicy | None,
+    scrub: Redactor | None,
 ) -> None:
-    fetcher = Fetcher(store)
-    errors: list[dict[str, Any]] = []
+    fetcher = Fetcher(store, policy)
+    manifest: list[dict[str, Any]] = []
     encoder: CsvEncoder | JsonEncoder = CsvEncoder(columns) if zip_data == "csv" else (
         JsonEncoder(columns))  # fmt: skip
     try:
@@ -283,24 +294,10 @@ async def _zip(
                 records = [r for _, r in scan.redact(limited(batch, summary, limit))]
                 rows = []
                 for record in records:
-                    attachments = record.get("attachments") or []
-                    paths = archive_paths(record["trace_id"], attachments)
-                    kept = []
-                    for attachment, path in zip(attachments, paths, strict=True):
-                        uri = attachment.get("uri") if isinstance(attachment, dict) else None
-                        try:
-                            if not isinstance(uri, str):
-                                raise FetchError("no uri")
-                            content = await fetcher.fetch(uri)
-                        except FetchError as exc:
-                            summary.attachment_errors += 1
-                            errors.append({"trace_id": record["trace_id"], "name":
-                                           attachment.get("name"), "uri": uri, "path": path,
-                                           "error": str(exc)})  # fmt: skip
-                            continue
-                        archive.writestr(path, content)
-                        summary.attachments += 1
-                        kept.append(path)
+                    kept = await _attachments(
+                        record, fetcher=fetcher, archive=archive, manifest=manifest,
+                        summary=summary, scrub=scrub,
+                    )  # fmt: skip
                     rows.append({**record, "attachments": kept})
                 data.write(encoder.encode(rows))
                 if limit is not None and summary.records >= limit:
@@ -309,10 +306,51 @@ async def _zip(
             data.seek(0)
             with archive.open(f"data.{zip_data}", "w") as entry:
                 shutil.copyfileobj(data, entry, _CHUNK)
-            archive.writestr("files/errors.json", dumps(errors) + b"\n")
+            archive.writestr("files/manifest.json", dumps(manifest) + b"\n")
             archive.writestr(CARD_NAME, card(summary))
     finally:
         await fetcher.close()
+
+
+async def _attachments(
+    record: dict[str, Any],
+    *,
+    fetcher: Fetcher,
+    archive: zipfile.ZipFile,
+    manifest: list[dict[str, Any]],
+    summary: ExportSummary,
+    scrub: Redactor | None,
+) -> list[str]:
+    """Fetch a record's attachments into the archive (text ones redacted), list each in the
+    manifest with its status, and return the archive paths of those fetched."""
+    attachments = record.get("attachments") or []
+    if not isinstance(attachments, list):
+        attachments = []
+    paths = archive_paths(record["trace_id"], attachments)
+    kept = []
+    for attachment, path in zip(attachments, paths, strict=True):
+        item = attachment if isinstance(attachment, dict) else {}
+        status, content = await fetcher.fetch(item.get("uri"))
+        entry: dict[str, Any] = {"trace_id": record["trace_id"], "name": item.get("name"),
+                                 "status": status}  # fmt: skip
+        if content is None:
+            summary.attachment_errors += 1
+            entry["error"] = MESSAGES.get(status)
+            manifest.append(entry)
+            continue
+        if scrub is not None:
+            if is_text(item.get("content_type"), item.get("name")):
+                text, counts = scrub.text(content.decode("utf-8", errors="replace"))
+                add_counts(summary.redactions, counts)
+                content = text.encode()
+            else:
+                add_counts(summary.redactions, {"unscanned": 1})
+        archive.writestr(path, content)
+        summary.attachments += 1
+        entry.update(path=path, bytes=len(content))
+        manifest.append(entry)
+        kept.append(path)
+    return kept
 
 
 Chunk = bytes | memoryview
@@ -338,14 +376,14 @@ async def iter_export(
     dedup: Dedup | None = None,
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
+    attachments: AttachmentPolicy | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The export's bytes, in chunks (see the module docstring)."""
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=False, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-        progress=progress,
-        summary=summary,
+        progress=progress, summary=summary, attachments=attachments,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -374,6 +412,7 @@ async def _export_chunks(
     at: ViewPosition | None = None,
     progress: Progress | None,
     summary: ExportSummary | None,
+    attachments: AttachmentPolicy | None,
 ) -> AsyncGenerator[Chunk, None]:
     """:func:`iter_export`'s chunks; large ones may be views of what was read (no copy).
     ``card``: the rules versions are collected for a card (a zip carries one anyway)."""
@@ -420,7 +459,7 @@ async def _export_chunks(
                     ))  # fmt: skip
 
                 await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data,
-                           card=zip_card)  # fmt: skip
+                           card=zip_card, policy=attachments, scrub=scrub)  # fmt: skip
             built.seek(0)
             while piece := built.read(_CHUNK):
                 summary.bytes += len(piece)
@@ -482,6 +521,7 @@ async def write_export(
     at: ViewPosition | None = None,
     manifest: bool = False,
     progress: Progress | None = None,
+    attachments: AttachmentPolicy | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
 
@@ -493,7 +533,7 @@ async def write_export(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=card, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-        progress=progress, summary=summary, at=at,
+        progress=progress, summary=summary, at=at, attachments=attachments,
     )  # fmt: skip
     # Check everything that can be checked before a temporary file exists.
     picked = check_export(

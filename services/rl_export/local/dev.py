@@ -94,7 +94,7 @@ def dev_token(env: dict[str, str]) -> str:
     """A token with every scope for the synthetic org/project, from ``rl-export tokens``."""
     result = subprocess.run(
         [sys.executable, "-m", "rl_export.cli", "tokens", "create", "--org", SYNTHETIC_ORG,
-         "--project", SYNTHETIC_PROJECT, "--subject", "dev", "--scopes", "admin"],
+         "--project", SYNTHETIC_PROJECT, "--subject", "dev", "--scopes", "admin,raw"],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     if result.returncode != 0:

@@ -38,7 +38,11 @@ log = logging.getLogger(__name__)
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "A missing, unknown or revoked token."},
-    403: {"model": ErrorOut, "description": "A token of another org/project or scope."},
+    403: {
+        "model": ErrorOut,
+        "description": "A token of another org/project or scope (raw_required: less "
+        "redaction than the default without the raw scope).",
+    },
     404: {"model": ErrorOut, "description": "An unknown trace or job."},
     413: {"model": ErrorOut, "description": "A request body over the limit."},
     422: {"model": ErrorOut, "description": "A body or parameter that cannot be accepted."},

@@ -5,6 +5,7 @@ Hierarchy::
     ApiError              base: ``status``, ``error`` (a short code), ``detail`` (for people)
     ├── Unauthorized      401 a missing, malformed, unknown or revoked token
     ├── Forbidden         403 a token of another org/project, or without the route's scope
+    │   └── RawRequired   403 a redaction weaker than the project's default without ``raw``
     ├── NotFound          404 an unknown trace, job or route
     ├── Invalid           422 a body or parameter the API cannot accept
     ├── TooLarge          413 a request body over the limit
@@ -33,6 +34,10 @@ class Unauthorized(ApiError):
 class Forbidden(ApiError):
     status = 403
     error = "forbidden"
+
+
+class RawRequired(Forbidden):
+    error = "raw_required"
 
 
 class NotFound(ApiError):

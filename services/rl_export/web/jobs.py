@@ -38,7 +38,7 @@ from rl_export.common.codec import dumps, loads
 from rl_export.common.errors import ObjectNotFoundError, StoreError
 from rl_export.common.events import UtcDatetime
 from rl_export.common.filters import parse_filters
-from rl_export.common.metrics import WebMetrics
+from rl_export.common.metrics import REDACTION_KINDS, WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export import (
@@ -52,6 +52,7 @@ from rl_export.export import (
     source_ref,
     write_export,
 )
+from rl_export.export.attachments import AttachmentPolicy
 from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 chat=parse_chat_style(request.format, request.chat_style, request.system),
                 completion=parse_completion(request.format, request.completion),
                 split=split, dedup=dedup, manifest=True,
+                attachments=AttachmentPolicy.from_settings(settings),
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
@@ -276,7 +278,7 @@ class Jobs:
                 self._executor(), run_job, settings, status.model_dump(mode="json")
             )
             for kind, n in redactions.items():  # the job's process has no metrics of ours
-                if n:
+                if n and kind in REDACTION_KINDS:  # not a zip's count of unscanned attachments
                     self.metrics.redactions.labels(kind).inc(n)
         except Exception as exc:  # the job failed outside its own handling
             if isinstance(exc, BrokenProcessPool):

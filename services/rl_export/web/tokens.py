@@ -32,8 +32,8 @@ from rl_export.common.events import UtcDatetime
 from rl_export.common.specs import SAFE_NAME
 from rl_export.corpora.store import ObjectStore
 
-Scope = Literal["label", "export", "admin"]
-SCOPES: tuple[Scope, ...] = ("label", "export", "admin")
+Scope = Literal["label", "export", "admin", "raw"]
+SCOPES: tuple[Scope, ...] = ("label", "export", "admin", "raw")
 PREFIX = "_tokens/"
 _TOKEN = re.compile(r"^rlx_([0-9a-f]{12})_([A-Za-z0-9_\-]{43})$")
 _SUBJECT = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
@@ -70,8 +70,9 @@ class Caller(BaseModel):
     scopes: tuple[Scope, ...]
 
     def allows(self, scope: Scope) -> bool:
-        """``admin`` holds both ``label`` and ``export``."""
-        return scope in self.scopes or "admin" in self.scopes
+        """``admin`` holds both ``label`` and ``export``; ``raw`` (reading with a redaction
+        weaker than the project's default) is held only when given."""
+        return scope in self.scopes or ("admin" in self.scopes and scope != "raw")
 
 
 def parse_scopes(text: str) -> tuple[Scope, ...]:

@@ -1,5 +1,6 @@
 """``rl-export export`` and ``stats`` as people run them: the real command, exit codes,
-stderr, stdout, no partial file; and exports from S3 with attachments over s3:// and http."""
+stderr, stdout, no partial file; and exports from S3 with attachments over s3:// (plain http
+refused)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from rl_export.common.attachment_sources import parse_sources
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, S3Store
 from rl_export.export import write_export
+from rl_export.export.attachments import AttachmentPolicy
 from rl_export.local.seaweed import LocalS3
 from tests.exportdata import ORG, PROJECT, build_story, replay_events
 from tests.records import trace_events
@@ -206,34 +209,49 @@ def http_files(tmp_path: Path) -> Iterator[str]:
         loop.close()
 
 
-async def test_zip_from_s3_fetches_s3_and_http_attachments(
+async def test_zip_from_s3_fetches_allowed_s3_attachments_only(
     s3: LocalS3, http_files: str, tmp_path: Path
 ) -> None:
-    store = S3Store(s3.bucket, f"export-{uuid.uuid4().hex[:8]}")
+    run = uuid.uuid4().hex[:8]
+    store = S3Store(s3.bucket, f"export-{run}")
+    uploads = S3Store(s3.bucket, f"uploads-{run}")
     try:
-        await store.put("uploads/trace.png", b"\x89PNG fake")
-        uri = f"s3://{s3.bucket}/{store.prefix}uploads/trace.png"
+        await uploads.put("trace.png", b"\x89PNG fake")
+        await uploads.put("big.png", b"x" * 2048)
+        await uploads.put("notes.txt", b"key AKIAIOSFODNN7EXAMPLE here")
+        await store.put("uploads/own.png", b"the store's own object")
+        base = f"s3://{s3.bucket}/uploads-{run}/"
         attachments = [
-            {"name": "trace.png", "uri": uri, "content_type": "image/png", "size": 9},
-            {"name": "report.pdf", "uri": f"{http_files}/report.pdf",
-             "content_type": "application/pdf", "size": 15},
-            {"name": "gone.pdf", "uri": f"{http_files}/gone.pdf",
-             "content_type": "application/pdf", "size": 1},
-        ]  # fmt: skip
+            {"name": name, "uri": uri, "content_type": kind, "size": 9}
+            for name, uri, kind in (
+                ("trace.png", f"{base}trace.png", "image/png"),
+                ("notes.txt", f"{base}notes.txt", "text/plain"),
+                ("big.png", f"{base}big.png", "image/png"),
+                ("gone.png", f"{base}gone.png", "image/png"),
+                ("own.png", f"s3://{s3.bucket}/{store.prefix}uploads/own.png", "image/png"),
+                ("report.pdf", f"{http_files}/report.pdf", "application/pdf"),
+            )
+        ]
         events = trace_events(1, score=0.9, passed=True, attachments=attachments)
         await replay_events(store, events, "s3")
         path = tmp_path / "out.zip"
+        # Even with the whole bucket allowed, the store's own prefix stays closed.
+        policy = AttachmentPolicy(sources=parse_sources(f"s3://{s3.bucket}/"), max_bytes=1024)
         summary = await write_export(store, CorpusRef(ORG, PROJECT, "evaluator"), format="zip",
-                                     out=path)  # fmt: skip
-        assert (summary.records, summary.attachments, summary.attachment_errors) == (1, 2, 1)
+                                     out=path, attachments=policy)  # fmt: skip
+        assert (summary.records, summary.attachments, summary.attachment_errors) == (1, 2, 4)
+        assert (summary.redactions["secrets"], summary.redactions["unscanned"]) == (1, 1)
         with zipfile.ZipFile(path) as archive:
             assert archive.read("files/tr-001/trace.png") == b"\x89PNG fake"
-            assert archive.read("files/tr-001/report.pdf") == b"%PDF-1.4 report"
-            (error,) = json.loads(archive.read("files/errors.json"))
-            assert error["name"] == "gone.pdf"
-            assert "404" in error["error"]
+            assert archive.read("files/tr-001/notes.txt") == b"key [REDACTED:SECRETS] here"
+            manifest = json.loads(archive.read("files/manifest.json"))
+        assert [(m["name"], m["status"]) for m in manifest] == [
+            ("trace.png", "fetched"), ("notes.txt", "fetched"), ("big.png", "too_large"),
+            ("gone.png", "missing"), ("own.png", "not_allowed"), ("report.pdf", "not_allowed"),
+        ]  # fmt: skip
     finally:
         await store.close()
+        await uploads.close()
 
 
 def test_redact_replaces_and_the_summary_counts(tmp_path: Path) -> None:

@@ -108,6 +108,7 @@ async def make_tokens(settings: Settings) -> tuple[dict[str, str], dict[str, str
         "undo-page": ("acme", "bot", "uma", ("label", "export")),
         "xss": ("acme", "bot", "xen", ("label", "export")),
         "follow": ("acme", "bot", "fay", ("label", "export")),
+        "raw": ("acme", "bot", "rae", ("export", "raw")),
     }
     out: dict[str, str] = {}
     ids: dict[str, str] = {}

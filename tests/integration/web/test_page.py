@@ -312,10 +312,16 @@ def test_the_redact_control_scrubs_the_preview_and_the_download(
     data = Path(download.value.path()).read_text()
     assert "[REDACTED:PHONE]" in data
     assert all(v not in data for v in (key, mail, phone))
-    for kind in ("secrets", "email", "phone"):
+    for kind in ("email", "phone", "secrets"):
         page.locator(f"#redact-kinds input[value={kind}]").uncheck()
-    expect(page.locator("#redactions")).to_have_text("Nothing redacted: the preview is verbatim.")
-    expect(page.locator("#preview")).to_contain_text(key)
+    # This token has no raw scope: the service refuses less than the default, and the page
+    # checks the default again, locks it, and shows the redacted text.
+    secrets = page.locator("#redact-kinds input[value=secrets]")
+    expect(secrets).to_be_checked()
+    expect(secrets).to_be_disabled()
+    expect(page.locator("#redactions")).to_have_text("Redacted from this preview: 1 secret.")
+    expect(page.locator("#preview")).to_contain_text("[REDACTED:SECRETS]")
+    assert key not in page.locator("#preview").inner_text()
 
 
 def test_a_csv_with_chosen_renamed_and_reordered_columns(

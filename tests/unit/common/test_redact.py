@@ -100,7 +100,8 @@ def test_secrets_found_by_their_context(sentence: str, secret: str) -> None:
 
 def test_a_password_in_a_url_is_a_secret_not_an_email() -> None:
     text, counts = ALL.text("postgres://admin:hunter2pass@db.internal.io:5432/app")
-    assert text == "postgres://admin:[REDACTED:SECRETS]@db.internal.io:5432/app"
+    # The credential is user and password: both go (DESIGN.md section 10).
+    assert text == "postgres://[REDACTED:SECRETS]@db.internal.io:5432/app"
     assert counts == {"secrets": 1}
 
 

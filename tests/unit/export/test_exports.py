@@ -253,12 +253,15 @@ async def test_duckdb_reads_the_json_lines_and_the_json_array(
         assert count == 6
 
 
-async def test_zip_holds_the_data_file_attachments_and_the_failures(tmp_path: Path) -> None:
+async def test_zip_holds_the_data_file_and_a_manifest_of_refused_attachments(
+    tmp_path: Path,
+) -> None:
     store = LocalStore(tmp_path / "store")
     await build_story(store)
     attachment = tmp_path / "notes.txt"
     attachment.write_bytes(b"hello \xe2\x80\xa8 attachment")
-    # Point trace 7's attachment at a real file, and give trace 8 one that fails.
+    # Local files and other schemes are never fetched (the fetched path is in
+    # test_abuse_attachments.py).
     from tests.exportdata import replay_events
     from tests.records import trace_events
 
@@ -271,21 +274,22 @@ async def test_zip_holds_the_data_file_attachments_and_the_failures(tmp_path: Pa
     path = tmp_path / "out.zip"
     summary = await write_export(store, EVALUATOR, format="zip", out=path,
                                  columns="trace_id,attachments")  # fmt: skip
-    assert (summary.attachments, summary.attachment_errors) == (1, 2)
+    assert (summary.attachments, summary.attachment_errors) == (0, 3)
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
-        assert "files/tr-009/notes.txt" in names
-        assert archive.read("files/tr-009/notes.txt") == attachment.read_bytes()
-        assert not any(".." in n.split("/") for n in names)
+        assert not any(n.startswith("files/tr-") for n in names)
+        assert "files/errors.json" not in names
         rows = {r["trace_id"]: r for r in csv.DictReader(
             io.StringIO(archive.read("data.csv").decode(), newline=""))}  # fmt: skip
-        assert json.loads(rows["tr-009"]["attachments"]) == ["files/tr-009/notes.txt"]
-        errors = json.loads(archive.read("files/errors.json"))
-    assert {(e["trace_id"], e["uri"].split(":")[0]) for e in errors} == {
-        ("tr-007", "file"),  # a file that does not exist
-        ("tr-009", "ftp"),  # a scheme we do not fetch
+        assert json.loads(rows["tr-009"]["attachments"]) == []
+        manifest = json.loads(archive.read("files/manifest.json"))
+    assert {(e["trace_id"], e["name"], e["status"]) for e in manifest} == {
+        ("tr-007", "log.txt", "not_allowed"),
+        ("tr-009", "notes.txt", "not_allowed"),
+        ("tr-009", "../../evil.txt", "not_allowed"),
     }
-    assert all(e["error"] for e in errors)
+    assert all(e["error"] and "path" not in e for e in manifest)
+    assert str(tmp_path) not in json.dumps(manifest)
     json_zip = tmp_path / "out-json.zip"
     await write_export(store, EVALUATOR, format="zip", out=json_zip, zip_data="json")
     with zipfile.ZipFile(json_zip) as archive:

@@ -9,6 +9,8 @@ import pytest
 from rl_export.common.codec import loads
 from rl_export.corpora.store import MemoryStore
 from rl_export.web.tokens import (
+    Caller,
+    Scope,
     TokenError,
     TokenRejected,
     TokenStore,
@@ -43,6 +45,20 @@ def test_scopes_parse_and_admin_holds_both() -> None:
     for bad in ("", "read", "label,write"):
         with pytest.raises(TokenError):
             parse_scopes(bad)
+
+
+def test_raw_is_held_only_when_given_never_through_admin() -> None:
+    assert parse_scopes("export,raw") == ("export", "raw")
+
+    def caller(*scopes: Scope) -> Caller:
+        return Caller(token_id="0" * 12, subject="s", org="o", project="p", scopes=scopes)
+
+    admin = caller("admin")
+    assert admin.allows("label")
+    assert admin.allows("export")
+    assert not admin.allows("raw")
+    assert caller("export", "raw").allows("raw")
+    assert caller("admin", "raw").allows("raw")
 
 
 async def test_the_store_holds_a_hash_never_the_token() -> None:

@@ -72,8 +72,9 @@ def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
     async def check(who: Annotated[Caller, Depends(caller)], svc: Svc) -> Caller:
         if not who.allows(scope):
             svc.metrics.auth_failures.labels("scope").inc()
+            also = "" if scope == "raw" else " (or admin)"
             raise Forbidden(
-                f"this token has the scopes {', '.join(who.scopes)}; this needs {scope} (or admin)"
+                f"this token has the scopes {', '.join(who.scopes)}; this needs {scope}{also}"
             )
         return who
 

@@ -51,11 +51,14 @@
     });
     if (!response.ok) {
       let detail = response.statusText;
+      let code = null;
       try {
         const answer = await response.json();
+        code = answer.error || null;
         detail = answer.detail || answer.error || detail;
       } catch (_) { /* not JSON: keep the status text */ }
       if (response.status === 401) askToken(`The token was not accepted: ${detail}`);
+      if (code === "raw_required") document.dispatchEvent(new CustomEvent("rl-raw-required"));
       throw new ApiError(response.status, detail);
     }
     return raw ? response : response.json();
@@ -696,6 +699,19 @@
     box.addEventListener("change", refreshExport);
     $("redact-kinds").append(h("label", {}, box, (KIND_NAMES[kind] || [kind])[0]));
   }
+
+  // Without the raw scope the service refuses less redaction than its default (403
+  // raw_required): the default kinds are checked again and locked, and the tab asks again.
+  document.addEventListener("rl-raw-required", () => {
+    for (const box of $("redact-kinds").querySelectorAll("input")) {
+      if (config.redact.includes(box.value)) {
+        box.checked = true;
+        box.disabled = true;
+      }
+    }
+    $("redact").title = "This token has no raw scope: the default redaction stays on.";
+    refreshExport();
+  });
 
   function redactValue() {
     const kinds = [...$("redact-kinds").querySelectorAll("input:checked")].map((b) => b.value);

@@ -8,7 +8,13 @@ Redaction (``redact=``, default ``RL_EXPORT_REDACT``) applies to the preview, th
 export and jobs; the preview and the direct export say what they replaced in the
 ``X-RL-Export-Redactions`` header (JSON, kind -> count), a job in its status. A header goes
 before the body, so a direct export that redacts is made whole (spooled to a temporary file)
-before it is sent; ``redact=none`` streams from the first chunk.
+before it is sent.
+
+Raw access (DESIGN.md section 10): a redaction weaker than the project's default
+(``redact=none``, or kinds that do not cover ``RL_EXPORT_REDACT``'s) needs the ``raw`` scope
+(403 ``raw_required``, whatever the other scopes) and is audited (:mod:`rl_export.web.audit`)
+before its data leaves: a raw direct export is made whole first too, so its entry holds the
+rows read.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import IO, Annotated, Any
 from urllib.parse import quote
 
@@ -24,9 +31,16 @@ from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
 
 from rl_export.common.chat import HF, Chat, ChatStyle, SystemMode
-from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
+from rl_export.common.errors import (
+    ExportError,
+    FilterError,
+    NoDataError,
+    ObjectNotFoundError,
+    StoreError,
+)
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, Completion, preference_pairs, render_row
+from rl_export.common.metrics import REDACTION_KINDS
 from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
 from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
@@ -47,6 +61,8 @@ from rl_export.export import (
 )
 from rl_export.export import preview as export_preview
 from rl_export.export import stats as export_stats
+from rl_export.export.attachments import AttachmentPolicy
+from rl_export.web import audit
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -57,7 +73,8 @@ from rl_export.web.api.deps import (
     index_state,
     query,
 )
-from rl_export.web.errors import Invalid, NotFound
+from rl_export.web.audit import AuditEntry
+from rl_export.web.errors import Invalid, NotFound, RawRequired, Unavailable
 from rl_export.web.index import QueryIndex
 from rl_export.web.indexsql import BINS
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
@@ -76,6 +93,7 @@ from rl_export.web.models import (
 )
 from rl_export.web.services import Services
 from rl_export.web.streaming import ThreadStream
+from rl_export.web.tokens import Caller
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
 
@@ -189,16 +207,52 @@ def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
         raise Invalid(str(exc)) from None
 
 
-def _redactor(svc: Services, redact: str | None) -> Redactor | None:
-    kinds = _kinds(svc, redact)
-    return redactor(kinds) if kinds else None
+def _raw(svc: Services, caller: Caller, kinds: tuple[str, ...]) -> bool:
+    """Whether a read redacts less than the project's default (``RL_EXPORT_REDACT``): then
+    it needs the ``raw`` scope (403 ``raw_required`` without it) and is audited."""
+    default = parse_kinds(svc.settings.redact)
+    if set(default) <= set(kinds):
+        return False
+    if not caller.allows("raw"):
+        svc.metrics.auth_failures.labels("scope").inc()
+        asked = ",".join(kinds) or "none"
+        raise RawRequired(
+            f"redact={asked} redacts less than this project's default "
+            f"({','.join(default)}): that needs a token with the raw scope"
+        )
+    return True
+
+
+async def _audit(
+    svc: Services,
+    caller: Caller,
+    route: str,
+    filters: Filters,
+    kinds: tuple[str, ...],
+    *,
+    rows: int | None,
+    job: str | None = None,
+) -> None:
+    """Append the raw read to the project's audit log before its data leaves (503 when the
+    store does not take the entry: nothing unaudited is served) and count it."""
+    entry = AuditEntry(
+        time=datetime.now(UTC), org=caller.org, project=caller.project, subject=caller.subject,
+        token_id=caller.token_id, route=route, filters=filters.to_params(), kinds=list(kinds),
+        rows=rows, job=job,
+    )  # fmt: skip
+    try:
+        await audit.append(svc.store, entry)
+    except StoreError:
+        raise Unavailable("the audit log could not be written, so nothing was read") from None
+    svc.metrics.raw_reads.labels(route).inc()
 
 
 def _count(svc: Services, headers: Any, counts: dict[str, int]) -> None:
-    """Say what was replaced: the header, and the metric."""
+    """Say what was replaced: the header, and the metric (of the redaction kinds; a zip's
+    ``unscanned`` attachments are in the header only)."""
     headers[REDACTIONS_HEADER] = counts_header(counts)
     for kind, n in counts.items():
-        if n:
+        if n and kind in REDACTION_KINDS:
             svc.metrics.redactions.labels(kind).inc(n)
 
 
@@ -321,7 +375,9 @@ async def get_records(
     mask = _mask(format, mask_failed_turns, mask_types)
     chat, pairing = _chat(format, chat_style, system, completion)
     picked = _checked(format, columns, mask=mask, chat=chat, completion=pairing)
-    scrub = _redactor(svc, redact)
+    kinds = _kinds(svc, redact)
+    raw = _raw(svc, caller, kinds)
+    scrub = redactor(kinds) if kinds else None
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
@@ -335,7 +391,7 @@ async def get_records(
             items = await export_preview(
                 svc.store, source_ref(org, project, source),
                 format="trajectory" if tabular else format, filters=filters, limit=size,
-                mask=mask, redact=",".join(_kinds(svc, redact)) or "none", summary=summary,
+                mask=mask, redact=",".join(kinds) or "none", summary=summary,
                 chat=chat, completion=pairing,
             )  # fmt: skip
             if tabular:
@@ -348,6 +404,8 @@ async def get_records(
             svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
             mask=mask, scrub=scrub, counts=counts, chat=chat, completion=pairing,
         )  # fmt: skip
+    if raw:
+        await _audit(svc, caller, "records", filters, kinds, rows=len(items))
     _count(svc, response.headers, counts)
     return RecordsOut(
         items=items,
@@ -397,12 +455,14 @@ async def get_export(
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     chat, pairing = _chat(format, chat_style, system, completion)
-    kinds = ",".join(_kinds(svc, redact)) or "none"
+    asked = _kinds(svc, redact)
+    kinds = ",".join(asked) or "none"
     _checked(format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing)
     picked_split, picked_dedup = _training(
         split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
         dedup_threshold=dedup_threshold, dedup_on=dedup_on,
     )  # fmt: skip
+    raw = _raw(svc, caller, asked)
     ref = source_ref(org, project, source)
     summary = ExportSummary()
 
@@ -410,7 +470,7 @@ async def get_export(
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
             redact=kinds, summary=summary, chat=chat, completion=pairing, split=picked_split,
-            dedup=picked_dedup,
+            dedup=picked_dedup, attachments=AttachmentPolicy.from_settings(svc.settings),
         )  # fmt: skip
 
     stream = ThreadStream(make, svc.settings.store_url)
@@ -432,10 +492,18 @@ async def get_export(
     # A dedup groups the rows before the first chunk: its count is known now.
     if picked_dedup is not None:
         headers[DUPLICATES_HEADER] = str(summary.duplicates_removed)
-    if kinds != "none":
+    if kinds != "none" or raw:
         # The counts are known at the end, and a header goes first: the export is made whole.
+        # So is a raw read, whose audit entry (with its rows) is written before it leaves.
         spool = await _spooled(stream, first)
-        _count(svc, headers, summary.redactions)
+        if raw:
+            try:
+                await _audit(svc, caller, "export", filters, asked, rows=summary.records)
+            except BaseException:
+                spool.close()
+                raise
+        if kinds != "none":
+            _count(svc, headers, summary.redactions)
         media = content_type(format, file)
         return StreamingResponse(_read(spool), media_type=media, headers=headers)
 
@@ -497,17 +565,19 @@ async def post_exports(
         body.mask_types)  # fmt: skip
     mask = _mask(body.format, body.mask_failed_turns, mask_types)
     chat, pairing = _chat(body.format, body.chat_style, body.system, body.completion)
-    redact = ",".join(_kinds(svc, body.redact)) or "none"
+    asked = _kinds(svc, body.redact)
+    redact = ",".join(asked) or "none"
     _checked(body.format, columns, mask=mask, file=body.file, redact=redact, chat=chat,
              completion=pairing)  # fmt: skip
     try:
-        parse_filters(body.filters)
+        parsed = parse_filters(body.filters)
     except FilterError as exc:
         raise Invalid(str(exc)) from None
     threshold = None if body.dedup_threshold is None else repr(body.dedup_threshold)
     _training(split=body.split, splits=body.splits, split_by=body.split_by,
               split_salt=body.split_salt, dedup=body.dedup, dedup_threshold=threshold,
               dedup_on=body.dedup_on)  # fmt: skip
+    raw = _raw(svc, caller, asked)
     request = JobRequest(
         source=body.source, format=body.format, filters=body.filters, columns=columns,
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
@@ -516,6 +586,8 @@ async def post_exports(
         split_by=body.split_by, split_salt=body.split_salt, dedup=body.dedup,
         dedup_threshold=threshold, dedup_on=body.dedup_on,
     )  # fmt: skip
+    if raw:  # audited before the job starts; its status counts the rows
+        await _audit(svc, caller, "exports", parsed, asked, rows=None)
     return _job_out(await svc.jobs.start(org, project, request))
 
 
