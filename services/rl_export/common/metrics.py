@@ -304,6 +304,18 @@ class WebMetrics:
             "Background export jobs running in this instance's export processes.",
             registry=registry,
         )
+        self.exports_running = Gauge(
+            "rl_export_web_exports_running",
+            "Direct exports (GET export) running or waiting on this instance's export pool.",
+            registry=registry,
+        )
+        self.throttled = Counter(
+            "rl_export_web_throttled_total",
+            "Requests refused with 429 because their subject was over its share (direct "
+            "exports, jobs).",
+            ["what"],
+            registry=registry,
+        )
         self.index_records = Gauge(
             "rl_export_web_index_records",
             "Live records (latest revision per trace) in this instance's query index, by corpus.",

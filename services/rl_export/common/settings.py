@@ -255,6 +255,27 @@ class Settings(BaseSettings):
     web_export_processes: int = Field(
         1, ge=1, le=16, description="Processes that run background export jobs per instance."
     )
+    web_export_threads: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Threads of the pool that runs direct exports (GET export), apart from the "
+        "threads that answer stats, the queue, claims and /readyz; exports beyond it wait.",
+    )
+    web_exports_per_subject: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Direct exports one subject (token user, per org/project) may run at once "
+        "per instance; more get 429 with Retry-After.",
+    )
+    web_jobs_per_subject: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Export jobs one subject (per org/project) may have queued or running at "
+        "once per instance; more get 429 with Retry-After.",
+    )
     web_export_retention_s: float = Field(
         DAY_S, gt=0, description="How long finished export jobs and their files are kept."
     )

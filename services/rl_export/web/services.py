@@ -29,6 +29,7 @@ from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
+from rl_export.web.streaming import ExportPool, StoreFactory
 from rl_export.web.tailing import Tail
 from rl_export.web.tokens import TokenStore, TokenVerifier
 
@@ -47,6 +48,7 @@ class Services:
     overlay: Overlay
     publisher: Publisher
     jobs: Jobs
+    exports: ExportPool
     labeling: SettingsBook
     claim_book: ClaimBook
     claims: Claims
@@ -128,13 +130,21 @@ class Services:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
         await self.jobs.close()
+        self.exports.close()
         await self.publisher.close()
         await asyncio.to_thread(self.indexer.stop)
         self.index.close()
         await self.store.close()
 
 
-def build_services(settings: Settings, registry: CollectorRegistry | None = None) -> Services:
+def build_services(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    *,
+    export_store: StoreFactory | None = None,
+) -> Services:
+    """The container; ``export_store`` opens the store each direct export reads (default:
+    the settings' store, a client per export)."""
     registry = registry or CollectorRegistry()
     metrics = WebMetrics(registry)
     store = open_store(settings.store_url)
@@ -164,6 +174,12 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
         overlay=Overlay(settings.web_overlay_ttl_s),
         publisher=publisher,
         jobs=Jobs(settings, store, metrics),
+        exports=ExportPool(
+            settings.web_export_threads,
+            settings.web_exports_per_subject,
+            export_store or (lambda: open_store(settings.store_url)),
+            metrics,
+        ),
         labeling=SettingsBook(store, defaults, cache_s=settings.labeling_cache_s),
         claim_book=claim_book,
         claims=Claims(store, claim_book, publisher.broadcast),

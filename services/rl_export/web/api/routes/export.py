@@ -13,14 +13,16 @@ before it is sent; ``redact=none`` streams from the first chunk.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from typing import IO, Annotated, Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import IO, Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import orjson
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from rl_export.common.errors import ExportError, FilterError, NoDataError, ObjectNotFoundError
@@ -48,7 +50,7 @@ from rl_export.web.api.deps import (
     index_state,
     query,
 )
-from rl_export.web.errors import Invalid, NotFound
+from rl_export.web.errors import ClientGone, Invalid, NotFound
 from rl_export.web.index import QueryIndex
 from rl_export.web.indexsql import BINS
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
@@ -64,6 +66,8 @@ from rl_export.web.models import (
 )
 from rl_export.web.services import Services
 from rl_export.web.streaming import ThreadStream
+
+T = TypeVar("T")
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
 
@@ -273,9 +277,9 @@ _EXPORT_CONTENT: dict[str, dict[str, Any]] = {
 async def get_export(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
-    filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
-    mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
-    file: FileQuery = "jsonl", redact: RedactQuery = None,
+    filters: FiltersQuery, request: Request, format: FormatQuery = "trajectory",
+    columns: ColumnsQuery = None, mask_failed_turns: MaskQuery = False,
+    mask_types: MaskTypesQuery = None, file: FileQuery = "jsonl", redact: RedactQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     kinds = ",".join(_kinds(svc, redact)) or "none"
@@ -289,11 +293,12 @@ async def get_export(
             redact=kinds, summary=summary,
         )  # fmt: skip
 
-    stream = ThreadStream(make, svc.settings.store_url)
+    # On the export pool, within the subject's share (429 over it: DESIGN.md section 10).
+    stream = svc.exports.stream((org, project, caller.subject), make)
     try:
         # The first chunk before the answer starts: a corpus with no data is a 404, not a
-        # broken 200.
-        first = await stream.next()
+        # broken 200. A client that leaves meanwhile stops the export.
+        first = await _unless_gone(request, stream.next())
     except NoDataError as exc:
         stream.close()
         raise NotFound(str(exc)) from None
@@ -307,7 +312,7 @@ async def get_export(
     headers = {"Content-Disposition": _disposition(file_name(ref, format, file))}
     if kinds != "none":
         # The counts are known at the end, and a header goes first: the export is made whole.
-        spool = await _spooled(stream, first)
+        spool = await _unless_gone(request, _spooled(stream, first))
         _count(svc, headers, summary.redactions)
         media = content_type(format, file)
         return StreamingResponse(_read(spool), media_type=media, headers=headers)
@@ -322,6 +327,29 @@ async def get_export(
             stream.close()
 
     return StreamingResponse(body(), media_type=content_type(format, file), headers=headers)
+
+
+async def _gone(request: Request) -> None:
+    """Return once the client has disconnected (the request's body is empty: a GET)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or ClientGone (``work`` cancelled) if the client leaves first:
+    before the answer starts, nothing else notices a disconnect."""
+    doing = asyncio.ensure_future(work)
+    watching = asyncio.ensure_future(_gone(request))
+    try:
+        await asyncio.wait({doing, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not doing.done():
+            doing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await doing
+            raise ClientGone("the client went away before the export was sent")
+    return doing.result()
 
 
 async def _spooled(stream: ThreadStream, first: bytes | None) -> IO[bytes]:
@@ -379,7 +407,8 @@ async def post_exports(
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
         redact=redact,
     )  # fmt: skip
-    return _job_out(await svc.jobs.start(org, project, request))
+    started = await svc.jobs.start(org, project, request, caller.subject)
+    return _job_out(started)
 
 
 async def _job(svc: Services, org: str, project: str, job_id: str) -> JobStatus:
