@@ -83,9 +83,9 @@ class InProcessWeb:
 
     def __init__(self, settings: Settings, gate: Gate) -> None:
         self.port = free_port()
-        self.settings = settings.model_copy(
-            update={"web_port": self.port, "data_dir": settings.data_dir / f"web-{self.port}"}
-        )
+        own = {"web_port": self.port, "web_metrics_port": free_port(),
+               "data_dir": settings.data_dir / f"web-{self.port}"}  # fmt: skip
+        self.settings = settings.model_copy(update=own)
         url = self.settings.store_url
         self.services: Services = build_services(
             self.settings, export_store=lambda: GatedStore(open_store(url), gate)

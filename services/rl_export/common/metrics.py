@@ -277,8 +277,8 @@ class WebMetrics:
         )
         self.auth_failures = Counter(
             "rl_export_web_auth_failures_total",
-            "Requests refused by the token check, by reason (missing, unknown, revoked, "
-            "project, scope).",
+            "Requests refused by the token check, by reason (missing, malformed, unknown, "
+            "revoked, expired, project, scope, throttled: 429 after too many 401s).",
             ["reason"],
             registry=registry,
         )

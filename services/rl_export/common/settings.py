@@ -200,6 +200,13 @@ class Settings(BaseSettings):
         6066, ge=1, le=65535, description="Port of a worker's /metrics, /healthz and /readyz."
     )
     web_port: int = Field(8080, ge=1, le=65535, description="Port of the web service.")
+    web_metrics_port: int = Field(
+        8081,
+        ge=1,
+        le=65535,
+        description="Port of the web service's Prometheus metrics (GET /metrics), never served "
+        "on the public port: open it to monitoring only.",
+    )
     web_host: str = Field("127.0.0.1", description="Address the HTTP servers bind to.")
     log_level: str = Field(
         "warn",
@@ -241,6 +248,13 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a web instance trusts a token it has checked: a revocation "
         "takes effect everywhere within this time.",
+    )
+    web_auth_failures_per_minute: int = Field(
+        30,
+        ge=1,
+        le=100_000,
+        description="401s one client address may get per minute; over that, a token that "
+        "would need a store read gets 429 with Retry-After until the minute ends.",
     )
     web_max_body_bytes: int = Field(MIB, ge=1024, description="Larger request bodies get 413.")
     web_publish_timeout_s: float = Field(

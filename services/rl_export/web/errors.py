@@ -4,6 +4,7 @@ Hierarchy::
 
     ApiError              base: ``status``, ``error`` (a short code), ``detail`` (for people)
     ├── Unauthorized      401 a missing, malformed, unknown or revoked token
+    │   └── TokenExpired  401 a token past its expiry (``token_expired``)
     ├── Forbidden         403 a token of another org/project, or without the route's scope
     ├── NotFound          404 an unknown trace, job or route
     ├── Invalid           422 a body or parameter the API cannot accept
@@ -30,6 +31,10 @@ class ApiError(Exception):
 class Unauthorized(ApiError):
     status = 401
     error = "unauthorized"
+
+
+class TokenExpired(Unauthorized):
+    error = "token_expired"
 
 
 class Forbidden(ApiError):

@@ -12,6 +12,8 @@ and releasing it again does nothing, so every path that ends a piece of work may
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from rl_export.web.errors import TooMany
@@ -79,3 +81,39 @@ class SubjectLimit:
     def total(self) -> int:
         with self._lock:
             return sum(self._held.values())
+
+
+class FailureLimit:
+    """At most ``per_window`` failures per client address in each ``window_s`` (fixed
+    windows), remembered for at most ``max_addresses`` addresses (the least recent forgotten).
+    Used for 401s: an address over its limit is refused without a store read."""
+
+    def __init__(self, per_window: int, *, window_s: float = 60.0, max_addresses: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.per_window = per_window
+        self.window_s = window_s
+        self.max_addresses = max_addresses
+        self.clock = clock
+        self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()  # start, failures
+        self._lock = threading.Lock()
+
+    def note(self, address: str) -> None:
+        """Count one failure of ``address``."""
+        now = self.clock()
+        with self._lock:
+            start, count = self._seen.get(address, (now, 0))
+            if now - start >= self.window_s:
+                start, count = now, 0
+            self._seen[address] = (start, count + 1)
+            self._seen.move_to_end(address)
+            while len(self._seen) > self.max_addresses:
+                self._seen.popitem(last=False)
+
+    def retry_after(self, address: str) -> int:
+        """0 when ``address`` is within its limit; else the seconds until its window ends."""
+        now = self.clock()
+        with self._lock:
+            found = self._seen.get(address)
+        if found is None or now - found[0] >= self.window_s or found[1] < self.per_window:
+            return 0
+        return max(1, int(found[0] + self.window_s - now + 0.999))

@@ -35,7 +35,8 @@ def run_web(settings: Settings) -> int:
         server_header=False,
     )
     print(
-        f"rl-export web: http://{settings.web_host}:{settings.web_port}  (store "
+        f"rl-export web: http://{settings.web_host}:{settings.web_port}  (metrics "
+        f"http://{settings.web_host}:{settings.web_metrics_port}/metrics, store "
         f"{settings.store_url}, index {settings.index_dir})",
         flush=True,
     )

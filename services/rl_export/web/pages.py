@@ -9,6 +9,7 @@ data and needs no token: the page's script asks for a token once, keeps it in th
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +17,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rl_export import __version__
 from rl_export.common.records import EvaluationView, RubricMean
@@ -24,6 +24,8 @@ from rl_export.common.redact import KINDS, parse_kinds
 from rl_export.common.specs import SAFE_NAME
 from rl_export.export.columns import METADATA_COLUMNS, RECORD_FIELDS
 from rl_export.web.services import Services
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 
@@ -85,15 +87,10 @@ async def readyz(svc: Svc) -> JSONResponse:
     (the broker only matters to labels: a 503 there)."""
     try:
         await asyncio.wait_for(svc.store.check(), 5)
-    except Exception as exc:  # any failure means not ready; the reason is in the answer
-        return JSONResponse({"ready": False, "store": str(exc)}, status_code=503)
+    except Exception as exc:  # any failure means not ready; the reason goes to the log only
+        log.warning("readyz: the object store did not answer: %s", exc)
+        return JSONResponse({"ready": False, "store": "unavailable"}, status_code=503)
     cold = svc.cold()
     if cold:
         return JSONResponse({"ready": False, "indexing": cold}, status_code=503)
     return JSONResponse({"ready": True})
-
-
-@router.get("/metrics")
-async def metrics(svc: Svc) -> Response:
-    svc.indexer.update_metrics()
-    return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)

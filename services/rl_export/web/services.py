@@ -13,7 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.common.errors import RlExportError
 from rl_export.common.metrics import WebMetrics
@@ -27,6 +28,8 @@ from rl_export.stream.topics import ensure_service_topics
 from rl_export.web.follower import Followed, Indexer
 from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
+from rl_export.web.limits import FailureLimit
+from rl_export.web.metricsport import serve_metrics
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
 from rl_export.web.streaming import ExportPool, StoreFactory
@@ -43,6 +46,7 @@ class Services:
     metrics: WebMetrics
     store: ObjectStore
     tokens: TokenVerifier
+    auth_limit: FailureLimit
     index: QueryIndex
     indexer: Indexer
     overlay: Overlay
@@ -56,8 +60,17 @@ class Services:
     warming: list[Followed] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _metrics_site: web.AppRunner | None = None
+
+    def metrics_text(self) -> bytes:
+        """The instance's metrics, the index's brought up to date."""
+        self.indexer.update_metrics()
+        return generate_latest(self.registry)
 
     async def start(self) -> None:
+        self._metrics_site = await serve_metrics(
+            self.settings.web_host, self.settings.web_metrics_port, self.metrics_text
+        )
         self.indexer.start()
         names = {spec.name for spec in self.settings.corpora}
         self.warming = [
@@ -135,6 +148,8 @@ class Services:
         await asyncio.to_thread(self.indexer.stop)
         self.index.close()
         await self.store.close()
+        if self._metrics_site is not None:
+            await self._metrics_site.cleanup()
 
 
 def build_services(
@@ -163,6 +178,7 @@ def build_services(
         metrics=metrics,
         store=store,
         tokens=TokenVerifier(TokenStore(store), settings.web_token_cache_s),
+        auth_limit=FailureLimit(settings.web_auth_failures_per_minute),
         index=index,
         # The indexer's thread has an event loop of its own, so a store client of its own.
         indexer=Indexer(

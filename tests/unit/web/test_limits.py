@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from rl_export.web.errors import TooMany
-from rl_export.web.limits import SubjectLimit
+from rl_export.web.limits import FailureLimit, SubjectLimit
 
 ANA = ("acme", "bot", "ana")
 
@@ -89,3 +89,36 @@ def test_concurrent_acquires_never_exceed_the_share() -> None:
 def test_a_share_of_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         limit(0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_address_over_its_failures_waits_for_the_window_to_end() -> None:
+    clock = Clock()
+    failures = FailureLimit(3, window_s=60, clock=clock)
+    for _ in range(2):
+        failures.note("10.0.0.1")
+    assert failures.retry_after("10.0.0.1") == 0
+    failures.note("10.0.0.1")
+    clock.now = 15.0
+    assert failures.retry_after("10.0.0.1") == 45
+    assert failures.retry_after("10.0.0.2") == 0  # another address is not held back
+    clock.now = 60.0
+    assert failures.retry_after("10.0.0.1") == 0
+    failures.note("10.0.0.1")  # a new window starts from one
+    assert failures.retry_after("10.0.0.1") == 0
+
+
+def test_the_addresses_remembered_are_bounded() -> None:
+    failures = FailureLimit(1, max_addresses=50, clock=Clock())
+    for n in range(500):
+        failures.note(f"10.0.{n // 256}.{n % 256}")
+    assert len(failures._seen) == 50
+    assert failures.retry_after("10.0.1.243") > 0  # the latest are kept
+    assert failures.retry_after("10.0.0.0") == 0  # the oldest forgotten

@@ -293,10 +293,13 @@ async def post_skip(
 async def delete_label(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
 ) -> AcceptedOut:
-    await _known_trace(svc, org, project, trace_id)
+    corpus_id = await _known_trace(svc, org, project, trace_id)
+    team = await team_of(svc, org, project)
+    if caller.subject not in await _current(svc, team, corpus_id, trace_id):
+        # Nothing to retract: publishing would only add a revision to the trace.
+        raise NotFound(f"you have no current label on {trace_id!r}")
     event = label_retracted(org, project, trace_id, caller.subject, datetime.now(UTC))
     accepted = await _publish(svc, event)
-    team = await team_of(svc, org, project)
     slots = team.settings.labels_per_trace + 1
     await svc.claims.retract(org, project, trace_id, caller.subject, slots=slots)
     return accepted
