@@ -18,7 +18,7 @@ KUSTOMIZE := .cache/kustomize/$(KUSTOMIZE_VERSION)/kustomize
 # package and unpacked, not installed: installing it would start a Prometheus server.
 PROMTOOL := .cache/promtool/promtool
 
-.PHONY: help prereqs install browser kustomize promtool run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement profile soak bench-restart
+.PHONY: help prereqs install browser kustomize promtool run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-isolation profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -148,6 +148,9 @@ bench-web: install ## web benchmark: cold start, index catch-up and query latenc
 
 bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package
 	$(BIN)/python -m tests.perf.bench_agreement
+
+bench-isolation: install ## p99 of stats, queue, claim and /readyz, and memory, while every export slot is held by a slow export (20,000 traces)
+	$(BIN)/python -m tests.perf.bench_isolation
 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
 	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000

@@ -470,7 +470,8 @@ def _add_source(p: argparse.ArgumentParser, *, required: bool = True) -> None:
 def cmd_web(args: argparse.Namespace) -> int:
     from rl_export.web.main import run_web
 
-    settings = _settings(args, web_port="port", kafka_bootstrap="bootstrap", store_url="store")
+    settings = _settings(args, web_port="port", web_metrics_port="metrics_port",
+                         kafka_bootstrap="bootstrap", store_url="store")  # fmt: skip
     return run_web(settings)
 
 
@@ -513,7 +514,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_tokens(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from rl_export.web.tokens import TokenError, TokenStore, parse_scopes
+    from rl_export.web.tokens import TokenError, TokenStore, parse_expiry, parse_scopes
 
     settings = _settings(args, store_url="store")
 
@@ -526,20 +527,28 @@ def cmd_tokens(args: argparse.Namespace) -> int:
                 for flag in ("org", "project", "subject", "scopes"):
                     if not getattr(args, flag):
                         raise ConfigError(f"--{flag}", "is required for tokens create")
+                scopes, expires_in = parse_scopes(args.scopes), parse_expiry(args.expires_in)
                 record, token = await tokens.create(
-                    args.org, args.project, args.subject, parse_scopes(args.scopes), now
+                    args.org, args.project, args.subject, scopes, now, expires_in=expires_in
                 )
+                until = record.expires_at.isoformat() if record.expires_at else "never"
                 print(f"token {record.id} for {record.subject} on {record.org}/{record.project}, "
-                      f"scopes {','.join(record.scopes)}; only its hash is stored, in "
-                      f"{store.url}; this is the only time it is shown:")  # fmt: skip
+                      f"scopes {','.join(record.scopes)}, expires {until}; only its hash is "
+                      f"stored, in {store.url}; this is the only time it is shown:")  # fmt: skip
                 print(token)
             elif args.action == "list":
                 for record in await tokens.list():
-                    state = "revoked " + record.revoked_at.isoformat() if record.revoked_at else (
-                        "active")  # fmt: skip
+                    expiry = record.expires_at
+                    if record.revoked_at:
+                        state = "revoked " + record.revoked_at.isoformat()
+                    elif expiry is not None and expiry <= now:
+                        state = "expired"
+                    else:
+                        state = "active"
+                    until = expiry.isoformat() if expiry else "never"
                     print(f"{record.id}  {record.org}/{record.project}  {record.subject}  "
                           f"{','.join(record.scopes)}  created {record.created_at.isoformat()}  "
-                          f"{state}")  # fmt: skip
+                          f"expires {until}  {state}")  # fmt: skip
             else:
                 if not args.id:
                     raise ConfigError("ID", "tokens revoke needs the token's id (tokens list)")
@@ -594,6 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("web", help="the web service: the API, the RL Export page, export jobs")
     p.add_argument("--port", type=int, help="HTTP port (default 8080)")
+    p.add_argument(
+        "--metrics-port", type=int, help="port of GET /metrics, apart from the public port "
+        "(default RL_EXPORT_WEB_METRICS_PORT, 8081)",
+    )  # fmt: skip
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
     p.add_argument("--store", metavar="URL", help="object store URL")
     p.set_defaults(func=cmd_web)
@@ -612,6 +625,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="create: what it may do (raw: read with less redaction than the default; "
         "admin does not imply it)",
     )
+    p.add_argument(
+        "--expires-in", metavar="DURATION", default="90d",
+        help="create: how long the token works: 90d, 12h, 30m, 45s or never (default 90d)",
+    )  # fmt: skip
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
     p.set_defaults(func=cmd_tokens)
 

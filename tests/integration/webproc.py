@@ -26,10 +26,12 @@ class WebProcess(ManagedProcess):
         self.data_dir = settings.data_dir / label
         super().__init__(self.data_dir / "web.log")
         self.port = free_port()
+        self.metrics_port = free_port()
         self.env = settings_env(
             settings,
             RL_EXPORT_DATA_DIR=str(self.data_dir),
             RL_EXPORT_WEB_PORT=str(self.port),
+            RL_EXPORT_WEB_METRICS_PORT=str(self.metrics_port),
             RL_EXPORT_LOG_LEVEL="info",
             **env,
         )
@@ -59,7 +61,7 @@ class WebProcess(ManagedProcess):
         )
 
     def metrics(self) -> str:
-        return httpx.get(self.base + "/metrics", timeout=10).text
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0,

@@ -178,8 +178,10 @@ class Api:
     """A keep-alive HTTP/1.1 client of one web service (the standard library's: the benchmark
     needs nothing the service does not install)."""
 
-    def __init__(self, port: int, token: str | None = None) -> None:
+    def __init__(self, port: int, token: str | None = None, metrics_port: int | None = None
+                 ) -> None:  # fmt: skip
         self.port = port
+        self.metrics_port = metrics_port  # /metrics is not on the public port (since issue 41)
         self.prefix = f"/api/v1/{ORG}/{PROJECT}/"
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -206,11 +208,24 @@ class Api:
             response = self._conn.getresponse()
         return response.status, response.read()
 
+    def metrics(self) -> str:
+        """The service's metrics, from its metrics port (a baseline older than that: its
+        public port)."""
+        for port in (self.metrics_port, self.port):
+            if port is None:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+                    return str(r.read().decode())
+            except (urllib.error.URLError, ConnectionError):
+                continue
+        raise RuntimeError("the web service serves no /metrics")
+
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         status, data = self.call("GET", path, params)
         if status != 200:
             raise RuntimeError(f"GET {path} {params}: {status} {data[:300]!r}")
-        return json.loads(data) if path != "/metrics" else data.decode()
+        return json.loads(data)
 
     def close(self) -> None:
         self._conn.close()
@@ -261,7 +276,7 @@ def catch_up(client: Api, source: str, expected: int) -> dict[str, Any]:
             raise RuntimeError(f"the index of {source} did not catch up within an hour")
         time.sleep(0.2)
     elapsed = time.monotonic() - started
-    lines = _metric(client.get("/metrics"), "rl_export_web_index_lines_total", corpus=source)
+    lines = _metric(client.metrics(), "rl_export_web_index_lines_total", corpus=source)
     log(f"{source}: {index['indexed']:,} records ({lines:,.0f} lines) indexed in {elapsed:.1f} s")
     records = index["indexed"]
     return {"records": records, "lines": lines, "seconds": elapsed,
@@ -367,7 +382,8 @@ def _web_env(store_dir: Path, folder: Path, port: int, **settings: Any) -> dict[
     broker: the benchmark's labels have a step of their own)."""
     return child_env(
         load_settings(store_url=str(store_dir), data_dir=folder,
-                      kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port, **settings),
+                      kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port,
+                      web_metrics_port=free_port(), **settings),
         os.environ,
     )  # fmt: skip
 
@@ -390,12 +406,12 @@ def measure_index(
         web = Service("rl-export web", ["web"], Path(folder) / "web.log", env)
         began = time.monotonic()
         web.start(base + "/readyz")
-        client = Api(port, token)
+        client = Api(port, token, int(env["RL_EXPORT_WEB_METRICS_PORT"]))
         try:
             caught = {s: catch_up(client, s, records) for s in ("evaluator", "traces")}
             cold = time.monotonic() - began  # process start to both corpora indexed
             log(f"cold start: both corpora indexed {cold:.1f} s after the process started")
-            metrics = client.get("/metrics")
+            metrics = client.metrics()
             objects = {how: sum(_metric(metrics, "rl_export_web_index_objects_total",
                                         corpus=source, read=how) for source in caught)
                        for how in ("columns", "lines")}  # fmt: skip
@@ -432,7 +448,7 @@ def warm_start(store_dir: Path, records: int) -> dict[str, Any]:
         began = time.monotonic()
         web.start(f"http://127.0.0.1:{port}/readyz", timeout_s=600)
         seconds = time.monotonic() - began
-        client = Api(port, token)
+        client = Api(port, token, int(env["RL_EXPORT_WEB_METRICS_PORT"]))
         try:
             indexed = {}
             for source in ("evaluator", "traces"):
@@ -459,7 +475,8 @@ def label_to_visible(labels: int, traces: int) -> dict[str, Any]:
         port = free_port()
         settings = load_settings(
             kafka_bootstrap=broker.bootstrap, store_url=str(data / "store"), data_dir=data,
-            web_port=port, worker_web_port=free_port(), shard_max_age_s=1.0,
+            web_port=port, worker_web_port=free_port(), web_metrics_port=free_port(),
+            shard_max_age_s=1.0,
             state_store="memory://",
         )  # fmt: skip
         env = child_env(settings, os.environ)

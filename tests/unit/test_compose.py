@@ -108,6 +108,13 @@ def served_port(svc: dict[str, Any]) -> int | None:
     return int(value) if value is not None else None
 
 
+def metrics_port(svc: dict[str, Any]) -> int | None:
+    """The port a command serves ``/metrics`` on: the web's ``--metrics-port N`` (never its
+    public port), else the port it serves."""
+    value = flag_value(argv(svc.get("command")), "--metrics-port")
+    return int(value) if value is not None else served_port(svc)
+
+
 def host_port(address: str) -> tuple[str, int]:
     """``host:port`` or ``scheme://host:port`` as (host, port)."""
     parts = urlsplit(address if "://" in address else f"//{address}")
@@ -241,8 +248,8 @@ def scrape_problems(compose: Compose, config: dict[str, Any]) -> list[str]:
             problems.append(f"{target}: metrics path {path!r} is not /metrics")
         if host not in compose["services"]:
             problems.append(f"{target}: no compose service {host!r}")
-        elif served_port(service(compose, host)) != port:
-            problems.append(f"{target}: {host}'s command does not serve port {port}")
+        elif metrics_port(service(compose, host)) != port:
+            problems.append(f"{target}: {host}'s command does not serve its metrics on {port}")
     return problems
 
 
@@ -346,6 +353,9 @@ def test_prometheus_scrapes_the_served_ports(compose: Compose, prometheus: dict[
     scraped = {host_port(t)[0] for _, t in scrape_targets(prometheus)}
     assert scraped == {*RL_EXPORT_SERVICES, "kafka-exporter"}
     assert scrape_problems(compose, prometheus) == []
+    web = service(compose, "web")
+    assert metrics_port(web) != served_port(web)  # metrics are not on the public port
+    assert all(str(metrics_port(web)) not in str(p).split(":")[0] for p in web.get("ports", []))
 
 
 def test_dockerfile_copies_files_that_exist(dockerfile: str) -> None:

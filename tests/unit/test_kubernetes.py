@@ -542,9 +542,13 @@ def test_web_hpa_and_services_point_at_the_deployments(built: list[Resource]) ->
         "name": web["metadata"]["name"],
     }
     assert hpa["spec"]["minReplicas"] >= 2
-    for name, port_name in (("rl-export-web", "http"), ("rl-export-worker", "metrics")):
+    for name, service_name, port_name in (
+        ("rl-export-web", "rl-export-web", "http"),
+        ("rl-export-web", "rl-export-scrape-web", "metrics"),  # never on the public Service
+        ("rl-export-worker", "rl-export-worker", "metrics"),
+    ):
         deployment = one(built, "Deployment", name)
-        service = one(built, "Service", name)
+        service = one(built, "Service", service_name)
         assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(deployment))
         assert [p["targetPort"] for p in service["spec"]["ports"]] == [port_name]
 

@@ -298,13 +298,19 @@ def _spread(name: str, text: str) -> float:
     return _unit_number(name, text, "a spread is a difference of two rewards, 0..1")
 
 
+COUNT_MAX = 2**63 - 1
+"""The largest count a filter takes: what a signed 64-bit integer (the index's) holds."""
+
+
 def _count(name: str, text: str) -> int:
     try:
         value = int(text.strip())
-    except ValueError:
-        raise FilterError(name, f"{text!r} is not an integer >= 0") from None
+    except ValueError:  # not an integer (or thousands of digits)
+        raise FilterError(name, f"{text[:40]!r} is not an integer >= 0") from None
     if value < 0:
         raise FilterError(name, f"{text!r} is not an integer >= 0")
+    if value > COUNT_MAX:
+        raise FilterError(name, f"{text[:40]} is over {COUNT_MAX} (the largest count)")
     return value
 
 

@@ -277,8 +277,8 @@ class WebMetrics:
         )
         self.auth_failures = Counter(
             "rl_export_web_auth_failures_total",
-            "Requests refused by the token check, by reason (missing, unknown, revoked, "
-            "project, scope).",
+            "Requests refused by the token check, by reason (missing, malformed, unknown, "
+            "revoked, expired, project, scope, throttled: 429 after too many 401s).",
             ["reason"],
             registry=registry,
         )
@@ -309,6 +309,18 @@ class WebMetrics:
         self.jobs_running = Gauge(
             "rl_export_web_export_jobs_running",
             "Background export jobs running in this instance's export processes.",
+            registry=registry,
+        )
+        self.exports_running = Gauge(
+            "rl_export_web_exports_running",
+            "Direct exports (GET export) running or waiting on this instance's export pool.",
+            registry=registry,
+        )
+        self.throttled = Counter(
+            "rl_export_web_throttled_total",
+            "Requests refused with 429 because their subject was over its share (direct "
+            "exports, jobs).",
+            ["what"],
             registry=registry,
         )
         self.index_records = Gauge(

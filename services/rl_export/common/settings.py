@@ -247,6 +247,13 @@ class Settings(BaseSettings):
         6066, ge=1, le=65535, description="Port of a worker's /metrics, /healthz and /readyz."
     )
     web_port: int = Field(8080, ge=1, le=65535, description="Port of the web service.")
+    web_metrics_port: int = Field(
+        8081,
+        ge=1,
+        le=65535,
+        description="Port of the web service's Prometheus metrics (GET /metrics), never served "
+        "on the public port: open it to monitoring only.",
+    )
     web_host: str = Field("127.0.0.1", description="Address the HTTP servers bind to.")
     log_level: str = Field(
         "warn",
@@ -289,6 +296,13 @@ class Settings(BaseSettings):
         description="How long a web instance trusts a token it has checked: a revocation "
         "takes effect everywhere within this time.",
     )
+    web_auth_failures_per_minute: int = Field(
+        30,
+        ge=1,
+        le=100_000,
+        description="401s one client address may get per minute; over that, a token that "
+        "would need a store read gets 429 with Retry-After until the minute ends.",
+    )
     web_max_body_bytes: int = Field(MIB, ge=1024, description="Larger request bodies get 413.")
     web_publish_timeout_s: float = Field(
         10.0, gt=0, description="How long a label waits for the broker's acknowledgement."
@@ -301,6 +315,27 @@ class Settings(BaseSettings):
     )
     web_export_processes: int = Field(
         1, ge=1, le=16, description="Processes that run background export jobs per instance."
+    )
+    web_export_threads: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Threads of the pool that runs direct exports (GET export), apart from the "
+        "threads that answer stats, the queue, claims and /readyz; exports beyond it wait.",
+    )
+    web_exports_per_subject: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Direct exports one subject (token user, per org/project) may run at once "
+        "per instance; more get 429 with Retry-After.",
+    )
+    web_jobs_per_subject: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Export jobs one subject (per org/project) may have queued or running at "
+        "once per instance; more get 429 with Retry-After.",
     )
     web_export_retention_s: float = Field(
         DAY_S, gt=0, description="How long finished export jobs and their files are kept."

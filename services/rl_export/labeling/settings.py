@@ -2,7 +2,7 @@
 
 ``_labeling/<org>/<project>/settings.json`` holds what an admin set with ``PUT labeling``; a
 project that never set them uses the defaults from the service's settings
-(``RL_EXPORT_LABELS_PER_TRACE``, ``RL_EXPORT_LEASE_S``, order ``oldest``, no adjudication).
+(``RL_EXPORT_LABELS_PER_TRACE``, ``RL_EXPORT_LEASE_S``, order ``oldest``, no adjudication, blind).
 Every web instance reads the object at most once per ``cache_s`` (seconds), so a change
 applies everywhere within that time; the instance that wrote it applies it at once.
 """
@@ -27,7 +27,8 @@ PREFIX = "_labeling/"
 
 
 class LabelingSettings(BaseModel):
-    """How a project's team labels: k labels per trace, lease, queue order, adjudication."""
+    """How a project's team labels: k labels per trace, lease, queue order, adjudication,
+    whether labelers see each other's labels."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,6 +45,11 @@ class LabelingSettings(BaseModel):
         le=0.8,
         description="A trace whose labelers' rewards differ by at least this much asks for one "
         "more label, once; null: never.",
+    )
+    blind: bool = Field(
+        True,
+        description="Queue and claim items carry no other labeler's ratings, comments, names "
+        "or human rewards (DESIGN.md section 10); false shows them.",
     )
 
 
@@ -82,7 +88,8 @@ def merged(current: LabelingSettings, change: dict[str, Any]) -> LabelingSetting
         message = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = (
-                "is not a labeling setting (labels_per_trace, lease_s, order, adjudicate_spread)"
+                "is not a labeling setting (labels_per_trace, lease_s, order, "
+                "adjudicate_spread, blind)"
             )
         raise SettingsInvalid(field, message) from None
 

@@ -166,7 +166,8 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
         _say(f"  worker metrics     http://127.0.0.1:{settings.worker_web_port}/metrics")
         _say(
             f"  web service        {web_url(settings)}  (API {web_url(settings)}/api/v1, "
-            f"metrics {web_url(settings)}/metrics)" + ("" if up else "  NOT UP: see its log")
+            f"metrics http://{settings.web_host}:{settings.web_metrics_port}/metrics)"
+            + ("" if up else "  NOT UP: see its log")
         )
         _say(
             f"  RL Export page     {web_url(settings)}/{SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}"

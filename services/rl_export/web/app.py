@@ -28,7 +28,7 @@ from rl_export import __version__
 from rl_export.common.errors import ConfigError, StoreError
 from rl_export.common.metrics import WebMetrics
 from rl_export.web.api.routes import agreement, export, label
-from rl_export.web.errors import ApiError, Invalid
+from rl_export.web.errors import ApiError, Invalid, TooMany
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
 from rl_export.web.pages import static_files
@@ -46,6 +46,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "An unknown trace or job."},
     413: {"model": ErrorOut, "description": "A request body over the limit."},
     422: {"model": ErrorOut, "description": "A body or parameter that cannot be accepted."},
+    429: {
+        "model": ErrorOut,
+        "description": "Over the caller's share of export work; retry after `Retry-After` s.",
+    },
     503: {"model": ErrorOut, "description": "The broker or the store did not answer."},
 }
 
@@ -247,7 +251,11 @@ def create_app(services: Services) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.error, exc.detail)
+        answer = _error(exc.status, exc.error, exc.detail)
+        if isinstance(exc, TooMany):
+            services.metrics.throttled.labels(exc.kind).inc()
+            answer.headers["Retry-After"] = str(exc.retry_after_s)
+        return answer
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -54,6 +54,7 @@ from rl_export.export import (
 )
 from rl_export.export.attachments import AttachmentPolicy
 from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
+from rl_export.web.limits import Slot, SubjectLimit
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,12 @@ class Jobs:
         self.stale_after_s = max(30.0, 10 * settings.web_export_heartbeat_s)
         self._pool: ProcessPoolExecutor | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self.limit = SubjectLimit(
+            settings.web_jobs_per_subject,
+            kind="jobs",
+            what="export jobs queued or running",
+            retry_after_s=30,
+        )
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -259,17 +266,23 @@ class Jobs:
             )
         return self._pool
 
-    async def start(self, org: str, project: str, request: JobRequest) -> JobStatus:
-        """Record the job as processing, then run it in an export process."""
+    async def start(self, org: str, project: str, request: JobRequest, subject: str) -> JobStatus:
+        """Record the job as processing, then run it in an export process. TooMany when
+        ``subject`` has ``web_jobs_per_subject`` jobs queued or running here already."""
+        slot = self.limit.acquire((org, project, subject))
         status = new_status(org, project, request, datetime.now(UTC))
-        await write_status(self.store, status)
-        task = asyncio.create_task(self._watch(status))
+        try:
+            await write_status(self.store, status)
+        except BaseException:
+            slot.release()
+            raise
+        task = asyncio.create_task(self._watch(status, slot))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         self.metrics.jobs.labels("started").inc()
         return status
 
-    async def _watch(self, status: JobStatus) -> None:
+    async def _watch(self, status: JobStatus, slot: Slot) -> None:
         self.metrics.jobs_running.inc()
         try:
             loop = asyncio.get_running_loop()
@@ -291,6 +304,7 @@ class Jobs:
                     "updated_at": now, "finished_at": now,
                 }))  # fmt: skip
         finally:
+            slot.release()
             self.metrics.jobs_running.dec()
         self.metrics.jobs.labels(outcome).inc()
 

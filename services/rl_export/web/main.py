@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import uvicorn
 
@@ -12,6 +13,23 @@ from rl_export.web.services import build_services
 
 _LEVELS = {"crit": "critical", "error": "error", "warn": "warning", "info": "info",
            "debug": "debug"}  # fmt: skip
+
+
+_TOKEN = re.compile(r"rlx_([0-9a-f]{12})_[A-Za-z0-9_\-]{8,}")
+
+
+class HideTokens(logging.Filter):
+    """Mask anything shaped like a token in a log line's arguments (``rlx_<id>_***``): the
+    access log shows paths and query strings, and a client may put a token in one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TOKEN.sub(r"rlx_\1_***", a) if isinstance(a, str) else a for a in record.args
+            )
+        if isinstance(record.msg, str):
+            record.msg = _TOKEN.sub(r"rlx_\1_***", record.msg)
+        return True
 
 
 def run_web(settings: Settings) -> int:
@@ -25,6 +43,7 @@ def run_web(settings: Settings) -> int:
         force=True,
     )
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    logging.getLogger("uvicorn.access").addFilter(HideTokens())
     services = build_services(settings)
     app = create_app(services)
     config = uvicorn.Config(
@@ -38,7 +57,8 @@ def run_web(settings: Settings) -> int:
         server_header=False,
     )
     print(
-        f"rl-export web: http://{settings.web_host}:{settings.web_port}  (store "
+        f"rl-export web: http://{settings.web_host}:{settings.web_port}  (metrics "
+        f"http://{settings.web_host}:{settings.web_metrics_port}/metrics, store "
         f"{settings.store_url}, index {settings.index_dir})",
         flush=True,
     )

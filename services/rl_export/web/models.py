@@ -137,6 +137,9 @@ class LabelingOut(BaseModel):
     lease_s: int
     order: Order
     adjudicate_spread: float | None
+    blind: bool = Field(
+        description="Queue and claim items hide other labelers' ratings, comments and names."
+    )
     editable: bool = Field(False, description="Whether the caller may change them (admin).")
 
 
@@ -147,6 +150,9 @@ class LabelingIn(_In):
     lease_s: int | None = Field(None, description="30..86400")
     order: str | None = Field(None, description="oldest, newest, uncertain or random")
     adjudicate_spread: float | None = Field(None, description="null, or 0..0.8")
+    blind: bool | None = Field(
+        None, description="true (the default): labelers never see each other's labels"
+    )
 
 
 class LabelIn(_In):

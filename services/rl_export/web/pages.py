@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rl_export import __version__
 from rl_export.common.records import EvaluationView, RubricMean
@@ -81,18 +80,12 @@ async def healthz() -> JSONResponse:
 @router.get("/readyz")
 async def readyz(svc: Svc) -> JSONResponse:
     """Ready when the object store answered lately (checked in the background, not per
-    probe: :mod:`rl_export.web.storehealth`) and the corpora of RL_EXPORT_WEB_WARM are
-    indexed (the broker only matters to labels: a 503 there)."""
-    problem = svc.store_health.problem()
-    if problem is not None:
-        return JSONResponse({"ready": False, "store": problem}, status_code=503)
+    probe: :mod:`rl_export.web.storehealth`, which logs why a check failed) and the corpora of
+    RL_EXPORT_WEB_WARM are indexed (the broker only matters to labels: a 503 there). The
+    answer names no internal error."""
+    if svc.store_health.problem() is not None:
+        return JSONResponse({"ready": False, "store": "unavailable"}, status_code=503)
     cold = svc.cold()
     if cold:
         return JSONResponse({"ready": False, "indexing": cold}, status_code=503)
     return JSONResponse({"ready": True})
-
-
-@router.get("/metrics")
-async def metrics(svc: Svc) -> Response:
-    svc.indexer.update_metrics()
-    return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.common.errors import (
     ConfigError,
@@ -35,9 +36,12 @@ from rl_export.stream.topics import ensure_service_topics
 from rl_export.web.follower import Followed, Indexer
 from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
+from rl_export.web.limits import FailureLimit
+from rl_export.web.metricsport import serve_metrics
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
 from rl_export.web.storehealth import StoreHealth
+from rl_export.web.streaming import ExportPool, StoreFactory
 from rl_export.web.tailing import Tail
 from rl_export.web.tokens import TokenStore, TokenVerifier
 
@@ -51,11 +55,13 @@ class Services:
     metrics: WebMetrics
     store: ObjectStore
     tokens: TokenVerifier
+    auth_limit: FailureLimit
     index: QueryIndex
     indexer: Indexer
     overlay: Overlay
     publisher: Publisher
     jobs: Jobs
+    exports: ExportPool
     labeling: SettingsBook
     claim_book: ClaimBook
     claims: Claims
@@ -69,11 +75,20 @@ class Services:
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _watch: contextlib.AbstractContextManager[None] | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _metrics_site: web.AppRunner | None = None
+
+    def metrics_text(self) -> bytes:
+        """The instance's metrics, the index's brought up to date."""
+        self.indexer.update_metrics()
+        return generate_latest(self.registry)
 
     async def start(self) -> None:
         # Refused reconnections of the running clients end the instance too.
         self._watch = watch_refusals(KafkaConnection.of(self.settings), self._fail)
         self._watch.__enter__()
+        self._metrics_site = await serve_metrics(
+            self.settings.web_host, self.settings.web_metrics_port, self.metrics_text
+        )
         self.indexer.start()
         names = {spec.name for spec in self.settings.corpora}
         self.warming = [
@@ -170,13 +185,23 @@ class Services:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
         await self.jobs.close()
+        self.exports.close()
         await self.publisher.close()
         await asyncio.to_thread(self.indexer.stop)
         self.index.close()
         await self.store.close()
+        if self._metrics_site is not None:
+            await self._metrics_site.cleanup()
 
 
-def build_services(settings: Settings, registry: CollectorRegistry | None = None) -> Services:
+def build_services(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    *,
+    export_store: StoreFactory | None = None,
+) -> Services:
+    """The container; ``export_store`` opens the store each direct export reads (default:
+    the settings' store, a client per export)."""
     registry = registry or CollectorRegistry()
     metrics = WebMetrics(registry)
     store = open_store(settings.store_url)
@@ -195,6 +220,7 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
         metrics=metrics,
         store=store,
         tokens=TokenVerifier(TokenStore(store), settings.web_token_cache_s),
+        auth_limit=FailureLimit(settings.web_auth_failures_per_minute),
         index=index,
         # The indexer's thread has an event loop of its own, so a store client of its own.
         indexer=Indexer(
@@ -206,6 +232,12 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
         overlay=Overlay(settings.web_overlay_ttl_s),
         publisher=publisher,
         jobs=Jobs(settings, store, metrics),
+        exports=ExportPool(
+            settings.web_export_threads,
+            settings.web_exports_per_subject,
+            export_store or (lambda: open_store(settings.store_url)),
+            metrics,
+        ),
         labeling=SettingsBook(store, defaults, cache_s=settings.labeling_cache_s),
         claim_book=claim_book,
         claims=Claims(store, claim_book, publisher.broadcast),

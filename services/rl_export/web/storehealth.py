@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
 from rl_export.corpora.store import ObjectStore
+
+log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 10.0
 GRACE_S = 45.0  # four checks in a row
@@ -38,8 +41,11 @@ class StoreHealth:
     async def check_once(self) -> None:
         try:
             await asyncio.wait_for(self.store.check(), CHECK_TIMEOUT_S)
-        except Exception as exc:  # any failure counts; the reason goes in /readyz's answer
-            self.error = str(exc) or type(exc).__name__
+        except Exception as exc:  # any failure counts; the reason goes to the log only
+            error = str(exc) or type(exc).__name__
+            if error != self.error:  # once per new reason, not once per check
+                log.warning("the object store did not answer its health check: %s", error)
+            self.error = error
         else:
             self.ok_at = self.clock()
             self.error = None

@@ -6,22 +6,27 @@ random bytes, URL-safe base64) proves it. The record lives in the object store u
 project and scopes and the SHA-256 of the secret, never the secret: a plain hash is enough
 for 256 random bits (nothing to guess), and a stolen store does not give working tokens.
 
-Checking a token (:class:`TokenVerifier`): split it, read the record (cached for
-``web_token_cache_s``; an unknown id is cached too, so a flood of made-up tokens does not
-reach the store), compare the secret's hash in constant time (``hmac.compare_digest``), and
-refuse a revoked record. A revocation rewrites the record; every instance stops accepting the
-token within the cache time. Tokens are never logged: errors name the token's id at most.
+Checking a token (:class:`TokenVerifier`): split it (a malformed token is refused without
+any I/O), read the record (cached for ``web_token_cache_s`` in a bounded cache, an unknown id
+too, and concurrent checks of one id share one read: an id costs at most one store read per
+cache period), compare the secret's hash in constant time (``hmac.compare_digest``), and
+refuse a revoked or expired record. A revocation rewrites the record; every instance stops
+accepting the token within the cache time. A token expires ``expires_at`` (``tokens create
+--expires-in``, default 90 days; ``never``: no expiry). Tokens are never logged: errors name
+the token's id at most.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,6 +60,7 @@ class TokenRecord(BaseModel):
     scopes: tuple[Scope, ...] = Field(min_length=1)
     created_at: UtcDatetime
     revoked_at: UtcDatetime | None = None
+    expires_at: UtcDatetime | None = None  # None: never (records made before expiry existed)
     secret_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
@@ -91,6 +97,25 @@ def parse_scopes(text: str) -> tuple[Scope, ...]:
     return tuple(found)
 
 
+DEFAULT_EXPIRY = "90d"
+_DURATION = re.compile(r"^([1-9][0-9]{0,5})([dhms])$")
+_UNIT_S = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
+
+
+def parse_expiry(text: str) -> timedelta | None:
+    """``90d``, ``12h``, ``30m``, ``45s`` -> the duration; ``never`` -> None; TokenError else."""
+    value = text.strip().lower()
+    if value == "never":
+        return None
+    found = _DURATION.match(value)
+    if found is None:
+        raise TokenError(
+            f"--expires-in {text!r}: give a whole number of days, hours, minutes or seconds "
+            "(90d, 12h, 30m, 45s) or never"
+        )
+    return timedelta(seconds=int(found.group(1)) * _UNIT_S[found.group(2)])
+
+
 def secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -102,8 +127,9 @@ def split_token(token: str) -> tuple[str, str] | None:
 
 
 def new_token(
-    org: str, project: str, subject: str, scopes: tuple[Scope, ...], now: datetime
-) -> tuple[TokenRecord, str]:
+    org: str, project: str, subject: str, scopes: tuple[Scope, ...], now: datetime, *,
+    expires_in: timedelta | None = None,
+) -> tuple[TokenRecord, str]:  # fmt: skip
     """A fresh token and its record (pure but for the randomness)."""
     for kind, value in (("org", org), ("project", project)):
         if not SAFE_NAME.match(value):
@@ -115,6 +141,7 @@ def new_token(
     record = TokenRecord(
         id=token_id, org=org, project=project, subject=subject, scopes=scopes,
         created_at=now, secret_sha256=secret_hash(secret),
+        expires_at=None if expires_in is None else now + expires_in,
     )  # fmt: skip
     return record, f"rlx_{token_id}_{secret}"
 
@@ -130,9 +157,11 @@ class TokenStore:
         return f"{PREFIX}{token_id}.json"
 
     async def create(
-        self, org: str, project: str, subject: str, scopes: tuple[Scope, ...], now: datetime
-    ) -> tuple[TokenRecord, str]:
-        record, token = new_token(org, project, subject, scopes, now)
+        self, org: str, project: str, subject: str, scopes: tuple[Scope, ...], now: datetime,
+        *, expires_in: timedelta | None = None,
+    ) -> tuple[TokenRecord, str]:  # fmt: skip
+        """A new token; ``expires_in`` None: it never expires."""
+        record, token = new_token(org, project, subject, scopes, now, expires_in=expires_in)
         await self.store.put_if_absent(self.key(record.id), dumps(record.model_dump(mode="json")))
         return record, token
 
@@ -178,28 +207,57 @@ class TokenRejected(Exception):
 
 
 class TokenVerifier:
-    """Checks bearer tokens against the store, with a short cache (see the module)."""
+    """Checks bearer tokens against the store, with a short, bounded cache (see the module)."""
 
     def __init__(
         self,
         tokens: TokenStore,
         cache_s: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        max_entries: int = 10_000,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.tokens = tokens
         self.cache_s = cache_s
         self.clock = clock
-        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+        self.wall = wall
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, tuple[float, TokenRecord | None]] = OrderedDict()
+        self._reading: dict[str, asyncio.Future[TokenRecord | None]] = {}
+
+    def cached(self, token: str) -> bool:
+        """Whether checking ``token`` needs no store read now (malformed, or its id cached)."""
+        parts = split_token(token)
+        if parts is None:
+            return True
+        found = self._cache.get(parts[0])
+        return found is not None and self.clock() - found[0] < self.cache_s
 
     async def _record(self, token_id: str) -> TokenRecord | None:
         now = self.clock()
         cached = self._cache.get(token_id)
         if cached is not None and now - cached[0] < self.cache_s:
             return cached[1]
-        record = await self.tokens.get(token_id)  # StoreError goes up: the API answers 503
-        if len(self._cache) > 10_000:  # bounded: drop what has expired
-            self._cache = {k: v for k, v in self._cache.items() if now - v[0] < self.cache_s}
+        pending = self._reading.get(token_id)
+        if pending is not None:  # another request reads this id now: share its answer
+            return await asyncio.shield(pending)
+        reading: asyncio.Future[TokenRecord | None] = asyncio.get_running_loop().create_future()
+        self._reading[token_id] = reading
+        try:
+            record = await self.tokens.get(token_id)  # StoreError goes up: the API answers 503
+        except BaseException as exc:
+            reading.set_exception(exc)
+            reading.exception()  # retrieved: nobody else may be waiting
+            raise
+        else:
+            reading.set_result(record)
+        finally:
+            del self._reading[token_id]
         self._cache[token_id] = (now, record)
+        self._cache.move_to_end(token_id)
+        while len(self._cache) > self.max_entries:  # bounded: the oldest read goes first
+            self._cache.popitem(last=False)
         return record
 
     async def verify(self, token: str) -> Caller:
@@ -216,6 +274,12 @@ class TokenVerifier:
             raise TokenRejected("unknown", "unknown token")
         if record.revoked_at is not None:
             raise TokenRejected("revoked", f"token {token_id} was revoked")
+        if record.expires_at is not None and self.wall() >= record.expires_at:
+            raise TokenRejected(
+                "expired",
+                f"token {token_id} expired at {record.expires_at.isoformat()}; ask for a new "
+                "one (rl-export tokens create)",
+            )
         return Caller(
             token_id=record.id, subject=record.subject, org=record.org, project=record.project,
             scopes=record.scopes,
@@ -232,6 +296,7 @@ __all__ = [
     "TokenStore",
     "TokenVerifier",
     "new_token",
+    "parse_expiry",
     "parse_scopes",
     "split_token",
 ]

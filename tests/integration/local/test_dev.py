@@ -36,6 +36,7 @@ def test_the_broker_and_the_stages_die_with_dev(tmp_path: Path, sig: signal.Sign
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RL_EXPORT_")}
     env |= {"RL_EXPORT_WORKER_WEB_PORT": str(free_port()), "RL_EXPORT_JOIN_PROCESSES": "1",
+            "RL_EXPORT_WEB_METRICS_PORT": str(free_port()),
             "RL_EXPORT_STORE_URL": str(tmp_path / "store")}  # fmt: skip
     dev = subprocess.Popen(
         [sys.executable, "-m", "rl_export.cli", "dev", "--rate", "0", "--port", str(port),

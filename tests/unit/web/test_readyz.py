@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 
 from rl_export.web.follower import Followed
 from rl_export.web.index import CorpusKey
@@ -54,10 +55,13 @@ def test_ready_only_once_the_warmed_corpora_are_indexed() -> None:
     assert _answer(svc) == (200, {"ready": True})
 
 
-def test_a_store_that_fails_is_not_ready_and_says_why() -> None:
-    svc = SimpleNamespace(store_health=_health(_Store(OSError("connection refused"))),
-                          cold=lambda: [])  # fmt: skip
-    assert _answer(svc) == (503, {"ready": False, "store": "connection refused"})
+def test_a_store_that_fails_is_not_ready_and_keeps_its_error_to_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    error = OSError("connection refused by s3.internal.example:9000 /secret/path")
+    svc = SimpleNamespace(store_health=_health(_Store(error)), cold=lambda: [])
+    assert _answer(svc) == (503, {"ready": False, "store": "unavailable"})
+    assert "s3.internal.example" in caplog.text
 
 
 def test_not_ready_before_the_first_check() -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,6 +16,7 @@ from rl_export.web.tokens import (
     TokenRejected,
     TokenStore,
     TokenVerifier,
+    parse_expiry,
     parse_scopes,
     split_token,
 )
@@ -135,3 +137,79 @@ async def test_unknown_ids_are_cached_too() -> None:
         with pytest.raises(TokenRejected):
             await verifier.verify(f"rlx_{'1' * 12}_{'B' * 43}")
     assert store.gets == 1
+
+
+# --- odd requests and expiry (DESIGN.md section 10) ------------------------------------------
+
+
+async def test_a_malformed_token_is_refused_without_reading_the_store() -> None:
+    store = CountingStore()
+    verifier = TokenVerifier(TokenStore(store), 60)
+    for bad in ("", "Bearer", "rlx_", "rlx_zzzzzzzzzzzz_" + "a" * 43, "x" * 10_000):
+        assert verifier.cached(bad)
+        with pytest.raises(TokenRejected) as refused:
+            await verifier.verify(bad)
+        assert refused.value.reason == "malformed"
+    assert store.gets == 0
+
+
+async def test_the_cache_of_unknown_ids_is_bounded() -> None:
+    store = CountingStore()
+    verifier = TokenVerifier(TokenStore(store), 60, Clock(), max_entries=100)
+    for n in range(1_000):
+        with pytest.raises(TokenRejected):
+            await verifier.verify(f"rlx_{n:012x}_" + "a" * 43)
+    assert len(verifier._cache) == 100
+    assert store.gets == 1_000
+
+
+async def test_concurrent_checks_of_one_unknown_id_share_one_read() -> None:
+    class SlowStore(CountingStore):
+        async def get(self, key: str) -> bytes:
+            await asyncio.sleep(0.01)
+            return await super().get(key)
+
+    store = SlowStore()
+    verifier = TokenVerifier(TokenStore(store), 60, Clock())
+    token = "rlx_0123456789ab_" + "a" * 43
+    answers = await asyncio.gather(*(verifier.verify(token) for _ in range(50)),
+                                   return_exceptions=True)  # fmt: skip
+    assert all(isinstance(a, TokenRejected) for a in answers)
+    assert store.gets == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90d", 90 * 86_400), ("12h", 43_200), ("30m", 1_800), ("45s", 45), ("never", None)],
+)
+def test_expiry_durations(text: str, seconds: int | None) -> None:
+    found = parse_expiry(text)
+    assert (found.total_seconds() if found is not None else None) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "90", "0d", "-1d", "1w", "1.5h", "9999999d", "forever"])
+def test_bad_expiry_durations_are_refused(bad: str) -> None:
+    with pytest.raises(TokenError, match="--expires-in"):
+        parse_expiry(bad)
+
+
+async def test_an_expired_token_is_refused_as_expired() -> None:
+    wall = [NOW]
+    verifier = TokenVerifier(TokenStore(MemoryStore()), 60, Clock(), wall=lambda: wall[0])
+    _, token = await verifier.tokens.create("acme", "bot", "ana", ("label",), NOW,
+                                            expires_in=timedelta(hours=12))  # fmt: skip
+    wall[0] = NOW + timedelta(hours=11, minutes=59)
+    assert (await verifier.verify(token)).subject == "ana"
+    wall[0] = NOW + timedelta(hours=12)
+    with pytest.raises(TokenRejected) as refused:
+        await verifier.verify(token)
+    assert refused.value.reason == "expired"
+    assert token not in refused.value.detail
+
+
+async def test_a_token_without_expiry_never_expires() -> None:
+    verifier = TokenVerifier(TokenStore(MemoryStore()), 60, Clock(),
+                             wall=lambda: NOW + timedelta(days=100_000))  # fmt: skip
+    record, token = await verifier.tokens.create("acme", "bot", "ana", ("label",), NOW)
+    assert record.expires_at is None
+    assert (await verifier.verify(token)).subject == "ana"

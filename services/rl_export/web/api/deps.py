@@ -17,7 +17,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from rl_export.common.errors import FilterError, StoreError
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.specs import SAFE_NAME
-from rl_export.web.errors import Forbidden, Invalid, Unauthorized, Unavailable
+from rl_export.web.errors import (
+    Forbidden,
+    Invalid,
+    TokenExpired,
+    TooMany,
+    Unauthorized,
+    Unavailable,
+)
 from rl_export.web.follower import Followed
 from rl_export.web.index import BodiesGone, CorpusKey
 from rl_export.web.models import IndexState
@@ -45,20 +52,36 @@ Svc = Annotated[Services, Depends(services)]
 
 async def caller(
     *,
+    request: Request,
     org: OrgPath,
     project: ProjectPath,
     svc: Svc,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> Caller:
-    """The token's caller, for this org/project; 401 or 403 otherwise."""
+    """The token's caller, for this org/project; 401 or 403 otherwise, and 429 for an
+    address with too many 401s whose token would need a store read."""
     failures = svc.metrics.auth_failures
+    address = request.client.host if request.client is not None else "unknown"
     if credentials is None:
         failures.labels("missing").inc()
+        svc.auth_limit.note(address)
         raise Unauthorized("a bearer token is required (Authorization: Bearer rlx_...)")
+    wait_s = svc.auth_limit.retry_after(address)
+    if wait_s and not svc.tokens.cached(credentials.credentials):
+        failures.labels("throttled").inc()
+        raise TooMany(
+            f"too many requests with a missing or invalid token from your address; retry in "
+            f"{wait_s} s",
+            wait_s,
+            "auth",
+        )
     try:
         found = await svc.tokens.verify(credentials.credentials)
     except TokenRejected as exc:
         failures.labels(exc.reason).inc()
+        svc.auth_limit.note(address)
+        if exc.reason == "expired":
+            raise TokenExpired(exc.detail) from None
         raise Unauthorized(exc.detail) from None
     except StoreError:
         raise Unavailable("the object store holding the tokens did not answer; retry") from None

@@ -333,9 +333,10 @@
       }
     }
     const labels = record.labels_count || 0;
-    box.append(h("p", { class: "reasoning" }, labels
-      ? `${labels} human label${labels === 1 ? "" : "s"} so far`
-      : "No human label yet."));
+    box.append(h("p", { class: "reasoning" }, record.labels_count === null
+      ? "Blind labeling: other labelers' labels are hidden."
+      : labels ? `${labels} human label${labels === 1 ? "" : "s"} so far`
+        : "No human label yet."));
   }
 
   function showCounts() {

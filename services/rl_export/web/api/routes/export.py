@@ -19,15 +19,17 @@ rows read.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import orjson
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from rl_export.common.chat import HF, Chat, ChatStyle, SystemMode
@@ -74,7 +76,7 @@ from rl_export.web.api.deps import (
     query,
 )
 from rl_export.web.audit import AuditEntry
-from rl_export.web.errors import Invalid, NotFound, RawRequired, Unavailable
+from rl_export.web.errors import ClientGone, Invalid, NotFound, RawRequired, Unavailable
 from rl_export.web.index import QueryIndex
 from rl_export.web.indexsql import BINS
 from rl_export.web.jobs import JobRequest, JobStatus, file_key
@@ -94,6 +96,8 @@ from rl_export.web.models import (
 from rl_export.web.services import Services
 from rl_export.web.streaming import ThreadStream
 from rl_export.web.tokens import Caller
+
+T = TypeVar("T")
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
 
@@ -444,9 +448,9 @@ _EXPORT_CONTENT: dict[str, dict[str, Any]] = {
 async def get_export(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
-    filters: FiltersQuery, format: FormatQuery = "trajectory", columns: ColumnsQuery = None,
-    mask_failed_turns: MaskQuery = False, mask_types: MaskTypesQuery = None,
-    file: FileQuery = "jsonl", redact: RedactQuery = None,
+    filters: FiltersQuery, request: Request, format: FormatQuery = "trajectory",
+    columns: ColumnsQuery = None, mask_failed_turns: MaskQuery = False,
+    mask_types: MaskTypesQuery = None, file: FileQuery = "jsonl", redact: RedactQuery = None,
     chat_style: ChatStyleQuery = None, system: SystemQuery = None,
     completion: CompletionQuery = None, split: SplitQuery = None,
     splits: SplitsQuery = None, split_by: SplitByQuery = None, split_salt: SaltQuery = None,
@@ -473,11 +477,12 @@ async def get_export(
             dedup=picked_dedup, attachments=AttachmentPolicy.from_settings(svc.settings),
         )  # fmt: skip
 
-    stream = ThreadStream(make, svc.settings.store_url)
+    # On the export pool, within the subject's share (429 over it: DESIGN.md section 10).
+    stream = svc.exports.stream((org, project, caller.subject), make)
     try:
         # The first chunk before the answer starts: a corpus with no data is a 404, not a
-        # broken 200.
-        first = await stream.next()
+        # broken 200. A client that leaves meanwhile stops the export.
+        first = await _unless_gone(request, stream.next())
     except NoDataError as exc:
         stream.close()
         raise NotFound(str(exc)) from None
@@ -495,7 +500,7 @@ async def get_export(
     if kinds != "none" or raw:
         # The counts are known at the end, and a header goes first: the export is made whole.
         # So is a raw read, whose audit entry (with its rows) is written before it leaves.
-        spool = await _spooled(stream, first)
+        spool = await _unless_gone(request, _spooled(stream, first))
         if raw:
             try:
                 await _audit(svc, caller, "export", filters, asked, rows=summary.records)
@@ -517,6 +522,29 @@ async def get_export(
             stream.close()
 
     return StreamingResponse(body(), media_type=content_type(format, file), headers=headers)
+
+
+async def _gone(request: Request) -> None:
+    """Return once the client has disconnected (the request's body is empty: a GET)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or ClientGone (``work`` cancelled) if the client leaves first:
+    before the answer starts, nothing else notices a disconnect."""
+    doing = asyncio.ensure_future(work)
+    watching = asyncio.ensure_future(_gone(request))
+    try:
+        await asyncio.wait({doing, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not doing.done():
+            doing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await doing
+            raise ClientGone("the client went away before the export was sent")
+    return doing.result()
 
 
 async def _spooled(stream: ThreadStream, first: bytes | None) -> IO[bytes]:
@@ -588,7 +616,8 @@ async def post_exports(
     )  # fmt: skip
     if raw:  # audited before the job starts; its status counts the rows
         await _audit(svc, caller, "exports", parsed, asked, rows=None)
-    return _job_out(await svc.jobs.start(org, project, request))
+    started = await svc.jobs.start(org, project, request, caller.subject)
+    return _job_out(started)
 
 
 async def _job(svc: Services, org: str, project: str, job_id: str) -> JobStatus:

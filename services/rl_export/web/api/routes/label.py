@@ -11,6 +11,7 @@ turns their claim into its place, a skip ends it, a retraction frees it), then a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ from fastapi.responses import Response
 from rl_export.common.codec import dumps
 from rl_export.common.errors import FilterError
 from rl_export.common.filters import parse_bool
+from rl_export.common.redact import parse_kinds, redactor
+from rl_export.labeling.blind import queue_item
 from rl_export.labeling.queue import target
 from rl_export.labeling.settings import LabelingSettings, SettingsInvalid
 from rl_export.web import labelindex
@@ -89,6 +92,30 @@ async def _traces(svc: Services, org: str, project: str) -> Followed:
     return await corpus(svc, org, project, TRACES)
 
 
+def _items_now(svc: Services, bodies: list[bytes], blinded: bool) -> list[bytes]:
+    kinds = parse_kinds(svc.settings.redact)  # checked when the settings were loaded
+    scrub = redactor(kinds) if kinds else None
+    items: list[bytes] = []
+    total: dict[str, int] = {}
+    for body in bodies:
+        item, counts = queue_item(body, blinded=blinded, scrub=scrub)
+        items.append(item)
+        for kind, n in counts.items():
+            total[kind] = total.get(kind, 0) + n
+    for kind, n in total.items():
+        if n:
+            svc.metrics.redactions.labels(kind).inc(n)
+    return items
+
+
+async def _items(svc: Services, team: Team, bodies: list[bytes]) -> list[bytes]:
+    """Queue or claim items: blind while the project's ``blind`` setting is on, always
+    redacted with the service's default kinds (DESIGN.md section 10)."""
+    if not bodies:
+        return bodies
+    return await asyncio.to_thread(_items_now, svc, bodies, team.settings.blind)
+
+
 def _answer(fields: dict[str, Any], bodies: list[bytes], followed: Followed) -> Response:
     """The answer with the corpus's lines as ``items``, handed on as they are (never parsed)."""
     state = dumps(index_state(followed, time.monotonic()).model_dump())
@@ -113,7 +140,7 @@ async def get_queue(
         return _answer({"remaining": 0, "team_remaining": 0, "labeled": 0}, [], followed)
     team = await team_of(svc, org, project)
     view = await LabelerQueue(svc, followed.corpus_id, team, caller.subject, scope).view(limit)
-    return _answer(_counts(view.counts), view.bodies, followed)
+    return _answer(_counts(view.counts), await _items(svc, team, view.bodies), followed)
 
 
 @router.post(
@@ -147,7 +174,7 @@ async def post_claim(
         ],
         **_counts(got.view.counts),
     }
-    return _answer(fields, got.view.bodies, followed)
+    return _answer(fields, await _items(svc, team, got.view.bodies), followed)
 
 
 def _counts(counts: Counts) -> dict[str, int]:
@@ -266,10 +293,13 @@ async def post_skip(
 async def delete_label(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
 ) -> AcceptedOut:
-    await _known_trace(svc, org, project, trace_id)
+    corpus_id = await _known_trace(svc, org, project, trace_id)
+    team = await team_of(svc, org, project)
+    if caller.subject not in await _current(svc, team, corpus_id, trace_id):
+        # Nothing to retract: publishing would only add a revision to the trace.
+        raise NotFound(f"you have no current label on {trace_id!r}")
     event = label_retracted(org, project, trace_id, caller.subject, datetime.now(UTC))
     accepted = await _publish(svc, event)
-    team = await team_of(svc, org, project)
     slots = team.settings.labels_per_trace + 1
     await svc.claims.retract(org, project, trace_id, caller.subject, slots=slots)
     return accepted

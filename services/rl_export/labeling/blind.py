@@ -1,0 +1,57 @@
+"""Blind, redacted queue and claim items (DESIGN.md section 10).
+
+A labeler who sees how others rated a trace rates it like them, which inflates exactly the
+agreement the report measures. So while the project's labeling setting ``blind`` is true (the
+default), an item of ``GET queue`` or ``POST queue/claim`` carries none of what other
+labelers left on the trace: the record fields of :data:`HUMAN_FIELDS` are null (unknown, not
+"unlabeled": the record format's reading of a missing label field), and a human-sourced
+record's reward and verdict too. Whatever the setting, the item's free text is redacted with
+the project's default kinds (``RL_EXPORT_REDACT``): a ``label`` token reads traces to rate
+them, not to copy their secrets.
+
+Pure: a corpus line in, the item's JSON out (:func:`queue_item`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from rl_export.common.redact import Counts, Redactor
+
+HUMAN_FIELDS: tuple[str, ...] = (
+    "human_labels",  # each label: labeler, ratings, comment
+    "labels",  # the same, as record schema 2 named it
+    "labelers",  # who labeled
+    "skipped_by",  # who skipped
+    "labels_count",  # how many labeled
+    "rubric",  # the labelers' mean ratings
+)
+"""The trajectory record's fields that carry other labelers' names, ratings or comments."""
+
+HUMAN_REWARD_FIELDS: tuple[str, ...] = ("reward", "passed")
+"""Fields that are a human reward when the record's ``reward_source`` is ``human``."""
+
+
+def blind(record: dict[str, Any]) -> dict[str, Any]:
+    """The record without any other labeler's label: :data:`HUMAN_FIELDS` null (when
+    present), and the reward and verdict of a human-sourced record null."""
+    hidden = {name: None for name in HUMAN_FIELDS if name in record}
+    if record.get("reward_source") == "human":
+        hidden.update(dict.fromkeys(HUMAN_REWARD_FIELDS))
+    return {**record, **hidden} if hidden else record
+
+
+def queue_item(line: bytes, *, blinded: bool, scrub: Redactor | None) -> tuple[bytes, Counts]:
+    """A corpus line as a queue or claim item: blinded when asked, redacted by ``scrub``
+    (None: the project redacts nothing); with what was replaced, per kind."""
+    record = orjson.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError("a corpus line is not a JSON object")
+    counts: Counts = {}
+    if blinded:
+        record = blind(record)
+    if scrub is not None:
+        record, counts = scrub.record(record)
+    return orjson.dumps(record), counts
