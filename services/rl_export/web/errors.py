@@ -6,6 +6,8 @@ Hierarchy::
     ├── Unauthorized      401 a missing, malformed, unknown or revoked token
     ├── Forbidden         403 a token of another org/project, or without the route's scope
     ├── NotFound          404 an unknown trace, job or route
+    ├── Conflict          409 the request cannot be granted as things stand (every place of
+    │                         a trace is held)
     ├── Invalid           422 a body or parameter the API cannot accept
     ├── TooLarge          413 a request body over the limit
     └── Unavailable       503 the broker or the object store did not answer; nothing was done
@@ -38,6 +40,11 @@ class Forbidden(ApiError):
 class NotFound(ApiError):
     status = 404
     error = "not_found"
+
+
+class Conflict(ApiError):
+    status = 409
+    error = "conflict"
 
 
 class Invalid(ApiError):
