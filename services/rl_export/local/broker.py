@@ -129,11 +129,16 @@ class LocalKafka(ManagedProcess):
         *,
         heap: str = "768m",
         libs: Path | None = None,
+        rebalance_delay_ms: int = 0,
     ) -> None:
         super().__init__(data_dir / "broker.log")
         self.data_dir = data_dir.resolve()
         self.port = port
         self.heap = heap
+        # How long a new group waits for more members before its first rebalance: 0 for the
+        # tests (fast), Kafka's own 3 s for ``dev``, whose join processes start a moment apart
+        # (so they join one generation instead of rebalancing a group that just settled).
+        self.rebalance_delay_ms = rebalance_delay_ms
         self._libs = libs
         self._log_from = 0
 
@@ -178,7 +183,7 @@ class LocalKafka(ManagedProcess):
             # producers as NOT_ENOUGH_REPLICAS (KAFKA-15459), which aiokafka logs as a warning
             # at every retry: noise a newcomer takes for a fault.
             "transaction.partition.verification.enable": "false",
-            "group.initial.rebalance.delay.ms": "0",
+            "group.initial.rebalance.delay.ms": str(self.rebalance_delay_ms),
             "message.max.bytes": str(8 * 1024 * 1024),
             "log.retention.hours": "-1",
             "log.flush.interval.messages": str(2**62),
