@@ -386,3 +386,12 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_tab(
     page.locator("#tab-agreement").click()
     expect(page.locator("#agreement-dimensions tbody tr")).to_have_count(5)
     assert axe_violations(page) == []
+
+
+def test_a_token_of_another_project_is_asked_for_again_with_the_reason(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    sign_in(page, web, stack.tokens["other"])  # acme/other's, on acme/bot's page
+    expect(page.locator("#token-error")).to_contain_text("this token is for acme/other")
+    expect(page.locator("#token-input")).to_be_focused()
+    expect(page.locator("#panel-label")).to_be_hidden()

@@ -1439,7 +1439,8 @@
     try {
       me = await api("whoami");
     } catch (error) {
-      if (error.status !== 401) toast(`Could not check the token: ${error.message}`);
+      if (error.status === 403) askToken(`This token cannot open this page: ${error.message}`);
+      else if (error.status !== 401) toast(`Could not check the token: ${error.message}`);
       return;
     }
     label.me = me;
