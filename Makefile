@@ -17,8 +17,12 @@ KUSTOMIZE := .cache/kustomize/$(KUSTOMIZE_VERSION)/kustomize
 # promtool for the alert rules' tests (`promtool test rules`), taken from Debian's prometheus
 # package and unpacked, not installed: installing it would start a Prometheus server.
 PROMTOOL := .cache/promtool/promtool
+# axe-core for the page's accessibility checks in the browser tests, fetched from npm with
+# `npm pack` (no node_modules, no install scripts): a version bump is a new path.
+AXE_VERSION := 4.14.1
+AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 
-.PHONY: help prereqs install browser kustomize promtool run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-isolation profile soak bench-restart
+.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-isolation profile soak bench-restart
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,7 +42,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps "trl==$(TRL_VERSION)"
 	@touch $(STAMP)
 
-install: $(STAMP) browser kustomize promtool ## create .venv and install rl-export with the dev tools (idempotent)
+install: $(STAMP) browser kustomize promtool axe ## create .venv and install rl-export with the dev tools (idempotent)
 
 # Go is on the developers' and CI's machines; without it the kustomize build tests are
 # skipped, with one line in pytest's summary that says so.
@@ -65,6 +69,20 @@ promtool: ## promtool (Debian's prometheus package, unpacked into .cache/) for t
 	  [ $$rc = 0 ] || { echo "make: could not fetch promtool with apt-get download" >&2; exit 1; }; \
 	else \
 	  echo "NOTE: apt-get is missing: promtool is not fetched and the alert rules' promtool tests will be skipped" >&2; \
+	fi
+
+axe: ## axe-core (npm pack, into .cache/) for the page's accessibility checks in the browser tests
+	@if [ -f $(AXE) ]; then :; \
+	elif command -v npm >/dev/null 2>&1; then \
+	  echo "fetching axe-core $(AXE_VERSION) with npm pack ..."; \
+	  dir=$$(mktemp -d) && \
+	  { npm pack --silent --pack-destination $$dir axe-core@$(AXE_VERSION) >/dev/null \
+	    && tar -xzf $$dir/axe-core-$(AXE_VERSION).tgz -C $$dir package/axe.min.js \
+	    && mkdir -p $(dir $(AXE)) && cp $$dir/package/axe.min.js $(AXE).partial \
+	    && mv $(AXE).partial $(AXE); }; rc=$$?; rm -rf $$dir; \
+	  [ $$rc = 0 ] || { echo "make: could not fetch axe-core with npm pack" >&2; exit 1; }; \
+	else \
+	  echo "NOTE: npm is missing: axe-core is not fetched and the page's accessibility checks will be skipped" >&2; \
 	fi
 
 # The page's end-to-end tests drive Debian's chromium (Playwright never downloads a browser

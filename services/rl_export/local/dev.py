@@ -1,6 +1,7 @@
 """``rl-export dev``: the embedded stack on one machine, for trying rl-export out.
 
-1. start the local Kafka broker (data under ``<data_dir>/kafka``);
+1. start the local Kafka broker (data under ``<data_dir>/kafka``) and wait until its group
+   coordinator answers (a fresh broker creates and loads its offsets topic on first use);
 2. create the topics;
 3. start every stage as its own process, pointed at that broker and the store: the worker
    (join and sink) and the web service;
@@ -30,6 +31,8 @@ from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from rl_export.common.errors import LocalStackError
 from rl_export.common.events import FAMILY_OF_TYPE
@@ -90,6 +93,30 @@ def wait_until_up(url: str, timeout_s: float = 60.0) -> bool:
     return False
 
 
+async def wait_for_coordinators(bootstrap: str, groups: list[str], timeout_s: float = 60.0) -> None:
+    """Wait until the broker names a coordinator for each group. A fresh broker creates its
+    offsets topic on the first lookup and answers "not available" while it loads: stages
+    started before then log a warning per retry ("Marking the coordinator dead")."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        for group in groups:
+            while True:
+                try:
+                    await admin.find_coordinator(group)
+                    break
+                except KafkaError:
+                    if time.monotonic() > deadline:
+                        raise LocalStackError(
+                            f"the local broker named no coordinator for {group!r} within "
+                            f"{timeout_s:.0f}s"
+                        ) from None
+                    await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
 def dev_token(env: dict[str, str]) -> str:
     """A token with every scope for the synthetic org/project, from ``rl-export tokens``."""
     result = subprocess.run(
@@ -121,8 +148,14 @@ async def _traffic(settings: Settings, rate: float, stop: asyncio.Event) -> None
         await producer.stop()
 
 
-async def _serve(settings: Settings, rate: float) -> None:
+async def _prepare(settings: Settings) -> None:
+    """Steps 1 and 2 before any stage starts: a stage that finds its topics and groups ready
+    logs no retries (a topic created a moment ago has no leader yet)."""
+    await wait_for_coordinators(settings.kafka_bootstrap, [settings.app_id, settings.sink_group])
     await ensure_service_topics(settings)
+
+
+async def _serve(settings: Settings, rate: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -143,11 +176,15 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     data = settings.data_dir.resolve()
-    broker = LocalKafka(data / "kafka", settings.broker_port)
+    broker = LocalKafka(data / "kafka", settings.broker_port, rebalance_delay_ms=3000)
     running: list[Stage] = []
     try:
         _say(f"starting Apache Kafka (KRaft) on 127.0.0.1:{settings.broker_port} ...")
         broker.start()
+        # The embedded broker is plaintext on 127.0.0.1, whatever the Kafka security settings say.
+        local = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap} | {
+            name: Settings.model_fields[name].default for name in SECURITY_SETTINGS})  # fmt: skip
+        asyncio.run(_prepare(local))
         store = parse_store_url(settings.store_url)
         env = dict(os.environ)
         env[env_name("kafka_bootstrap")] = broker.bootstrap
@@ -178,9 +215,7 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
             f"                     (every scope, {SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}; the page "
             "asks for it once)"
         )
-        local = {"kafka_bootstrap": broker.bootstrap} | {
-            name: Settings.model_fields[name].default for name in SECURITY_SETTINGS}  # fmt: skip
-        asyncio.run(_serve(settings.model_copy(update=local), traffic_rate))
+        asyncio.run(_serve(local, traffic_rate))
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP):  # asyncio.run put back the defaults
             signal.signal(sig, signal.SIG_IGN)  # stopping now; a second signal must not cut it

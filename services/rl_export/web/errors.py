@@ -8,6 +8,8 @@ Hierarchy::
     ├── Forbidden         403 a token of another org/project, or without the route's scope
     │   └── RawRequired   403 a redaction weaker than the project's default without ``raw``
     ├── NotFound          404 an unknown trace, job or route
+    ├── Conflict          409 the request cannot be granted as things stand (every place of
+    │                         a trace is held)
     ├── Invalid           422 a body or parameter the API cannot accept
     ├── TooLarge          413 a request body over the limit
     ├── ClientGone        499 the client disconnected before the answer started (never seen)
@@ -50,6 +52,11 @@ class RawRequired(Forbidden):
 class NotFound(ApiError):
     status = 404
     error = "not_found"
+
+
+class Conflict(ApiError):
+    status = 409
+    error = "conflict"
 
 
 class Invalid(ApiError):

@@ -165,6 +165,15 @@ class SkipIn(_In):
     trace_id: str = TraceId
 
 
+class WhoamiOut(BaseModel):
+    """Who a token is (``GET whoami``)."""
+
+    subject: str = Field(description="The user: the labeler of the labels this token gives.")
+    org: str
+    project: str
+    scopes: list[str] = Field(description="label, export, admin (both and settings), raw.")
+
+
 class AcceptedOut(BaseModel):
     event_id: str = Field(description="The published event's id (a UUID).")
 

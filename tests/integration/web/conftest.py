@@ -1,11 +1,15 @@
 """A running stack for the web service's tests: the real broker and SeaweedFS (session), then
 for this package a worker (join and sink) and a web service, on topics and a store prefix of
 their own, seeded with traces through Kafka, and API tokens in the store. Tests share it, so
-each labels its own traces under its own subject."""
+each labels its own traces under its own subject.
+
+The page's browser tests share the browser (Debian's chromium driven by Playwright), a fresh
+context per test, and axe-core's scan (fetched by ``make install`` into ``.cache/axe-core/``)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from rl_export.common.settings import Settings
 from rl_export.corpora.store import open_store
@@ -154,3 +159,76 @@ def stack(kafka: LocalKafka, s3: LocalS3, tmp_path_factory: pytest.TempPathFacto
     finally:
         made.web.stop()
         made.worker.stop()
+
+
+# --- the browser ----------------------------------------------------------------------------
+
+CHROMIUM = next(
+    (p for p in ("/usr/bin/chromium", shutil.which("chromium")) if p and Path(p).exists()), None
+)
+# Printed once by pytest's summary (identical skip reasons are grouped into one line).
+MISSING = ("BROWSER TESTS NOT RUN: Debian's chromium is not installed (make install installs it "
+           "with apt-get when run as root; CI does)")  # fmt: skip
+AXE = next((Path(__file__).resolve().parents[3] / ".cache" / "axe-core").glob("*/axe.min.js"), None)
+NO_AXE = ("ACCESSIBILITY CHECKS NOT RUN: axe-core is not in .cache/axe-core/ (make install fetches "
+          "it with npm pack)")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if CHROMIUM is None:
+        pytest.skip(MISSING)
+    with sync_playwright() as playwright:
+        # Never Playwright's own browser download: the system's chromium. launch() gives it a
+        # fresh temporary profile (user-data dir) of its own, removed when it closes.
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 860}, accept_downloads=True)
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        yield opened
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def sign_in(page: Page, web: WebProcess, token: str, project: str = "bot") -> None:
+    """Open the page and give it the token, by keyboard: the page asks for it once."""
+    page.goto(f"{web.base}/acme/{project}/rl-export")
+    expect(page.locator("#token-input")).to_be_focused()
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+
+
+def current_trace(page: Page) -> str:
+    return page.locator("#trace-meta .tag").first.inner_text()
+
+
+def axe_violations(page: Page) -> list[str]:
+    """axe-core's serious and critical violations of the page as it is (WCAG 2.x A and AA,
+    and best practices), one line each. Injected through the DevTools protocol, which the
+    page's Content-Security-Policy does not govern (it refuses any script of the page's own)."""
+    if AXE is None:
+        pytest.skip(NO_AXE)
+    if not page.evaluate("() => typeof window.axe === 'object'"):
+        page.evaluate(AXE.read_text())
+    found: list[dict[str, Any]] = page.evaluate(
+        """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
+            .filter((v) => v.impact === "serious" || v.impact === "critical")
+            .map((v) => ({id: v.id, impact: v.impact,
+                          nodes: v.nodes.slice(0, 3).map((n) => n.target.join(" ") + ": "
+                                                         + (n.failureSummary || ""))}))"""
+    )
+    return [f"{v['impact']} {v['id']}: {'; '.join(v['nodes'])}" for v in found]

@@ -42,6 +42,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "labels", {"trace_id": "tr-000", "rubric": RUBRIC}),
     ("POST", "skips", {"trace_id": "tr-000"}),
     ("DELETE", "labels/tr-000", None),
+    ("PUT", "queue/claims/tr-000", None),
 ]
 EXPORT_ROUTES = ROUTES[:6]
 LABEL_ROUTES = ROUTES[6:]
@@ -104,6 +105,7 @@ def test_openapi_document_needs_no_token_and_describes_every_route(stack: Stack)
         ("get", "stats"), ("get", "records"), ("get", "export"), ("post", "exports"),
         ("get", "exports/{job_id}"), ("get", "exports/{job_id}/download"), ("get", "queue"),
         ("post", "labels"), ("post", "skips"), ("delete", "labels/{trace_id}"),
+        ("put", "queue/claims/{trace_id}"), ("get", "whoami"),
     }  # fmt: skip
     documented = {(m, p.removeprefix(base)) for p, ops in paths.items() for m in ops}
     assert expected <= documented
@@ -147,6 +149,20 @@ def test_export_routes_need_the_export_scope(
 def test_label_routes_need_the_label_scope(stack: Stack, method: str, path: str, body: Any) -> None:
     with stack.web.client(stack.tokens["export"]) as exporter:
         assert_error(call(exporter, method, path, body), 403, "forbidden", "needs label")
+
+
+def test_whoami_answers_any_scope_with_the_tokens_subject_and_scopes(stack: Stack) -> None:
+    for name, subject, scopes in (("export", "cy", ["export"]), ("label", "bo", ["label"]),
+                                  ("admin", "ana", ["admin"])):  # fmt: skip
+        with stack.web.client(stack.tokens[name]) as client:
+            answer = client.get("whoami")
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"subject": subject, "org": "acme", "project": "bot",
+                                     "scopes": scopes}  # fmt: skip
+    with stack.web.client() as anonymous:
+        assert_error(anonymous.get("whoami"), 401, "unauthorized", "bearer token")
+    with stack.web.client(stack.tokens["other"]) as other:
+        assert_error(other.get("whoami"), 403, "forbidden", "acme/other")
 
 
 def test_admin_and_combined_scopes_reach_both_tabs(stack: Stack) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import shutil
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -26,24 +25,18 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from rl_export.common.codec import iter_lines
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
-from tests.integration.web.conftest import SCRIPT, Stack
+from tests.integration.web.conftest import SCRIPT, Stack, current_trace, sign_in
 from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import publish
 
 T = TypeVar("T")
-CHROMIUM = next(
-    (p for p in ("/usr/bin/chromium", shutil.which("chromium")) if p and Path(p).exists()), None
-)
 SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
-# Printed once by pytest's summary (identical skip reasons are grouped into one line).
-MISSING = ("BROWSER TESTS NOT RUN: Debian's chromium is not installed (make install installs it "
-           "with apt-get when run as root; CI does)")  # fmt: skip
 
 
 def latest(stack: Stack, corpus: str) -> dict[str, dict[str, Any]]:
@@ -61,23 +54,6 @@ def latest(stack: Stack, corpus: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if CHROMIUM is None:
-        pytest.skip(MISSING)
-    with sync_playwright() as playwright:
-        # Never Playwright's own browser download: the system's chromium. launch() gives it a
-        # fresh temporary profile (user-data dir) of its own, removed when it closes.
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-@pytest.fixture(scope="module")
 def web(browser: Browser, stack: Stack) -> Iterator[WebProcess]:
     """An instance of its own: exports of more than 5 records run as background jobs (after
     the browser: without one there is nothing to start)."""
@@ -87,27 +63,6 @@ def web(browser: Browser, stack: Stack) -> Iterator[WebProcess]:
         yield process
     finally:
         process.stop()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1360, "height": 860}, accept_downloads=True)
-    opened = context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    try:
-        yield opened
-    finally:
-        context.close()
-    assert not errors, errors
-
-
-def sign_in(page: Page, web: WebProcess, token: str, project: str = "bot") -> None:
-    """Open the page and give it the token, by keyboard: the page asks for it once."""
-    page.goto(f"{web.base}/acme/{project}/rl-export")
-    expect(page.locator("#token-input")).to_be_focused()
-    page.keyboard.type(token)
-    page.keyboard.press("Enter")
 
 
 def clear_queue_head(web: WebProcess, token: str, keep: Any) -> None:
@@ -126,10 +81,6 @@ def unlabeled(web: WebProcess, token: str) -> set[str]:
     with web.client(token) as client:
         items = client.get("records", params={"source": "traces", "limit": 100}).json()["items"]
     return {r["trace_id"] for r in items if r["labels_count"] == 0}
-
-
-def current_trace(page: Page) -> str:
-    return page.locator("#trace-meta .tag").first.inner_text()
 
 
 def stat(page: Page, name: str) -> int:

@@ -233,6 +233,43 @@ def test_an_expired_claim_frees_its_trace_for_someone_else(
     assert over_target(stack.web) == before + 1
 
 
+def test_a_claim_by_name_is_granted_renewed_or_refused_across_instances(
+    stack: Stack, second: WebProcess
+) -> None:
+    """``PUT queue/claims/{id}``, the page's claim on the trace it shows: granted while a
+    place is free, renewed for its holder, a 409 for anyone else and for a current labeler;
+    after a retraction (the page's undo) the labeler gets the place back, and it stays theirs."""
+    team = Team(stack, second, "team-named", 1, ["ana", "bo"])
+    team.settle(labels_per_trace=1, lease_s=600)
+    trace_id = team.records()[0]["trace_id"]
+    with team.client("ana", 0) as ana, team.client("bo", 1) as bo:
+        first = ana.put(f"queue/claims/{trace_id}")
+        assert first.status_code == 200, first.text
+        assert first.json()["trace_id"] == trace_id
+        refused = bo.put(f"queue/claims/{trace_id}")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "conflict"
+        assert "over the target" in refused.json()["detail"]
+        assert bo.post("queue/claim", json={}).json()["items"] == []
+        renewed = ana.put(f"queue/claims/{trace_id}")
+        assert renewed.status_code == 200
+        assert renewed.json()["expires_at"] >= first.json()["expires_at"]
+        assert ana.post("labels", json={"trace_id": trace_id, "rubric": RUBRIC}).status_code == 202
+        labeled = ana.put(f"queue/claims/{trace_id}")
+        assert labeled.status_code == 409
+        assert "current label" in labeled.json()["detail"]
+        # The page's undo: retract, then claim by name; bo still finds nothing to claim.
+        assert ana.delete(f"labels/{trace_id}").status_code == 202
+        assert ana.put(f"queue/claims/{trace_id}").status_code == 200
+        assert bo.post("queue/claim", json={}).json()["items"] == []
+        assert bo.put(f"queue/claims/{trace_id}").status_code == 409
+        unknown = ana.put("queue/claims/team-named-nope")
+        assert unknown.status_code == 404
+        # A skipped trace may be claimed by name (the page's undo of a skip).
+        assert ana.post("skips", json={"trace_id": trace_id}).status_code == 202
+        assert ana.put(f"queue/claims/{trace_id}").status_code == 200
+
+
 def test_the_queue_follows_the_projects_order_and_filters(stack: Stack, second: WebProcess) -> None:
     team = Team(stack, second, "team-order", 6, ["ana"])
     team.settle(labels_per_trace=1, order="newest")

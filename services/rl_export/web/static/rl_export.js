@@ -85,9 +85,16 @@
   });
 
   $("forget-token").addEventListener("click", () => {
-    localStorage.removeItem(TOKEN_KEY);
-    token = null;
-    askToken("");
+    // The claim is the old token's subject's: give it back while the token still works.
+    serial(pause).finally(() => {
+      localStorage.removeItem(TOKEN_KEY);
+      token = null;
+      label.me = null;
+      label.current = null;
+      label.last = null;
+      showUndo();
+      askToken("");
+    });
   });
 
   // --- tabs ------------------------------------------------------------------------------
@@ -107,6 +114,11 @@
     history.replaceState(null, "", `#${name}`);
     if (name === "export") refreshExport();
     if (name === "agreement") refreshAgreement();
+    // Only the Label tab holds a trace: leaving it gives the claim back at once.
+    if (token && label.me) {
+      if (name === "label") enterLabel();
+      else serial(pause);
+    }
     // From the tab list the focus stays on the tab (the shortcuts work from there); a click
     // takes it to the ratings.
     if (name === "label" && !focus) focusDimension(label.focused);
@@ -132,10 +144,22 @@
     ["efficiency", "Efficiency"], ["safety", "Safety"],
   ];
   const label = {
-    queue: [], remaining: 0, current: null, ratings: {}, focused: 0, lastSaved: null,
+    queue: [], remaining: 0, current: null, ratings: {}, focused: 0,
     busy: false, done: new Set(), claim: null, team: null, labeled: 0, settings: null,
     scope: {},
+    me: null, // GET whoami: {subject, org, project, scopes}
+    mayLabel: false, // the token has label (or admin)
+    started: false, // labeling: an admin starts it with a click, a labeler by opening the tab
+    last: null, // what U undoes: {kind: "save" | "skip", record, rubric}
+    moved: false, // the last key was a rating, which moved the focus on by itself
+    hiddenTimer: null,
   };
+  // A tab hidden this long gives its claim back (Page Visibility); it claims again when seen.
+  const HIDDEN_RELEASE_MS = 60000;
+  // Counts and settings follow the team while the Label tab is open.
+  const TEAM_REFRESH_MS = 15000;
+  // A claim this close to its end is renewed before a save rather than trusted.
+  const CLAIM_MARGIN_MS = 2000;
 
   function buildDimensions() {
     const box = $("dimensions");
@@ -168,6 +192,10 @@
     target.focus({ preventScroll: true });
   }
 
+  // The keyboard model (the hint and docs/guides/labeling.md say the same): a digit rates the
+  // highlighted dimension and moves the highlight to the next one; the arrows move it without
+  // rating. A ↓ (or →) right after a rating is that same move, already made: it does not move
+  // again. So "1 5 5 3", "1 ↓ 5 ↓ 5 ↓ 3" and "↓ ↓ 5" all rate what the labeler meant.
   function rate(index, value) {
     const key = DIMENSIONS[index][0];
     label.ratings[key] = value;
@@ -177,7 +205,15 @@
     });
     $("rate-error").hidden = true;
     showReward();
-    focusDimension(index < DIMENSIONS.length - 1 ? index + 1 : index);
+    const last = index >= DIMENSIONS.length - 1;
+    focusDimension(last ? index : index + 1);
+    label.moved = !last;
+  }
+
+  function moveFocus(step) {
+    const absorbed = step > 0 && label.moved;
+    label.moved = false;
+    if (!absorbed) focusDimension(label.focused + step);
   }
 
   function threshold() {
@@ -348,6 +384,18 @@
     showClaim();
   }
 
+  function claimLeft(claim) {
+    return Date.parse(claim.expires_at) - Date.now();
+  }
+
+  // Whether the page holds an unexpired claim on the trace it shows (with a margin: a claim
+  // about to end is taken again before a save, never trusted).
+  function claimHeld() {
+    const claim = label.claim;
+    return Boolean(claim && label.current && claim.trace_id === label.current.trace_id
+      && claimLeft(claim) > CLAIM_MARGIN_MS);
+  }
+
   function showClaim() {
     const box = $("claim-info");
     const claim = label.claim;
@@ -355,22 +403,27 @@
       box.hidden = true;
       return;
     }
-    const left = Math.round((Date.parse(claim.expires_at) - Date.now()) / 1000);
+    const left = Math.round(claimLeft(claim) / 1000);
     const until = new Date(claim.expires_at).toLocaleTimeString();
     box.hidden = false;
     box.classList.toggle("expired", left <= 0);
     box.textContent = left > 0
       ? `Claimed for you until ${until} (${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")} left)`
-      : `Your claim ended at ${until}: save now and it may count over the target`;
+      : `Your claim ended at ${until}: saving claims it again first`;
   }
   setInterval(showClaim, 1000);
+
+  function showPanel(which) {
+    $("label-start").hidden = which !== "start";
+    $("label-empty").hidden = which !== "empty";
+    $("label-work").hidden = which !== "work";
+  }
 
   function showCurrent() {
     const record = label.current;
     showCounts();
     if (!record) {
-      $("label-work").hidden = true;
-      $("label-empty").hidden = false;
+      showPanel("empty");
       const held = label.team !== null && label.team > 0 && label.remaining === 0;
       $("label-empty-title").textContent = held ? "Nothing to claim right now" : "Your queue is empty";
       $("label-empty-text").textContent = held
@@ -378,8 +431,7 @@
         : `Every trace of ${config.org}/${config.project} is labeled or skipped by you, or has its labels. New traces appear here as they arrive.`;
       return;
     }
-    $("label-empty").hidden = true;
-    $("label-work").hidden = false;
+    showPanel("work");
     const meta = $("trace-meta");
     meta.replaceChildren(
       h("span", { class: "tag", title: "trace id" }, record.trace_id),
@@ -390,12 +442,128 @@
     renderEvaluator(record);
     resetRating(label.prefill);
     label.prefill = null;
+    label.moved = false;
     focusDimension(0);
   }
+
+  // --- when the page holds a trace ----------------------------------------------------------
+  // One claim at a time, and only while someone labels: the Label tab shown, the browser tab
+  // visible, and (for an admin, who may have come for the settings) after "Start labeling".
+  // Every step that claims or gives back runs after the previous one (serial), so a quick
+  // switch of tabs never leaves a claim behind.
+  let labelWork = Promise.resolve();
+
+  function serial(step) {
+    const run = labelWork.then(step, step);
+    labelWork = run.catch(() => {});
+    return run;
+  }
+
+  function labeling() {
+    return Boolean(token && label.mayLabel && label.started && activeTab === "label"
+      && document.visibilityState === "visible");
+  }
+
+  // PUT queue/claims/{id}: the claim on one named trace; null when every place is held.
+  async function claimTrace(traceId) {
+    try {
+      return await api(`queue/claims/${encodeURIComponent(traceId)}`, { method: "PUT" });
+    } catch (error) {
+      if (error.status === 409) return null;
+      throw error;
+    }
+  }
+
+  async function giveBack(traceId) {
+    try {
+      await api(`queue/claims/${encodeURIComponent(traceId)}`, { method: "DELETE" });
+    } catch (_) { /* expired already, or taken over: nothing is held */ }
+  }
+
+  // Leave the trace (another tab, a hidden browser tab): its claim goes back to the team; the
+  // ratings typed so far stay on the page.
+  async function pause() {
+    const claim = label.claim;
+    label.claim = null;
+    showClaim();
+    if (claim && claimLeft(claim) > 0) await giveBack(claim.trace_id);
+  }
+
+  // Back to labeling: the trace on the page is claimed again (the ratings kept) or, when a
+  // teammate took its place meanwhile, the next one.
+  async function resume() {
+    if (!labeling()) return;
+    if (!label.current) {
+      await loadQueue();
+      return;
+    }
+    if (claimHeld()) return;
+    const record = label.current;
+    let got;
+    try {
+      got = await claimTrace(record.trace_id);
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not claim ${record.trace_id} again: ${error.message}`);
+      return;
+    }
+    if (label.current !== record) return;
+    if (got) {
+      label.claim = got;
+      showClaim();
+      return;
+    }
+    toast(`A teammate took ${record.trace_id} while you were away: here is the next trace.`);
+    label.current = null;
+    await loadQueue();
+  }
+
+  function enterLabel() {
+    if (!label.mayLabel) {
+      $("queue-count").textContent = "This token cannot label (no label scope)";
+      showPanel(null);
+      return;
+    }
+    if (!label.started) {
+      showStart();
+      return;
+    }
+    serial(resume);
+  }
+
+  async function showStart() {
+    showPanel("start");
+    $("claim-info").hidden = true;
+    await refreshCounts();
+  }
+
+  $("label-start-button").addEventListener("click", () => {
+    label.started = true;
+    $("queue-count").textContent = "Loading your queue…";
+    serial(resume);
+  });
+
+  document.addEventListener("visibilitychange", () => {
+    clearTimeout(label.hiddenTimer);
+    label.hiddenTimer = null;
+    if (document.visibilityState === "hidden") {
+      label.hiddenTimer = setTimeout(() => { serial(pause); }, HIDDEN_RELEASE_MS);
+    } else if (labeling()) {
+      serial(resume);
+    }
+  });
+  // Closing the page gives the claim back too (best effort: the lease ends it otherwise).
+  window.addEventListener("pagehide", () => {
+    const claim = label.claim;
+    if (!claim || !token) return;
+    fetch(`${API}queue/claims/${encodeURIComponent(claim.trace_id)}`, {
+      method: "DELETE", headers: { Authorization: `Bearer ${token}` }, keepalive: true,
+    }).catch(() => {});
+  });
 
   // The page claims one trace at a time (POST queue/claim): it is held for this labeler until
   // the lease ends, and a label or a skip ends the claim.
   async function loadQueue() {
+    if (!labeling()) return;
     try {
       const body = await api("queue/claim", { method: "POST", body: { limit: 1, ...label.scope } });
       label.queue = body.items.filter((r) => !label.done.has(r.trace_id));
@@ -406,24 +574,38 @@
     } catch (error) {
       if (error.status === 403) {
         $("queue-count").textContent = "This token cannot label (no label scope)";
-        $("label-work").hidden = true;
+        showPanel(null);
         return;
       }
       if (error.status !== 401) toast(`Could not load the queue: ${error.message}`);
       return;
     }
     label.current = label.queue.shift() || null;
-    showCurrent();
-  }
-
-  async function next() {
-    label.current = label.queue.shift() || null;
-    if (!label.current) {
-      await loadQueue();
+    if (!labeling()) {  // left while the claim was on its way: give it back
+      await pause();
       return;
     }
     showCurrent();
   }
+
+  // The counts alone (GET queue claims nothing): after a settings change and on a timer.
+  async function refreshCounts() {
+    if (!token || !label.mayLabel) return;
+    try {
+      const body = await api(`queue?${new URLSearchParams({ limit: "1", ...label.scope })}`);
+      label.remaining = body.remaining;
+      label.team = body.team_remaining;
+      label.labeled = body.labeled;
+      showCounts();
+    } catch (error) {
+      if (error.status !== 401 && error.status !== 403) toast(`Could not count the queue: ${error.message}`);
+    }
+  }
+
+  setInterval(() => {
+    if (!token || !label.me || activeTab !== "label" || document.visibilityState !== "visible") return;
+    loadSettings(true).then(refreshCounts);
+  }, TEAM_REFRESH_MS);
 
   // --- the queue's filter and the team's settings ------------------------------------------
   function formValues(form) {
@@ -434,7 +616,7 @@
     return values;
   }
 
-  $("queue-form").addEventListener("submit", async (event) => {
+  $("queue-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const values = formValues($("queue-form"));
     label.scope = {};
@@ -443,23 +625,27 @@
     if (values.passed) label.scope.passed = values.passed === "true";
     const count = Object.keys(label.scope).length;
     $("queue-summary").textContent = count ? `(${count} filter${count === 1 ? "" : "s"})` : "";
-    if (label.current && label.claim) {  // give back the trace held under the old filter
-      try { await api(`queue/claims/${encodeURIComponent(label.current.trace_id)}`, { method: "DELETE" }); } catch (_) { /* expired */ }
-    }
-    label.current = null;
-    label.queue = [];
-    await loadQueue();
+    serial(async () => {
+      await pause();  // give back the trace held under the old filter
+      label.current = null;
+      label.queue = [];
+      if (labeling()) await loadQueue();
+      else await refreshCounts();
+    });
   });
 
   // The form stays disabled until the settings arrived (the HTML starts it so): nothing typed
-  // before then is overwritten by them.
-  function showSettings(settings) {
+  // before then is overwritten by them. ``quiet``: a refresh on the timer, which leaves alone
+  // a form the admin is editing.
+  function showSettings(settings, quiet) {
     label.settings = settings;
     const form = $("labeling-form");
-    for (const field of form.querySelectorAll("input, select")) {
-      const value = settings[field.name];
-      field.value = value === null || value === undefined ? "" : String(value);
-      field.disabled = !settings.editable;
+    if (!(quiet && form.contains(document.activeElement))) {
+      for (const field of form.querySelectorAll("input, select")) {
+        const value = settings[field.name];
+        field.value = value === null || value === undefined ? "" : String(value);
+        field.disabled = !settings.editable;
+      }
     }
     $("labeling-save").hidden = !settings.editable;
     $("labeling-note").textContent = settings.editable
@@ -468,11 +654,11 @@
     showCounts();
   }
 
-  async function loadSettings() {
+  async function loadSettings(quiet) {
     try {
-      showSettings(await api("labeling"));
+      showSettings(await api("labeling"), quiet);
     } catch (error) {
-      if (error.status !== 401 && error.status !== 403) toast(`Could not load the team settings: ${error.message}`);
+      if (!quiet && error.status !== 401 && error.status !== 403) toast(`Could not load the team settings: ${error.message}`);
     }
   }
 
@@ -493,11 +679,43 @@
     } catch (failure) {
       error.textContent = `Not saved: ${failure.message}`;
       error.hidden = false;
+      return;
     }
+    await refreshCounts();  // the team's count follows the new target at once
   });
 
-  async function save() {
-    if (label.busy || !label.current) return;
+  // --- save, skip, undo ----------------------------------------------------------------------
+  function reward(rubric) {
+    return (Object.values(rubric).reduce((a, b) => a + b, 0) / 20).toFixed(2);
+  }
+
+  function showUndo() {
+    const last = label.last;
+    $("undo-line").hidden = !last;
+    if (!last) return;
+    const id = last.record.trace_id;
+    $("undo-text").textContent = last.kind === "save"
+      ? `Saved ${id} (reward ${reward(last.rubric)}).` : `Skipped ${id}.`;
+    $("undo-what").textContent = last.kind === "save" ? "Undo save" : "Undo skip";
+    $("undo").setAttribute("aria-label", `${last.kind === "save" ? "Undo the save of" : "Undo the skip of"} ${id} (U)`);
+  }
+
+  // Asks before a label that would count over the team's target; resolves true to save.
+  function confirmOverTarget(record) {
+    const dialog = $("over-dialog");
+    const k = label.settings ? label.settings.labels_per_trace : null;
+    $("over-text").textContent = `Your claim on ${record.trace_id} lapsed and its place is held by `
+      + `a teammate now. Saving would count your label over the team's target`
+      + `${k === null ? "" : ` (${k} label${k === 1 ? "" : "s"} per trace)`}.`;
+    dialog.returnValue = "";
+    return new Promise((resolve) => {
+      dialog.addEventListener("close", () => resolve(dialog.returnValue === "save"), { once: true });
+      dialog.showModal();
+      $("over-cancel").focus();
+    });
+  }
+
+  function ratedRubric() {
     const rubric = {};
     for (const [key, name] of DIMENSIONS) {
       if (!label.ratings[key]) {
@@ -505,27 +723,64 @@
         error.textContent = `Rate ${name} first (1–5).`;
         error.hidden = false;
         focusDimension(DIMENSIONS.findIndex(([k]) => k === key));
-        return;
+        return null;
       }
       rubric[key] = label.ratings[key];
     }
-    const record = label.current;
-    const comment = $("comment").value.trim();
+    return rubric;
+  }
+
+  // Runs a labeling action alone: a key pressed while one is under way does nothing.
+  function act(step) {
+    if (label.busy || !labeling()) return;
     label.busy = true;
-    try {
-      await api("labels", { method: "POST", body: { trace_id: record.trace_id, rubric, ...(comment ? { comment } : {}) } });
+    serial(step).finally(() => { label.busy = false; });
+  }
+
+  function save() {
+    if (!label.current) return;
+    const rubric = ratedRubric();
+    if (!rubric) return;
+    act(async () => {
+      const record = label.current;
+      if (!record) return;
+      const comment = $("comment").value.trim();
+      try {
+        if (!claimHeld()) {  // lapsed (or given back): claim it again before saving
+          const got = await claimTrace(record.trace_id);
+          if (got) {
+            label.claim = got;
+            showClaim();
+          } else if (!(await confirmOverTarget(record))) {
+            toast(`Not saved: a teammate holds ${record.trace_id} now. Here is the next trace.`);
+            label.claim = null;
+            label.current = null;
+            await loadQueue();
+            return;
+          }
+        }
+        await api("labels", { method: "POST", body: { trace_id: record.trace_id, rubric, ...(comment ? { comment } : {}) } });
+      } catch (error) {
+        if (error.status !== 401) showRateError(error);
+        return;
+      }
       label.done.add(record.trace_id);
-      label.lastSaved = { record, rubric };
+      label.last = { kind: "save", record, rubric };
+      label.claim = null;
       label.remaining = Math.max(0, label.remaining - 1);
       label.labeled += 1;
-      $("undo-text").textContent = `Saved ${record.trace_id} (reward ${(Object.values(rubric).reduce((a, b) => a + b, 0) / 20).toFixed(2)}).`;
-      $("undo-line").hidden = false;
+      showUndo();
       await next();
-    } catch (error) {
-      if (error.status !== 401) showRateError(error);
-    } finally {
-      label.busy = false;
+    });
+  }
+
+  async function next() {
+    label.current = label.queue.shift() || null;
+    if (!label.current) {
+      await loadQueue();
+      return;
     }
+    showCurrent();
   }
 
   function showRateError(error) {
@@ -536,52 +791,78 @@
     box.hidden = false;
   }
 
-  async function skip() {
-    if (label.busy || !label.current) return;
-    const record = label.current;
-    label.busy = true;
-    try {
-      await api("skips", { method: "POST", body: { trace_id: record.trace_id } });
+  function skip() {
+    if (!label.current) return;
+    act(async () => {
+      const record = label.current;
+      if (!record) return;
+      try {
+        await api("skips", { method: "POST", body: { trace_id: record.trace_id } });
+      } catch (error) {
+        if (error.status !== 401) showRateError(error);
+        return;
+      }
       label.done.add(record.trace_id);
+      label.last = { kind: "skip", record, rubric: null };
+      label.claim = null;
       label.remaining = Math.max(0, label.remaining - 1);
+      showUndo();
       await next();
-    } catch (error) {
-      if (error.status !== 401) showRateError(error);
-    } finally {
-      label.busy = false;
-    }
+    });
   }
 
-  async function undo() {
-    const saved = label.lastSaved;
-    if (label.busy || !saved) return;
-    label.busy = true;
-    try {
-      await api(`labels/${encodeURIComponent(saved.record.trace_id)}`, { method: "DELETE" });
-      label.done.delete(saved.record.trace_id);
-      if (label.current) label.queue.unshift(label.current);
-      label.current = saved.record;
-      label.remaining += 1;
-      label.labeled = Math.max(0, label.labeled - 1);
-      label.lastSaved = null;
-      label.prefill = saved.rubric;
-      $("undo-line").hidden = true;
+  // Undo the last save or skip: the label is retracted, then the trace claimed again (a fresh
+  // lease) and shown as it was; the trace on the page until then is given back. When every
+  // place of it is held by now, the page says so and stays on its trace.
+  function undo() {
+    const last = label.last;
+    if (!last) return;
+    act(async () => {
+      const id = last.record.trace_id;
+      let got;
+      try {
+        if (last.kind === "save") {
+          await api(`labels/${encodeURIComponent(id)}`, { method: "DELETE" });
+          label.labeled = Math.max(0, label.labeled - 1);
+        }
+        label.last = null;
+        showUndo();
+        label.done.delete(id);
+        got = await claimTrace(id);
+      } catch (error) {
+        if (error.status !== 401) showRateError(error);
+        return;
+      }
+      if (!got) {
+        toast(last.kind === "save"
+          ? `Label of ${id} retracted, but every place of it is held by teammates now: carry on with this trace.`
+          : `Every place of ${id} is held by teammates now: carry on with this trace.`);
+        await refreshCounts();
+        return;
+      }
+      if (label.current && label.current.trace_id !== id) {
+        const shown = label.current;
+        label.current = null;
+        if (label.claim && label.claim.trace_id === shown.trace_id) await giveBack(shown.trace_id);
+      }
+      label.current = last.record;
+      label.claim = got;
+      label.prefill = last.rubric;
       showCurrent();
-      toast(`Label of ${saved.record.trace_id} retracted: rate it again or skip it.`);
-    } catch (error) {
-      if (error.status !== 401) showRateError(error);
-    } finally {
-      label.busy = false;
-    }
+      await refreshCounts();
+      toast(last.kind === "save"
+        ? `Label of ${id} retracted: it is yours again until ${new Date(got.expires_at).toLocaleTimeString()}.`
+        : `Back to ${id}: it is yours again until ${new Date(got.expires_at).toLocaleTimeString()}.`);
+    });
   }
 
   $("rate-form").addEventListener("submit", (event) => { event.preventDefault(); save(); });
   $("skip").addEventListener("click", skip);
   $("undo").addEventListener("click", undo);
-  $("queue-refresh").addEventListener("click", loadQueue);
+  $("queue-refresh").addEventListener("click", () => { serial(loadQueue); });
 
   document.addEventListener("keydown", (event) => {
-    if (activeTab !== "label" || $("panel-label").hidden || !label.current) return;
+    if (activeTab !== "label" || $("panel-label").hidden) return;
     if (document.querySelector("dialog[open]")) return;
     if (event.altKey || event.metaKey) return;
     const target = event.target;
@@ -597,17 +878,24 @@
       return;
     }
     if (event.ctrlKey) return;
+    if ((event.key === "u" || event.key === "U") && label.last) {  // also from the empty queue
+      event.preventDefault();
+      undo();
+      return;
+    }
+    if (!label.current || $("label-work").hidden) return;
+    const onTab = target.getAttribute && target.getAttribute("role") === "tab";
     if (/^[1-5]$/.test(event.key)) {
       event.preventDefault();
       rate(label.focused, Number(event.key));
     } else if (event.key === "ArrowDown" || event.key === "ArrowRight") {
-      if (target.getAttribute && target.getAttribute("role") === "tab") return;
+      if (onTab) return;
       event.preventDefault();
-      focusDimension(label.focused + 1);
+      moveFocus(1);
     } else if (event.key === "ArrowUp" || event.key === "ArrowLeft") {
-      if (target.getAttribute && target.getAttribute("role") === "tab") return;
+      if (onTab) return;
       event.preventDefault();
-      focusDimension(label.focused - 1);
+      moveFocus(-1);
     } else if (event.key === "Enter") {
       const isScale = target.closest && target.closest(".scale");
       if (target instanceof HTMLButtonElement && !isScale) return; // the button's own action
@@ -616,11 +904,11 @@
     } else if (event.key === "s" || event.key === "S") {
       event.preventDefault();
       skip();
-    } else if (event.key === "u" || event.key === "U") {
-      event.preventDefault();
-      undo();
+    } else if (!["Shift", "Tab"].includes(event.key)) {
+      label.moved = false;
     }
   });
+
 
   // =====================================================================================
   // Export tab
@@ -1164,13 +1452,24 @@
       askToken("");
       return;
     }
+    let me;
+    try {
+      me = await api("whoami");
+    } catch (error) {
+      if (error.status === 403) askToken(`This token cannot open this page: ${error.message}`);
+      else if (error.status !== 401) toast(`Could not check the token: ${error.message}`);
+      return;
+    }
+    label.me = me;
+    const scopes = me.scopes || [];
+    label.mayLabel = scopes.includes("label") || scopes.includes("admin");
+    // An admin may have come for the settings or the exports: they start labeling explicitly.
+    label.started = !scopes.includes("admin");
     $("token-panel").hidden = true;
     $("who").hidden = false;
-    const id = /^rlx_([0-9a-f]{12})_/.exec(token);
-    $("who-text").textContent = id ? `token ${id[1]}` : "token set";
+    $("who-text").textContent = `Signed in as ${me.subject} (${scopes.join(", ") || "no scope"})`;
     selectTab(activeTab, false);
-    await Promise.all([loadSettings(), loadQueue()]);
-    if (activeTab === "label") focusDimension(0);
+    await loadSettings(false);
   }
 
   buildDimensions();

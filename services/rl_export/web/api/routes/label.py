@@ -1,6 +1,9 @@
 """The Label tab's routes (scope ``label``; ``PUT labeling`` needs ``admin``): the team's queue,
 claims, labels, skips, retractions and the project's labeling settings (DESIGN.md section 8).
 
+``PUT queue/claims/{trace_id}`` claims one named trace (the page's undo, and its claim again
+after a lapsed lease or a hidden tab); ``POST queue/claim`` the next ones of the queue.
+
 Thin on purpose: the rules are :mod:`rl_export.labeling` (settings, claims, the queue's
 policy) applied over this instance's index by :mod:`rl_export.web.team`. A label, skip or
 retraction is checked against the ``traces`` corpus (404 for a trace not in this
@@ -37,7 +40,7 @@ from rl_export.web.api.deps import (
     index_state,
     query,
 )
-from rl_export.web.errors import Invalid, NotFound, Unavailable
+from rl_export.web.errors import Conflict, Invalid, NotFound, Unavailable
 from rl_export.web.follower import Followed
 from rl_export.web.labelindex import QueueFilter
 from rl_export.web.labels import LabelEvent, label_retracted, label_skipped, label_submitted
@@ -45,7 +48,9 @@ from rl_export.web.models import (
     TRACE_ID_PATTERN,
     AcceptedOut,
     ClaimIn,
+    ClaimItem,
     ClaimOut,
+    ErrorOut,
     LabelIn,
     LabelingIn,
     LabelingOut,
@@ -186,6 +191,39 @@ def _stamp(epoch: float) -> str:
     return (
         datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
+
+
+@router.put(
+    "/queue/claims/{trace_id}",
+    summary="Claim (or renew) the caller's place on one trace: 409 when every place is held",
+    responses={409: {"model": ErrorOut, "description": "Every place of the trace is held, "
+                     "or the caller has a current label on it."}},
+)  # fmt: skip
+async def put_claim(
+    *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
+) -> ClaimItem:
+    """The page's claim on the trace it shows: after an undo, when its lease lapsed, or when
+    it comes back to the trace. Unlike the queue, a trace the caller skipped may be claimed:
+    they asked for it by name."""
+    corpus_id = await _known_trace(svc, org, project, trace_id)
+    team = await team_of(svc, org, project)
+    labelers = await _current(svc, team, corpus_id, trace_id)
+    if caller.subject in labelers:
+        raise Conflict(f"you have a current label on {trace_id!r}: retract it first")
+    mine = svc.claim_book.claims_of(org, project, caller.subject, team.now)
+    renewing = any(e.trace_id == trace_id for e in mine)
+    taken = await svc.claims.claim(
+        org, project, trace_id, caller.subject, target=target(team.settings, labelers),
+        lease_s=team.settings.lease_s, labelers=labelers.keys(),
+    )  # fmt: skip
+    if taken is None or taken.entry.expires_at is None:
+        svc.metrics.claims.labels("lost").inc()
+        raise Conflict(
+            f"every place of {trace_id!r} is held by other labelers: a label now would count "
+            "over the target"
+        )
+    svc.metrics.claims.labels("renewed" if renewing else "granted").inc()
+    return ClaimItem(trace_id=trace_id, expires_at=_stamp(taken.entry.expires_at))
 
 
 @router.delete(
