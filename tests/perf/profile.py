@@ -65,6 +65,8 @@ from rl_export.stream.processor import InMessage, JoinProcessor
 from rl_export.stream.produce import topic_for
 from rl_export.stream.statestore import ChangelogTable
 
+ROOT = Path(__file__).resolve().parents[2]  # this checkout
+
 
 class BatchingEmitter:
     """Builds the record batches a producer would send; sends nothing.
@@ -292,23 +294,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def baseline_pass(args: argparse.Namespace) -> dict[str, Any]:
-    """One pass of the baseline checkout's code, by this harness, in a child process."""
+def child_pass(args: argparse.Namespace, checkout: Path) -> dict[str, Any]:
+    """One pass of a checkout's code, by this harness, in a fresh child process (each pass
+    of either side alike: no pass inherits another's heap)."""
     import json
     import os
     import subprocess
 
-    here = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{args.baseline / 'services'}{os.pathsep}{here}")
+    env = dict(os.environ, PYTHONPATH=f"{checkout / 'services'}{os.pathsep}{ROOT}")
     argv = [
         sys.executable, "-m", "tests.perf.profile", "--json", "--repeat", "1",
         "--shape", args.shape, "--traces", str(args.traces), "--seed", str(args.seed),
         "--state", args.state, "--stages", args.stages, "--poll", str(args.poll),
         *(["--detail"] if args.detail else []),
     ]  # fmt: skip
-    done = subprocess.run(argv, env=env, cwd=here, capture_output=True, check=False)
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, check=False)
     if done.returncode != 0:
-        sys.exit(f"the baseline's pass failed:\n{done.stderr.decode(errors='replace')}")
+        sys.exit(f"a pass of {checkout} failed:\n{done.stderr.decode(errors='replace')}")
     found: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
     return found
 
@@ -362,12 +364,13 @@ async def profile(args: argparse.Namespace) -> None:
     if args.baseline is None:
         report(args, await measure(args), None)
         return
-    # Interleaved: a pass of the baseline, a pass of this code, and so on.
+    # Interleaved: a pass of the baseline, a pass of this code, and so on, each in a process
+    # of its own.
     ours: dict[str, Any] = {}
     base: dict[str, Any] = {}
     repeat, args.repeat = args.repeat, 1
     for _ in range(repeat):
-        for into, got in ((base, baseline_pass(args)), (ours, await measure(args))):
+        for into, got in ((base, child_pass(args, args.baseline)), (ours, child_pass(args, ROOT))):
             for key, value in got.items():
                 if isinstance(value, list):
                     into.setdefault(key, []).extend(value)

@@ -80,6 +80,9 @@ class Pending:
     line: bytes  # the record as its JSON Lines line, encoded once
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
+    # What the index sidecar reads of the line: the line with its messages null (None: the
+    # line itself; always when the corpus has no sidecars).
+    sidecar_line: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -188,8 +191,11 @@ class ChainWriter:
             holds = line is not None
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
                       erased=erased):  # fmt: skip
+            fields = None
             if line is None:
                 line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
+                if holds and self.sidecars and not spec.redact:
+                    fields = snapshot.sidecar_line(source)
             if holds and spec.redact:  # a corpus written scrubbed (never the default ones)
                 line, counts = spec.scrub(line)
                 for kind, n in counts.items():
@@ -198,7 +204,7 @@ class ChainWriter:
             self._append(
                 Pending(
                     offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
-                    updated_at, event_ms,
+                    updated_at, event_ms, fields,
                 )
             )  # fmt: skip
 
@@ -252,6 +258,9 @@ class ChainWriter:
             )
             # The lines' lengths, for the sidecar's places.
             lengths = [len(p.line) for p in self.pending]
+            sidecar_lines = b"".join(
+                p.line if p.sidecar_line is None else p.sidecar_line for p in self.pending
+            ) if self.sidecars else b""  # fmt: skip
             started = time.monotonic()
             data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
             await self.store.put(data_key, shard.data)
@@ -260,7 +269,7 @@ class ChainWriter:
             index = None
             if self.sidecars:  # built from the shard's own lines, in a thread
                 index = await write_sidecar_of_lines(
-                    self.store, data_key, shard.data, lengths, shard.sha256,
+                    self.store, data_key, sidecar_lines, lengths, shard.sha256,
                     relative=self.ref.relative,
                 )  # fmt: skip
             commit = Commit(

@@ -140,15 +140,17 @@ _LINE_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in ("line_offset", "li
 
 
 def build_sidecar_of_lines(data: bytes, lengths: Sequence[int], shard_sha256: str) -> bytes:
-    """:func:`build_sidecar` of the uncompressed object ``data`` itself: its lines parsed by
-    Arrow's JSON reader, the schema's fields taken and the rest skipped, in C++ and without
-    the GIL (the sink builds it in a thread, beside its event loop), instead of a Python row
-    kept per line. The same table: a field absent from a line is null (``deleted`` false). Raises
-    ValueError or pyarrow's errors on a line that is not an object, or a field of an
-    unexpected type: the writer then goes without one."""
-    if sum(lengths) != len(data):
-        raise ValueError(f"{len(lengths)} lines of {sum(lengths)} bytes in {len(data)} bytes")
-    if not lengths:
+    """:func:`build_sidecar` of an uncompressed object whose lines are ``lengths`` long, read
+    from ``data``: those lines, or lines that differ from them only in fields the sidecar does
+    not take (the sink's have their messages ``null``: most of their bytes not parsed). The
+    lines parsed by Arrow's JSON reader, the schema's fields taken and the rest skipped, in
+    C++ and without the GIL (the sink builds it in a thread, beside its event loop), instead
+    of a Python row kept per line. The same table: a field absent from a line is null
+    (``deleted`` false). Raises ValueError or pyarrow's errors on a line that is not an
+    object, or a field of an unexpected type: the writer then goes without one."""
+    if not lengths or not data:
+        if lengths or data:
+            raise ValueError(f"{len(lengths)} lines in {len(data)} bytes")
         return build_sidecar([], [], shard_sha256)
     table = pj.read_json(
         io.BytesIO(data),
