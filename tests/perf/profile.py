@@ -210,7 +210,6 @@ DETAIL: list[tuple[str, str, str]] = [
     ("sink commit: shard encode", "rl_export.corpora.chain", "encode_lines"),
     ("sink commit: shard encode", "rl_export.corpora.sink", "encode_lines"),
     ("sink commit: sidecar build", "rl_export.corpora.sidecar", "build_sidecar"),
-    ("sink commit: sidecar build", "rl_export.corpora.sidecar", "build_sidecar_of_lines"),
 ]
 
 

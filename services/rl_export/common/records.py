@@ -192,8 +192,8 @@ class SnapshotLines:
     """
 
     __slots__ = (
-        "_messages", "_parts", "_snapshot", "_updated_at", "_value", "deleted", "evaluator",
-        "human", "org", "project", "revision", "trace_id",
+        "_fields", "_parts", "_record_at", "_snapshot", "_updated_at", "_value", "deleted",
+        "evaluator", "human", "memo", "org", "project", "revision", "trace_id",
     )  # fmt: skip
 
     def __init__(self, snapshot: dict[str, Any]) -> None:
@@ -210,9 +210,33 @@ class SnapshotLines:
         # The parts of a line, scored values left empty (made when a corpus first needs a
         # line); an empty list when this snapshot's lines are encoded the plain way.
         self._parts: list[bytes] | None = None
-        # Whether the parts hold the messages apart (``_MESSAGES_SLOT``): not in a record
-        # layout of before the messages' offsets.
-        self._messages = True
+        self._record_at: tuple[int, ...] | None = None  # c, d, messages' start and end
+        self._fields: dict[str, Any] | None = None
+        # What a consumer derives once per snapshot for all the corpora (the sink: the
+        # snapshot's index sidecar row).
+        self.memo: Any = None
+
+    def fields(self) -> dict[str, Any]:
+        """The snapshot's record fields but the messages (and the scored ones, which each
+        corpus has its own of): for the index sidecars. Read from the record layout without
+        its messages when the header says where they are, else the whole snapshot."""
+        if self._fields is not None:
+            return self._fields
+        if self._snapshot is None and self._record_at is not None:
+            c, d, e, f = self._record_at
+            value = self._value
+            try:
+                found = orjson.loads(b"{" + value[c + 5 : e] + b"null" + value[f:d] + b"}")
+            except orjson.JSONDecodeError:
+                found = None
+            if isinstance(found, dict):
+                found["trace_id"], found["revision"] = self.trace_id, self.revision
+                found["org"], found["project"] = self.org, self.project
+                found["deleted"] = False
+                self._fields = found
+                return found
+        self._fields = self.snapshot
+        return self._fields
 
     @classmethod
     def from_record(cls, value: bytes, record_at: bytes) -> SnapshotLines | None:
@@ -255,15 +279,13 @@ class SnapshotLines:
         lines.deleted = False
         lines.human, lines.evaluator = tail.get("human"), tail.get("evaluator")
         lines._updated_at = updated_at
-        if messages_at:  # the messages apart, in their slot
-            e, f = messages_at
-            middle = [value[c + 4 : e], value[e:f], value[f:d] + b"}"]
-        else:
-            middle = [value[c + 4 : d], b"", b"}"]
         lines._parts = [
-            value[:a], b"", value[a + 4 : b], b"", value[b + 4 : c], b"", *middle, b"\n",
+            value[:a], b"", value[a + 4 : b], b"", value[b + 4 : c], b"", value[c + 4 : d], b"",
+            b"}", b"\n",
         ]  # fmt: skip
-        lines._messages = bool(messages_at)
+        lines._record_at = (c, d, *messages_at) if messages_at else None
+        lines._fields = None
+        lines.memo = None
         return lines
 
     @property
@@ -303,15 +325,6 @@ class SnapshotLines:
 
     def line(self, source: CorpusSource) -> bytes:
         """``dumps_line(render(snapshot, source))`` of a :meth:`ready` snapshot."""
-        return self._line(source, messages=True)
-
-    def sidecar_line(self, source: CorpusSource) -> bytes:
-        """:meth:`line` with its messages ``null`` where the parts hold them apart (else the
-        line itself): what an index sidecar reads the line's other fields from, without
-        parsing most of its bytes."""
-        return self._line(source, messages=False)
-
-    def _line(self, source: CorpusSource, *, messages: bool) -> bytes:
         scored = None if self.deleted else self._scored(source)
         if scored is None:
             raise ValueError(f"the snapshot is not ready for {source!r}")
@@ -326,8 +339,6 @@ class SnapshotLines:
             values = _encode_each([scored[k] for k in _SCORED_FIELDS])
         for slot, value in zip(_SCORED_SLOTS, values, strict=True):
             parts[slot] = value
-        if not messages and self._messages:
-            parts[_MESSAGES_SLOT] = b"null"
         return b"".join(parts)
 
     def _cut(self) -> list[bytes]:

@@ -19,6 +19,9 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from rl_export.common.errors import ObjectExistsError
 from rl_export.common.metrics import SinkMetrics
@@ -36,7 +39,7 @@ from rl_export.corpora.layout import (
     load_chain_state,
     utc_now,
 )
-from rl_export.corpora.sidecar import write_sidecar_of_lines
+from rl_export.corpora.sidecar import index_row, write_sidecar
 from rl_export.corpora.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -80,9 +83,7 @@ class Pending:
     line: bytes  # the record as its JSON Lines line, encoded once
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
-    # What the index sidecar reads of the line: the line with its messages null (None: the
-    # line itself; always when the corpus has no sidecars).
-    sidecar_line: bytes | None = None
+    index: tuple[Any, ...] | None = None  # its index sidecar row, when the corpus has sidecars
 
 
 @dataclass(slots=True)
@@ -191,11 +192,8 @@ class ChainWriter:
             holds = line is not None
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
                       erased=erased):  # fmt: skip
-            fields = None
             if line is None:
                 line = snapshot.line(source) if holds else snapshot.tombstone_line(source)
-                if holds and self.sidecars and not spec.redact:
-                    fields = snapshot.sidecar_line(source)
             if holds and spec.redact:  # a corpus written scrubbed (never the default ones)
                 line, counts = spec.scrub(line)
                 for kind, n in counts.items():
@@ -204,9 +202,29 @@ class ChainWriter:
             self._append(
                 Pending(
                     offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
-                    updated_at, event_ms, fields,
+                    updated_at, event_ms, self._index_row(snapshot, line, holds),
                 )
             )  # fmt: skip
+
+    def _index_row(self, snapshot: SnapshotLines, line: bytes, holds: bool) -> Any:
+        """The line's sidecar row: from the snapshot's fields (read once for all the corpora,
+        the row too: corpora differ only in reward and passed), but for a scrubbed line, whose
+        fields may differ from the snapshot's, and a tombstone. None (no sidecar for this
+        shard) when the fields are not what a record holds: never an error in the sink."""
+        if not self.sidecars:
+            return None
+        try:
+            if not holds or self.spec.redact:
+                return index_row(orjson.loads(line))
+            if snapshot.memo is None:
+                snapshot.memo = index_row(snapshot.fields())
+            source = self.spec.source
+            row: tuple[Any, ...] = snapshot.memo
+            return (*row[:3], snapshot.value(source, "reward"), snapshot.value(source, "passed"),
+                    *row[5:])  # fmt: skip
+        except Exception as exc:  # a record that passed the join's checks: not expected
+            log.warning("%s %s: no index sidecar row (%s)", self.ref.root, self.stream, exc)
+            return None
 
     def _keep(
         self, state: ChainState, trace_id: str, revision: int, *, deleted: bool, erased: bool
@@ -256,22 +274,19 @@ class ChainWriter:
                 [p.updated_at for p in self.pending if p.updated_at],
                 self.config.compression,
             )
-            # The lines' lengths, for the sidecar's places.
+            # The sidecar's rows and line lengths, of the very lines just encoded.
+            rows = [p.index for p in self.pending if p.index is not None]
             lengths = [len(p.line) for p in self.pending]
-            sidecar_lines = b"".join(
-                p.line if p.sidecar_line is None else p.sidecar_line for p in self.pending
-            ) if self.sidecars else b""  # fmt: skip
             started = time.monotonic()
             data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
             await self.store.put(data_key, shard.data)
             if self.config.crash_at == "after_data":
                 os.kill(os.getpid(), signal.SIGKILL)
             index = None
-            if self.sidecars:  # built from the shard's own lines, in a thread
-                index = await write_sidecar_of_lines(
-                    self.store, data_key, sidecar_lines, lengths, shard.sha256,
-                    relative=self.ref.relative,
-                )  # fmt: skip
+            if self.sidecars and len(rows) == len(lengths):
+                index = await write_sidecar(
+                    self.store, data_key, rows, lengths, shard.sha256, relative=self.ref.relative
+                )
             commit = Commit(
                 topic=self.topic,
                 partition=self.partition,

@@ -37,7 +37,6 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pyarrow as pa
-import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from rl_export.common.errors import ObjectNotFoundError
@@ -130,67 +129,19 @@ def build_sidecar(rows: Sequence[tuple[Any, ...]], lengths: Sequence[int],
                                      zip(names, zip(*rows, strict=True), strict=False)}  # fmt: skip
     if not rows:
         columns = {name: [] for name in names}
-    columns["line_offset"], columns["line_length"] = _places(lengths)
-    schema = SCHEMA.with_metadata({_META_VERSION: SIDECAR_VERSION, _META_SHARD: shard_sha256})
-    return _parquet(pa.Table.from_pydict(columns, schema=schema), len(rows))
-
-
-# The fields of :data:`SCHEMA` a line holds (all but its place), as the JSON reader reads them.
-_LINE_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in ("line_offset", "line_length")])
-
-
-def build_sidecar_of_lines(data: bytes, lengths: Sequence[int], shard_sha256: str) -> bytes:
-    """:func:`build_sidecar` of an uncompressed object whose lines are ``lengths`` long, read
-    from ``data``: those lines, or lines that differ from them only in fields the sidecar does
-    not take (the sink's have their messages ``null``: most of their bytes not parsed). The
-    lines parsed by Arrow's JSON reader, the schema's fields taken and the rest skipped, in
-    C++ and without the GIL (the sink builds it in a thread, beside its event loop), instead
-    of a Python row kept per line. The same table: a field absent from a line is null
-    (``deleted`` false). Raises ValueError or pyarrow's errors on a line that is not an
-    object, or a field of an unexpected type: the writer then goes without one."""
-    if not lengths or not data:
-        if lengths or data:
-            raise ValueError(f"{len(lengths)} lines in {len(data)} bytes")
-        return build_sidecar([], [], shard_sha256)
-    table = pj.read_json(
-        io.BytesIO(data),
-        read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),  # one block
-        parse_options=pj.ParseOptions(
-            explicit_schema=_LINE_SCHEMA, unexpected_field_behavior="ignore"
-        ),
-    )
-    if table.num_rows != len(lengths):
-        raise ValueError(f"{table.num_rows} rows for {len(lengths)} lines")
-    offsets, lengths_ = _places(lengths)
-    deleted = table.column("deleted").fill_null(False)
-    columns = [deleted if name == "deleted" else table.column(name) for name in _LINE_SCHEMA.names]
-    columns += [pa.array(offsets, pa.int64()), pa.array(lengths_, pa.int64())]
-    schema = SCHEMA.with_metadata({_META_VERSION: SIDECAR_VERSION, _META_SHARD: shard_sha256})
-    return _parquet(pa.Table.from_arrays(columns, schema=schema), len(lengths))
-
-
-def _places(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Each line's offset and length without its newline, from lengths with it."""
     offsets = [0] * len(lengths)
     offset = 0
     for n, length in enumerate(lengths):
         offsets[n] = offset
         offset += length
-    return offsets, [length - 1 for length in lengths]
-
-
-_DICTIONARY = ["agent_version", "scenario", "labelers", "skipped_by", "labels", "evaluation"]
-
-
-def _parquet(table: pa.Table, rows: int) -> bytes:
+    columns["line_offset"] = offsets
+    columns["line_length"] = [length - 1 for length in lengths]
+    schema = SCHEMA.with_metadata({_META_VERSION: SIDECAR_VERSION, _META_SHARD: shard_sha256})
+    table = pa.Table.from_pydict(columns, schema=schema)
     out = io.BytesIO()
     # Fixed options (and no statistics' timestamps in Parquet): a retry writes the same bytes.
-    # Dictionaries for the columns whose values repeat (not ids and times, where building one
-    # costs and saves nothing), zstd's level 1: the same size as dictionaries everywhere and
-    # level 3, in three quarters of the time.
-    pq.write_table(table, out, compression="zstd", compression_level=1,
-                   use_dictionary=_DICTIONARY, write_statistics=False,
-                   row_group_size=max(rows, 1))  # fmt: skip
+    pq.write_table(table, out, compression="zstd", compression_level=3, use_dictionary=True,
+                   write_statistics=False, row_group_size=max(len(rows), 1))  # fmt: skip
     return out.getvalue()
 
 
@@ -331,27 +282,11 @@ async def write_sidecar(store: ObjectStore, data_key: str, rows: Sequence[tuple[
     """Build and store the sidecar of the object at ``data_key``; the reference its commit
     carries (``relative`` makes the key relative to the corpus), or None when the rows
     cannot make one (logged: the object is then read whole, as before sidecars)."""
-    return await _store_sidecar(store, data_key, len(lengths), relative,
-                                build_sidecar, rows, lengths, shard_sha256)  # fmt: skip
-
-
-async def write_sidecar_of_lines(store: ObjectStore, data_key: str, data: bytes,
-                                 lengths: Sequence[int], shard_sha256: str, *,
-                                 relative: Callable[[str], str]) -> SidecarRef | None:  # fmt: skip
-    """:func:`write_sidecar` of an uncompressed object's own bytes
-    (:func:`build_sidecar_of_lines`)."""
-    return await _store_sidecar(store, data_key, len(lengths), relative,
-                                build_sidecar_of_lines, data, lengths, shard_sha256)  # fmt: skip
-
-
-async def _store_sidecar(store: ObjectStore, data_key: str, rows: int,
-                         relative: Callable[[str], str], build: Callable[..., bytes],
-                         *args: Any) -> SidecarRef | None:  # fmt: skip
     try:
-        data = await asyncio.to_thread(build, *args)
+        data = await asyncio.to_thread(build_sidecar, rows, lengths, shard_sha256)
     except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
         log.warning("%s: no index sidecar (%s: %s)", data_key, type(exc).__name__, exc)
         return None
     key = sidecar_key(data_key)
     await store.put(key, data)
-    return make_ref(relative(key), data, rows)
+    return make_ref(relative(key), data, len(rows))

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import pyarrow as pa
 import pytest
 
 from rl_export.common.codec import dumps_line
@@ -23,13 +22,12 @@ from rl_export.corpora.shards import verify
 from rl_export.corpora.sidecar import (
     SidecarError,
     build_sidecar,
-    build_sidecar_of_lines,
     index_row,
     line_rows,
     read_sidecar,
 )
 from rl_export.corpora.store import MemoryStore
-from rl_export.local.synthetic import SHAPES, Shape, generate
+from rl_export.local.synthetic import SHAPES, generate
 from tests.records import record
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -98,56 +96,11 @@ def test_fields_of_unexpected_types_make_no_sidecar() -> None:
         build_sidecar([index_row(bad)], [10], "0" * 64)
 
 
-def test_a_sidecar_of_lines_is_the_sidecar_of_their_rows() -> None:
-    rows = [record("a", labels=2), record("b", source=None, reward=None, passed=None),
-            {"trace_id": "c", "org": "acme", "project": "bot", "reward_source": "human",
-             "revision": 4, "deleted": True}]  # fmt: skip
-    del rows[1]["labels"]
-    rows[0]["extra"] = {"messages": [1, 2]}  # fields the sidecar does not take are skipped
-    lines = [dumps_line(r) for r in rows]
-    data, lengths = b"".join(lines), [len(x) for x in lines]
-    sha = hashlib.sha256(data).hexdigest()
-    assert build_sidecar_of_lines(data, lengths, sha) == build_sidecar(
-        line_rows(lines), lengths, sha
-    )
-    empty = build_sidecar_of_lines(b"", [], sha)
-    ref = SidecarRef(key="x.index.parquet", sha256=hashlib.sha256(empty).hexdigest(),
-                     bytes=len(empty), rows=0)  # fmt: skip
-    assert read_sidecar(empty, ref, shard_sha256=sha, records=0, shard_bytes=0).num_rows == 0
-
-
-async def test_the_sink_s_sidecars_are_the_sidecars_of_their_shards_rows() -> None:
-    """The sink reads its lines with their messages null: the same sidecar, byte for byte."""
-    store = await written_corpus(SHAPES["small"])
-    shards = [k for k in store.objects if k.endswith(".jsonl")]
-    assert len(shards) > 5
-    for key in shards:
-        data = store.objects[key]
-        lines = data.splitlines(keepends=True)
-        lengths, sha = [len(x) for x in lines], hashlib.sha256(data).hexdigest()
-        assert store.objects[sidecar_key(key)] == build_sidecar(line_rows(lines), lengths, sha)
-
-
-def test_lines_that_do_not_make_a_sidecar_raise() -> None:
-    bad = record("a", labels=2)
-    bad["labels"][0]["rubric"]["safety"] = "high"
-    line = dumps_line(bad)
-    with pytest.raises((ValueError, TypeError, pa.ArrowException)):
-        build_sidecar_of_lines(line, [len(line)], "0" * 64)
-    good = dumps_line(record("a"))
-    with pytest.raises(ValueError, match="1 rows for 2 lines"):
-        build_sidecar_of_lines(good, [len(good) - 1, 1], "0" * 64)
-    with pytest.raises(ValueError, match="0 lines"):
-        build_sidecar_of_lines(good, [], "0" * 64)
-    with pytest.raises((ValueError, pa.ArrowException)):
-        build_sidecar_of_lines(b"[1]\n", [4], "0" * 64)
-
-
-async def written_corpus(shape: Shape = SHAPES["standard"]) -> MemoryStore:
+async def written_corpus() -> MemoryStore:
     store = MemoryStore()
     settings = Settings(partitions=2, shard_max_records=10,
                         corpora=(CorpusSpec(name="traces", source=None),))  # fmt: skip
-    events = generate(60, seed=5, shape=shape, start=START)
+    events = generate(60, seed=5, shape=SHAPES["standard"], start=START)
     lines = [(f"e:{n}", orjson.dumps(e)) for n, e in enumerate(events, 1)]
     await replay(settings, store, lines, run_id="s1")
     return store
