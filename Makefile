@@ -147,8 +147,8 @@ test-trainers: $(TRAINERS_STAMP) ## TRL and verl on the exports, a tiny model bu
 clean: ## remove the virtualenv, caches, var/ and site/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-bench: install ## benchmarks: the worker (vs a bare consumer, 100k events), bench-export, bench-web
-	$(BIN)/python -m tests.perf.bench
+bench: install ## benchmarks: the worker (vs a bare consumer, ~100k events, standard and small shapes; BASELINE=<checkout>: its worker interleaved), bench-export, bench-web
+	$(BIN)/python -m tests.perf.bench $(if $(BASELINE),--baseline $(BASELINE))
 	$(BIN)/python -m tests.perf.bench_export
 	$(BIN)/python -m tests.perf.bench_web
 
@@ -170,9 +170,9 @@ bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 
 bench-isolation: install ## p99 of stats, queue, claim and /readyz, and memory, while every export slot is held by a slow export (20,000 traces)
 	$(BIN)/python -m tests.perf.bench_isolation
 
-profile: install ## the join and the sink in process: CPU µs per event, per traffic shape
-	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000
-	$(BIN)/python -m tests.perf.profile --shape small --traces 24000
+profile: install ## the join and the sink in process: CPU µs per event, per traffic shape (BASELINE=<checkout>: its code interleaved, each stage beside)
+	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
+	$(BIN)/python -m tests.perf.profile --shape small --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
 
 soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
 	$(BIN)/python -m tests.soak.soak $(if $(SEED),--seed $(SEED))

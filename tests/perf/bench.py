@@ -7,13 +7,18 @@
    What a worker costs grows with events, what a bare consumer costs with bytes: one shape
    alone would hide that.
 2. Baseline: a bare aiokafka consumer that parses every event with orjson and writes JSONL,
-   timed from its first record to its last (joining its group is reported apart).
+   timed from its first record to its last (joining its group is reported apart): with
+   ``getmany``'s ``max_records`` at its default (the reference of the worker's ratio), and
+   tuned (``max_poll_records=5000``).
 3. One ``rl-export worker`` (join processes and sink, RocksDB table) catches up on the same
    backlog, timed from the moment it is ready (joined both groups, table restored) to the
    moment the last trajectory is visible in the store: the ``created_at`` of the last commit,
    once both its groups have committed the end of every topic.
-4. With ``--baseline-python``, the same worker run with another checkout's Python (for
-   example ``../before/.venv/bin/python``): before and after, measured by the same harness.
+4. With ``--baseline CHECKOUT`` (``make bench BASELINE=...``), the same worker run from
+   another checkout's code (this Python, the checkout's ``services`` first on
+   ``PYTHONPATH``), or with ``--baseline-python`` another checkout's Python (for example
+   ``../before/.venv/bin/python``): before and after, measured by the same harness, each
+   with its ratio to the bare consumer and its time to ready.
 5. Two workers on the same backlog: the scaling.
    Before step 2, untimed catch-ups of one worker warm the broker up, until its JIT
    compiler threads use less than half a second in one (``--warm-up``, at most 8):
@@ -100,20 +105,22 @@ async def produce(settings: Settings, events: list[dict[str, Any]]) -> float:
 
 
 async def bare_consumer(
-    settings: Settings, total: int, out: Path, run: int = 0
+    settings: Settings, total: int, out: Path, run: int = 0, max_poll_records: int | None = 5000
 ) -> dict[str, float]:
     """The baseline: consume, parse with orjson, write JSONL; no join, no state.
 
     Timed from its first record to its last; ``join_seconds`` is the time before the first
-    record (joining the group, the first fetch), reported apart.
+    record (joining the group, the first fetch), reported apart. ``max_poll_records`` None:
+    aiokafka's default (``getmany`` returns what it has fetched).
     """
+    tuned = {} if max_poll_records is None else {"max_poll_records": max_poll_records}
     consumer = AIOKafkaConsumer(
         *settings.input_topics,
         bootstrap_servers=settings.kafka_bootstrap,
-        group_id=f"bench-bare-{os.getpid()}-{run}-{settings.topic_traces}",
+        group_id=f"bench-bare-{os.getpid()}-{run}-{max_poll_records}-{settings.topic_traces}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        max_poll_records=5000,
+        **tuned,
     )
     started = time.perf_counter()
     await consumer.start()
@@ -497,6 +504,7 @@ def _median_run(runs: list[dict[str, Any]], rates: list[float]) -> dict[str, Any
 async def measure_shape(
     base: Settings, shape: Shape, traces: int, seed: int, work: Path, *, runs: int,
     baseline_python: str | None, broker_pid: int | None = None, warm_up_runs: int = 0,
+    baseline_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Steps 1-5 for one traffic shape; the numbers of its runs and their medians."""
     settings = own_topics(base, shape.name)
@@ -504,13 +512,18 @@ async def measure_shape(
     compiled = await warm_up(settings, work, broker_pid, warm_up_runs) if broker_pid else []
 
     bare: list[dict[str, float]] = []
+    bare_default: list[dict[str, float]] = []
     ones: list[dict[str, Any]] = []
     befores: list[dict[str, Any]] = []
     plain: list[dict[str, Any]] = []
     twos: list[dict[str, Any]] = []
     for run in range(runs):  # interleaved, so that drift in the machine hits every kind
         step = f"{shape.name} run {run + 1} of {runs}"
-        log(f"{step}: bare aiokafka consumer, orjson parse, JSONL write")
+        log(f"{step}: bare aiokafka consumer, orjson parse, JSONL write (max_records default)")
+        bare_default.append(
+            await bare_consumer(settings, len(events), work / "bare.jsonl", run, None)
+        )
+        log(f"{step}: bare aiokafka consumer, max_poll_records=5000")
         bare.append(await bare_consumer(settings, len(events), work / "bare.jsonl", run))
         log(f"{step}: one worker (join + sink) catching up")
         tag = f"{shape.name}-one-{run}"
@@ -532,6 +545,7 @@ async def measure_shape(
                     work / tag,
                     baseline_python,
                     broker_pid=broker_pid,
+                    env=baseline_env,
                 )
             )
         log(f"{step}: one worker, at least once (no transactions)")
@@ -548,6 +562,7 @@ async def measure_shape(
         return [len(events) / r["seconds"] for r in items]
 
     bare_rates, one_rates, two_rates = rates(bare), rates(ones), rates(twos)
+    default_rates = rates(bare_default)
     result: dict[str, Any] = {
         "shape": shape.name,
         "events": len(events),
@@ -561,6 +576,8 @@ async def measure_shape(
         "bare_consumer_events_per_s": statistics.median(bare_rates),
         "bare_consumer_runs": bare_rates,
         "bare_consumer_join_seconds": statistics.median(b["join_seconds"] for b in bare),
+        "bare_default_events_per_s": statistics.median(default_rates),
+        "bare_default_runs": default_rates,
         "worker_events_per_s": statistics.median(one_rates),
         "worker_runs": one_rates,
         "worker_start_seconds": _median_run(ones, one_rates)["start_seconds"],
@@ -576,6 +593,9 @@ async def measure_shape(
         "two_workers_peak_rss_mib": [max(r["peak_rss_mib"][i] for r in twos) for i in (0, 1)],
     }
     result["worker_vs_bare"] = result["worker_events_per_s"] / result["bare_consumer_events_per_s"]
+    result["worker_vs_bare_default"] = (
+        result["worker_events_per_s"] / result["bare_default_events_per_s"]
+    )
     result["two_vs_one"] = result["two_workers_events_per_s"] / result["worker_events_per_s"]
     result["exactly_once_vs_at_least_once"] = (
         result["worker_events_per_s"] / result["at_least_once_events_per_s"]
@@ -588,6 +608,15 @@ async def measure_shape(
         result["baseline_worker_peak_rss_parts_mib"] = highest_rss(befores)
         result["baseline_worker_peak_rss_mib"] = sum(highest_rss(befores))
         result["baseline_worker_cpu_us_per_event"] = cpu_per_event(befores, len(events))
+        result["baseline_worker_start_seconds"] = _median_run(befores, before_rates)[
+            "start_seconds"
+        ]
+        result["baseline_worker_vs_bare_default"] = (
+            result["baseline_worker_events_per_s"] / result["bare_default_events_per_s"]
+        )
+        result["baseline_worker_vs_bare"] = (
+            result["baseline_worker_events_per_s"] / result["bare_consumer_events_per_s"]
+        )
         result["worker_vs_baseline_worker"] = (
             result["worker_events_per_s"] / result["baseline_worker_events_per_s"]
         )
@@ -598,7 +627,7 @@ async def measure_shape(
 async def run(
     shapes: list[str], traces: dict[str, int], seed: int, out_dir: Path, *, keep: bool,
     steady_rate: float, runs: int = 3, baseline_python: str | None = None,
-    warm_up_runs: int = 8,
+    warm_up_runs: int = 8, baseline_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="rl-export-bench-"))
     broker = LocalKafka(work / "kafka", free_port(), heap="1g")
@@ -620,6 +649,7 @@ async def run(
                     baseline_python=baseline_python,
                     broker_pid=broker.pid,
                     warm_up_runs=warm_up_runs,
+                    baseline_env=baseline_env,
                 )
             )
         log(f"freshness under a steady load of {steady_rate:g} events/s (shard age bound 1 s)")
@@ -658,14 +688,18 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
          f"{r['events']:,} events, {r['avg_event_bytes'] / 1024:.2f} KiB avg, "
          f"{r['org_projects']} org/projects, {r['backlog_mib']:.0f} MiB"),
         ("  broker warm-up, untimed", warm_up_text(r.get("warm_up_compile_seconds", []))),
-        (f"  bare consumer (baseline), median of {n}",
+        (f"  bare consumer, max_records default (the reference), median of {n}",
+         f"{r['bare_default_events_per_s']:,.0f} events/s, "
+         f"{mbs(r['bare_default_events_per_s'])}  ({runs('bare_default_runs')})"),
+        (f"  bare consumer, max_poll_records=5000 (tuned), median of {n}",
          f"{r['bare_consumer_events_per_s']:,.0f} events/s, "
          f"{mbs(r['bare_consumer_events_per_s'])}  ({runs('bare_consumer_runs')}); "
          f"group join {r['bare_consumer_join_seconds']:.1f} s apart"),
         (f"  one worker, join + sink, median of {n}",
          f"{r['worker_events_per_s']:,.0f} events/s, {mbs(r['worker_events_per_s'])}  "
          f"({runs('worker_runs')}); ready after {r['worker_start_seconds']:.1f} s"),
-        ("    ratio to the bare consumer", f"{r['worker_vs_bare']:.3f}"),
+        ("    ratio to the bare consumer (default / tuned)",
+         f"{r['worker_vs_bare_default']:.3f} / {r['worker_vs_bare']:.3f}  (goal 0.15 / -)"),
         ("    peak RSS (worker + join processes)",
          rss_text(r["worker_peak_rss_mib"], r["worker_peak_rss_parts_mib"])),
         ("    CPU per event", cpu_text(r["worker_cpu_us_per_event"])),
@@ -681,6 +715,9 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
              f"({runs('baseline_worker_runs')}), peak RSS "
              + rss_text(r["baseline_worker_peak_rss_mib"],
                         r["baseline_worker_peak_rss_parts_mib"])),
+            ("    ready after", f"{r['baseline_worker_start_seconds']:.1f} s"),
+            ("    ratio to the bare consumer (default / tuned)",
+             f"{r['baseline_worker_vs_bare_default']:.3f} / {r['baseline_worker_vs_bare']:.3f}"),
             ("    CPU per event", cpu_text(r["baseline_worker_cpu_us_per_event"])),
             ("    this worker / baseline worker",
              f"{r['worker_vs_baseline_worker']:.2f} (the medians); runs apart: "
@@ -755,6 +792,11 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline-python",
         help="also run the worker of another checkout with this Python, side by side",
     )
+    parser.add_argument(
+        "--baseline", type=Path, metavar="CHECKOUT",
+        help="also run the worker of another checkout (a git worktree: its services/ first on "
+        "PYTHONPATH, this Python), side by side",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -766,12 +808,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shapes: unknown shape {unknown[0] if unknown else '(none)'!r}")
     if args.baseline_python and not Path(args.baseline_python).exists():
         parser.error(f"--baseline-python: {args.baseline_python} does not exist")
+    baseline_env = None
+    if args.baseline is not None:
+        if args.baseline_python:
+            parser.error("--baseline and --baseline-python: one or the other")
+        services = args.baseline.resolve() / "services"
+        if not (services / "rl_export").is_dir():
+            parser.error(f"--baseline: {args.baseline} is not a checkout (no services/rl_export)")
+        args.baseline_python, baseline_env = sys.executable, {"PYTHONPATH": str(services)}
     traces = {
         s: args.traces or DEFAULT_TRACES.get(s, DEFAULT_TRACES[STANDARD.name]) for s in SHAPES
     }
     asyncio.run(
         run(shapes, traces, args.seed, args.out, keep=args.keep, steady_rate=args.steady_rate,
-            runs=args.runs, baseline_python=args.baseline_python, warm_up_runs=args.warm_up)
+            runs=args.runs, baseline_python=args.baseline_python, warm_up_runs=args.warm_up,
+            baseline_env=baseline_env)
     )  # fmt: skip
     return 0
 

@@ -113,6 +113,9 @@ def test_the_baseline_line_says_whether_the_runs_apart_show_a_difference() -> No
         "backlog_mib": 76.0, "runs": 3,
         "bare_consumer_events_per_s": 70_000.0, "bare_consumer_runs": [70_000.0] * 3,
         "bare_consumer_join_seconds": 3.0,
+        "bare_default_events_per_s": 50_000.0, "bare_default_runs": [50_000.0] * 3,
+        "worker_vs_bare_default": 0.2, "baseline_worker_start_seconds": 3.5,
+        "baseline_worker_vs_bare_default": 0.21, "baseline_worker_vs_bare": 0.15,
         "worker_events_per_s": 10_000.0, "worker_runs": mine, "worker_start_seconds": 2.0,
         "worker_vs_bare": 0.143, "worker_peak_rss_mib": rss["mib"],
         "worker_peak_rss_parts_mib": rss["parts"], "worker_cpu_us_per_event": cpu,
@@ -126,8 +129,15 @@ def test_the_baseline_line_says_whether_the_runs_apart_show_a_difference() -> No
         "two_workers_events_per_s": 15_000.0, "two_workers_runs": [15_000.0] * 3,
         "two_vs_one": 1.5,
     }  # fmt: skip
-    line = dict(shape_rows(r))["    this worker / baseline worker"]
+    rows = shape_rows(r)
+    line = dict(rows)["    this worker / baseline worker"]
     assert line == "0.95 (the medians); runs apart: ~ (p=1.000)"
+    # Both workers' ratios to both bare consumers: this one's, then the baseline's.
+    ratios = [b for a, b in rows if a == "    ratio to the bare consumer (default / tuned)"]
+    assert ratios == ["0.200 / 0.143  (goal 0.15 / -)", "0.210 / 0.150"]
+    assert dict(rows)["    ready after"] == "3.5 s"
+    reference = "  bare consumer, max_records default (the reference), median of 3"
+    assert dict(rows)[reference].startswith("50,000 events/s")
 
 
 @pytest.mark.parametrize(
