@@ -226,7 +226,7 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
 _MANIFEST_FLAGS = (
     "org", "project", "source", "format", "columns", "pair_by", "margin", "mask_types",
     "redact", "split", "splits", "split_by", "split_salt", "dedup", "dedup_threshold",
-    "dedup_on",
+    "dedup_on", "chat_style", "system", "completion",
 )  # fmt: skip
 """What ``--from-manifest`` takes from the manifest: not to be given with it."""
 

@@ -572,7 +572,7 @@ async def write_export(
         made = export_manifest(
             summary, ref, format, file=file, filters=filters, columns=columns, pair_by=pair_by,
             margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, split=split,
-            dedup=dedup, kinds=parse_kinds(redact),
+            dedup=dedup, kinds=parse_kinds(redact), chat=chat, completion=completion,
         )  # fmt: skip
         lineage = encode_manifest(made)
 

@@ -3,10 +3,10 @@
 An export made with ``--card``, and every export job, says exactly what it is: the position
 of the corpus it read (the compaction generation and every chain's end:
 :class:`~rl_export.export.latest.ViewPosition`), every option that shaped its rows (format,
-filters, split, dedup, masks, columns, pairing, redaction and what it replaced), how many
-rows it holds, the sha256 of its bytes and the rl-export version. ``rl-export export
---from-manifest FILE -o OUT`` reads the same position with the same options, so it writes
-the same bytes again for as long as the objects of that position exist (compaction and
+filters, split, dedup, masks, columns, pairing, chat style, redaction and what it
+replaced), how many rows it holds, the sha256 of its bytes and the rl-export version.
+``rl-export export --from-manifest FILE -o OUT`` reads the same position with the same
+options, so it writes the same bytes again for as long as the objects of that position exist (compaction and
 shard retention may remove them; a pinned version keeps them).
 
 The manifest holds no clock time and no store URL (the position is relative to the store
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rl_export import __version__
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import FilterError, parse_filters
+from rl_export.common.formats import CHAT_FORMATS
 from rl_export.export.dedup import Dedup, parse_dedup
 from rl_export.export.latest import ViewPosition
 from rl_export.export.splits import Split, parse_split
@@ -55,6 +56,9 @@ class Manifest(BaseModel):
     mask_types: list[str] | None = None
     split: dict[str, Any] | None = None  # {name, splits: {name: share}, by, salt}
     dedup: dict[str, Any] | None = None  # {mode, on[, threshold]}
+    chat_style: str | None = None  # the chat formats' style and system mode; else None
+    system: str | None = None
+    completion: str | None = None  # preference only
     redact: list[str] = []  # the kinds redacted ([]: none)
     redactions: dict[str, int] = {}
     duplicates_removed: int | None = None
@@ -135,6 +139,9 @@ def manifest_options(manifest: Manifest) -> dict[str, Any]:
         "mask_types": None if manifest.mask_types is None else ",".join(manifest.mask_types),
         "redact": ",".join(manifest.redact) or "none",
     }  # fmt: skip
+    for name in ("chat_style", "system", "completion"):
+        if getattr(manifest, name) is not None:
+            options[name] = getattr(manifest, name)
     for name, value in manifest.filters.items():
         options["f_" + name.replace("-", "_")] = value
     if split is not None:
@@ -152,6 +159,7 @@ def export_manifest(summary: Any, ref: Any, fmt: str, **options: Any) -> Manifes
     made with (the keyword arguments of :func:`~rl_export.export.write_export`)."""
     columns, mask, split, dedup = (options["columns"], options["mask"], options["split"],
                                    options["dedup"])  # fmt: skip
+    chat = options["chat"] if fmt in CHAT_FORMATS else None
     return Manifest(
         org=ref.org, project=ref.project, source=ref.corpus, format=fmt, file=options["file"],
         position=summary.position or {}, filters=options["filters"].to_params(sep="-"),
@@ -162,6 +170,9 @@ def export_manifest(summary: Any, ref: Any, fmt: str, **options: Any) -> Manifes
         mask_types=None if mask is None or mask.types is None else sorted(mask.types),
         split=None if split is None else split.as_dict(),
         dedup=None if dedup is None else dedup.as_dict(),
+        chat_style=None if chat is None else chat.style,
+        system=None if chat is None else chat.system,
+        completion=options["completion"] if fmt == "preference" else None,
         redact=list(options["kinds"]), redactions=summary.redactions,
         duplicates_removed=None if dedup is None else summary.duplicates_removed,
         split_left_out=None if split is None else summary.split_left_out,

@@ -160,8 +160,8 @@ def test_from_manifest_writes_the_same_bytes_after_the_corpus_moved(
 ) -> None:
     out = tmp_path / "eval.jsonl"
     result = corpus.export("--format", "messages", "--split", "eval", "--splits", SPLITS,
-                           "--dedup", "near", "--metadata", "tier=gold", "--card",
-                           "-o", str(out))  # fmt: skip
+                           "--dedup", "near", "--metadata", "tier=gold", "--chat-style",
+                           "openai", "--system", "merge", "--card", "-o", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "eval.jsonl.manifest.json").read_bytes())
     assert manifest["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
@@ -169,6 +169,7 @@ def test_from_manifest_writes_the_same_bytes_after_the_corpus_moved(
     assert manifest["split"]["name"] == "eval"
     assert manifest["dedup"] == {"mode": "near", "on": "conversation", "threshold": 0.85}
     assert manifest["rows"] == len(out.read_bytes().splitlines())
+    assert (manifest["chat_style"], manifest["system"]) == ("openai", "merge")
     corpus.feed(15)  # new traffic after the export
     again = tmp_path / "again.jsonl"
     manifest_file = str(tmp_path / "eval.jsonl.manifest.json")
@@ -179,7 +180,8 @@ def test_from_manifest_writes_the_same_bytes_after_the_corpus_moved(
     assert result.returncode == 0, result.stderr
     assert again.read_bytes() == out.read_bytes()
     latest = corpus.export("--format", "messages", "--split", "eval", "--splits", SPLITS,
-                           "--dedup", "near", "--metadata", "tier=gold", "-o", "-")  # fmt: skip
+                           "--dedup", "near", "--metadata", "tier=gold", "--chat-style",
+                           "openai", "--system", "merge", "-o", "-")  # fmt: skip
     assert latest.stdout != out.read_bytes()  # the latest view has the new traces
     result = subprocess.run([*argv[:-2], "--format", "kto", "-o", "-"], capture_output=True,
                             timeout=120, env=corpus.env, check=False)  # fmt: skip
