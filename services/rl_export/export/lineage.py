@@ -6,8 +6,8 @@ of the corpus it read (the compaction generation and every chain's end:
 filters, split, dedup, masks, columns, pairing, chat style, redaction and what it
 replaced), how many rows it holds, the sha256 of its bytes and the rl-export version.
 ``rl-export export --from-manifest FILE -o OUT`` reads the same position with the same
-options, so it writes the same bytes again for as long as the objects of that position exist (compaction and
-shard retention may remove them; a pinned version keeps them).
+options, so it writes the same bytes again for as long as the objects of that position
+exist (compaction and shard retention may remove them; a pinned version keeps them).
 
 The manifest holds no clock time and no store URL (the position is relative to the store
 the export is read from).
