@@ -241,7 +241,7 @@ class KafkaConnection:
         for host, port in self.hosts():
             answered = False  # the broker spoke Kafka with us (it gave its API versions)
             try:
-                with _quiet():
+                with quiet_aiokafka():
                     conn = await asyncio.wait_for(
                         create_conn(host, port, request_timeout_ms=int(timeout_s * 1000),
                                     **options),
@@ -415,8 +415,9 @@ def _reason(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _quiet() -> Any:
-    """Silence aiokafka's own logs during the check: we report the failure ourselves."""
+def quiet_aiokafka() -> Iterator[None]:
+    """Silence aiokafka's own connection-error logs while we check a connection: we report
+    the failure ourselves."""
     client_log = logging.getLogger("aiokafka")
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)

@@ -15,10 +15,9 @@ worker refuses to start otherwise. A worker started before its broker waits for 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -38,7 +37,7 @@ from rl_export.common.errors import (
     RlExportError,
     TopicMismatchError,
 )
-from rl_export.common.kafka import KafkaConnection, connection_of
+from rl_export.common.kafka import KafkaConnection, connection_of, quiet_aiokafka
 from rl_export.common.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
@@ -98,24 +97,12 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     return [TopicSpec(name, settings.partitions, configs(name)) for name in settings.all_topics]
 
 
-@contextlib.contextmanager
-def _quiet_aiokafka() -> Iterator[None]:
-    """Silence aiokafka's own connection-error logs: we report the failure ourselves."""
-    client_log = logging.getLogger("aiokafka")
-    level = client_log.level
-    client_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        client_log.setLevel(level)
-
-
 async def _admin(target: KafkaConnection | str, timeout_s: float) -> AIOKafkaAdminClient:
     kafka = connection_of(target)
     bootstrap = kafka.bootstrap
     admin = AIOKafkaAdminClient(**kafka.aiokafka(), request_timeout_ms=int(timeout_s * 1000))
     try:
-        with _quiet_aiokafka():
+        with quiet_aiokafka():
             await asyncio.wait_for(admin.start(), timeout_s)
     except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
