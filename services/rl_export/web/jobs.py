@@ -25,7 +25,7 @@ import logging
 import multiprocessing
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
@@ -266,12 +266,19 @@ class Jobs:
             )
         return self._pool
 
-    async def start(self, org: str, project: str, request: JobRequest, subject: str) -> JobStatus:
+    async def start(
+        self, org: str, project: str, request: JobRequest, subject: str,
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> JobStatus:  # fmt: skip
         """Record the job as processing, then run it in an export process. TooMany when
-        ``subject`` has ``web_jobs_per_subject`` jobs queued or running here already."""
+        ``subject`` has ``web_jobs_per_subject`` jobs queued or running here already;
+        ``before`` (a raw read's audit entry) runs once the job has its place, before it is
+        recorded, and a failure there starts nothing."""
         slot = self.limit.acquire((org, project, subject))
         status = new_status(org, project, request, datetime.now(UTC))
         try:
+            if before is not None:
+                await before()
             await write_status(self.store, status)
         except BaseException:
             slot.release()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from rl_export.common.codec import dumps_line
@@ -12,6 +13,7 @@ from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.corpora.layout import CorpusRef, encode_lines
 from rl_export.corpora.store import LocalStore, MemoryStore, open_store
+from rl_export.web.errors import TooMany
 from rl_export.web.jobs import JobRequest, Jobs, _run, file_key, new_status, write_status
 from tests.records import record
 
@@ -90,3 +92,27 @@ async def test_stale_jobs_fail_and_finished_ones_expire() -> None:
     assert await jobs.get("acme", "bot", fresh.id) is not None
     assert await jobs.get("acme", "other", fresh.id) is None  # jobs belong to their project
     assert await jobs.get("acme", "bot", "../../_tokens") is None
+
+
+async def test_a_raw_jobs_audit_runs_only_once_the_job_has_its_place(tmp_path: Path) -> None:
+    """``before`` (a raw job's audit entry) is not written for a job refused with 429, and a
+    failure there starts nothing and gives the place back."""
+    settings = Settings(store_url=str(tmp_path / "store"), web_jobs_per_subject=1)
+    jobs = Jobs(settings, open_store(settings.store_url), WebMetrics(CollectorRegistry()))
+    request = JobRequest(source="evaluator", format="trajectory")
+    audited: list[str] = []
+
+    async def audit() -> None:
+        audited.append("entry")
+
+    async def refused() -> None:
+        raise OSError("the store did not take the entry")
+
+    with pytest.raises(OSError, match="did not take"):
+        await jobs.start("acme", "bot", request, "ana", before=refused)
+    assert jobs.limit._held == {}  # the place is given back
+    held = jobs.limit.acquire(("acme", "bot", "ana"))  # the subject's one place, taken
+    with pytest.raises(TooMany):
+        await jobs.start("acme", "bot", request, "ana", before=audit)
+    assert audited == []  # no entry for a job that never started
+    held.release()

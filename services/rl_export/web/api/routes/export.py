@@ -614,9 +614,12 @@ async def post_exports(
         split_by=body.split_by, split_salt=body.split_salt, dedup=body.dedup,
         dedup_threshold=threshold, dedup_on=body.dedup_on,
     )  # fmt: skip
-    if raw:  # audited before the job starts; its status counts the rows
+
+    async def audit() -> None:  # once the job has its place; its status counts the rows
         await _audit(svc, caller, "exports", parsed, asked, rows=None)
-    started = await svc.jobs.start(org, project, request, caller.subject)
+
+    started = await svc.jobs.start(org, project, request, caller.subject,
+                                   before=audit if raw else None)  # fmt: skip
     return _job_out(started)
 
 
