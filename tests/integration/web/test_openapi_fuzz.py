@@ -22,7 +22,7 @@ OPERATIONS = [
     ("GET", "exports/{job_id}"), ("GET", "exports/{job_id}/download"), ("GET", "queue"),
     ("POST", "queue/claim"), ("DELETE", "queue/claims/{trace_id}"), ("GET", "labeling"),
     ("PUT", "labeling"), ("POST", "labels"), ("POST", "skips"), ("DELETE", "labels/{trace_id}"),
-    ("GET", "agreement"),
+    ("GET", "agreement"), ("GET", "whoami"), ("PUT", "queue/claims/{trace_id}"),
 ]  # fmt: skip
 # Changing acme/bot's labeling settings would change the other tests' queues: an admin of a
 # project of its own fuzzes them.
