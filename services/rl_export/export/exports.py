@@ -80,15 +80,13 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
-import zipfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from rl_export.common.chat import HF, Chat
-from rl_export.common.codec import RawJson, dumps, dumps_line, loads
+from rl_export.common.codec import RawJson, dumps_line, loads
 from rl_export.common.errors import ExportError
 from rl_export.common.filters import Filters
 from rl_export.common.formats import (
@@ -98,16 +96,12 @@ from rl_export.common.formats import (
     Completion,
     render_row,
 )
-from rl_export.common.redact import Redactor, add_counts, parse_kinds, redactor
+from rl_export.common.redact import parse_kinds, redactor
 from rl_export.common.turns import TurnMask, outside_turns, report_of
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import (
-    MESSAGES,
     AttachmentPolicy,
-    Fetcher,
-    archive_paths,
-    is_text,
 )
 from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
 from rl_export.export.columns import Column
@@ -122,13 +116,12 @@ from rl_export.export.selection import selector
 from rl_export.export.splits import Split
 from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import (
-    CsvEncoder,
-    JsonEncoder,
     ParquetEncoder,
     PromptsParquetEncoder,
     parquet_schema,
     rl_prompts_schema,
 )
+from rl_export.export.writers import row_groups, tabular_chunks, zip_archive
 
 _CHUNK = 1 << 20  # bytes gathered before a chunk is yielded
 
@@ -201,24 +194,6 @@ async def _jsonl(
             return
 
 
-async def _tabular_chunks(
-    scan: Scan, fmt: str, columns: list[Column], limit: int | None, summary: ExportSummary
-) -> AsyncGenerator[bytes, None]:
-    encoder: CsvEncoder | JsonEncoder = (
-        CsvEncoder(columns) if fmt == "csv" else JsonEncoder(columns)
-    )
-    yield encoder.begin()
-    async for batch in scan.lines():
-        records = [record for _, record in scan.redact(limited(batch, summary, limit))]
-        yield encoder.encode(records)
-        if limit is not None and summary.records >= limit:
-            break
-    yield encoder.end()
-
-
-ROW_GROUP = 5000  # rows per Parquet row group
-
-
 async def _parquet(
     scan: Scan, columns: list[Column], limit: int | None, summary: ExportSummary, sink: IO[bytes]
 ) -> None:
@@ -227,7 +202,7 @@ async def _parquet(
     def rows(batch: list[tuple[bytes, dict[str, Any]]]) -> list[dict[str, Any]]:
         return [record for _, record in scan.redact(limited(batch, summary, limit))]
 
-    await _row_groups(scan, ParquetEncoder(columns, sink), rows, limit, summary)
+    await row_groups(scan, ParquetEncoder(columns, sink), rows, limit, summary)
 
 
 async def _prompts_parquet(
@@ -241,116 +216,7 @@ async def _prompts_parquet(
         return limited([row for _, row in scan.redact([(b"", r) for r in made])],
                        summary, limit)  # fmt: skip
 
-    await _row_groups(scan, PromptsParquetEncoder(sink), rows, limit, summary)
-
-
-async def _row_groups(
-    scan: Scan,
-    encoder: ParquetEncoder | PromptsParquetEncoder,
-    rows_of: Callable[[list[tuple[bytes, dict[str, Any]]]], list[dict[str, Any]]],
-    limit: int | None,
-    summary: ExportSummary,
-) -> None:
-    """Each batch's rows (``rows_of`` counts them against the limit) into the encoder, a row
-    group per :data:`ROW_GROUP` rows; the encoder closed whatever happens."""
-    try:
-        pending: list[dict[str, Any]] = []
-        async for batch in scan.lines():
-            pending.extend(rows_of(batch))
-            if len(pending) >= ROW_GROUP:
-                encoder.write(pending)
-                pending = []
-            if limit is not None and summary.records >= limit:
-                break
-        encoder.write(pending)
-    finally:
-        encoder.close()
-
-
-async def _zip(
-    store: ObjectStore,
-    scan: Scan,
-    columns: list[Column],
-    limit: int | None,
-    summary: ExportSummary,
-    *,
-    sink: IO[bytes],
-    zip_data: ZipData,
-    card: Callable[[ExportSummary], str],
-    policy: AttachmentPolicy | None,
-    scrub: Redactor | None,
-) -> None:
-    fetcher = Fetcher(store, policy)
-    manifest: list[dict[str, Any]] = []
-    encoder: CsvEncoder | JsonEncoder = CsvEncoder(columns) if zip_data == "csv" else (
-        JsonEncoder(columns))  # fmt: skip
-    try:
-        with (
-            zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as archive,
-            tempfile.TemporaryFile() as data,
-        ):
-            data.write(encoder.begin())
-            async for batch in scan.lines():
-                records = [r for _, r in scan.redact(limited(batch, summary, limit))]
-                rows = []
-                for record in records:
-                    kept = await _attachments(
-                        record, fetcher=fetcher, archive=archive, manifest=manifest,
-                        summary=summary, scrub=scrub,
-                    )  # fmt: skip
-                    rows.append({**record, "attachments": kept})
-                data.write(encoder.encode(rows))
-                if limit is not None and summary.records >= limit:
-                    break
-            data.write(encoder.end())
-            data.seek(0)
-            with archive.open(f"data.{zip_data}", "w") as entry:
-                shutil.copyfileobj(data, entry, _CHUNK)
-            archive.writestr("files/manifest.json", dumps(manifest) + b"\n")
-            archive.writestr(CARD_NAME, card(summary))
-    finally:
-        await fetcher.close()
-
-
-async def _attachments(
-    record: dict[str, Any],
-    *,
-    fetcher: Fetcher,
-    archive: zipfile.ZipFile,
-    manifest: list[dict[str, Any]],
-    summary: ExportSummary,
-    scrub: Redactor | None,
-) -> list[str]:
-    """Fetch a record's attachments into the archive (text ones redacted), list each in the
-    manifest with its status, and return the archive paths of those fetched."""
-    attachments = record.get("attachments") or []
-    if not isinstance(attachments, list):
-        attachments = []
-    paths = archive_paths(record["trace_id"], attachments)
-    kept = []
-    for attachment, path in zip(attachments, paths, strict=True):
-        item = attachment if isinstance(attachment, dict) else {}
-        status, content = await fetcher.fetch(item.get("uri"))
-        entry: dict[str, Any] = {"trace_id": record["trace_id"], "name": item.get("name"),
-                                 "status": status}  # fmt: skip
-        if content is None:
-            summary.attachment_errors += 1
-            entry["error"] = MESSAGES.get(status)
-            manifest.append(entry)
-            continue
-        if scrub is not None:
-            if is_text(item.get("content_type"), item.get("name")):
-                text, counts = scrub.text(content.decode("utf-8", errors="replace"))
-                add_counts(summary.redactions, counts)
-                content = text.encode()
-            else:
-                add_counts(summary.redactions, {"unscanned": 1})
-        archive.writestr(path, content)
-        summary.attachments += 1
-        entry.update(path=path, bytes=len(content))
-        manifest.append(entry)
-        kept.append(path)
-    return kept
+    await row_groups(scan, PromptsParquetEncoder(sink), rows, limit, summary)
 
 
 Chunk = bytes | memoryview
@@ -458,7 +324,7 @@ async def _export_chunks(
                         columns=picked, redaction=kinds, split=split, dedup=dedup,
                     ))  # fmt: skip
 
-                await _zip(store, scan, picked, limit, summary, sink=built, zip_data=data,
+                await zip_archive(store, scan, picked, limit, summary, sink=built, zip_data=data,
                            card=zip_card, policy=attachments, scrub=scrub)  # fmt: skip
             built.seek(0)
             while piece := built.read(_CHUNK):
@@ -473,7 +339,7 @@ async def _export_chunks(
         )  # fmt: skip
     elif format in TABULAR_FORMATS:
         assert picked is not None
-        chunks = _tabular_chunks(scan, format, picked, limit, summary)
+        chunks = tabular_chunks(scan, format, picked, limit, summary)
     else:
         chunks = _jsonl(scan, format, limit, summary, mask, chat=chat)
     pending: list[Chunk] = []

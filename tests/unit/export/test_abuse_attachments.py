@@ -263,10 +263,10 @@ async def test_a_zip_export_redacts_text_attachments_and_lists_every_status(
                         "abuse")  # fmt: skip
     fetcher = servers.fetcher(max_bytes=4096)
     out = tmp_path / "out.zip"
-    from rl_export.export import exports
+    from rl_export.export import writers
 
-    # The export makes its fetcher: hand it the one with the test's resolver and CA.
-    monkeypatch.setattr(exports, "Fetcher", lambda store, policy: fetcher)
+    # The zip writer makes its fetcher: hand it the one with the test's resolver and CA.
+    monkeypatch.setattr(writers, "Fetcher", lambda store, policy: fetcher)
     summary = await write_export(store, CorpusRef(ORG, PROJECT, "evaluator"), format="zip",
                                  out=out, columns="trace_id,attachments")  # fmt: skip
     assert (summary.attachments, summary.attachment_errors) == (2, 5)
