@@ -157,7 +157,7 @@ def test_trajectory_records_keep_their_free_form_values(store: Path) -> None:
     assert sorted(r["trace_id"] for r in loaded) == sorted(r["trace_id"] for r in rows)
 
 
-def test_a_corpus_the_settings_do_not_name_declares_nothing(store: Path) -> None:
+def test_stored_rows_of_a_format_have_their_identity_first() -> None:
     assert row_features("messages", corpus_row=True).keys() == {
         "trace_id", "revision", "messages"}  # fmt: skip
     with pytest.raises(ValueError, match="unknown format 'preference'"):
