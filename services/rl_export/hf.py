@@ -32,9 +32,11 @@ How a dataset is made (the steps match :func:`_plan`):
    appears once across all shards. ``latest_only=False`` (every revision the corpus holds:
    after a compaction, only its latest revision per trace and what came after): a pass for
    tombstones, and every revision of a deleted trace is left out. Tombstones are never rows.
-3. Each shard, when iterated, reads its object (verified), and yields its kept rows as dicts,
-   parsed from the stored JSON as they are (no features are declared: message ``content``
-   may be a string, a list of parts or null, which Arrow cannot hold in one column).
+3. Each shard, when iterated, reads its object (verified), and yields its kept rows as dicts
+   (parsed by orjson, rendered by the row options, every declared column present), typed
+   already to the declared ``features`` (:func:`row_features`), so ``datasets`` hands them
+   out as made: its Json codec (pandas' ujson, about ten significant digits of a float) only
+   runs on a copy materialised with the features (``from_generator``, ``to_parquet``).
 4. ``follow=True`` adds one shard per chain of the stream (``<topic>-<p>`` for every partition
    ``p`` of the ``trajectories`` topic: ``RL_EXPORT_TOPIC_TRAJECTORIES`` and
    ``RL_EXPORT_PARTITIONS`` unless given), each starting where the dataset's position ends
@@ -61,6 +63,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -71,7 +74,7 @@ import orjson
 
 from rl_export.common.chat import HF, Chat, parse_chat
 from rl_export.common.codec import dumps
-from rl_export.common.errors import ObjectNotFoundError
+from rl_export.common.errors import ExportError, ObjectNotFoundError
 from rl_export.common.filters import Filters
 from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, render_row
 from rl_export.common.records import upgrade_record
@@ -88,12 +91,14 @@ from rl_export.corpora.layout import (
     read_commit,
 )
 from rl_export.corpora.store import ObjectStore, open_store
+from rl_export.export.features import row_features
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.sft import SFT_COLUMNS, tokenize_for_sft, tokenize_row
+from rl_export.export.splits import Split, parse_split
 
 __all__ = [
-    "SFT_COLUMNS", "Plan", "RowOptions", "corpus_dataset", "find_position", "row_options",
-    "tokenize_for_sft", "tokenize_row",
+    "SFT_COLUMNS", "Plan", "RowOptions", "corpus_dataset", "find_position", "row_features",
+    "row_options", "tokenize_for_sft", "tokenize_row",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
@@ -193,6 +198,7 @@ class RowOptions:
     mask: TurnMask | None = None
     redact: tuple[str, ...] = ()
     filters: Filters = field(default_factory=Filters)
+    split: Split | None = None
 
     @property
     def as_stored(self) -> bool:
@@ -212,6 +218,8 @@ class RowOptions:
                 )
             if not self.filters.matches(record):
                 continue
+            if self.split is not None and not self.split.matches(record):
+                continue  # the export's order: filters, split, then redaction
             redacted = redactor(self.redact).record(record)[0] if self.redact else record
             row = render_row(self.format, redacted, mask=self.mask, chat=self.chat)
             if row is not None:
@@ -228,8 +236,13 @@ def row_options(
     mask_types: Iterable[str] | None = None,
     redact: str | Iterable[str] | None = None,
     filters: Filters | None = None,
+    split: str | None = None,
+    splits: str | Mapping[str, float] | None = None,
+    split_by: str | None = None,
+    split_salt: str | None = None,
 ) -> RowOptions:
-    """The options checked as the export checks them (ValueError naming what is wrong)."""
+    """The options checked as the export checks them (ValueError naming what is wrong).
+    ``splits`` is the export's ``--splits`` text or a mapping ``{"train": 0.9, ...}``."""
     if fmt not in ROW_FORMATS:
         raise ValueError(f"unknown format {fmt!r} (corpus_dataset formats: "
                          f"{', '.join(ROW_FORMATS)})")  # fmt: skip
@@ -245,7 +258,25 @@ def row_options(
         kinds = parse_kinds(redact) if redact else ()
     except RedactError as e:
         raise ValueError(str(e)) from None
-    return RowOptions(fmt, parse_chat(chat_style, system), mask, kinds, filters or Filters())
+    if isinstance(splits, Mapping):
+        splits = ",".join(f"{name}={share!r}" for name, share in splits.items())
+    try:
+        chosen = parse_split(split, splits, split_by, split_salt)
+    except ExportError as e:
+        keyword = e.setting.replace("-", "_")  # the keyword, not the export's flag
+        detail = re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_") + "=", e.detail)
+        raise ValueError(f"{keyword}: {detail}") from None
+    return RowOptions(
+        fmt, parse_chat(chat_style, system), mask, kinds, filters or Filters(), chosen
+    )
+
+
+def _stored_format(corpus: str) -> str | None:
+    """The format of a corpus the settings name (RL_EXPORT_CORPORA), else None."""
+    for spec in load_settings().corpora:
+        if spec.name == corpus:
+            return spec.format
+    return None
 
 
 @dataclass(frozen=True)
@@ -261,6 +292,27 @@ class Plan:
     follow: tuple[str, ...] = ()  # chains followed after the shards
     poll_interval_s: float = 1.0
     options: RowOptions = field(default_factory=RowOptions)
+    features: datasets.Features | None = None  # the rows' (see row_features)
+
+    def rows(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of some live records as the options render them, every declared column
+        present (null: a field older records lack); ValueError for a column not declared."""
+        rows = self.options.rows(records)
+        if self.features is None:
+            return rows
+        declared = self.features.keys()
+        for row in rows:
+            if not declared >= row.keys():
+                raise ValueError(
+                    f"corpus {self.ref.root}: a row has columns "
+                    f"{sorted(row.keys() - declared)} that its format (as the settings' "
+                    "RL_EXPORT_CORPORA name it) does not: read it with the settings that "
+                    "wrote it"
+                )
+            if len(row) < len(declared):
+                for name in declared - row.keys():
+                    row[name] = None
+        return rows
 
     @property
     def pin(self) -> str:
@@ -349,7 +401,7 @@ def _shard_rows(plan: Plan, shard: _Shard, lines: list[bytes]) -> list[dict[str,
         if keep is None and not _live(row, plan.hidden):
             continue
         rows.append(upgrade_record(row))  # record schema 2's labels: human_labels
-    return plan.options.rows(rows)
+    return plan.rows(rows)
 
 
 async def _next_commit(
@@ -398,6 +450,14 @@ def _examples_class() -> type:
             self.shard_ids = shards
             self.follow_ids = follow
             self._sleep_on_threads_shutdown = False
+
+        @property
+        def is_typed(self) -> bool:  # made to the features: not decoded again (inexactly)
+            return self.plan.features is not None
+
+        @property
+        def features(self) -> datasets.Features | None:
+            return self.plan.features
 
         @property
         def num_shards(self) -> int:
@@ -511,7 +571,7 @@ def _follow(
                 continue
             moved = True
             after, records, key = found
-            rows = plan.options.rows(records)
+            rows = plan.rows(records)
             for n in range(skip, len(rows)):
                 cursor[stream] = [position, n + 1] if n + 1 < len(rows) else [after, 0]
                 if state is not None:
@@ -565,6 +625,10 @@ def corpus_dataset(
     mask_types: Iterable[str] | None = None,
     redact: str | Iterable[str] | None = None,
     filters: Filters | None = None,
+    split: str | None = None,
+    splits: str | Mapping[str, float] | None = None,
+    split_by: str | None = None,
+    split_salt: str | None = None,
 ) -> datasets.IterableDataset:
     """The corpus as a ``datasets.IterableDataset`` (see the module).
 
@@ -581,11 +645,21 @@ def corpus_dataset(
     :class:`~rl_export.common.filters.Filters`): each record is filtered, redacted and
     rendered by the export's own code, and records without a row are left out. ValueError
     for an unknown value, and, when iterated, for a corpus of another format.
+
+    ``split`` / ``splits`` / ``split_by`` / ``split_salt``: the export's ``--split``
+    (:mod:`rl_export.export.splits`): only the records of split ``split`` of ``splits``
+    (``"train=0.9,eval=0.1"`` or ``{"train": 0.9, "eval": 0.1}``), hashed on ``split_by``
+    (``trace_id`` by default), after the filters, as the export does.
+
+    The dataset declares its ``features`` (:func:`row_features`): those of ``format``, or,
+    for rows as stored, those of the corpus's format as the settings name it (a corpus the
+    settings do not name has no features).
     """
     ds = _datasets()
     options = row_options(
         format, chat_style=chat_style, system=system, mask_failed_turns=mask_failed_turns,
-        mask_types=mask_types, redact=redact, filters=filters,
+        mask_types=mask_types, redact=redact, filters=filters, split=split, splits=splits,
+        split_by=split_by, split_salt=split_salt,
     )  # fmt: skip
     if poll_interval_s <= 0:
         raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
@@ -604,7 +678,13 @@ def corpus_dataset(
         store, ref, latest_only=latest_only, at=at, follow=streams,
         poll_interval_s=poll_interval_s,
     ))  # fmt: skip
-    plan = replace(plan, options=options)
+    features: datasets.Features | None
+    if options.as_stored:
+        stored = _stored_format(corpus)
+        features = row_features(stored, corpus_row=True) if stored in ROW_FORMATS else None
+    else:
+        features = row_features(options.format)
+    plan = replace(plan, options=options, features=features)
     examples = _examples_class()(
         plan, tuple(range(len(plan.shards))), tuple(range(len(plan.follow)))
     )
@@ -613,5 +693,6 @@ def corpus_dataset(
         + (", latest revision per trace" if latest_only else ", every revision")
         + (", following new commits" if follow else ""),
         dataset_name=ref.root,
+        features=features,
     )
     return ds.IterableDataset(examples, info=info, split=ds.Split.TRAIN)

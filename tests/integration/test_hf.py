@@ -1,5 +1,6 @@
 """``rl_export.hf`` on the real S3 store (SeaweedFS): a corpus written there by ``replay`` read
-as a Hugging Face dataset from its ``s3://`` URL, split across nodes and resumed."""
+as a Hugging Face dataset from its ``s3://`` URL, with its features, split across nodes and
+resumed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import S3Store
-from rl_export.hf import corpus_dataset
+from rl_export.hf import corpus_dataset, row_features
 from rl_export.local.seaweed import LocalS3
 from tests.exportdata import ORG, PROJECT, replay_events, story_after, story_before
 
@@ -38,6 +39,13 @@ async def test_a_corpus_on_s3_as_a_dataset(s3: LocalS3) -> None:
         dataset = corpus_dataset(url, ORG, PROJECT, "evaluator")
         rows = list(dataset)
         assert sorted((r["trace_id"], r["revision"]) for r in rows) == expected
+        assert dataset.features == row_features("trajectory")  # a default corpus's records
+        for row in rows:
+            dataset.features.encode_example(row)
+        messages = corpus_dataset(url, ORG, PROJECT, "evaluator", format="messages",
+                                  split="train", splits="train=0.5,eval=0.5")  # fmt: skip
+        assert messages.features == row_features("messages")
+        assert 0 < len(list(messages)) <= len(rows)
         nodes = [list(split_dataset_by_node(dataset, rank, 2)) for rank in range(2)]
         assert sorted(r["trace_id"] for node in nodes for r in node) == sorted(
             r["trace_id"] for r in rows)  # fmt: skip

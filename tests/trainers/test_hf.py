@@ -75,3 +75,28 @@ def test_kto_trainer_on_the_dataset(
 def test_bad_options_are_refused(exports: Exports, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         corpus_dataset(str(exports.store), ORG, PROJECT, "evaluator", **options)
+
+
+def test_sft_trainer_on_a_split_materialised_with_its_features(
+    exports: Exports, tokenizer: Any, model: str, tmp_path: Path
+) -> None:
+    """The declared features carry the messages to Parquet and back as the dicts TRL reads."""
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    dataset = corpus_dataset(str(exports.store), ORG, PROJECT, "evaluator", format="messages",
+                             split="train", splits="train=0.8,eval=0.2")  # fmt: skip
+    rows = list(dataset)
+    assert rows
+    path = tmp_path / "train.parquet"
+    datasets.Dataset.from_generator(lambda: iter(dataset), features=dataset.features,
+                                    cache_dir=str(tmp_path / "hf")).to_parquet(path)  # fmt: skip
+    loaded = datasets.load_dataset("parquet", data_files=str(path), split="train",
+                                   cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    assert loaded.features == dataset.features
+    assert sorted(map(str, loaded)) == sorted(map(str, rows))
+    trainer = SFTTrainer(
+        model=model, args=SFTConfig(**common(tmp_path), max_length=1024),
+        train_dataset=loaded, processing_class=tokenizer,
+    )  # fmt: skip
+    train(trainer)

@@ -26,7 +26,7 @@ from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
-from rl_export.hf import corpus_dataset, find_position
+from rl_export.hf import corpus_dataset, find_position, row_features
 from tests.exportdata import ORG, PROJECT, build_story, replay_events
 from tests.records import trace_events
 
@@ -262,6 +262,33 @@ async def test_any_formats_corpus_masks_included(tmp_path: Path) -> None:
     weights = {r["trace_id"]: [m.get("weight") for m in r["messages"]] for r in rows}
     assert weights == {"tr-001": [None, None, 1, None, 1, None, 0],
                        "tr-002": [None, None, 1, None, 1, None, 1]}  # fmt: skip
+
+
+async def test_stored_rows_have_the_features_of_the_format_the_settings_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = CorpusSpec(name="sft", source="evaluator", format="messages")
+    settings = load_settings(partitions=4, shard_max_records=3, corpora=[spec])
+    events = trace_events(1, score=0.2, passed=False) + trace_events(2, score=0.9, passed=True)
+    await replay(
+        settings, LocalStore(tmp_path), [(f"e:{n}", dumps(e)) for n, e in enumerate(events)]
+    )
+    unnamed = corpus_dataset(str(tmp_path), ORG, PROJECT, "sft")  # the default settings
+    assert unnamed.features is None
+    monkeypatch.setenv(
+        "RL_EXPORT_CORPORA", '[{"name": "sft", "source": "evaluator", "format": "messages"}]'
+    )
+    named = corpus_dataset(str(tmp_path), ORG, PROJECT, "sft")
+    assert named.features == row_features("messages", corpus_row=True)
+    rows = await asyncio.to_thread(list, named)
+    assert rows == await asyncio.to_thread(list, unnamed)
+    assert all(named.features.encode_example(r) for r in rows)
+    # A corpus whose rows are not of the format the settings name: said, not mistyped.
+    monkeypatch.setenv(
+        "RL_EXPORT_CORPORA", '[{"name": "sft", "source": "evaluator", "format": "kto"}]'
+    )
+    with pytest.raises(ValueError, match=r"acme/bot/sft: a row has columns \['messages'\]"):
+        await asyncio.to_thread(list, corpus_dataset(str(tmp_path), ORG, PROJECT, "sft"))
 
 
 def test_rl_export_imports_without_datasets_and_says_what_to_install() -> None:
