@@ -50,6 +50,7 @@ from tests.soak.soak_plan import SoakSize, make_plan
 
 POLL_S = 0.25
 Owners = dict[tuple[str, int], str]  # (topic, partition) -> the member that owns it
+Sample = tuple[float, bool, Owners, int]  # (monotonic time, group stable, owners, lag)
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Watch:
         self.bootstrap = bootstrap
         self.groups = groups  # name -> (group id, topics)
         self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-        self.samples: dict[str, list[tuple[float, bool, Owners, int]]] = {g: [] for g in groups}
+        self.samples: dict[str, list[Sample]] = {g: [] for g in groups}
         self.consumer: AIOKafkaConsumer | None = None
 
     async def _lag(self, group: str, topics: Sequence[str]) -> int:
@@ -124,34 +125,42 @@ class Watch:
 
     def change(self, name: str, label: str, at: float, until: float) -> Change:
         """The figures of the change at ``at`` (the next one, or the end, at ``until``)."""
-        samples = self.samples[name]
-        before = [s for s in samples if at - 10 <= s[0] < at]
-        after = [s for s in samples if at <= s[0] < until]
-        result = Change(name, label)
-        if not before or not after:
-            return result
-        result.lag_before = statistics.mean(s[3] for s in before)
-        result.lag_peak = max(s[3] for s in after)
-        was_stable = before[-1][1]
-        for _, stable, _, _ in after:
-            if was_stable and not stable:
-                result.rebalances += 1
-            was_stable = stable
-        settled = [s for s in after if s[1] and s[2]]
-        if settled:
-            old, new = before[-1][2], settled[-1][2]
-            result.moved = sum(1 for tp, who in new.items() if old.get(tp) != who)
-        # drained: after the last rebalance, the lag is back at its level before the change
-        quiet_from = at
-        for t, stable, _, _ in after:
-            if not stable:
-                quiet_from = t
-        threshold = max(result.lag_before * 1.5, result.lag_before + 20)
-        for t, stable, _, lag in after:
-            if t > quiet_from and stable and lag <= threshold:
-                result.drain_s = t - at
-                break
+        return figures(name, label, self.samples[name], at, until)
+
+
+def figures(group: str, label: str, samples: list[Sample], at: float, until: float) -> Change:
+    """What the change at ``at`` did, from the samples of one group (up to ``until``).
+
+    Rebalances: the times the group left ``Stable``. Moved: partitions whose owner after
+    the group last settled differs from the owner before the change. Drained: the first
+    stable sample after the last rebalance whose lag is back near its level before.
+    """
+    before = [s for s in samples if at - 10 <= s[0] < at]
+    after = [s for s in samples if at <= s[0] < until]
+    result = Change(group, label)
+    if not before or not after:
         return result
+    result.lag_before = statistics.mean(s[3] for s in before)
+    result.lag_peak = max(s[3] for s in after)
+    was_stable = before[-1][1]
+    for _, stable, _, _ in after:
+        if was_stable and not stable:
+            result.rebalances += 1
+        was_stable = stable
+    settled = [s for s in after if s[1] and s[2]]
+    if settled:
+        old, new = before[-1][2], settled[-1][2]
+        result.moved = sum(1 for tp, who in new.items() if old.get(tp) != who)
+    quiet_from = at
+    for t, stable, _, _ in after:
+        if not stable:
+            quiet_from = t
+    threshold = max(result.lag_before * 1.5, result.lag_before + 20)
+    for t, stable, _, lag in after:
+        if t > quiet_from and stable and lag <= threshold:
+            result.drain_s = t - at
+            break
+    return result
 
 
 class Scaling(Soak):
