@@ -22,7 +22,7 @@ PROMTOOL := .cache/promtool/promtool
 AXE_VERSION := 4.14.1
 AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 
-.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-isolation profile soak bench-restart
+.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-isolation profile soak bench-restart bench-scaling
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -176,6 +176,9 @@ profile: install ## the join and the sink in process: CPU µs per event, per tra
 
 soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
 	$(BIN)/python -m tests.soak.soak $(if $(SEED),--seed $(SEED))
+
+bench-scaling: install ## 2 -> 4 -> 2 workers under steady load: rebalances, lag drain, moved partitions, static membership and not (PHASE=s per worker count, default 45)
+	$(BIN)/python -m tests.perf.bench_scaling --dynamic $(if $(PHASE),--phase $(PHASE))
 
 bench-restart: install ## restart-to-ready and first commits of a worker on 1,000,000 traces (built once in var/)
 	$(BIN)/python -m tests.perf.bench_restart

@@ -13,7 +13,10 @@ apply everywhere alike:
    secret) is read again each time a client is built, so a client made after a rotation
    uses the new secret. OAUTHBEARER sends the password (file) as the token, read again for
    every new connection: mount a token that something else refreshes (a projected service
-   account token, a sidecar).
+   account token, a sidecar). ``AWS_MSK_IAM`` is OAUTHBEARER with a token that the
+   maintained signer (``aws-msk-iam-sasl-signer-python``, the ``msk`` extra) signs from the
+   process's AWS credentials (IRSA, an instance profile, the environment) for
+   ``RL_EXPORT_KAFKA_MSK_REGION``; a token is used until a minute before it expires.
 3. A client that cannot start asks :meth:`KafkaConnection.check` why: a refused TLS
    handshake or SASL authentication raises :class:`KafkaSecurityError` naming the setting to
    fix, which ends the process (retrying cannot help); a broker that is only unreachable
@@ -48,10 +51,12 @@ CHECK_TIMEOUT_S = 10.0
 SECURITY_SETTINGS = (
     "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
     "kafka_sasl_password", "kafka_sasl_password_file", "kafka_ssl_ca_file",
-    "kafka_ssl_cert_file", "kafka_ssl_key_file",
+    "kafka_ssl_cert_file", "kafka_ssl_key_file", "kafka_msk_region",
 )  # fmt: skip
 # librdkafka asks for a new token at 80 % of its lifetime: a minute makes it re-read the file.
 _OAUTH_LIFETIME_S = 60.0
+# An MSK IAM token lives 15 minutes: sign a new one when less than this is left.
+_MSK_RENEW_BEFORE_S = 60.0
 
 # TLS alerts of a broker that wants a (valid) client certificate.
 _CLIENT_CERT_ALERTS = (
@@ -81,6 +86,48 @@ class _FileToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is un
         return self._read()
 
 
+class MskIamToken:
+    """AWS_MSK_IAM: a token signed from the AWS credentials, renewed before it expires.
+
+    The signer resolves the credentials (which may ask the instance metadata service or
+    STS) and signs locally; aiokafka asks :meth:`token` for each new connection, librdkafka
+    calls :meth:`oauth_cb` when the token nears its end.
+    """
+
+    def __init__(self, region: str) -> None:
+        try:
+            from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+        except ImportError:
+            raise ConfigError(
+                env_name("kafka_sasl_mechanism"),
+                "AWS_MSK_IAM needs the msk extra: pip install 'rl-export[msk]'",
+            ) from None
+        self._sign: Callable[[str], tuple[str, int]] = MSKAuthTokenProvider.generate_auth_token
+        self.region = region
+        self._token: tuple[str, float] | None = None  # (token, expiry as a Unix time)
+
+    def current(self) -> tuple[str, float]:
+        """A token valid for a minute at least, and when it expires (Unix time, seconds)."""
+        if self._token is None or self._token[1] - _MSK_RENEW_BEFORE_S <= time.time():
+            token, expiry_ms = self._sign(self.region)
+            self._token = (token, expiry_ms / 1000)
+        return self._token
+
+    async def token(self) -> str:
+        return (await asyncio.to_thread(self.current))[0]
+
+    def oauth_cb(self, _config: str) -> tuple[str, float]:
+        return self.current()
+
+
+class _MskAiokafkaToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
+    def __init__(self, signer: MskIamToken) -> None:
+        self._signer = signer
+
+    async def token(self) -> str:
+        return await self._signer.token()
+
+
 @dataclass(frozen=True)
 class KafkaConnection:
     """Where the brokers are and how to reach them securely (a value object)."""
@@ -94,6 +141,7 @@ class KafkaConnection:
     ssl_ca_file: Path | None = None
     ssl_cert_file: Path | None = None
     ssl_key_file: Path | None = None
+    msk_region: str | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> KafkaConnection:
@@ -108,6 +156,7 @@ class KafkaConnection:
             ssl_ca_file=settings.kafka_ssl_ca_file,
             ssl_cert_file=settings.kafka_ssl_cert_file,
             ssl_key_file=settings.kafka_ssl_key_file,
+            msk_region=settings.kafka_msk_region,
         )
 
     def __repr__(self) -> str:  # never the password
@@ -121,6 +170,15 @@ class KafkaConnection:
     @property
     def uses_sasl(self) -> bool:
         return self.security_protocol.startswith("SASL_")
+
+    @property
+    def uses_msk_iam(self) -> bool:
+        return self.uses_sasl and self.sasl_mechanism == "AWS_MSK_IAM"
+
+    def _msk_signer(self) -> MskIamToken:
+        if self.msk_region is None:
+            raise ConfigError(env_name("kafka_msk_region"), "needed with AWS_MSK_IAM")
+        return MskIamToken(self.msk_region)
 
     @property
     def password_setting(self) -> str:
@@ -173,7 +231,10 @@ class KafkaConnection:
         }
         if self.uses_tls:
             options["ssl_context"] = self.ssl_context()
-        if self.uses_sasl:
+        if self.uses_msk_iam:
+            options["sasl_mechanism"] = "OAUTHBEARER"
+            options["sasl_oauth_token_provider"] = _MskAiokafkaToken(self._msk_signer())
+        elif self.uses_sasl:
             options["sasl_mechanism"] = self.sasl_mechanism
             if self.sasl_mechanism == "OAUTHBEARER":
                 options["sasl_oauth_token_provider"] = _FileToken(self.password)
@@ -195,7 +256,10 @@ class KafkaConnection:
             if self.ssl_cert_file is not None and self.ssl_key_file is not None:
                 config["ssl.certificate.location"] = str(self.ssl_cert_file)
                 config["ssl.key.location"] = str(self.ssl_key_file)
-        if self.uses_sasl:
+        if self.uses_msk_iam:
+            config["sasl.mechanism"] = "OAUTHBEARER"
+            config["oauth_cb"] = self._msk_signer().oauth_cb
+        elif self.uses_sasl:
             config["sasl.mechanism"] = self.sasl_mechanism
             if self.sasl_mechanism == "OAUTHBEARER":
                 read = self.password
@@ -314,6 +378,13 @@ class KafkaConnection:
         if isinstance(exc, kafka_errors.UnsupportedSaslMechanismError):
             return KafkaSecurityError(
                 env_name("kafka_sasl_mechanism"), f"the broker does not offer {self.sasl_mechanism}"
+            )
+        if isinstance(exc, _SASL_REFUSED) and self.uses_msk_iam:
+            return KafkaSecurityError(
+                env_name("kafka_sasl_mechanism"),
+                f"the broker refused AWS_MSK_IAM authentication ({type(exc).__name__}): do "
+                "this process's AWS credentials allow kafka-cluster:Connect on the cluster, "
+                f"in {env_name('kafka_msk_region')}={self.msk_region}?",
             )
         if isinstance(exc, _SASL_REFUSED):
             user = env_name("kafka_sasl_username")

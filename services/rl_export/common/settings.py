@@ -44,12 +44,20 @@ class Settings(BaseSettings):
         "SASL_SSL (SASL authentication over TLS). TLS always verifies the broker's hostname.",
     )
     kafka_sasl_mechanism: (
-        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "AWS_MSK_IAM"] | None
     ) = Field(
         None,
         description="The SASL mechanism (needed with SASL_PLAINTEXT and SASL_SSL): PLAIN, "
-        "SCRAM-SHA-256, SCRAM-SHA-512, or OAUTHBEARER (the token is the password, or the "
-        "content of the password file, read again for every connection).",
+        "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (the token is the password, or the "
+        "content of the password file, read again for every connection), or AWS_MSK_IAM "
+        "(OAUTHBEARER with a token signed from the process's AWS credentials; SASL_SSL and "
+        "the msk extra).",
+    )
+    kafka_msk_region: str | None = Field(
+        None,
+        pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$",
+        description="The AWS region of the MSK cluster (needed with AWS_MSK_IAM), for example "
+        "eu-west-1.",
     )
     kafka_sasl_username: str | None = Field(None, description="The SASL user (PLAIN and SCRAM).")
     kafka_sasl_password: str | None = Field(
@@ -420,10 +428,16 @@ class Settings(BaseSettings):
              f"needs {env_name('kafka_security_protocol')}=SASL_SSL or SASL_PLAINTEXT"),
             (self.kafka_sasl_password is not None and self.kafka_sasl_password_file is not None,
              "kafka_sasl_password_file", f"set it or {password}, not both"),
-            (sasl and self.kafka_sasl_password is None and self.kafka_sasl_password_file is None,
+            (sasl and mechanism != "AWS_MSK_IAM" and self.kafka_sasl_password is None
+             and self.kafka_sasl_password_file is None,
              "kafka_sasl_password_file", f"(or {password}) needed with "
              f"{env_name('kafka_sasl_mechanism')}={mechanism}"),
-            (sasl and mechanism != "OAUTHBEARER" and not self.kafka_sasl_username,
+            (mechanism == "AWS_MSK_IAM" and protocol != "SASL_SSL", "kafka_security_protocol",
+             f"must be SASL_SSL with {env_name('kafka_sasl_mechanism')}=AWS_MSK_IAM"),
+            (mechanism == "AWS_MSK_IAM" and self.kafka_msk_region is None, "kafka_msk_region",
+             f"needed with {env_name('kafka_sasl_mechanism')}=AWS_MSK_IAM"),
+            (sasl and mechanism not in ("OAUTHBEARER", "AWS_MSK_IAM")
+             and not self.kafka_sasl_username,
              "kafka_sasl_username", f"needed with {env_name('kafka_sasl_mechanism')}={mechanism}"),
             ((self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None),
              "kafka_ssl_cert_file", f"mutual TLS needs it and {env_name('kafka_ssl_key_file')}"),
