@@ -705,12 +705,14 @@ async def stats(
     filters: Filters | None = None,
     histogram_bins: int = 0,
     progress: Progress | None = None,
+    at: ViewPosition | None = None,
 ) -> dict[str, Any]:
-    """``{records, avg_reward, pass_rate, human_labeled}`` over the filtered latest view;
-    with ``histogram_bins`` also ``reward_histogram: [{lo, hi, count}]``."""
+    """``{records, avg_reward, pass_rate, human_labeled}`` over the filtered latest view (at
+    ``at``: the view of that position); with ``histogram_bins`` also
+    ``reward_histogram: [{lo, hi, count}]``."""
     filters = filters or Filters()
     accumulator = StatsAccumulator(histogram_bins or 10)
-    view = await open_view(store, ref, progress)
+    view = await open_view(store, ref, progress, at)
     scan = Scan(view, filters, ExportSummary(), progress, export_fields("stats", filters))
     limit = filters.limit
     async for batch in scan.lines():
