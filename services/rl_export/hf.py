@@ -90,6 +90,7 @@ from rl_export.corpora.layout import (
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.sft import SFT_COLUMNS, tokenize_for_sft, tokenize_row
+from rl_export.export.versions import pinned
 
 __all__ = [
     "SFT_COLUMNS", "Plan", "RowOptions", "corpus_dataset", "find_position", "row_options",
@@ -279,6 +280,11 @@ async def _opened(store: str | ObjectStore) -> Any:
         yield opened
     finally:
         await opened.close()
+
+
+async def _version_position(store: str | ObjectStore, ref: CorpusRef, name: str) -> ViewPosition:
+    async with _opened(store) as opened:
+        return (await pinned(opened, ref, name, None)).at
 
 
 async def _plan(
@@ -565,8 +571,13 @@ def corpus_dataset(
     mask_types: Iterable[str] | None = None,
     redact: str | Iterable[str] | None = None,
     filters: Filters | None = None,
+    version: str | None = None,
 ) -> datasets.IterableDataset:
     """The corpus as a ``datasets.IterableDataset`` (see the module).
+
+    ``version``: read the corpus at that pinned version (``rl-export versions``), the same
+    rows as ``export --version`` reads; VersionError for an unknown one, ValueError with
+    ``follow`` or with a ``resume_from`` state of another position.
 
     ``resume_from``: a state saved from a dataset of this corpus (or a DataLoader's state
     holding one); the dataset is then made at that state's position, so that
@@ -600,6 +611,13 @@ def corpus_dataset(
     at = find_position(resume_from) if resume_from is not None else None
     if resume_from is not None and at is None:
         raise ValueError("resume_from holds no rl-export dataset state")
+    if version is not None:
+        if follow:
+            raise ValueError("a version is a fixed position: follow=True cannot follow it")
+        pinned_at = _Loop.get().run(lambda: _version_position(store, ref, version))
+        if at is not None and at != pinned_at:
+            raise ValueError(f"resume_from holds another position than version {version!r}")
+        at = pinned_at
     plan = _Loop.get().run(lambda: _plan(
         store, ref, latest_only=latest_only, at=at, follow=streams,
         poll_interval_s=poll_interval_s,
