@@ -377,13 +377,14 @@ async def iter_export(
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
     attachments: AttachmentPolicy | None = None,
+    at: ViewPosition | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The export's bytes, in chunks (see the module docstring)."""
+    """The export's bytes, in chunks (see the module docstring); ``at``: of that position."""
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=False, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-        progress=progress, summary=summary, attachments=attachments,
+        progress=progress, summary=summary, attachments=attachments, at=at,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
