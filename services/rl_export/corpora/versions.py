@@ -115,8 +115,17 @@ async def get_version(store: ObjectStore, ref: CorpusRef, name: str) -> Version:
 
 async def list_versions(store: ObjectStore, ref: CorpusRef) -> list[Version]:
     """Every version of ``ref``, oldest first (then by name)."""
+    return await _listed(store, versions_prefix(ref))
+
+
+async def project_versions(store: ObjectStore, org: str, project: str) -> list[Version]:
+    """Every version of every corpus of a project, oldest first (then by corpus and name)."""
+    return await _listed(store, f"{VERSIONS_ROOT}/{org}/{project}/")
+
+
+async def _listed(store: ObjectStore, prefix: str) -> list[Version]:
     found = []
-    for key in await store.list(versions_prefix(ref)):
+    for key in await store.list(prefix):
         if not key.endswith(".json"):
             continue
         try:
@@ -124,7 +133,7 @@ async def list_versions(store: ObjectStore, ref: CorpusRef) -> list[Version]:
         except ObjectNotFoundError:  # deleted while listing
             continue
         found.append(_parse(key, data))
-    return sorted(found, key=lambda v: (v.created(), v.name))
+    return sorted(found, key=lambda v: (v.created(), v.corpus, v.name))
 
 
 async def all_versions(store: ObjectStore) -> list[tuple[str, Version | VersionError]]:

@@ -32,6 +32,8 @@ def test_a_version_pinned_through_the_api_reads_the_same_bytes(stack: Stack) -> 
         assert odd.status_code == 422
         listed = reader.get("versions", params={"corpus": "evaluator"}).json()["items"]
         assert name in [v["name"] for v in listed]
+        everything = reader.get("versions").json()["items"]  # every corpus of the project
+        assert (name, "evaluator") in [(v["name"], v["corpus"]) for v in everything]
 
         params = {"source": "evaluator", "format": "trajectory"}
         pinned = reader.get("export", params={**params, "version": name})
@@ -60,4 +62,4 @@ def test_a_version_pinned_through_the_api_reads_the_same_bytes(stack: Stack) -> 
         assert gone.status_code == 200, gone.text
         assert admin.delete(f"versions/{name}", params={"corpus": "evaluator"}
                             ).status_code == 404  # fmt: skip
-        assert admin.get("versions").status_code == 422  # corpus is required
+        assert admin.delete(f"versions/{name}").status_code == 422  # corpus is required

@@ -14,6 +14,7 @@ from rl_export.corpora.versions import (
     delete_version,
     get_version,
     list_versions,
+    project_versions,
     version_as_of,
     version_key,
 )
@@ -40,6 +41,9 @@ async def test_list_show_and_delete() -> None:
     other = CorpusRef("acme", "bot", "evaluator")
     await create_version(store, other, "a", generation=1, ends={})
     assert [v.name for v in await list_versions(store, REF)] == ["b", "a"]  # by creation
+    assert sorted((v.corpus, v.name) for v in await project_versions(store, "acme", "bot")) == [
+        ("evaluator", "a"), ("human", "a"), ("human", "b")]  # fmt: skip
+    assert await project_versions(store, "acme", "other") == []
     await delete_version(store, REF, "b")
     assert [v.name for v in await list_versions(store, REF)] == ["a"]
     with pytest.raises(VersionError, match=r"no version 'b' of acme/bot/human"):

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from rl_export.common.errors import NoDataError, VersionError
 from rl_export.common.specs import check_name
 from rl_export.corpora.layout import CorpusRef
-from rl_export.corpora.versions import delete_version, list_versions
+from rl_export.corpora.versions import delete_version, list_versions, project_versions
 from rl_export.export.versions import pin
 from rl_export.web.api.deps import AdminCaller, ExportCaller, OrgPath, ProjectPath, Svc
 from rl_export.web.errors import Conflict, Invalid, NotFound
@@ -20,6 +20,7 @@ from rl_export.web.models import VersionIn, VersionOut, VersionsOut
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
 
 CorpusQuery = Annotated[str, Query(description="The corpus (human, evaluator, traces, ...)")]
+AnyCorpusQuery = Annotated[str | None, Query(description="Only this corpus's versions")]
 
 
 def _ref(org: str, project: str, corpus: str) -> CorpusRef:
@@ -29,11 +30,15 @@ def _ref(org: str, project: str, corpus: str) -> CorpusRef:
         raise Invalid(str(exc)) from None
 
 
-@router.get("/versions", summary="The pinned versions of a corpus, oldest first")
+@router.get("/versions", summary="The pinned versions of the project (or of one corpus)")
 async def get_versions(
-    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, corpus: CorpusQuery
-) -> VersionsOut:
-    versions = await list_versions(svc.store, _ref(org, project, corpus))
+    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc,
+    corpus: AnyCorpusQuery = None,
+) -> VersionsOut:  # fmt: skip
+    if corpus is None:
+        versions = await project_versions(svc.store, org, project)
+    else:
+        versions = await list_versions(svc.store, _ref(org, project, corpus))
     return VersionsOut(items=[VersionOut(**v.model_dump()) for v in versions])
 
 
