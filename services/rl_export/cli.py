@@ -271,11 +271,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     settings = _settings(args, store_url="store")
     at = _from_manifest(args) if args.from_manifest is not None else None
+    if at is not None and (args.version is not None or args.as_of is not None):
+        raise ConfigError("--from-manifest", "reads the manifest's position: give no --version "
+                          "or --as-of with it")  # fmt: skip
     for flag in ("org", "project", "source", "format"):
         if getattr(args, flag) is None:
             raise ConfigError(f"--{flag}", "is required (or --from-manifest FILE)")
     filters = parse_filters(_filter_values(args))
     ref = _export_ref(args)
+    version = _pinned(args, settings, ref)
+    if version is not None:
+        at = version.at
     pair_by = parse_pair_by(args.pair_by)
     margin = parse_margin(args.margin)
     redact = args.redact if args.redact is not None else settings.redact
@@ -333,7 +339,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.card:
         note += f"; dataset card {Path(args.output).parent / 'README.md'}, lineage "
         note += f"{args.output}.manifest.json"
-    if at is not None:
+    if version is not None:
+        note += f"; read at version {version.name}"
+    elif at is not None:
         note += f"; read at the position of {args.from_manifest}"
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
@@ -342,6 +350,76 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(note, file=sys.stderr)
     if (why := summary.why_empty()) is not None:
         print(f"no {args.format} row: {why}", file=sys.stderr)
+    return 0
+
+
+def _pinned(args: argparse.Namespace, settings: Settings, ref: CorpusRef) -> Any:
+    """The version ``--version NAME`` or ``--as-of RFC3339`` names (a
+    :class:`~rl_export.export.versions.Pinned`), or None; ConfigError for both, a bad time or
+    an unknown version."""
+    from rl_export.export.versions import parse_as_of, pinned
+
+    if args.version is not None and args.as_of is not None:
+        raise ConfigError("--version", "give --version NAME or --as-of RFC3339, not both")
+    if args.version is None and args.as_of is None:
+        return None
+    as_of = None if args.as_of is None else parse_as_of(args.as_of)
+
+    async def run() -> Any:
+        store = _open(args.store, settings)
+        try:
+            return await pinned(store, ref, args.version, as_of)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _add_version(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("pinned versions (DESIGN.md section 5)")
+    group.add_argument("--version", metavar="NAME", help="read the corpus at this version")
+    group.add_argument(
+        "--as-of", metavar="RFC3339",
+        help="read the corpus at the newest version created at or before this time",
+    )  # fmt: skip
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from rl_export.common.codec import dumps
+    from rl_export.common.specs import check_name
+    from rl_export.corpora.layout import CorpusRef
+    from rl_export.corpora.versions import delete_version, get_version, list_versions
+    from rl_export.export.versions import pin
+
+    settings = _settings(args, store_url="store")
+    for flag in ("org", "project", "corpus"):
+        try:
+            check_name(flag, getattr(args, flag))
+        except ValueError as exc:
+            raise ConfigError(f"--{flag}", str(exc)) from None
+    ref = CorpusRef(args.org, args.project, args.corpus)
+
+    async def run() -> list[bytes]:
+        store = _open(args.store, settings)
+        try:
+            if args.action == "create":
+                version = await pin(store, ref, args.name, args.note or "")
+            elif args.action == "show":
+                version = await get_version(store, ref, args.name)
+            elif args.action == "delete":
+                version = await delete_version(store, ref, args.name)
+            else:
+                return [dumps(v.model_dump(mode="json")) for v in await list_versions(store, ref)]
+        finally:
+            await store.close()
+        return [dumps(version.model_dump(mode="json"))]
+
+    for line in asyncio.run(run()):
+        sys.stdout.buffer.write(line + b"\n")
+    sys.stdout.flush()
+    if args.action == "delete":
+        print(f"deleted version {args.name} of {ref.root}: the objects only it kept go at the "
+              "next expiry", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -354,13 +432,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
     ref = _export_ref(args)
+    version = _pinned(args, settings, ref)
     tune_gc()
     lean_allocators()  # the same reading as an export's
 
     async def run() -> dict[str, Any]:
         store = _open(args.store, settings)
         try:
-            return await stats(store, ref, filters=filters)
+            return await stats(
+                store, ref, filters=filters, at=None if version is None else version.at
+            )
         finally:
             await store.close()
 
@@ -719,11 +800,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="'-' for stdout")
     _add_filters(p)
     _add_training_set(p)
+    _add_version(p)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "versions", help="create, list, show or delete pinned versions of a corpus",
+        description="A version pins a corpus's current position (compaction generation and "
+        "every chain's end) so that export --version NAME reads the same records later.",
+    )  # fmt: skip
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("create", "pin the corpus's current position as NAME"),
+                         ("list", "every version of the corpus, oldest first"),
+                         ("show", "one version"),
+                         ("delete", "delete a version (what only it kept goes at the next "
+                                    "expiry)")):  # fmt: skip
+        a = actions.add_parser(action, help=text)
+        if action != "list":
+            a.add_argument("name", metavar="NAME", help="the version's name")
+        a.add_argument(
+            "--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)"
+        )
+        a.add_argument("--org", required=True)
+        a.add_argument("--project", required=True)
+        a.add_argument("--corpus", required=True, help="human, evaluator, traces, ...")
+        if action == "create":
+            a.add_argument("--note", metavar="TEXT", help="what the version is for")
+        a.set_defaults(func=cmd_versions, name=None, note=None)
 
     p = sub.add_parser("stats", help="print {records, avg_reward, pass_rate, human_labeled}")
     _add_source(p)
     _add_filters(p)
+    _add_version(p)
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser(

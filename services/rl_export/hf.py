@@ -63,7 +63,6 @@ import asyncio
 import atexit
 import contextlib
 import os
-import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -72,15 +71,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from rl_export.common.chat import HF, Chat, parse_chat
 from rl_export.common.codec import dumps
-from rl_export.common.errors import ExportError, ObjectNotFoundError
+from rl_export.common.errors import ObjectNotFoundError
 from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, render_row
 from rl_export.common.records import upgrade_record
-from rl_export.common.redact import RedactError, parse_kinds, redactor
 from rl_export.common.settings import load_settings
-from rl_export.common.turns import TurnMask
 from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import (
     ChainError,
@@ -93,8 +88,9 @@ from rl_export.corpora.layout import (
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export.features import row_features
 from rl_export.export.latest import LatestView, ViewPosition
+from rl_export.export.rows import ROW_FORMATS, RowOptions, row_options
 from rl_export.export.sft import SFT_COLUMNS, tokenize_for_sft, tokenize_row
-from rl_export.export.splits import Split, parse_split
+from rl_export.export.versions import pinned
 
 __all__ = [
     "SFT_COLUMNS", "Plan", "RowOptions", "corpus_dataset", "find_position", "row_features",
@@ -182,95 +178,6 @@ class _Shard:
     keep: bytes | None  # bit n set: row n is yielded; None: every live row not hidden
 
 
-ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
-"""The formats ``corpus_dataset(format=...)`` renders a trajectory corpus's records in
-(``preference`` pairs records across the corpus: it is an export)."""
-
-
-@dataclass(frozen=True)
-class RowOptions:
-    """How a dataset renders the records of a trajectory corpus: the export's row options,
-    applied with the export's own code (filters, redaction, then
-    :func:`~rl_export.common.formats.render_row`). The default is the rows as stored."""
-
-    format: str = "trajectory"
-    chat: Chat = HF
-    mask: TurnMask | None = None
-    redact: tuple[str, ...] = ()
-    filters: Filters = field(default_factory=Filters)
-    split: Split | None = None
-
-    @property
-    def as_stored(self) -> bool:
-        return self == RowOptions()
-
-    def rows(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The rows of some live records (those without a row, or filtered out, left out)."""
-        if self.as_stored:
-            return records
-        out = []
-        for record in records:
-            if "reward_source" not in record or "messages" not in record:
-                raise ValueError(
-                    "corpus_dataset's format, chat_style, redact, mask and filter options "
-                    "render trajectory records: this corpus holds rows of another format "
-                    f"(columns {sorted(record)})"
-                )
-            if not self.filters.matches(record):
-                continue
-            if self.split is not None and not self.split.matches(record):
-                continue  # the export's order: filters, split, then redaction
-            redacted = redactor(self.redact).record(record)[0] if self.redact else record
-            row = render_row(self.format, redacted, mask=self.mask, chat=self.chat)
-            if row is not None:
-                out.append(row)
-        return out
-
-
-def row_options(
-    fmt: str = "trajectory",
-    *,
-    chat_style: str | None = None,
-    system: str | None = None,
-    mask_failed_turns: bool = False,
-    mask_types: Iterable[str] | None = None,
-    redact: str | Iterable[str] | None = None,
-    filters: Filters | None = None,
-    split: str | None = None,
-    splits: str | Mapping[str, float] | None = None,
-    split_by: str | None = None,
-    split_salt: str | None = None,
-) -> RowOptions:
-    """The options checked as the export checks them (ValueError naming what is wrong).
-    ``splits`` is the export's ``--splits`` text or a mapping ``{"train": 0.9, ...}``."""
-    if fmt not in ROW_FORMATS:
-        raise ValueError(f"unknown format {fmt!r} (corpus_dataset formats: "
-                         f"{', '.join(ROW_FORMATS)})")  # fmt: skip
-    if (mask_failed_turns or mask_types) and fmt not in MASK_FORMATS:
-        raise ValueError(f"mask_failed_turns applies to {' and '.join(MASK_FORMATS)}, "
-                         f"not {fmt!r}")  # fmt: skip
-    if filters is not None and filters.limit is not None:
-        raise ValueError("filters: limit does not apply to a dataset (use dataset.take(n))")
-    mask = None
-    if mask_failed_turns or mask_types:
-        mask = TurnMask(frozenset(mask_types) if mask_types else None)
-    try:
-        kinds = parse_kinds(redact) if redact else ()
-    except RedactError as e:
-        raise ValueError(str(e)) from None
-    if isinstance(splits, Mapping):
-        splits = ",".join(f"{name}={share!r}" for name, share in splits.items())
-    try:
-        chosen = parse_split(split, splits, split_by, split_salt)
-    except ExportError as e:
-        keyword = e.setting.replace("-", "_")  # the keyword, not the export's flag
-        detail = re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_") + "=", e.detail)
-        raise ValueError(f"{keyword}: {detail}") from None
-    return RowOptions(
-        fmt, parse_chat(chat_style, system), mask, kinds, filters or Filters(), chosen
-    )
-
-
 def _stored_format(corpus: str) -> str | None:
     """The format of a corpus the settings name (RL_EXPORT_CORPORA), else None."""
     for spec in load_settings().corpora:
@@ -331,6 +238,11 @@ async def _opened(store: str | ObjectStore) -> Any:
         yield opened
     finally:
         await opened.close()
+
+
+async def _version_position(store: str | ObjectStore, ref: CorpusRef, name: str) -> ViewPosition:
+    async with _opened(store) as opened:
+        return (await pinned(opened, ref, name, None)).at
 
 
 async def _plan(
@@ -629,8 +541,13 @@ def corpus_dataset(
     splits: str | Mapping[str, float] | None = None,
     split_by: str | None = None,
     split_salt: str | None = None,
+    version: str | None = None,
 ) -> datasets.IterableDataset:
     """The corpus as a ``datasets.IterableDataset`` (see the module).
+
+    ``version``: read the corpus at that pinned version (``rl-export versions``), the same
+    rows as ``export --version`` reads; VersionError for an unknown one, ValueError with
+    ``follow`` or with a ``resume_from`` state of another position.
 
     ``resume_from``: a state saved from a dataset of this corpus (or a DataLoader's state
     holding one); the dataset is then made at that state's position, so that
@@ -674,6 +591,13 @@ def corpus_dataset(
     at = find_position(resume_from) if resume_from is not None else None
     if resume_from is not None and at is None:
         raise ValueError("resume_from holds no rl-export dataset state")
+    if version is not None:
+        if follow:
+            raise ValueError("a version is a fixed position: follow=True cannot follow it")
+        pinned_at = _Loop.get().run(lambda: _version_position(store, ref, version))
+        if at is not None and at != pinned_at:
+            raise ValueError(f"resume_from holds another position than version {version!r}")
+        at = pinned_at
     plan = _Loop.get().run(lambda: _plan(
         store, ref, latest_only=latest_only, at=at, follow=streams,
         poll_interval_s=poll_interval_s,

@@ -178,6 +178,32 @@ async def test_a_changed_corpus_resumes_from_the_position_the_state_holds(
         corpus_dataset(str(tmp_path), ORG, PROJECT, "evaluator", resume_from={"epoch": 1})
 
 
+async def test_a_pinned_version_gives_the_rows_it_pinned(tmp_path: Path) -> None:
+    from rl_export.common.errors import VersionError
+    from rl_export.export.versions import pin
+
+    store = LocalStore(tmp_path)
+    await build_story(store)
+    pinned_rows = await asyncio.to_thread(
+        list, corpus_dataset(str(tmp_path), ORG, PROJECT, "evaluator", format="messages")
+    )
+    await pin(store, EVALUATOR, "v1")
+    await replay_events(store, trace_events(30, score=0.5, passed=True, minute=40), "later")
+    await compact(store, EVALUATOR, writer="test")
+    latest = await asyncio.to_thread(
+        list, corpus_dataset(str(tmp_path), ORG, PROJECT, "evaluator", format="messages")
+    )
+    assert latest != pinned_rows
+    at_version = corpus_dataset(str(tmp_path), ORG, PROJECT, "evaluator", format="messages",
+                                version="v1")  # fmt: skip
+    assert await asyncio.to_thread(list, at_version) == pinned_rows
+    with pytest.raises(VersionError, match=r"no version 'v2' of acme/bot/evaluator"):
+        corpus_dataset(str(tmp_path), ORG, PROJECT, "evaluator", version="v2")
+    with pytest.raises(ValueError, match="cannot follow it"):
+        corpus_dataset(str(tmp_path), ORG, PROJECT, "evaluator", version="v1", follow=True,
+                       topic="t", partitions=1)  # fmt: skip
+
+
 def follow_dataset(root: Path, run: str, **kw: Any) -> IterableDataset:
     # Replays write chains replay-<run>-<p> (four partitions in these tests): follow those.
     return corpus_dataset(

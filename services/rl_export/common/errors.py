@@ -8,8 +8,9 @@ Hierarchy::
     │   ├── TopicMismatchError     managed topics (RL_EXPORT_CREATE_TOPICS=false) are not as needed
     │   ├── KafkaSecurityError     the broker refused our TLS handshake or SASL authentication
     │   ├── FilterError            a filter (flag, query parameter, corpus spec) is malformed
-    │   └── ExportError            an export request cannot be met (format, source, column, ...)
-    │       └── NoDataError        the org/project/corpus asked for has no data at all
+    │   ├── ExportError            an export request cannot be met (format, source, column, ...)
+    │   │   └── NoDataError        the org/project/corpus asked for has no data at all
+    │   └── VersionError           a pinned version cannot be created, found or read
     ├── BrokerUnavailableError     Kafka cannot be reached at the configured bootstrap address
     ├── StoreError                 the object store failed or refused a request
     │   ├── ObjectExistsError      a create-only write lost: the object is already there
@@ -55,6 +56,14 @@ class ExportError(ConfigError):
 
 class NoDataError(ExportError):
     """The corpus an export or stats asked for has no commit and no compaction."""
+
+
+class VersionError(ConfigError):
+    """A pinned corpus version cannot be created, found or read (``setting``: the flag or
+    parameter, ``version`` by default)."""
+
+    def __init__(self, detail: str, setting: str = "version") -> None:
+        super().__init__(setting, detail)
 
 
 class BrokerUnavailableError(RlExportError):

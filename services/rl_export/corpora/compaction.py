@@ -21,7 +21,9 @@ How a generation is made (:func:`compact`):
 
 :func:`expire` removes what no reader starting from one of the newest compactions needs:
 data objects, then commits, covered by an old enough compaction, then the folders of
-generations older than the kept ones.
+generations older than the kept ones; never what a pinned version
+(:mod:`rl_export.corpora.versions`) needs: its generation's folder and every commit from that
+generation's positions on.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from rl_export.corpora.layout import (
 )
 from rl_export.corpora.sidecar import index_row, line_lengths, write_sidecar
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.versions import list_versions
 
 # --- the pure core --------------------------------------------------------------------------
 
@@ -346,6 +349,8 @@ async def expire(
     position. Data objects go before their commits, so a crash leaves a commit to retry from,
     never data that nothing names. A generation older than the kept ones goes (parts first,
     ``_compaction.json`` last) once the generation after it is older than ``retention_s``.
+    A live version keeps its generation and the commits its view reads (from its
+    generation's positions on; all of a chain when it has no generation).
     Returns the keys deleted, in order.
     """
     if keep_generations < 1:
@@ -367,8 +372,22 @@ async def expire(
             continue
         for stream, position in compaction.positions.items():
             bounds[stream] = max(bounds.get(stream, 0), position)
+    # What the versions read: the tail from their generation's positions, and the generation.
+    by_generation = {c.generation: c for c in compactions}
+    pinned: set[int] = set()
+    floors: list[dict[str, int]] = []
+    for version in await list_versions(store, ref):
+        if version.generation is None:
+            floors.append({})  # reads every chain from offset 0
+            continue
+        pinned.add(version.generation)
+        base = by_generation.get(version.generation)
+        floors.append({} if base is None else dict(base.positions))
     for stream, bound in list(bounds.items()):
-        bounds[stream] = min([bound, *(k.positions.get(stream, 0) for k in kept)])
+        bounds[stream] = min(
+            [bound, *(k.positions.get(stream, 0) for k in kept),
+             *(floor.get(stream, 0) for floor in floors)]
+        )  # fmt: skip
 
     for stream, bound in sorted(bounds.items()):
         covered = []
@@ -409,6 +428,8 @@ async def expire(
     for generation, keys in sorted(folders.items()):
         if generation >= kept[0].generation:
             break
+        if generation in pinned:
+            continue
         if ages.get(generation, cutoff) > cutoff:
             continue
         manifest = ref.compaction_key(generation)

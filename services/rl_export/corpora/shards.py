@@ -15,7 +15,11 @@
    match size, sha256 and record counts; it holds one record per trace; the latest
    generation's positions fall on commit boundaries, so a reader can continue from them;
    the latest generation's tombstones are tombstones of traces its parts do not hold, and
-   its holdings index names exactly the parts' traces and revisions, each in its partition.
+   its holdings index names exactly the parts' traces and revisions, each in its partition;
+6. every pinned version (:mod:`rl_export.corpora.versions`) under the prefix resolves: it is
+   readable, its compaction and that compaction's parts exist, and every chain it names runs
+   without a gap from that compaction's position to the version's end, each commit's shard
+   present.
 
 Data objects no commit names, and parts no compaction names, are counted as ``orphans``: a
 crash between a data upload and its commit, or a lost commit race, leaves them; they are
@@ -41,6 +45,7 @@ from rl_export.corpora.layout import (
     Compression,
     CorpusRef,
     SidecarRef,
+    chain_keys,
     decode_shard,
     latest_compaction,
     read_commit,
@@ -51,6 +56,7 @@ from rl_export.corpora.layout import (
 from rl_export.corpora.reader import CorpusReader, end_cursor, stream_order
 from rl_export.corpora.sidecar import SidecarError, read_sidecar
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.versions import VERSIONS_ROOT, Version, all_versions
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -178,6 +184,7 @@ class VerifyReport:
     compactions: int = 0
     compacted_records: int = 0
     orphans: int = 0
+    versions: int = 0
 
     @property
     def ok(self) -> bool:
@@ -188,7 +195,7 @@ class VerifyReport:
         return (
             f"{verdict}: {self.corpora} corpora, {self.commits} commits, {self.records} records, "
             f"{self.compactions} compactions ({self.compacted_records} records), "
-            f"{self.orphans} orphans"
+            f"{self.orphans} orphans" + (f", {self.versions} versions" if self.versions else "")
         )
 
 
@@ -585,4 +592,55 @@ async def verify(
     report = VerifyReport()
     for ref, keys in _group_by_corpus(await store.list(prefix)).items():
         await _verify_corpus(store, ref, keys, report, concurrency)
+    for key, version in await all_versions(store):
+        if not key.removeprefix(f"{VERSIONS_ROOT}/").startswith(prefix):
+            continue
+        report.versions += 1
+        if isinstance(version, Version):
+            report.problems.extend(await _version_problems(store, key, version))
+        else:
+            report.problems.append(str(version))
     return report
+
+
+async def _version_problems(store: ObjectStore, key: str, version: Version) -> list[str]:
+    """Why ``version`` does not resolve (nothing when it does)."""
+    ref = CorpusRef(version.org, version.project, version.corpus)
+    if key != f"{VERSIONS_ROOT}/{ref.root}/{version.name}.json":
+        return [f"{key}: names another version ({ref.root} {version.name})"]
+    positions: dict[str, int] = {}
+    if version.generation is not None:
+        compaction_key = ref.compaction_key(version.generation)
+        try:
+            compaction = Compaction.model_validate(loads(await store.get(compaction_key)))
+        except ObjectNotFoundError:
+            return [f"{key}: its compaction {compaction_key} is gone"]
+        except ValueError as exc:
+            return [f"{key}: its compaction {compaction_key} is unreadable ({exc})"]
+        positions = dict(compaction.positions)
+        present = set(await store.list(ref.compacted_prefix()))
+        for part in compaction.parts:
+            if ref.key(part["shard"]) not in present:
+                return [f"{key}: part {part['shard']} of its compaction is gone"]
+    problems = []
+    for stream, end in sorted(version.ends.items()):
+        position = positions.get(stream, 0)
+        commits = dict(await chain_keys(store, ref, stream, position))
+        data = set(await store.list(f"{ref.root}/data/{stream}/")) if position < end else set()
+        while position < end and position in commits:
+            try:
+                commit = await read_commit(store, commits[position])
+            except (ObjectNotFoundError, ChainError) as exc:
+                problems.append(f"{key}: commit {commits[position]} unreadable ({exc})")
+                break
+            if ref.key(commit.shard) not in data:
+                problems.append(f"{key}: shard {commit.shard} is gone")
+                break
+            position = commit.last_offset + 1
+        else:
+            if position != end:
+                problems.append(
+                    f"{key}: chain {stream} reaches offset {position} from "
+                    f"{positions.get(stream, 0)}, the version ends at {end}"
+                )
+    return problems

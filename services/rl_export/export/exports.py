@@ -243,13 +243,14 @@ async def iter_export(
     progress: Progress | None = None,
     summary: ExportSummary | None = None,
     attachments: AttachmentPolicy | None = None,
+    at: ViewPosition | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The export's bytes, in chunks (see the module docstring)."""
+    """The export's bytes, in chunks (see the module docstring); ``at``: of that position."""
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=False, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-        progress=progress, summary=summary, attachments=attachments,
+        progress=progress, summary=summary, attachments=attachments, at=at,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -571,12 +572,14 @@ async def stats(
     filters: Filters | None = None,
     histogram_bins: int = 0,
     progress: Progress | None = None,
+    at: ViewPosition | None = None,
 ) -> dict[str, Any]:
-    """``{records, avg_reward, pass_rate, human_labeled}`` over the filtered latest view;
-    with ``histogram_bins`` also ``reward_histogram: [{lo, hi, count}]``."""
+    """``{records, avg_reward, pass_rate, human_labeled}`` over the filtered latest view (at
+    ``at``: the view of that position); with ``histogram_bins`` also
+    ``reward_histogram: [{lo, hi, count}]``."""
     filters = filters or Filters()
     accumulator = StatsAccumulator(histogram_bins or 10)
-    view = await open_view(store, ref, progress)
+    view = await open_view(store, ref, progress, at)
     scan = Scan(view, filters, ExportSummary(), progress, export_fields("stats", filters))
     limit = filters.limit
     async for batch in scan.lines():

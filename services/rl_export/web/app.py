@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rl_export import __version__
 from rl_export.common.errors import ConfigError, StoreError
 from rl_export.common.metrics import WebMetrics
-from rl_export.web.api.routes import agreement, caller, export, label
+from rl_export.web.api.routes import agreement, caller, export, label, versions
 from rl_export.web.errors import ApiError, Invalid, TooMany
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
@@ -247,6 +247,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(label.router)
     app.include_router(agreement.router)
     app.include_router(caller.router)
+    app.include_router(versions.router)
     app.include_router(pages_router)
     app.mount("/static", static_files(), name="static")
 

@@ -192,6 +192,27 @@ def _filters_text(value: Any) -> Any:
 FilterValues = Annotated[dict[str, str | list[str]], BeforeValidator(_filters_text)]
 
 
+class VersionIn(_In):
+    corpus: str = Field(min_length=1, max_length=128, description="The corpus to pin")
+    name: str = Field(min_length=1, max_length=128, description="The version's name")
+    note: str = Field("", max_length=2000, description="What the version is for")
+
+
+class VersionOut(BaseModel):
+    name: str
+    org: str
+    project: str
+    corpus: str
+    note: str
+    created_at: str
+    generation: int | None
+    ends: dict[str, int]
+
+
+class VersionsOut(BaseModel):
+    items: list[VersionOut]
+
+
 class ExportIn(_In):
     source: Source
     format: Format

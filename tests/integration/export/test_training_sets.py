@@ -1,7 +1,8 @@
 """Training sets end to end: traffic through the real broker and a worker (join and sink)
 into SeaweedFS, then ``rl-export export`` as people run it: the trace's metadata in every
 record and ``--metadata`` filters, splits disjoint, complete and unchanged as the corpus
-grows, exact and near duplicates removed with the best reward kept, precise errors."""
+grows, exact and near duplicates removed with the best reward kept, a pinned version read
+again byte for byte after compactions and retention, precise errors."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,3 +189,65 @@ def test_from_manifest_writes_the_same_bytes_after_the_corpus_moved(
                             timeout=120, env=corpus.env, check=False)  # fmt: skip
     assert result.returncode == 2
     assert b"--from-manifest: takes the export's options from the manifest" in result.stderr
+
+
+def test_a_pinned_version_gives_the_same_bytes_after_compactions_and_retention(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    from rl_export.corpora.compaction import compact, expire
+    from tests.factories import event
+
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        argv = [sys.executable, "-m", "rl_export.cli", *args]
+        return subprocess.run(argv, capture_output=True, timeout=120, env=corpus.env,
+                              check=False)  # fmt: skip
+
+    where = ["--store", corpus.settings.store_url, "--org", ORG, "--project", PROJECT]
+    created = cli("versions", "create", *where, "--corpus", "evaluator", "pinned",
+                  "--note", "integration")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    at_pin = tmp_path / "at-pin.jsonl"
+    assert corpus.export("--version", "pinned", "-o", str(at_pin)).returncode == 0
+    again = cli("versions", "create", *where, "--corpus", "evaluator", "pinned")
+    assert again.returncode == 2
+    assert b"version 'pinned' of acme/bot/evaluator already exists" in again.stderr
+
+    before = {r["trace_id"]: r for r in corpus.rows()}
+    old = "tr-0001"
+    rescore = event(
+        "evaluation.finished", f"e2-{old}", "2026-01-02T00:00:00Z", org=ORG, project=PROJECT,
+        trace_id=old, evaluation_id=f"ev2-{old}",
+        results=[{"evaluator": "judge", "score": 0.01, "passed": False, "reasoning": "again"}],
+    )  # fmt: skip
+    asyncio.run(publish(corpus.settings, [rescore]))
+    wait_for("the re-score in the evaluator corpus",
+             lambda: {r["trace_id"]: r for r in corpus.rows()}[old]["revision"]
+             > before[old]["revision"], timeout_s=120)  # fmt: skip
+    ref = source_ref(ORG, PROJECT, "evaluator")
+
+    async def compact_and_expire() -> list[str]:
+        store = open_store(corpus.settings.store_url)
+        try:
+            await compact(store, ref, writer="test")
+            return await expire(store, ref, keep_generations=1, retention_s=0,
+                                now=time.time() + 3600)  # fmt: skip
+        finally:
+            await store.close()
+
+    deleted = []
+    for _ in range(3):  # several compactions, each followed by a retention pass
+        corpus.feed(6)
+        deleted += asyncio.run(compact_and_expire())
+    assert deleted  # the retention passes removed history the version does not need
+
+    result = corpus.export("--version", "pinned", "-o", "-")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == at_pin.read_bytes()
+    assert b"read at version pinned" in result.stderr
+    assert corpus.export("-o", "-").stdout != at_pin.read_bytes()
+    verified = cli("shards", "verify", "--store", corpus.settings.store_url)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    unknown = corpus.export("--version", "nope", "-o", "-")
+    assert unknown.returncode == 2
+    assert b"version: no version 'nope' of acme/bot/evaluator" in unknown.stderr
+    assert cli("versions", "delete", *where, "--corpus", "evaluator", "pinned").returncode == 0

@@ -23,10 +23,11 @@ OPERATIONS = [
     ("POST", "queue/claim"), ("DELETE", "queue/claims/{trace_id}"), ("GET", "labeling"),
     ("PUT", "labeling"), ("POST", "labels"), ("POST", "skips"), ("DELETE", "labels/{trace_id}"),
     ("GET", "agreement"), ("GET", "whoami"), ("PUT", "queue/claims/{trace_id}"),
+    ("GET", "versions"), ("POST", "versions"), ("DELETE", "versions/{name}"),
 ]  # fmt: skip
-# Changing acme/bot's labeling settings would change the other tests' queues: an admin of a
-# project of its own fuzzes them.
-ADMIN_OF_ITS_OWN = {("PUT", "labeling")}
+# Changing acme/bot's labeling settings would change the other tests' queues, and its versions
+# other tests' retention: an admin of a project of its own fuzzes them.
+ADMIN_OF_ITS_OWN = {("PUT", "labeling"), ("POST", "versions"), ("DELETE", "versions/{name}")}
 TARGET = {"project": "bot"}
 
 

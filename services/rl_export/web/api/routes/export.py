@@ -39,6 +39,7 @@ from rl_export.common.errors import (
     NoDataError,
     ObjectNotFoundError,
     StoreError,
+    VersionError,
 )
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.common.formats import TABULAR_FORMATS, Completion, preference_pairs, render_row
@@ -64,6 +65,7 @@ from rl_export.export import (
 from rl_export.export import preview as export_preview
 from rl_export.export import stats as export_stats
 from rl_export.export.attachments import AttachmentPolicy
+from rl_export.export.versions import pinned
 from rl_export.web import audit
 from rl_export.web.api.deps import (
     ExportCaller,
@@ -144,6 +146,9 @@ DedupQuery = Annotated[
 ThresholdQuery = Annotated[
     str | None, Query(description="near: least estimated Jaccard similarity (0, 1]; 0.85")
 ]
+VersionQuery = Annotated[
+    str | None, Query(description="Read the corpus at this pinned version (GET versions)")
+]
 DedupOnQuery = Annotated[
     str | None, Query(description="conversation (default) or prompt: the text compared")
 ]
@@ -201,6 +206,16 @@ def _training(
                 parse_dedup(dedup, dedup_threshold, dedup_on))  # fmt: skip
     except ExportError as exc:
         raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
+
+
+async def _at(svc: Services, org: str, project: str, source: str, version: str | None) -> Any:
+    """The view position of ``version`` (None: the latest view); 404 for an unknown one."""
+    if version is None:
+        return None
+    try:
+        return (await pinned(svc.store, source_ref(org, project, source), version, None)).at
+    except VersionError as exc:
+        raise (Invalid if "is not valid" in exc.detail else NotFound)(exc.detail) from None
 
 
 def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
@@ -264,15 +279,17 @@ def _count(svc: Services, headers: Any, counts: dict[str, int]) -> None:
 async def get_stats(
     *,
     org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, source: SourceQuery,
-    filters: FiltersQuery,
+    filters: FiltersQuery, version: VersionQuery = None,
 ) -> StatsOut:  # fmt: skip
     followed = await corpus(svc, org, project, source)
     bins = BINS
     counts = [0] * bins
     records = rewarded = judged = passed = labeled = 0
     reward_sum = 0.0
-    if filters.metadata:  # the index holds no metadata: read the corpus itself
-        scanned = await _scanned_stats(svc, org, project, source, filters)
+    at = await _at(svc, org, project, source, version)
+    # The index holds no metadata and only the latest view: read the corpus itself.
+    if filters.metadata or at is not None:
+        scanned = await _scanned_stats(svc, org, project, source, filters, at=at)
         return StatsOut(**scanned, index=index_state(followed, time.monotonic()))
     if followed.corpus_id is not None:
         stats = await query(svc.index.stats, followed.corpus_id, filters)
@@ -293,12 +310,17 @@ async def get_stats(
 
 
 async def _scanned_stats(
-    svc: Services, org: str, project: str, source: str, filters: Filters
+    svc: Services, org: str, project: str, source: str, filters: Filters, *, at: Any = None
 ) -> dict[str, Any]:
-    """Stats read from the corpus (not the index), for filters the index cannot answer."""
+    """Stats read from the corpus (not the index), for filters the index cannot answer and
+    for a pinned version (``at``)."""
     try:
         return await export_stats(
-            svc.store, source_ref(org, project, source), filters=filters, histogram_bins=BINS
+            svc.store,
+            source_ref(org, project, source),
+            filters=filters,
+            histogram_bins=BINS,
+            at=at,
         )
     except NoDataError:
         return {
@@ -455,7 +477,7 @@ async def get_export(
     completion: CompletionQuery = None, split: SplitQuery = None,
     splits: SplitsQuery = None, split_by: SplitByQuery = None, split_salt: SaltQuery = None,
     dedup: DedupQuery = None, dedup_threshold: ThresholdQuery = None,
-    dedup_on: DedupOnQuery = None,
+    dedup_on: DedupOnQuery = None, version: VersionQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     chat, pairing = _chat(format, chat_style, system, completion)
@@ -468,13 +490,14 @@ async def get_export(
     )  # fmt: skip
     raw = _raw(svc, caller, asked)
     ref = source_ref(org, project, source)
+    at = await _at(svc, org, project, source, version)
     summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
             redact=kinds, summary=summary, chat=chat, completion=pairing, split=picked_split,
-            dedup=picked_dedup, attachments=AttachmentPolicy.from_settings(svc.settings),
+            dedup=picked_dedup, attachments=AttachmentPolicy.from_settings(svc.settings), at=at,
         )  # fmt: skip
 
     # On the export pool, within the subject's share (429 over it: DESIGN.md section 10).
