@@ -44,7 +44,7 @@ def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def test_the_wheel_holds_the_product(wheel_names: list[str]) -> None:
-    for name in ("rl_export/cli.py", "rl_export/local/dev.py", "rl_export/local/broker.py",
+    for name in ("rl_export/cli/__init__.py", "rl_export/local/dev.py", "rl_export/local/broker.py",
                  "rl_export/corpora/chain.py", "rl_export/web/static/rl_export.js",
                  "rl_export/py.typed"):  # fmt: skip
         assert name in wheel_names

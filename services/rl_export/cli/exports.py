@@ -1,0 +1,354 @@
+"""The commands that read corpora for people and trainers: ``export``, ``stats``,
+``agreement``, ``versions``, with their filter and training-set flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rl_export.common.errors import ConfigError
+from rl_export.common.settings import Settings
+
+if TYPE_CHECKING:
+    from rl_export.corpora.layout import CorpusRef
+
+from rl_export.cli.common import _open, _settings
+
+
+def _filter_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
+    """The filter flags given on the command line, as ``parse_filters`` reads them."""
+    from rl_export.common.filters import FILTER_NAMES
+
+    values: dict[str, str | list[str]] = {}
+    for name in FILTER_NAMES:
+        value = getattr(args, "f_" + name.replace("-", "_"), None)
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _export_ref(args: argparse.Namespace) -> CorpusRef:
+    from rl_export.export import source_ref
+
+    return source_ref(args.org, args.project, args.source)
+
+
+_MANIFEST_FLAGS = (
+    "org", "project", "source", "format", "columns", "pair_by", "margin", "mask_types",
+    "redact", "split", "splits", "split_by", "split_salt", "dedup", "dedup_threshold",
+    "dedup_on", "chat_style", "system", "completion",
+)  # fmt: skip
+"""What ``--from-manifest`` takes from the manifest: not to be given with it."""
+
+
+def _from_manifest(args: argparse.Namespace) -> Any:
+    """Fill the export's options in ``args`` from ``--from-manifest FILE``; return the view
+    position it read. ConfigError for an option given beside it, or a file that is not a
+    manifest of this rl-export version."""
+    from rl_export.common.filters import FILTER_NAMES
+    from rl_export.export.lineage import manifest_options, read_manifest
+
+    defaults = {"max_pairs": 1, "zip_data": "csv", "mask_failed_turns": False}
+    given = [n for n in _MANIFEST_FLAGS if getattr(args, n) is not None]
+    given += [n for n, default in defaults.items() if getattr(args, n) != default]
+    given += ["f_" + n for n in FILTER_NAMES if getattr(args, "f_" + n.replace("-", "_"))
+              is not None]  # fmt: skip
+    if given:
+        flags = ", ".join("--" + n.removeprefix("f_").replace("_", "-") for n in given)
+        raise ConfigError("--from-manifest", "takes the export's options from the manifest: "
+                          f"give only --store, -o and --card, not {flags}")  # fmt: skip
+    manifest = read_manifest(Path(args.from_manifest))
+    for name, value in manifest_options(manifest).items():
+        setattr(args, name, value)
+    return manifest.view_position()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rl_export.common.filters import parse_filters
+    from rl_export.common.gctune import lean_allocators, tune_gc
+    from rl_export.common.progressbar import bar, position_callback
+    from rl_export.export import (
+        check_export,
+        file_for,
+        parse_chat_style,
+        parse_completion,
+        parse_margin,
+        parse_mask,
+        parse_pair_by,
+        write_export,
+    )
+    from rl_export.export.attachments import AttachmentPolicy
+
+    settings = _settings(args, store_url="store")
+    at = _from_manifest(args) if args.from_manifest is not None else None
+    if at is not None and (args.version is not None or args.as_of is not None):
+        raise ConfigError("--from-manifest", "reads the manifest's position: give no --version "
+                          "or --as-of with it")  # fmt: skip
+    for flag in ("org", "project", "source", "format"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag}", "is required (or --from-manifest FILE)")
+    filters = parse_filters(_filter_values(args))
+    ref = _export_ref(args)
+    version = _pinned(args, settings, ref)
+    if version is not None:
+        at = version.at
+    pair_by = parse_pair_by(args.pair_by)
+    margin = parse_margin(args.margin)
+    redact = args.redact if args.redact is not None else settings.redact
+    mask = parse_mask(args.format, args.mask_failed_turns, args.mask_types)
+    chat = parse_chat_style(args.format, args.chat_style, args.system)
+    completion = parse_completion(args.format, args.completion)
+    to_stdout = args.output == "-"
+    file = file_for(args.format, None if to_stdout else args.output)
+    check_export(
+        args.format, columns=args.columns, pair_by=pair_by, margin=margin,
+        max_pairs=args.max_pairs, zip_data=args.zip_data, mask=mask, file=file, card=args.card,
+        redact=redact, chat=chat, completion=completion,
+    )  # fmt: skip
+    split, dedup = _training_set(args)
+    if to_stdout and args.card:
+        raise ConfigError("--card", "writes README.md beside the output file: give -o FILE")
+    if not to_stdout and Path(args.output).is_dir():
+        raise ConfigError("--output", f"{args.output} is a directory")
+
+    tune_gc()  # records are trees: the cycle collector would walk each batch for nothing
+    lean_allocators()  # the reading threads' arenas would hold on to what they freed
+
+    async def run() -> Any:
+        store = _open(args.store, settings)
+        try:
+            with bar(f"exporting {ref.root} as {args.format}", unit="records") as progress:
+                return await write_export(
+                    store, ref, format=args.format, filters=filters, columns=args.columns,
+                    pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
+                    zip_data=args.zip_data, mask=mask, file=file, card=args.card,
+                    redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
+                    at=at, manifest=args.card, attachments=AttachmentPolicy.from_settings(settings),
+                    out=sys.stdout.buffer if to_stdout else Path(args.output),
+                    progress=position_callback(progress),
+                )  # fmt: skip
+        finally:
+            await store.close()
+
+    summary = asyncio.run(run())
+    where = "stdout" if to_stdout else args.output
+    note = f"exported {summary.records} {'pairs' if args.format == 'preference' else 'rows'} "
+    note += f"({summary.format}, {summary.bytes} bytes) to {where}"
+    note += f" from {summary.scanned} latest records, {summary.matched} matching the filters"
+    if summary.skipped:
+        note += f", {summary.skipped} without a {args.format} row"
+    if split is not None:
+        note += f"; --split {split.name}: {summary.split_left_out} of other splits left out"
+    if dedup is not None:
+        note += f"; --dedup {dedup.mode}: {summary.duplicates_removed} duplicates removed"
+    if args.format == "zip":
+        note += f"; {summary.attachments} attachments, {summary.attachment_errors} failed"
+    if mask is not None:
+        note += (f"; {summary.turns_outside} failing outcomes named a turn outside their "
+                 f"conversation (they mask nothing)")  # fmt: skip
+    if args.card:
+        note += f"; dataset card {Path(args.output).parent / 'README.md'}, lineage "
+        note += f"{args.output}.manifest.json"
+    if version is not None:
+        note += f"; read at version {version.name}"
+    elif at is not None:
+        note += f"; read at the position of {args.from_manifest}"
+    if summary.redactions:
+        note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
+    else:
+        note += "; nothing redacted (--redact none)"
+    print(note, file=sys.stderr)
+    if (why := summary.why_empty()) is not None:
+        print(f"no {args.format} row: {why}", file=sys.stderr)
+    return 0
+
+
+def _pinned(args: argparse.Namespace, settings: Settings, ref: CorpusRef) -> Any:
+    """The version ``--version NAME`` or ``--as-of RFC3339`` names (a
+    :class:`~rl_export.export.versions.Pinned`), or None; ConfigError for both, a bad time or
+    an unknown version."""
+    from rl_export.export.versions import parse_as_of, pinned
+
+    if args.version is not None and args.as_of is not None:
+        raise ConfigError("--version", "give --version NAME or --as-of RFC3339, not both")
+    if args.version is None and args.as_of is None:
+        return None
+    as_of = None if args.as_of is None else parse_as_of(args.as_of)
+
+    async def run() -> Any:
+        store = _open(args.store, settings)
+        try:
+            return await pinned(store, ref, args.version, as_of)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _add_version(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("pinned versions (DESIGN.md section 5)")
+    group.add_argument("--version", metavar="NAME", help="read the corpus at this version")
+    group.add_argument(
+        "--as-of", metavar="RFC3339",
+        help="read the corpus at the newest version created at or before this time",
+    )  # fmt: skip
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from rl_export.common.codec import dumps
+    from rl_export.common.specs import check_name
+    from rl_export.corpora.layout import CorpusRef
+    from rl_export.corpora.versions import delete_version, get_version, list_versions
+    from rl_export.export.versions import pin
+
+    settings = _settings(args, store_url="store")
+    for flag in ("org", "project", "corpus"):
+        try:
+            check_name(flag, getattr(args, flag))
+        except ValueError as exc:
+            raise ConfigError(f"--{flag}", str(exc)) from None
+    ref = CorpusRef(args.org, args.project, args.corpus)
+
+    async def run() -> list[bytes]:
+        store = _open(args.store, settings)
+        try:
+            if args.action == "create":
+                version = await pin(store, ref, args.name, args.note or "")
+            elif args.action == "show":
+                version = await get_version(store, ref, args.name)
+            elif args.action == "delete":
+                version = await delete_version(store, ref, args.name)
+            else:
+                return [dumps(v.model_dump(mode="json")) for v in await list_versions(store, ref)]
+        finally:
+            await store.close()
+        return [dumps(version.model_dump(mode="json"))]
+
+    for line in asyncio.run(run()):
+        sys.stdout.buffer.write(line + b"\n")
+    sys.stdout.flush()
+    if args.action == "delete":
+        print(f"deleted version {args.name} of {ref.root}: the objects only it kept go at the "
+              "next expiry", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from rl_export.common.codec import dumps
+    from rl_export.common.filters import parse_filters
+    from rl_export.common.gctune import lean_allocators, tune_gc
+    from rl_export.export import stats
+
+    settings = _settings(args, store_url="store")
+    filters = parse_filters(_filter_values(args))
+    ref = _export_ref(args)
+    version = _pinned(args, settings, ref)
+    tune_gc()
+    lean_allocators()  # the same reading as an export's
+
+    async def run() -> dict[str, Any]:
+        store = _open(args.store, settings)
+        try:
+            return await stats(
+                store, ref, filters=filters, at=None if version is None else version.at
+            )
+        finally:
+            await store.close()
+
+    print(dumps(asyncio.run(run())).decode())
+    return 0
+
+
+def cmd_agreement(args: argparse.Namespace) -> int:
+    from rl_export.common.codec import dumps
+    from rl_export.common.errors import NoDataError
+    from rl_export.common.filters import parse_filters
+    from rl_export.common.gctune import tune_gc
+    from rl_export.export import latest_records, source_ref
+    from rl_export.labeling.agreement import AgreementBuilder, AgreementInput, agreement_report
+
+    settings = _settings(args, store_url="store")
+    filters = parse_filters(_filter_values(args))
+    ref = source_ref(args.org, args.project, "traces")
+    tune_gc()
+
+    async def run() -> AgreementInput:
+        store = _open(args.store, settings)
+        builder = AgreementBuilder()
+        try:
+            async for batch in latest_records(
+                store, ref, filters=filters, fields=AgreementBuilder.FIELDS
+            ):
+                for record in batch:
+                    builder.add(record)
+        except NoDataError:  # its message names --source, which this command has not
+            raise ConfigError(
+                "--org/--project",
+                f"no traces corpus for {ref.org}/{ref.project} in {store.url} (check --org "
+                "and --project)",
+            ) from None
+        finally:
+            await store.close()
+        return builder.build()
+
+    report = agreement_report(asyncio.run(run()))
+    print(dumps(report.model_dump(mode="json")).decode())
+    return 0
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("filters (DESIGN.md section 4)")
+    group.add_argument("--passed", dest="f_passed", metavar="true|false")
+    group.add_argument("--min-reward", dest="f_min_reward", metavar="R")
+    group.add_argument("--max-reward", dest="f_max_reward", metavar="R")
+    group.add_argument(
+        "--pass-dimension", dest="f_pass_dimension", metavar="TYPE", action="append",
+        help="repeatable: every decided outcome of TYPE is true, at least one decided",
+    )  # fmt: skip
+    group.add_argument("--max-severity", dest="f_max_severity", metavar="N")
+    group.add_argument("--agent-version", dest="f_agent_version", metavar="V")
+    group.add_argument("--scenario", dest="f_scenario", metavar="S")
+    group.add_argument("--since", dest="f_since", metavar="RFC3339", help="updated_at >= since")
+    group.add_argument("--until", dest="f_until", metavar="RFC3339", help="updated_at < until")
+    group.add_argument("--labeled", dest="f_labeled", metavar="true|false")
+    group.add_argument(
+        "--min-labels", dest="f_min_labels", metavar="N", help="at least N current human labels"
+    )
+    group.add_argument(
+        "--max-spread", dest="f_max_spread", metavar="X",
+        help="the largest difference between two labelers' rewards is at most X (0..1)",
+    )  # fmt: skip
+    group.add_argument(
+        "--metadata", dest="f_metadata", metavar="KEY=VALUE", action="append",
+        help="repeatable: the trace's top-level metadata KEY equals VALUE (as text)",
+    )  # fmt: skip
+    group.add_argument("--limit", dest="f_limit", metavar="N")
+
+
+_TRAINING_FLAGS = (
+    ("--split", "NAME", "keep the rows of this split only"),
+    ("--splits", "NAME=FRACTION,...", "the splits' shares, summing to 1 (train=0.9,eval=0.1)"),
+    ("--split-by", "FIELD", "what decides a row's split: trace_id, a field, metadata.KEY"),
+    ("--split-salt", "S", "a salt for the split's hash"),
+    ("--dedup", "exact|near", "one row per group of duplicates: the best reward, the latest"),
+    ("--dedup-threshold", "J", "near: least estimated Jaccard of word 5-shingles (0.85)"),
+    ("--dedup-on", "conversation|prompt", "the text compared (default: every message)"),
+)
+
+
+def _add_training_set(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("training sets (DESIGN.md section 4)")
+    for flag, metavar, text in _TRAINING_FLAGS:
+        group.add_argument(flag, metavar=metavar, help=text)
+
+
+def _training_set(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The ``--split`` and ``--dedup`` flags, checked: (Split | None, Dedup | None)."""
+    from rl_export.export import parse_dedup, parse_split
+
+    split = parse_split(args.split, args.splits, args.split_by, args.split_salt)
+    dedup = parse_dedup(args.dedup, args.dedup_threshold, args.dedup_on)
+    return split, dedup
