@@ -73,7 +73,7 @@ def test_the_third_labeler_sees_neither_the_others_labels_nor_the_secret(stack: 
         (item,) = answer.json()["items"]
         assert item["trace_id"] == trace_id
         assert leaks(answer.text) == []
-        for field in ("labels", "labelers", "labels_count", "rubric", "skipped_by"):
+        for field in ("human_labels", "labelers", "labels_count", "rubric", "skipped_by"):
             assert item[field] is None, field
         assert "[REDACTED:SECRETS]" in answer.text
         assert item["evaluation"]["results"][0]["evaluator"] == "judge"  # the rest is there

@@ -80,9 +80,9 @@ def test_a_blip_keeps_the_instance_ready_and_probes_never_reach_the_store() -> N
     clock.now += 10
     asyncio.run(health.check_once())  # one failed check: still ready
     assert _answer(svc) == (200, {"ready": True})
-    clock.now += 40  # no success for 50 s: out of traffic, saying why
+    clock.now += 40  # no success for 50 s: out of traffic (the reason goes to the log)
     asyncio.run(health.check_once())
-    assert _answer(svc) == (503, {"ready": False, "store": "503 Slow Down"})
+    assert _answer(svc) == (503, {"ready": False, "store": "unavailable"})
     store.error = None
     asyncio.run(health.check_once())
     assert _answer(svc) == (200, {"ready": True})
