@@ -1,4 +1,4 @@
-"""A corpus as a Hugging Face ``datasets.IterableDataset``, for trainers (DESIGN.md section 5).
+"""A corpus as a Hugging Face ``datasets.IterableDataset``, for trainers (docs/concepts/corpora.md).
 
 ``corpus_dataset(store, org, project, corpus, *, latest_only=True, follow=False)`` reads any
 corpus (any format) of any store (``file://``, a path, ``s3://``, or an opened store) with

@@ -1,4 +1,4 @@
-"""The ``rl-export`` command line (DESIGN.md section 6).
+"""The ``rl-export`` command line (docs/guides/commands.md).
 
 Every command turns an :class:`RlExportError` into one line on stderr and a non-zero exit;
 argparse already answers bad flags with a usage line and exit code 2.
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "agreement",
         help="print the agreement report (Krippendorff's alpha, labelers, evaluators) as JSON",
-        description="The agreement report (DESIGN.md section 8) over the latest records of "
+        description="The agreement report (docs/guides/labeling.md) over the latest records of "
         "the traces corpus that match the filters, as one JSON object on stdout.",
     )
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")

@@ -189,7 +189,7 @@ def _pinned(args: argparse.Namespace, settings: Settings, ref: CorpusRef) -> Any
 
 
 def _add_version(p: argparse.ArgumentParser) -> None:
-    group = p.add_argument_group("pinned versions (DESIGN.md section 5)")
+    group = p.add_argument_group("pinned versions (docs/concepts/corpora.md)")
     group.add_argument("--version", metavar="NAME", help="read the corpus at this version")
     group.add_argument(
         "--as-of", metavar="RFC3339",
@@ -300,7 +300,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
 
 
 def _add_filters(p: argparse.ArgumentParser) -> None:
-    group = p.add_argument_group("filters (DESIGN.md section 4)")
+    group = p.add_argument_group("filters (docs/guides/exports.md)")
     group.add_argument("--passed", dest="f_passed", metavar="true|false")
     group.add_argument("--min-reward", dest="f_min_reward", metavar="R")
     group.add_argument("--max-reward", dest="f_max_reward", metavar="R")
@@ -340,7 +340,7 @@ _TRAINING_FLAGS = (
 
 
 def _add_training_set(p: argparse.ArgumentParser) -> None:
-    group = p.add_argument_group("training sets (DESIGN.md section 4)")
+    group = p.add_argument_group("training sets (docs/guides/exports.md)")
     for flag, metavar, text in _TRAINING_FLAGS:
         group.add_argument(flag, metavar=metavar, help=text)
 

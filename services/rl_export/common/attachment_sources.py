@@ -1,4 +1,4 @@
-"""Which attachment URIs an export may fetch (DESIGN.md section 10): pure checks, no I/O.
+"""Which attachment URIs an export may fetch (docs/guides/security.md): pure checks, no I/O.
 
 An attachment's ``uri`` comes from an untrusted event. It is fetched only when, once
 normalised, it starts with one of the prefixes of ``RL_EXPORT_ATTACHMENT_SOURCES`` (a comma

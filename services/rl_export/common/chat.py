@@ -1,6 +1,6 @@
 """Chat styles: the shape a chat format's messages take on the way out (pure).
 
-DESIGN.md section 4, "Chat style" (``--chat-style``, API ``chat_style=``, corpus specs,
+docs/guides/exports.md, "Chat style" (``--chat-style``, API ``chat_style=``, corpus specs,
 ``rl_export.hf``; formats ``messages``, ``prompt_completion``, ``preference``, ``kto``):
 
 - ``hf`` (the default) is what Hugging Face chat templates and TRL expect: every ``content``

@@ -1,4 +1,4 @@
-"""Input events (DESIGN.md section 2) as pydantic models, decoded straight from JSON bytes.
+"""Input events (docs/reference/schemas.md) as pydantic models, decoded straight from JSON bytes.
 
 Every event carries ``event_id``, ``event_type``, ``occurred_at``, ``org``, ``project`` and
 ``trace_id``; unknown extra fields are kept. ``decode_event`` turns the raw Kafka value into

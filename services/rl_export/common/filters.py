@@ -1,4 +1,4 @@
-"""The filters of DESIGN.md section 4, in one place: parsed from flags or query parameters, and
+"""The filters of docs/guides/exports.md, in one place: parsed from flags or query parameters, and
 matched against trajectory records by the CLI, the HTTP API and streaming corpus specs.
 
 Public interface (the web service and the corpus specs rely on these names)::

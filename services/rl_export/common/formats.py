@@ -1,4 +1,4 @@
-"""The training formats of DESIGN.md section 4: pure renderers from the trajectory record.
+"""The training formats of docs/guides/exports.md: pure renderers from the trajectory record.
 
 Public interface (the export, the sink and the web service rely on these names)::
 
@@ -77,7 +77,7 @@ CORPUS_FORMATS: tuple[str, ...] = tuple(
 the whole latest view, and ``rl_prompts`` is a file for verl (Parquet, or JSON Lines) made
 from the latest view, so both are an export only."""
 MASK_FORMATS: tuple[str, ...] = ("messages", "prompt_completion")
-"""The formats ``--mask-failed-turns`` applies to (DESIGN.md section 4)."""
+"""The formats ``--mask-failed-turns`` applies to (docs/guides/exports.md)."""
 CHAT_FORMATS: tuple[str, ...] = ("messages", "prompt_completion", "preference", "kto")
 """The formats whose messages take a chat style (``--chat-style``, ``--system``)."""
 Completion = Literal["turn", "rest"]
@@ -260,7 +260,7 @@ def trace_index(trace_id: str) -> int:
 
 
 def rl_prompts_row(record: dict[str, Any]) -> dict[str, Any] | None:
-    """verl's RL data row of a record (DESIGN.md section 4, ``rl_prompts``), or None when
+    """verl's RL data row of a record (docs/guides/exports.md, ``rl_prompts``), or None when
     the conversation has no user message. ``prompt`` is the messages up to and including
     the first user message, as received; ``extra_info.index`` is :func:`trace_index`."""
     split = prompt_split(_message_list(record), at="first")

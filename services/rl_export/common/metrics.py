@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 REDACTION_KINDS = ("secrets", "email", "phone", "credit_card", "iban", "ip")
-"""The kinds of DESIGN.md section 4's redaction: the closed set of ``kind`` label values."""
+"""The kinds of docs/guides/exports.md's redaction: the closed set of ``kind`` label values."""
 
 CLAIM_OUTCOMES = ("granted", "renewed", "lost", "released", "ended")
 """What became of a claim attempt or a claim (the ``outcome`` label of the claims counter):

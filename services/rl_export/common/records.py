@@ -1,4 +1,4 @@
-"""Output records (DESIGN.md section 4): the ``trajectory`` format and its tombstone.
+"""Output records (docs/guides/exports.md): the ``trajectory`` format and its tombstone.
 
 These models are the contract trainers read; ``schemas/`` holds their JSON Schemas, generated
 by :mod:`rl_export.common.schemas` and checked against these models by the test suite.
@@ -207,7 +207,7 @@ def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
     }
 
 
-# The record's fields, in DESIGN.md order.
+# The record's fields, in the documented order (docs/reference/schemas.md).
 _RECORD_FIELDS = list(TrajectoryRecord.model_fields)
 _RECORD_KEYS = frozenset(_RECORD_FIELDS)
 _FIELD_LISTS = {

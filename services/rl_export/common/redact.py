@@ -1,4 +1,4 @@
-"""Redaction (DESIGN.md section 4): sensitive substrings of a row's free text become
+"""Redaction (docs/guides/exports.md): sensitive substrings of a row's free text become
 ``[REDACTED:KIND]``, deterministically, with a count per kind.
 
 Pure: text in, text and counts out (:meth:`Redactor.text`); a record or row in, a record and
@@ -240,7 +240,7 @@ class Redactor:
     # records
 
     def record(self, record: dict[str, Any]) -> tuple[dict[str, Any], Counts]:
-        """A record or row with the strings of DESIGN.md section 4 redacted (a new dict when
+        """A record or row with the strings of docs/guides/exports.md redacted (a new dict when
         something changed, else ``record`` itself), and the counts.
 
         First the strings are only gathered and the gates tried on all of them at once; the

@@ -384,7 +384,7 @@ class Settings(BaseSettings):
         "larger ones as background jobs.",
     )
 
-    # Attachments of zip exports (DESIGN.md section 10)
+    # Attachments of zip exports (docs/guides/security.md)
     attachment_sources: str = Field(
         "",
         description="Comma list of the URI prefixes a zip export may fetch attachments from: "

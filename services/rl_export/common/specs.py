@@ -7,13 +7,13 @@ passed conversations is::
 
 ``format`` is any JSON Lines format but ``preference`` (pairs need the whole latest view: an
 export) and ``rl_prompts`` (verl's files: an export). A ``messages`` or
-``prompt_completion`` corpus may weigh its assistant messages by turn (DESIGN.md section 4):
+``prompt_completion`` corpus may weigh its assistant messages by turn (docs/guides/exports.md):
 ``"mask_failed_turns": true``, optionally ``"mask_types": ["goal_met", ...]``. A
 ``messages``, ``prompt_completion`` or ``kto`` corpus writes its messages in a chat style
 (:mod:`rl_export.common.chat`): ``"chat_style": "hf"`` (the default), ``"openai"`` or
 ``"raw"``, and ``"system": "merge"`` folds system messages into the first user message.
 ``filter``
-takes every filter of DESIGN.md section 4 by name (``min-reward`` or ``min_reward``;
+takes every filter of docs/guides/exports.md by name (``min-reward`` or ``min_reward``;
 ``limit`` aside, which a stream has no use for), JSON values or their text.
 For backwards compatibility any other key that names a field of the trajectory record is the
 old equality test (``{"rules_version": 1}``); anything else is an error naming the key.
@@ -117,7 +117,7 @@ class CorpusSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _split_filter(cls, data: Any) -> Any:
-        """``filter`` as JSON: the filters of DESIGN.md section 4, and the old equality
+        """``filter`` as JSON: the filters of docs/guides/exports.md, and the old equality
         tests on record fields (kept in ``equals``)."""
         if not isinstance(data, dict) or not isinstance(data.get("filter"), Mapping):
             return data

@@ -1,6 +1,6 @@
 """Turns of a conversation and per-turn loss masks from an evaluation's report (pure).
 
-DESIGN.md section 4, "Turns and per-turn masks": a report outcome's ``turn`` is 1-based; turn
+docs/guides/exports.md, "Turns and per-turn masks": a report outcome's ``turn`` is 1-based; turn
 *n* is the *n*-th user message and every message after it up to the next user message (the
 agent's reply: assistant messages, tool calls, tool results); messages before the first user
 message (system prompts) belong to no turn.

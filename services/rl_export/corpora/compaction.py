@@ -1,4 +1,5 @@
-"""Compaction: the latest revision per trace, with the chain positions it covers (DESIGN.md 5).
+"""Compaction: the latest revision per trace, with the chain positions it covers
+(docs/concepts/corpora.md).
 
 How a generation is made (:func:`compact`):
 

@@ -1,4 +1,4 @@
-"""Corpora in object storage: names, layout, commits and chains (DESIGN.md section 5).
+"""Corpora in object storage: names, layout, commits and chains (docs/concepts/corpora.md).
 
 A *corpus* is a named continuous export ``(reward source, format, filter)`` of one
 org/project. Under the store root::

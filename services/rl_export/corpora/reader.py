@@ -1,6 +1,6 @@
 """The reader trainers use: stream a corpus, resume from a cursor, follow new commits.
 
-How a read travels (DESIGN.md section 5; the steps match :meth:`CorpusReader._walk`, which
+How a read travels (docs/concepts/corpora.md; the steps match :meth:`CorpusReader._walk`, which
 both :meth:`CorpusReader.records` and :meth:`CorpusReader.follow_objects` read through):
 
 1. Without a cursor, start from the latest compaction: yield its records (checksums and

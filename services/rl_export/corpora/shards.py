@@ -1,6 +1,6 @@
 """``rl-export shards ls|cat|tail|verify``: look at and check the corpora in a store.
 
-:func:`verify` checks, for every corpus under a prefix (DESIGN.md section 5):
+:func:`verify` checks, for every corpus under a prefix (docs/concepts/corpora.md):
 
 1. every object under ``_manifest/`` is a commit name and a readable commit that agrees with
    its name (stream, ``from_offset``, ``last_offset >= from_offset``) and names its shard

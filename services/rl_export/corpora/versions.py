@@ -1,4 +1,4 @@
-"""Pinned corpus versions (DESIGN.md section 5, "Versions").
+"""Pinned corpus versions (docs/concepts/corpora.md, "Versions").
 
 A version names a position of one corpus: its compaction ``generation`` (None: none yet) and,
 per chain, the offset after the last commit it holds (``ends``), the same position an export's

@@ -1,4 +1,4 @@
-"""Fetching attachments for ``zip`` exports, only where DESIGN.md section 10 allows it.
+"""Fetching attachments for ``zip`` exports, only where docs/guides/security.md allows it.
 
 An attachment's ``uri`` is untrusted. :meth:`Fetcher.fetch` gives a status and, when
 ``fetched``, the bytes:

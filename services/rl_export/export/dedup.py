@@ -1,4 +1,4 @@
-"""Deduplication of an export's rows (DESIGN.md section 4, ``--dedup``; pure).
+"""Deduplication of an export's rows (docs/guides/exports.md, ``--dedup``; pure).
 
 Agent traffic repeats itself: the same prompt per scenario, retried runs. ``--dedup exact``
 groups rows whose normalised text is identical; ``--dedup near`` also groups rows whose

@@ -68,7 +68,7 @@ How an export travels:
    (the dataset card).
 5. With ``card``, the card is written once the data file has its name: ``README.md``
    beside it, replaced atomically.
-6. Redaction (DESIGN.md section 4) applies to what is written, after the limit: a
+6. Redaction (docs/guides/exports.md) applies to what is written, after the limit: a
    ``trajectory`` line no gate of :mod:`rl_export.common.redact` opens for is copied without
    being parsed; other rows are redacted as they are written; ``preference`` redacts the
    paired records of its second pass (pairs are made on the prompts as stored).

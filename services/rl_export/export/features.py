@@ -1,4 +1,4 @@
-"""The ``datasets.Features`` of the rows of each per-record format (DESIGN.md section 5,
+"""The ``datasets.Features`` of the rows of each per-record format (docs/concepts/corpora.md,
 ``rl_export.hf``: a dataset "declares its features, so map, select_columns and to_parquet keep
 the types").
 

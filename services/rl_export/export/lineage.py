@@ -1,4 +1,4 @@
-"""Lineage: the ``<file>.manifest.json`` beside an export (DESIGN.md section 4; pure).
+"""Lineage: the ``<file>.manifest.json`` beside an export (docs/guides/exports.md; pure).
 
 An export made with ``--card``, and every export job, says exactly what it is: the position
 of the corpus it read (the compaction generation and every chain's end:

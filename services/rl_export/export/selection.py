@@ -1,5 +1,5 @@
 """What an export's scan keeps beyond the filters: the rows of one split, and the rows a
-dedup keeps of each group of duplicates (DESIGN.md section 4, training sets)."""
+dedup keeps of each group of duplicates (docs/guides/exports.md, training sets)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Tokenising conversational rows for SFT, with masks that trainers honour (DESIGN.md
-section 4, turns and per-turn masks; served as ``rl_export.hf.tokenize_for_sft``).
+"""Tokenising conversational rows for SFT, with masks that trainers honour
+(docs/guides/exports.md, turns and per-turn masks; served as ``rl_export.hf.tokenize_for_sft``).
 
 A masked ``messages`` row gives each assistant message a ``weight`` (0: a failed turn). TRL's
 ``SFTTrainer`` takes pre-tokenised rows and builds its labels from ``assistant_masks``;

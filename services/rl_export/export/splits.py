@@ -1,4 +1,4 @@
-"""Splits that stay put as a corpus grows (DESIGN.md section 4, ``--split``; pure).
+"""Splits that stay put as a corpus grows (docs/guides/exports.md, ``--split``; pure).
 
 ``--split NAME --splits train=0.9,eval=0.05,test=0.05 [--split-by FIELD] [--split-salt S]``
 keeps the rows of one split. A row's split is decided by a stable hash of (salt, the row's

@@ -1,4 +1,4 @@
-"""Reading a corpus at a pinned version (DESIGN.md section 5, "Versions").
+"""Reading a corpus at a pinned version (docs/concepts/corpora.md, "Versions").
 
 :func:`pin` finds where the corpus is now (:meth:`~rl_export.export.latest.LatestView.locate`:
 its latest compaction and every chain's end) and stores it as a version

@@ -1,4 +1,4 @@
-"""Labeling as a team (DESIGN.md section 8): settings, the queue's policy, claims, agreement.
+"""Labeling as a team (docs/guides/labeling.md): settings, the queue's policy, claims, agreement.
 
 Pure rules and the small store-backed pieces they need; the web service's routes and the CLI
 compose them. Sits beside ``export``: it may import ``common``, ``stream`` and ``corpora``.

@@ -1,4 +1,4 @@
-"""The agreement report (DESIGN.md section 8), pure: how far labelers agree with each other,
+"""The agreement report (docs/guides/labeling.md), pure: how far labelers agree with each other,
 and how far each evaluator agrees with them.
 
 The report is a function of a columnar input, :class:`AgreementInput` (numpy arrays: a row
@@ -111,7 +111,7 @@ class EvaluatorDetail(_Out):
 
 
 class AgreementReport(_Out):
-    """DESIGN.md section 8's agreement report."""
+    """docs/guides/labeling.md's agreement report."""
 
     traces: int
     labeled: int

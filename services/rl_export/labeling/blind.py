@@ -1,4 +1,4 @@
-"""Blind, redacted queue and claim items (DESIGN.md section 10).
+"""Blind, redacted queue and claim items (docs/guides/security.md).
 
 A labeler who sees how others rated a trace rates it like them, which inflates exactly the
 agreement the report measures. So while the project's labeling setting ``blind`` is true (the

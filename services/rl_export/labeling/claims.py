@@ -2,7 +2,7 @@
 
 A trace whose target is k labels (k + 1 once adjudication asked for one more) has k places,
 its *slots* 0..k-1. Each slot is a chain of create-only objects in the store, the way a
-corpus's commits are (DESIGN.md section 5):
+corpus's commits are (docs/concepts/corpora.md):
 
     _claims/<org>/<project>/<sha256 of trace_id, 32 hex>/<slot:02d>/<generation:08d>.json
 
@@ -22,7 +22,7 @@ the others' claims within milliseconds: its queue leaves out traces whose places
 held, and it rarely loses a race. The book is knowledge, never the arbiter: a stale book
 only costs a lost race and a read.
 
-The one exception (DESIGN.md section 8): C's claim expired, D took the place, then C's
+The one exception (docs/guides/labeling.md): C's claim expired, D took the place, then C's
 label arrives. The label is accepted (a person did the work), takes another free place if
 there is one, and is otherwise over the target: :meth:`Claims.label` says so and the caller
 counts it (``rl_export_labels_over_target_total``). Labels published to Kafka by other

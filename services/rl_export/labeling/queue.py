@@ -1,4 +1,4 @@
-"""The queue of DESIGN.md section 8, as rules: a trace's target, whose queue it is in, orders.
+"""The queue of docs/guides/labeling.md, as rules: a trace's target, whose queue it is in, orders.
 
 The queue of labeler C holds the traces of the ``traces`` corpus (not deleted, matching the
 request's filters) that C has neither labeled nor skipped, and whose current labels plus

@@ -1,4 +1,4 @@
-"""A project's labeling settings (DESIGN.md section 8), kept in the object store.
+"""A project's labeling settings (docs/guides/labeling.md), kept in the object store.
 
 ``_labeling/<org>/<project>/settings.json`` holds what an admin set with ``PUT labeling``; a
 project that never set them uses the defaults from the service's settings
@@ -49,7 +49,7 @@ class LabelingSettings(BaseModel):
     blind: bool = Field(
         True,
         description="Queue and claim items carry no other labeler's ratings, comments, names "
-        "or human rewards (DESIGN.md section 10); false shows them.",
+        "or human rewards (docs/guides/security.md); false shows them.",
     )
 
 

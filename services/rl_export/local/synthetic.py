@@ -1,6 +1,6 @@
 """Synthetic AgentHub traffic: realistic traces, evaluations and labels for dev and tests.
 
-``generate(n_traces, seed=...)`` returns event dicts in the shape of DESIGN.md section 2:
+``generate(n_traces, seed=...)`` returns event dicts in the shape of docs/reference/schemas.md:
 multi-turn conversations of a few KB with tool calls, evaluations with reports, labels from
 several labelers (with skips and retractions), in shuffled order with some duplicates. The
 same seed always gives the same events.

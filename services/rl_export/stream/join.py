@@ -1,4 +1,5 @@
-"""The join: merge one event into a trace's state and say what to emit (DESIGN.md section 3).
+"""The join: merge one event into a trace's state and say what to emit
+(docs/concepts/join-rules.md).
 
 Pure functions only: no Kafka, no clock but the ``now`` passed in. The batch processor
 (:mod:`rl_export.stream.processor`, which the worker and ``replay`` both run) calls

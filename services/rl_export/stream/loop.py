@@ -17,7 +17,7 @@ each one member of the join's consumer group. How an event travels (the steps ma
 4. After the batch, every touched state is written to the table once (RocksDB, and its
    changelog topic: :mod:`rl_export.stream.statestore`), and the last snapshot of each trace
    that emitted goes to the ``trajectories`` topic (revisions may skip numbers, which
-   DESIGN.md allows). States due to expire (orphans, tombstones) in the batch's partitions
+   the join rules allow). States due to expire (orphans, tombstones) in the batch's partitions
    are deleted; the table keeps the index of what may expire beside the states, and a
    restored partition loads it (no state is read for it).
 5. The emitter (:mod:`rl_export.stream.emitter`) sends changelog, snapshots, forwards and

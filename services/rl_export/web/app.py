@@ -1,11 +1,11 @@
 """The FastAPI application: routes, error answers, the body limit and request metrics.
 
 Every error is JSON ``{error, detail}`` (:class:`~rl_export.web.models.ErrorOut`) with the
-status of DESIGN.md section 7; bad input of any kind is a 4xx, never a 500: a body over
+status of docs/concepts/web-service.md; bad input of any kind is a 4xx, never a 500: a body over
 ``web_max_body_bytes`` is 413 before it is read, a body or parameter that does not validate
 is 422 naming the field (a query parameter the route does not know included), and a broker
-or store that does not answer is 503. Every response carries the security headers of DESIGN.md
-section 7 (:class:`SecurityHeaders`).
+or store that does not answer is 503. Every response carries the security headers of
+docs/concepts/web-service.md (:class:`SecurityHeaders`).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
 
 
 class SecurityHeaders:
-    """Add :data:`SECURITY_HEADERS` to every HTTP response (DESIGN.md section 7)."""
+    """Add :data:`SECURITY_HEADERS` to every HTTP response (docs/concepts/web-service.md)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -169,7 +169,7 @@ def known_query(dependant: Dependant) -> frozenset[str]:
 
 
 async def refuse_unknown_query(request: Request) -> None:
-    """422 for a query parameter the route does not know (DESIGN.md section 7): a
+    """422 for a query parameter the route does not know (docs/concepts/web-service.md): a
     misspelled filter must never export unfiltered data."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):

@@ -1,4 +1,4 @@
-"""The raw-access audit log (DESIGN.md section 10): who read what with a redaction weaker than
+"""The raw-access audit log (docs/guides/security.md): who read what with a redaction weaker than
 the project's default.
 
 Each read appends one create-only object ``_audit/<org>/<project>/<time>-<random>.json``

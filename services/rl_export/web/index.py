@@ -8,7 +8,7 @@ store large strings (about 23 µs a record for the bodies, against 4 µs for the
 the bodies stay out of it, in local segment files (:mod:`rl_export.web.segments`), and the
 index keeps where each one is.
 
-One row per (corpus, trace): the columns the filters need (DESIGN.md section 4: reward,
+One row per (corpus, trace): the columns the filters need (docs/guides/exports.md: reward,
 passed, labels, agent version, scenario, updated_at, the worst severity, the report types
 that passed and the labelers' spread; :mod:`rl_export.web.indexsql`), ``labelers`` and
 ``skipped_by`` for the queue, ``seq`` (the order lines were read, for previews), and the

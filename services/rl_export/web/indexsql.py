@@ -1,6 +1,6 @@
 """The query index's SQL over corpus records: what is extracted from each record (read by
 DuckDB from JSON lines or from an index sidecar's columns, the same expressions either way),
-the records table's columns, and the filters (DESIGN.md section 4) as a condition."""
+the records table's columns, and the filters (docs/guides/exports.md) as a condition."""
 
 from __future__ import annotations
 

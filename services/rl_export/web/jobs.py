@@ -79,7 +79,7 @@ class JobRequest(BaseModel):
     chat_style: str | None = None  # None: hf (the chat formats)
     system: str | None = None  # None: keep
     completion: str | None = None  # preference; None: turn
-    # Training sets (DESIGN.md section 4), as the flags' text: None when not asked.
+    # Training sets (docs/guides/exports.md), as the flags' text: None when not asked.
     split: str | None = None
     splits: str | None = None
     split_by: str | None = None

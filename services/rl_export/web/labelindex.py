@@ -1,4 +1,4 @@
-"""The team's queries over the query index (DESIGN.md section 8): the head of a labeler's
+"""The team's queries over the query index (docs/guides/labeling.md): the head of a labeler's
 queue and its counts, a trace's labels, records in the order asked, and the agreement report's
 input. The rules are :mod:`rl_export.labeling`'s; this module says them in SQL over the
 ``traces`` corpus's rows (:mod:`rl_export.web.index`), and :mod:`rl_export.web.team` corrects

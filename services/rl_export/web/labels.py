@@ -1,5 +1,5 @@
 """Label events the API publishes (pure): ``label.submitted``, ``label.skipped`` and
-``label.retracted`` of DESIGN.md section 2, built from a request and the caller.
+``label.retracted`` of docs/reference/schemas.md, built from a request and the caller.
 
 The labeler is the token's subject, never a field of the request; ``event_id`` is a fresh
 UUID and ``occurred_at`` the server's clock. Events are built through the same pydantic models

@@ -1,4 +1,4 @@
-"""Each subject's share of an instance's export work (DESIGN.md section 10).
+"""Each subject's share of an instance's export work (docs/guides/security.md).
 
 A :class:`SubjectLimit` counts what each subject holds (direct exports, or export jobs) and
 refuses one more over its share with :class:`~rl_export.web.errors.TooMany` (429 with

@@ -1,4 +1,4 @@
-"""The web service's Prometheus metrics, on a port of their own (DESIGN.md section 7).
+"""The web service's Prometheus metrics, on a port of their own (docs/concepts/web-service.md).
 
 Metrics name routes, corpora and counts an outsider has no business reading, and a scrape is
 work: so ``/metrics`` is not on the public port but on ``RL_EXPORT_WEB_METRICS_PORT``, which

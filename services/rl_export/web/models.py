@@ -1,4 +1,4 @@
-"""The HTTP API's request and response bodies (DESIGN.md section 7), as pydantic models.
+"""The HTTP API's request and response bodies (docs/concepts/web-service.md), as pydantic models.
 
 The OpenAPI document at ``/api/v1/openapi.json`` is generated from these and the routes'
 signatures. Request bodies forbid unknown fields: a ``labeler`` in a label is a 422, since the
@@ -125,13 +125,13 @@ class ClaimOut(BaseModel):
 
 
 class AgreementOut(AgreementReport):
-    """The agreement report (DESIGN.md section 8), and how current the index is."""
+    """The agreement report (docs/guides/labeling.md), and how current the index is."""
 
     index: IndexState
 
 
 class LabelingOut(BaseModel):
-    """A project's labeling settings (DESIGN.md section 8)."""
+    """A project's labeling settings (docs/guides/labeling.md)."""
 
     labels_per_trace: int
     lease_s: int
@@ -227,7 +227,7 @@ class ExportIn(_In):
     mask_failed_turns: bool = Field(
         False,
         description="messages, prompt_completion: a weight on every assistant message, 0 in "
-        "turns with a failing outcome (DESIGN.md section 4).",
+        "turns with a failing outcome (docs/guides/exports.md).",
     )
     mask_types: str | list[str] | None = Field(
         None, description="With mask_failed_turns: only outcomes of these types mask."

@@ -3,7 +3,7 @@
 ``GET export`` streams a whole export, which parses, filters and renders every record: done
 on the API's event loop it would hold every other request back for its whole duration, and
 done on the loop's default thread pool it would take the threads that stats, the queue,
-claims and ``/readyz`` run their queries on (DESIGN.md section 10). So:
+claims and ``/readyz`` run their queries on (docs/guides/security.md). So:
 
 1. :class:`ExportPool` owns ``web_export_threads`` threads for exports only, and the
    per-subject limit of direct exports (``web_exports_per_subject``: 429 over it).

@@ -1,4 +1,4 @@
-"""The team's queue and claims over this instance's index (DESIGN.md section 8).
+"""The team's queue and claims over this instance's index (docs/guides/labeling.md).
 
 The index answers from the corpora (SQL over the ``traces`` corpus's latest records); the few
 traces the corpora do not show right yet, *touched* ones, are decided here with the queue's

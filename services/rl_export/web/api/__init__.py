@@ -1,1 +1,1 @@
-"""The HTTP API under ``/api/v1/{org}/{project}/`` (DESIGN.md section 7)."""
+"""The HTTP API under ``/api/v1/{org}/{project}/`` (docs/concepts/web-service.md)."""

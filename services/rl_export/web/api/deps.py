@@ -144,7 +144,7 @@ def filters(
     ] = None,
     limit: Annotated[str | None, Query(description="At most N records")] = None,
 ) -> Filters:
-    """The filters of DESIGN.md section 4 from the query string; 422 naming a bad one."""
+    """The filters of docs/guides/exports.md from the query string; 422 naming a bad one."""
     values: dict[str, str | list[str]] = {
         name: value
         for name, value in {

@@ -1,4 +1,4 @@
-"""``GET agreement`` (scope ``export``): the agreement report of DESIGN.md section 8 over the
+"""``GET agreement`` (scope ``export``): the agreement report of docs/guides/labeling.md over the
 latest records of the ``traces`` corpus that match the usual filters.
 
 The index hands over the labels and results as columns (:func:`~rl_export.web.labelindex.

@@ -10,7 +10,7 @@ export and jobs; the preview and the direct export say what they replaced in the
 before the body, so a direct export that redacts is made whole (spooled to a temporary file)
 before it is sent.
 
-Raw access (DESIGN.md section 10): a redaction weaker than the project's default
+Raw access (docs/guides/security.md): a redaction weaker than the project's default
 (``redact=none``, or kinds that do not cover ``RL_EXPORT_REDACT``'s) needs the ``raw`` scope
 (403 ``raw_required``, whatever the other scopes) and is audited (:mod:`rl_export.web.audit`)
 before its data leaves: a raw direct export is made whole first too, so its entry holds the
@@ -113,7 +113,7 @@ MaskQuery = Annotated[
     bool,
     Query(
         description="messages, prompt_completion: a weight on every assistant message, 0 in "
-        "turns with a failing outcome (DESIGN.md section 4)"
+        "turns with a failing outcome (docs/guides/exports.md)"
     ),
 ]
 MaskTypesQuery = Annotated[
@@ -500,7 +500,7 @@ async def get_export(
             dedup=picked_dedup, attachments=AttachmentPolicy.from_settings(svc.settings), at=at,
         )  # fmt: skip
 
-    # On the export pool, within the subject's share (429 over it: DESIGN.md section 10).
+    # On the export pool, within the subject's share (429 over it: docs/guides/security.md).
     stream = svc.exports.stream((org, project, caller.subject), make)
     try:
         # The first chunk before the answer starts: a corpus with no data is a 404, not a

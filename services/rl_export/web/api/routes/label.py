@@ -1,5 +1,5 @@
 """The Label tab's routes (scope ``label``; ``PUT labeling`` needs ``admin``): the team's queue,
-claims, labels, skips, retractions and the project's labeling settings (DESIGN.md section 8).
+claims, labels, skips, retractions and the project's labeling settings (docs/guides/labeling.md).
 
 ``PUT queue/claims/{trace_id}`` claims one named trace (the page's undo, and its claim again
 after a lapsed lease or a hidden tab); ``POST queue/claim`` the next ones of the queue.
@@ -115,7 +115,7 @@ def _items_now(svc: Services, bodies: list[bytes], blinded: bool) -> list[bytes]
 
 async def _items(svc: Services, team: Team, bodies: list[bytes]) -> list[bytes]:
     """Queue or claim items: blind while the project's ``blind`` setting is on, always
-    redacted with the service's default kinds (DESIGN.md section 10)."""
+    redacted with the service's default kinds (docs/guides/security.md)."""
     if not bodies:
         return bodies
     return await asyncio.to_thread(_items_now, svc, bodies, team.settings.blind)
@@ -306,7 +306,7 @@ async def post_label(
     accepted = await _publish(svc, event)
     if place == "claim":
         svc.metrics.claims.labels("ended").inc()
-    elif place == "over":  # DESIGN.md section 8's exception: accepted, and counted
+    elif place == "over":  # docs/guides/labeling.md's exception: accepted, and counted
         svc.metrics.labels_over_target.inc()
     return accepted
 

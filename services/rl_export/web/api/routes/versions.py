@@ -1,5 +1,5 @@
 """``GET versions`` (scope ``export``), ``POST versions`` and ``DELETE versions/{name}``
-(scope ``admin``): a project's pinned corpus versions (DESIGN.md section 5, "Versions"), the
+(scope ``admin``): a project's pinned corpus versions (docs/concepts/corpora.md, "Versions"), the
 same objects as ``rl-export versions``."""
 
 from __future__ import annotations
