@@ -64,7 +64,6 @@ from rl_export.corpora.layout import (
     parse_stream,
     utc_now,
 )
-from rl_export.corpora.sidecar import line_rows, write_sidecar
 from rl_export.corpora.store import ObjectStore
 from rl_export.stream.join import snapshot_from_record
 
@@ -174,6 +173,8 @@ async def seed_chain(
     await store.put(data_key, shard.data)
     index = None
     if compression == "none" and spec.format == "trajectory":
+        from rl_export.corpora.sidecar import line_rows, write_sidecar  # pyarrow: on use
+
         rows = await asyncio.to_thread(line_rows, lines)
         index = await write_sidecar(store, data_key, rows, [len(line) for line in lines],
                                     shard.sha256, relative=ref.relative)  # fmt: skip

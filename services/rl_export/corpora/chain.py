@@ -39,7 +39,6 @@ from rl_export.corpora.layout import (
     load_chain_state,
     utc_now,
 )
-from rl_export.corpora.sidecar import index_row, write_sidecar
 from rl_export.corpora.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ class SinkConfig:
     # What all the partitions may hold together (the bounds above are each partition's).
     buffer_bytes: int = 32 * 1024 * 1024
     compression: Compression = "none"
-    sidecars: bool = True  # index sidecars beside uncompressed trajectory shards
+    sidecars: bool = False  # index sidecars beside uncompressed trajectory shards (costly)
     partitions: int = 8
     partitioner: Partitioner = "murmur2"  # how trace_id maps to a trajectories partition
     crash_at: str = ""  # fault injection for tests: "after_data", "after_commit"
@@ -213,11 +212,13 @@ class ChainWriter:
         shard) when the fields are not what a record holds: never an error in the sink."""
         if not self.sidecars:
             return None
+        from rl_export.corpora import sidecar  # pyarrow: imported only where sidecars are made
+
         try:
             if not holds or self.spec.redact:
-                return index_row(orjson.loads(line))
+                return sidecar.index_row(orjson.loads(line))
             if snapshot.memo is None:
-                snapshot.memo = index_row(snapshot.fields())
+                snapshot.memo = sidecar.index_row(snapshot.fields())
             source = self.spec.source
             row: tuple[Any, ...] = snapshot.memo
             return (*row[:3], snapshot.value(source, "reward"), snapshot.value(source, "passed"),
@@ -284,7 +285,9 @@ class ChainWriter:
                 os.kill(os.getpid(), signal.SIGKILL)
             index = None
             if self.sidecars and len(rows) == len(lengths):
-                index = await write_sidecar(
+                from rl_export.corpora import sidecar
+
+                index = await sidecar.write_sidecar(
                     self.store, data_key, rows, lengths, shard.sha256, relative=self.ref.relative
                 )
             commit = Commit(

@@ -58,7 +58,6 @@ from rl_export.corpora.layout import (
     read_tombstones,
     utc_now,
 )
-from rl_export.corpora.sidecar import index_row, line_lengths, write_sidecar
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import list_versions
 
@@ -208,6 +207,8 @@ async def compact(
         await store.put(key, shard.data)
         described = _described(ref, key, shard.data, shard.records, compression)
         if sidecars and compression == "none":
+            from rl_export.corpora.sidecar import line_lengths, write_sidecar  # pyarrow: on use
+
             index_rows = await asyncio.to_thread(_index_rows, part_rows)
             index = await write_sidecar(store, key, index_rows, line_lengths(shard.data),
                                         shard.sha256, relative=ref.relative)  # fmt: skip
@@ -280,6 +281,8 @@ async def _write_holdings(
 
 
 def _index_rows(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    from rl_export.corpora.sidecar import index_row
+
     return [index_row(r) for r in records]
 
 

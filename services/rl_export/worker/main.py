@@ -46,7 +46,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
             max_age_s=settings.shard_max_age_s,
             buffer_bytes=settings.sink_buffer_mib * MIB,
             compression=settings.shard_compression,
-            sidecars=settings.shard_sidecars,
+            sidecars=settings.shard_sidecars and settings.sink_sidecars,
             partitions=settings.partitions,
             partitioner=settings.partitioner,
             crash_at=settings.crash_at,

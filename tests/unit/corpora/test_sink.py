@@ -207,7 +207,7 @@ def keys_under(store: MemoryStore, ref: CorpusRef) -> list[str]:
 
 async def test_a_flush_writes_the_data_object_then_a_create_only_commit() -> None:
     store = RecordingStore()
-    sink, registry = make_sink(store)
+    sink, registry = make_sink(store, sidecars=True)
     a, b = Trace("tr-a", minute=1), Trace("tr-b", minute=2)
     snap_a, snap_b = a.completed(), b.completed()
     event_ms = int(time.time() * 1000)
@@ -264,6 +264,21 @@ async def test_a_flush_writes_the_data_object_then_a_create_only_commit() -> Non
             sidecar = store.calls.index(("put", f"{root}/{commit['index']['key']}"))
             assert data < sidecar < n
     assert [op for op, _ in store.calls].count("put_if_absent") == 3
+    await verified(store)
+
+
+async def test_by_default_the_sink_writes_shards_without_sidecars() -> None:
+    # The worker's default (RL_EXPORT_SINK_SIDECARS=false): a Parquet file per shard and
+    # commit cost a third of its speed on small events; compaction parts still get theirs.
+    store = RecordingStore()
+    sink, _ = make_sink(store)
+    a = Trace("tr-a", minute=1)
+    await feed(sink, [(0, a.completed())], int(time.time() * 1000))
+    assert await sink.flush() == 1
+    commit = Commit.model_validate(loads(store.objects[TRACES.manifest_key(STREAM, 0)]))
+    assert commit.index is None
+    assert [op for op, _ in store.calls] == ["put", "put_if_absent"]
+    assert not any(key.endswith(".parquet") for key in store.objects)
     await verified(store)
 
 
@@ -508,7 +523,7 @@ async def put_winner(
 
 async def test_a_writer_that_loses_the_race_commits_only_after_the_winner() -> None:
     store = RecordingStore()
-    sink, registry = make_sink(store)
+    sink, registry = make_sink(store, sidecars=True)
     t0, t1, t2, t3 = (Trace(f"tr-{n}", minute=n) for n in range(4))
     s0, s1, s2 = t0.completed(), t1.completed(), t2.completed()
     s1b = t1.evaluated()
