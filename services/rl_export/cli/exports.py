@@ -156,6 +156,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         note += f"; read at version {version.name}"
     elif at is not None:
         note += f"; read at the position of {args.from_manifest}"
+    if summary.erased:
+        note += (f"; {summary.erased} records of traces deleted since the version "
+                 "left out (deletion wins)")  # fmt: skip
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:

@@ -307,7 +307,7 @@ class SnapshotLines:
             and value.startswith(_MESSAGES, messages_at[0] - len(_MESSAGES))
         ):  # fmt: skip
             return None
-        if _HUMAN_KEY not in value[c:d] and _LEGACY_KEY in value[c:d]:
+        if value.find(_HUMAN_KEY, c, d) < 0 and value.find(_LEGACY_KEY, c, d) >= 0:
             return None  # schema 2's layout (labels): decoded whole, which renames it
         if not (
             value.startswith(b"null", a) and value.startswith(b"null", c)

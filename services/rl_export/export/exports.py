@@ -295,6 +295,7 @@ async def _export_chunks(
     summary.format = format
     view = await open_view(store, ref, progress, at)
     summary.position = view.position.to_json()
+    summary.erased = view.erased
     card = card or format == "zip"
     fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card,
                            chat=chat)  # fmt: skip
@@ -590,6 +591,8 @@ async def stats(
     out = accumulator.result()
     if histogram_bins:
         out["reward_histogram"] = accumulator.histogram()
+    if at is not None:  # a past position: the records deleted since are not counted
+        out["erased"] = view.erased
     return out
 
 

@@ -74,7 +74,8 @@ from typing import Any, TypeVar
 from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, ObjectNotFoundError
 from rl_export.common.filters import Filters
-from rl_export.corpora.identity import TOMBSTONE_END, NotARecordError, line_key
+from rl_export.corpora.erasures import ERASED_REVISION, erased_traces, note_erased
+from rl_export.corpora.identity import TOMBSTONE_END, NotARecordError, key_of, line_key
 from rl_export.corpora.layout import (
     Block,
     ChainError,
@@ -106,6 +107,7 @@ from rl_export.export.runs import (
     clear_bit,
     index_rows,
     ones,
+    pack,
     popcount,
     row_of,
 )
@@ -175,6 +177,7 @@ class LatestView:
         lookup_share: int = LOOKUP_SHARE,
         at: ViewPosition | None = None,
         sidecars: bool = True,
+        erased_keys: frozenset[bytes] | None = None,
     ) -> None:
         if spill_at < 1:
             raise ValueError(f"spill_at must be at least 1, got {spill_at}")
@@ -199,6 +202,13 @@ class LatestView:
         self.total = 0  # lines the view yields
         self.at = at
         self.position = ViewPosition(None)  # where the view is, once found (step 1)
+        # A view at a past position leaves out the traces deleted since (the erasure log, or
+        # ``erased_keys``: another view's of the same read), and keeps the best (revision,
+        # tombstone) of each seen, to count the records it left out (:attr:`erased`).
+        self.erased_keys: frozenset[bytes] = erased_keys or frozenset()
+        self._erased_given = erased_keys is not None
+        self._erased_best: dict[bytes, tuple[int, bool]] = {}
+        self.erased = 0
         self._opened = False
 
     async def exists(self) -> bool:
@@ -232,6 +242,7 @@ class LatestView:
                     task.exception()  # seen (the view's own error was raised)
                 task.cancel()
         self.total = popcount(self._keep_compaction) + popcount(self._keep_tail)
+        self.erased = sum(1 for _, gone in self._erased_best.values() if not gone)
         self._opened = True
         return self
 
@@ -259,6 +270,9 @@ class LatestView:
             self.compaction = await latest_compaction(self.store, self.ref)
         else:
             self.compaction = await self._pinned_compaction(self.at.generation)
+            if not self._erased_given:
+                erased = await erased_traces(self.store, self.ref.org, self.ref.project)
+                self.erased_keys = frozenset(key_of(trace_id) for trace_id in erased)
         positions: dict[str, int] = {}
         if self.compaction is not None:
             positions = dict(self.compaction.positions)
@@ -315,11 +329,21 @@ class LatestView:
         expected = sum(part.records for part in self.tail)
         keep = self._keep_tail = ones(expected)
         index: dict[bytes, int] = {}
+        if self.erased_keys:
+            # Each erased trace enters the index as a tombstone newer than any revision, on
+            # a line of its own past the tail's (never kept), so step 3 settles it as any
+            # other: every line of the trace, in the tail or the compaction, loses to it.
+            erased = sorted(self.erased_keys)
+            keep.extend(bytes((expected + len(erased) + 7) // 8 - len(keep)))
+            for k, key in enumerate(erased):
+                index[key] = pack(ERASED_REVISION, True, expected + k)
         row = 0
         async for part, identities in self._ahead(self.tail, self._identities):
             first = row
             if identities is not None:
                 await self._verify_soon(part)
+                if self.erased_keys:
+                    note_erased(self._erased_best, self.erased_keys, *identities)
                 row = index_rows(identities, row, index, keep)
                 if len(index) >= self.spill_at:
                     runs.spill(index)
@@ -328,7 +352,10 @@ class LatestView:
                 continue
             async for block in object_blocks(self.store, part):
                 try:
-                    row = index_rows(block_identities(block), row, index, keep)
+                    found = block_identities(block)
+                    if self.erased_keys:
+                        note_erased(self._erased_best, self.erased_keys, *found)
+                    row = index_rows(found, row, index, keep)
                 except NotARecordError as exc:
                     raise ChainError(f"{part.key}: {exc}") from None
                 except IndexError:  # more lines than the commits say
@@ -486,6 +513,8 @@ class LatestView:
         for k, gone in enumerate(deleted):
             if gone:
                 clear_bit(keep, n + k)
+        if self.erased_keys:
+            note_erased(self._erased_best, self.erased_keys, *identities)
         cursor.skip_below(keys[0])
         low = 0
         for key, packed in cursor.take_through(keys[-1]):
@@ -528,6 +557,10 @@ class LatestView:
                 clear_bit(keep, n + k)
 
         def settle(k: int, revision: int, packed: int) -> None:
+            if packed >> SHIFT == ERASED_REVISION:
+                stop = (starts[k + 1] if k + 1 < count else end) - 1
+                key, _, gone = line_key(data, starts[k], stop)
+                note_erased(self._erased_best, self.erased_keys, [key], [revision], [gone])
             _settle(keep, keep_tail, n + k, revision, packed)
 
         if len(wanted) * self.lookup_share > count:

@@ -130,9 +130,12 @@ async def preference_chunks(
             runs.close()
         if not pairs:
             return
-        # Pass 2: the paired records' prompt and rest, spilled; found by view position.
+        # Pass 2: the paired records' prompt and rest, spilled; found by view position, so
+        # read at the first pass's position (not the corpus's latest: commits since would
+        # shift every line).
         offsets = array("q", bytes(16 * position))
-        second = Scan(LatestView(store, ref), scan.filters, ExportSummary(), None, scan.fields)
+        again = LatestView(store, ref, at=scan.view.position, erased_keys=scan.view.erased_keys)
+        second = Scan(again, scan.filters, ExportSummary(), None, scan.fields)
         await second.view.open()
         n = 0
         async for batch in second.lines():

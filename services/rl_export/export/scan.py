@@ -45,6 +45,8 @@ class ExportSummary:
     duplicates_removed: int = 0  # --dedup: matched rows of the split left out as duplicates
     split_left_out: int = 0  # --split: rows that passed the filters but are of another split
     position: dict[str, Any] | None = None  # the view's position read (lineage)
+    # A read at a past position: records of traces deleted since, left out (deletion wins).
+    erased: int = 0
     sha256: str | None = None  # of the bytes written to a file (lineage)
     rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
 

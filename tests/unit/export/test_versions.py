@@ -12,14 +12,16 @@ from typing import Any
 import pytest
 
 from rl_export.cli import main
+from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, VersionError
 from rl_export.corpora.compaction import compact, expire
+from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import ChainError, CorpusRef
 from rl_export.corpora.shards import verify
 from rl_export.corpora.store import LocalStore, MemoryStore, ObjectStore
 from rl_export.corpora.versions import delete_version, version_key
-from rl_export.export import write_export
-from rl_export.export.latest import ViewPosition
+from rl_export.export import stats, write_export
+from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.versions import pin, pinned
 from tests.exportdata import ORG, PROJECT, replay_events
 from tests.factories import event
@@ -81,6 +83,119 @@ async def test_a_version_reads_the_same_bytes_after_traffic_compactions_and_expi
                            now=time.time() + 60)  # fmt: skip
     assert EVALUATOR.compaction_key(1) in deleted
     assert (await verify(store)).ok
+
+
+def deleted(*traces: int) -> list[dict[str, Any]]:
+    """The traces' events again, each followed by its ``trace.deleted`` (a replay run has a
+    join of its own: the deletion must come after the trace in the same run)."""
+    out = []
+    for trace in traces:
+        tid = f"tr-{trace:04d}"
+        out += [e for e in traffic(trace + 1) if e["trace_id"] == tid]
+        out.append(event("trace.deleted", f"d-{tid}", "2026-01-03T00:00:00Z", org=ORG,
+                         project=PROJECT, trace_id=tid))  # fmt: skip
+    return out
+
+
+def trace_ids(path: Path) -> list[str]:
+    return [loads(line)["trace_id"] for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["in-the-tail", "in-a-compaction"])
+async def test_a_trace_deleted_after_the_pin_is_left_out_of_the_version(
+    tmp_path: Path, compacted: bool
+) -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(12), "one")
+    if compacted:  # the deleted traces' records are in the version's compaction, not its tail
+        await compact(store, EVALUATOR, writer="test")
+    await pin(store, EVALUATOR, "v1")
+    before = tmp_path / "before.jsonl"
+    at = (await pinned(store, EVALUATOR, "v1", None)).at
+    summary = await write_export(store, EVALUATOR, format="trajectory", out=before, at=at)
+    assert summary.erased == 0
+    assert {"tr-0003", "tr-0007"} <= set(trace_ids(before))
+
+    # Two traces deleted (one of them twice: the second deletion changes nothing), then a
+    # compaction.
+    await replay_events(store, [*deleted(3, 7), *deleted(3)[-1:]], "deleted")
+    await compact(store, EVALUATOR, writer="test")
+
+    after = tmp_path / "after.jsonl"
+    at = (await pinned(store, EVALUATOR, "v1", None)).at
+    summary = await write_export(store, EVALUATOR, format="trajectory", out=after, at=at)
+    assert summary.erased == 2
+    assert trace_ids(after) == [t for t in trace_ids(before) if t not in {"tr-0003", "tr-0007"}]
+    assert summary.records == len(trace_ids(before)) - 2
+    # Every line it kept is the version's, byte for byte; the latest view agrees on what is
+    # gone; stats at the version do not count them either, and say so.
+    kept = set(after.read_bytes().splitlines())
+    assert kept <= set(before.read_bytes().splitlines())
+    latest = tmp_path / "latest.jsonl"
+    await write_export(store, EVALUATOR, format="trajectory", out=latest)
+    assert not {"tr-0003", "tr-0007"} & set(trace_ids(latest))
+    figures = await stats(store, EVALUATOR, at=at)
+    assert (figures["records"], figures["erased"]) == (summary.records, 2)
+    # One entry per deletion in the erasure log, whichever corpora committed it.
+    assert await erased_traces(store, ORG, PROJECT) == {"tr-0003", "tr-0007"}
+    assert await erased_traces(store, ORG, "other") == frozenset()
+
+
+async def test_every_way_the_view_reads_leaves_out_the_same_erased_traces() -> None:
+    # Sidecars or the objects' lines, one index or many spilled runs, a compaction and a
+    # tail: the erased traces' lines settle as any other's.
+    store = MemoryStore()
+    await replay_events(store, traffic(12), "one")
+    await compact(store, EVALUATOR, writer="test")
+    await replay_events(store, [*traffic(4, start=12), rescore(5, 0.1)], "two")
+    await pin(store, EVALUATOR, "v1")
+    await replay_events(store, deleted(2, 5, 13), "deleted")
+    at = (await pinned(store, EVALUATOR, "v1", None)).at
+    seen = set()
+    for sidecars in (True, False):
+        for spill_at in (1, 3, 1000):
+            view = LatestView(store, EVALUATOR, at=at, sidecars=sidecars, spill_at=spill_at)
+            await view.open()
+            lines = [line async for batch in view.lines() for line in batch]
+            ids = [loads(line)["trace_id"] for line in lines]
+            assert not {"tr-0002", "tr-0005", "tr-0013"} & set(ids)
+            assert (view.erased, view.total, len(ids)) == (3, len(ids), len(set(ids)))
+            seen.add(tuple(lines))
+    assert len(seen) == 1
+
+
+async def test_the_erasure_entry_is_written_before_the_commit_holding_the_tombstone() -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(3), "one")
+    writes: list[str] = []
+    put, put_if_absent = store.put, store.put_if_absent
+
+    async def recorded_put(key: str, data: bytes) -> None:
+        writes.append(key)
+        await put(key, data)
+
+    async def recorded_put_if_absent(key: str, data: bytes) -> None:
+        writes.append(key)
+        await put_if_absent(key, data)
+
+    store.put, store.put_if_absent = recorded_put, recorded_put_if_absent  # type: ignore[method-assign]
+    await replay_events(store, deleted(1), "deleted")
+    entries = [n for n, key in enumerate(writes) if key.startswith("_erasures/")]
+    commits = [n for n, key in enumerate(writes) if "/_manifest/" in key]
+    assert entries
+    assert commits
+    assert entries[0] < commits[0]
+    assert {writes[n] for n in entries} == {writes[entries[0]]}  # the same key every time
+
+
+async def test_an_erasure_entry_that_is_not_one_fails_the_pinned_read(tmp_path: Path) -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(3), "one")
+    await pin(store, EVALUATOR, "v1")
+    await store.put(f"_erasures/{ORG}/{PROJECT}/x/00000000000000000001.json", b"[1]")
+    at = (await pinned(store, EVALUATOR, "v1", None)).at
+    with pytest.raises(ChainError, match="not an erasure entry"):
+        await write_export(store, EVALUATOR, format="trajectory", out=tmp_path / "o", at=at)
 
 
 async def test_without_the_version_expiry_removes_what_it_read(tmp_path: Path) -> None:
