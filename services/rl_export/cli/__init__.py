@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", help="cat/tail: the corpus's project")
     p.add_argument("--corpus", help="cat/tail: the corpus name (human, evaluator, traces, ...)")
     p.add_argument("--latest", action="store_true", help="cat: latest revision per trace only")
+    _add_version(p)  # cat: the corpus's latest view at a version (so --latest)
     p.set_defaults(func=cmd_shards)
 
     p = sub.add_parser(
@@ -229,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--org", required=True)
     p.add_argument("--project", required=True)
     _add_filters(p)
+    _add_version(p)  # a version of the project's traces corpus
     p.set_defaults(func=cmd_agreement)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")

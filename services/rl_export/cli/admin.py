@@ -13,13 +13,18 @@ from rl_export.common.errors import ConfigError
 if TYPE_CHECKING:
     pass
 
-from rl_export.cli.common import _open, _ref, _settings
+from rl_export.cli.common import _open, _pinned, _ref, _settings
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
     from rl_export.corpora import shards
 
     settings = _settings(args, store_url="store")
+    version = None
+    if args.action == "cat" and (args.version is not None or args.as_of is not None):
+        version = _pinned(args, settings, _ref(args))  # its latest view, so --latest or not
+    elif args.version is not None or args.as_of is not None:
+        raise ConfigError("--version", f"shards {args.action} reads no version (only cat does)")
 
     async def run() -> int:
         store = _open(args.store, settings)
@@ -45,6 +50,13 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 )  # fmt: skip
                 for compaction in written:
                     print(f"generation {compaction.generation}: {compaction.records} records")
+            elif args.action == "cat" and version is not None:
+                from rl_export.common.records import upgrade_lines
+                from rl_export.export.latest import LatestView
+
+                view = LatestView(store, _ref(args), at=version.at)
+                async for data, start, end, _ in view.ranges():
+                    out.write(upgrade_lines(memoryview(data)[start:end]))
             elif args.action == "cat":
                 async for line in shards.cat(store, _ref(args), latest_only=args.latest):
                     out.write(line)

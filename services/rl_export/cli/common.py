@@ -4,7 +4,8 @@ flags, exit codes."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 from rl_export.common.errors import ConfigError
 from rl_export.common.settings import Settings, env_name, load_settings
@@ -63,3 +64,25 @@ def _add_source(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--org", required=required)
     p.add_argument("--project", required=required)
     p.add_argument("--source", required=required, metavar="human|evaluator|traces")
+
+
+def _pinned(args: argparse.Namespace, settings: Settings, ref: CorpusRef) -> Any:
+    """The version ``--version NAME`` or ``--as-of RFC3339`` names (a
+    :class:`~rl_export.export.versions.Pinned`), or None; ConfigError for both, a bad time or
+    an unknown version."""
+    from rl_export.export.versions import parse_as_of, pinned
+
+    if args.version is not None and args.as_of is not None:
+        raise ConfigError("--version", "give --version NAME or --as-of RFC3339, not both")
+    if args.version is None and args.as_of is None:
+        return None
+    as_of = None if args.as_of is None else parse_as_of(args.as_of)
+
+    async def run() -> Any:
+        store = _open(args.store, settings)
+        try:
+            return await pinned(store, ref, args.version, as_of)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())

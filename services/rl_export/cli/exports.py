@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rl_export.common.errors import ConfigError
-from rl_export.common.settings import Settings
 
 if TYPE_CHECKING:
     from rl_export.corpora.layout import CorpusRef
 
-from rl_export.cli.common import _open, _settings
+from rl_export.cli.common import _open, _pinned, _settings
 
 
 def _filter_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
@@ -169,28 +168,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pinned(args: argparse.Namespace, settings: Settings, ref: CorpusRef) -> Any:
-    """The version ``--version NAME`` or ``--as-of RFC3339`` names (a
-    :class:`~rl_export.export.versions.Pinned`), or None; ConfigError for both, a bad time or
-    an unknown version."""
-    from rl_export.export.versions import parse_as_of, pinned
-
-    if args.version is not None and args.as_of is not None:
-        raise ConfigError("--version", "give --version NAME or --as-of RFC3339, not both")
-    if args.version is None and args.as_of is None:
-        return None
-    as_of = None if args.as_of is None else parse_as_of(args.as_of)
-
-    async def run() -> Any:
-        store = _open(args.store, settings)
-        try:
-            return await pinned(store, ref, args.version, as_of)
-        finally:
-            await store.close()
-
-    return asyncio.run(run())
-
-
 def _add_version(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("pinned versions (docs/concepts/corpora.md)")
     group.add_argument("--version", metavar="NAME", help="read the corpus at this version")
@@ -276,6 +253,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
     ref = source_ref(args.org, args.project, "traces")
+    version = _pinned(args, settings, ref)
     tune_gc()
 
     async def run() -> AgreementInput:
@@ -283,8 +261,9 @@ def cmd_agreement(args: argparse.Namespace) -> int:
         builder = AgreementBuilder()
         try:
             async for batch in latest_records(
-                store, ref, filters=filters, fields=AgreementBuilder.FIELDS
-            ):
+                store, ref, filters=filters, fields=AgreementBuilder.FIELDS,
+                at=None if version is None else version.at,
+            ):  # fmt: skip
                 for record in batch:
                     builder.add(record)
         except NoDataError:  # its message names --source, which this command has not

@@ -603,15 +603,17 @@ async def latest_records(
     filters: Filters | None = None,
     fields: Iterable[str] | None = None,
     progress: Progress | None = None,
+    at: ViewPosition | None = None,
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Batches of the latest records that pass the filters (at most ``limit`` of them), in
-    the view's order. With ``fields`` a record holds only those top-level fields (and what
-    the filters read), so the rest of each line is never built; else the whole record."""
+    the view's order (at ``at``: the view of that position). With ``fields`` a record holds
+    only those top-level fields (and what the filters read), so the rest of each line is
+    never built; else the whole record."""
     filters = filters or Filters()
     parsed: tuple[frozenset[str], frozenset[str]] | None = None
     if fields is not None:
         parsed = filters.fields() | frozenset(fields), frozenset()
-    view = await open_view(store, ref, progress)
+    view = await open_view(store, ref, progress, at)
     scan = Scan(view, filters, ExportSummary(), progress, parsed)
     left = filters.limit
     async for batch in scan.lines():

@@ -263,6 +263,23 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert '"records":12' in capsys.readouterr().out
     assert main(["versions", "list", *common, "--corpus", "evaluator"]) == 0
     assert capsys.readouterr().out.count('"name":') == 1
+    # shards cat at a version: the version's latest view, the lines the export wrote.
+    assert main(["shards", "cat", *common, "--corpus", "evaluator", "--version", "v1"]) == 0
+    cat = capsys.readouterr().out.encode()
+    assert sorted(cat.splitlines()) == sorted(pin_file.read_bytes().splitlines())
+    assert main(["shards", "ls", "--store", str(root), "--version", "v1"]) == 2
+    assert "shards ls reads no version (only cat does)" in capsys.readouterr().err
+    # agreement at a version of the traces corpus: the traces of the second run not in it.
+    assert main(["versions", "create", *common, "--corpus", "traces", "t1"]) == 0
+    asyncio.run(replay_events(store, traffic(4, start=80), "three"))
+    capsys.readouterr()
+    assert main(["agreement", *common, "--version", "t1"]) == 0
+    at_version = loads(capsys.readouterr().out)
+    assert main(["agreement", *common]) == 0
+    latest = loads(capsys.readouterr().out)
+    assert at_version != latest
+    assert main(["agreement", *common, "--version", "nope"]) == 2
+    assert "no version 'nope' of acme/bot/traces" in capsys.readouterr().err
     assert main(["versions", "delete", *common, "--corpus", "evaluator", "v1"]) == 0
     capsys.readouterr()
     for argv, message in [
