@@ -544,8 +544,10 @@ async def preview(
     split: Split | None = None,
     dedup: Dedup | None = None,
     summary: ExportSummary | None = None,
+    at: ViewPosition | None = None,
 ) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``)."""
+    """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``; at
+    ``at``: of the view of that position)."""
     if format not in JSONL_FORMATS:
         raise ExportError("format", f"{format!r} is not a JSON Lines format (preview: "
                           f"{', '.join(JSONL_FORMATS)})")  # fmt: skip
@@ -555,7 +557,7 @@ async def preview(
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
                                       mask=mask, redact=redact, chat=chat,
                                       completion=completion, split=split, dedup=dedup,
-                                      summary=summary)]
+                                      summary=summary, at=at)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
 

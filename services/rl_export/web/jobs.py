@@ -54,6 +54,7 @@ from rl_export.export import (
 )
 from rl_export.export.attachments import AttachmentPolicy
 from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
+from rl_export.export.versions import pinned
 from rl_export.web.limits import Slot, SubjectLimit
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class JobRequest(BaseModel):
     dedup: str | None = None
     dedup_threshold: str | None = None
     dedup_on: str | None = None
+    version: str | None = None  # a pinned version of the source corpus; None: the latest
 
 
 class JobStatus(BaseModel):
@@ -196,15 +198,18 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
             split = parse_split(request.split, request.splits, request.split_by,
                                 request.split_salt)  # fmt: skip
             dedup = parse_dedup(request.dedup, request.dedup_threshold, request.dedup_on)
+            ref = source_ref(status.org, status.project, request.source)
+            at = None if request.version is None else (
+                await pinned(store, ref, request.version, None)).at  # fmt: skip
             summary = await write_export(
-                store, source_ref(status.org, status.project, request.source),
+                store, ref,
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
                 chat=parse_chat_style(request.format, request.chat_style, request.system),
                 completion=parse_completion(request.format, request.completion),
                 split=split, dedup=dedup, manifest=True,
-                attachments=AttachmentPolicy.from_settings(settings),
+                attachments=AttachmentPolicy.from_settings(settings), at=at,
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)

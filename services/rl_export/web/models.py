@@ -258,6 +258,11 @@ class ExportIn(_In):
     dedup_on: Literal["conversation", "prompt"] | None = Field(
         None, description="The text compared: every message, or up to the first user message."
     )
+    version: str | None = Field(
+        None,
+        description="Read the corpus at this pinned version (GET versions): the job's "
+        "file is what an export made when it was pinned gave, less the traces deleted since.",
+    )
 
 
 class JobOut(BaseModel):

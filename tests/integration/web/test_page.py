@@ -343,6 +343,45 @@ def test_a_large_export_runs_as_a_job_behind_the_floating_indicator(
     assert {r["reward_source"] for r in rows} == {"evaluator"}
 
 
+def test_an_admin_pins_a_version_and_the_tab_reads_it(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    export_tab(page, web, stack.tokens["admin"])
+    choose(page, "source", "Evaluator score")
+    expect(page.locator("#preview pre").first).to_contain_text('"reward_source": "evaluator"')
+    records = stat(page, "records")
+    page.locator("#version-pin").click()
+    page.locator("#pin-name").fill("page-v1")
+    page.locator("#pin-note").fill("pinned from the page")
+    page.locator("#pin-save").click()
+    expect(page.locator("#toast")).to_contain_text("Pinned evaluator as page-v1")
+    expect(page.locator("#version")).to_have_value("page-v1")
+    expect(page.locator("#version-note")).to_contain_text("pinned from the page")
+    assert stat(page, "records") == records
+    # A name taken is said in the dialog, which stays open.
+    page.locator("#version-pin").click()
+    page.locator("#pin-name").fill("page-v1")
+    page.locator("#pin-save").click()
+    expect(page.locator("#pin-error")).to_contain_text("already exists")
+    page.keyboard.press("Escape")
+    # Another source has versions of its own; coming back, the latest is read again.
+    choose(page, "source", "Human labels")
+    expect(page.locator("#version")).to_have_value("")
+    assert page.locator("#version option").all_inner_texts() == ["Latest (live)"]
+    # An export token lists versions but cannot pin.
+    page.evaluate("localStorage.clear()")
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Evaluator score")
+    expect(page.locator("#version-pin")).to_be_hidden()
+    page.locator("#version").select_option("page-v1")
+    expect(page.locator("#version-note")).to_contain_text("traces deleted since are left out")
+    with web.client(stack.tokens["page"]) as client:
+        pinned = client.get("stats", params={"source": "evaluator", "version": "page-v1"})
+    expect(page.locator("#stat-records")).to_have_text(f"{pinned.json()['records']:,}")
+    with web.client(stack.tokens["admin"]) as admin:
+        assert admin.delete("versions/page-v1", params={"corpus": "evaluator"}).status_code == 200
+
+
 def test_a_transcript_holding_markup_shows_it_as_text(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:

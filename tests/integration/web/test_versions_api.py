@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from rl_export.common.codec import loads
 from tests.integration.web.conftest import Stack
 from tests.integration.webproc import wait_for
 from tests.integration.workers import publish
@@ -50,6 +51,20 @@ def test_a_version_pinned_through_the_api_reads_the_same_bytes(stack: Stack) -> 
         again = reader.get("export", params={**params, "version": name})
         assert again.content == pinned.content
         assert reader.get("export", params=params).content != pinned.content
+        # The preview and a background job read the version too.
+        preview = reader.get("records", params={**params, "version": name, "limit": 3})
+        assert preview.status_code == 200, preview.text
+        assert preview.json()["items"] == [loads(line) for line in pinned.content.splitlines()[:3]]
+        started = reader.post("exports", json={**params, "version": name})
+        assert started.status_code == 202, started.text
+        job = started.json()["id"]
+        wait_for("the job", lambda: reader.get(f"exports/{job}").json()["status"] != "processing",
+                 timeout_s=60)  # fmt: skip
+        assert reader.get(f"exports/{job}").json()["status"] == "ready"
+        assert reader.get(f"exports/{job}/download").content == pinned.content
+        refused = reader.post("exports", json={**params, "version": "nope"})
+        assert refused.status_code == 404
+        assert reader.get("records", params={**params, "version": "nope"}).status_code == 404
 
         unknown = reader.get("export", params={**params, "version": "nope"})
         assert unknown.status_code == 404

@@ -923,6 +923,7 @@
   const EXTENSIONS = { csv: ".csv", json: ".json", parquet: ".parquet", zip: ".zip" };
   const exp = {
     source: "human", format: "trajectory", columns: null, stats: null, shown: null, seq: 0,
+    version: "", // a pinned version of the source corpus ("": the latest, live)
   };
 
   function segmented(box, groups, current, onPick) {
@@ -965,7 +966,67 @@
 
   segmented($("source"), [["", SOURCES]], exp.source, (value) => {
     exp.source = value;
+    exp.version = ""; // versions are a corpus's own
+    loadVersions();
     refreshExport();
+  });
+
+  // --- pinned versions of the source corpus (GET versions; admins pin with POST) --------
+  async function loadVersions() {
+    const select = $("version");
+    const source = exp.source;
+    let versions = [];
+    try {
+      versions = (await api(`versions?${new URLSearchParams({ corpus: source })}`)).items;
+    } catch (err) {
+      if (err.status !== 401 && err.status !== 403) toast(`Could not list versions: ${err.message}`);
+    }
+    if (source !== exp.source) return; // the source changed meanwhile
+    if (!versions.some((v) => v.name === exp.version)) exp.version = "";
+    select.replaceChildren(h("option", { value: "" }, "Latest (live)"), ...versions.map((v) =>
+      h("option", { value: v.name, title: v.note || null },
+        `${v.name} · ${new Date(v.created_at).toLocaleString()}`)));
+    select.value = exp.version;
+    showVersionNote(versions);
+  }
+
+  function showVersionNote(versions) {
+    const picked = versions && versions.find((v) => v.name === exp.version);
+    $("version-note").textContent = !exp.version ? "Refreshed as traffic comes"
+      : `As pinned${picked && picked.note ? `: ${picked.note}` : ""}; traces deleted since are left out`;
+  }
+
+  $("version").addEventListener("change", () => {
+    exp.version = $("version").value;
+    showVersionNote(null);
+    loadVersions();
+    refreshExport();
+  });
+
+  $("version-pin").addEventListener("click", () => {
+    $("pin-error").hidden = true;
+    $("pin-name").value = "";
+    $("pin-note").value = "";
+    $("pin-dialog").showModal();
+  });
+
+  $("pin-form").addEventListener("submit", async (event) => {
+    if (event.submitter?.value !== "pin") return; // Cancel closes the dialog
+    event.preventDefault();
+    const name = $("pin-name").value.trim();
+    try {
+      await api("versions", { method: "POST", body: { corpus: exp.source, name, note: $("pin-note").value } });
+    } catch (err) {
+      if (err.status === 401) return;
+      $("pin-error").textContent = err.message;
+      $("pin-error").hidden = false;
+      return;
+    }
+    $("pin-dialog").close();
+    exp.version = name;
+    await loadVersions();
+    refreshExport();
+    toast(`Pinned ${exp.source} as ${name}`);
   });
   segmented($("format"), [["JSON Lines", JSONL], ["Tabular", TABULAR]], exp.format, (value) => {
     exp.format = value;
@@ -1045,6 +1106,7 @@
   function query(extra, { redact = true } = {}) {
     const params = new URLSearchParams({ source: exp.source, ...extra });
     if (redact) params.set("redact", redactValue());
+    if (exp.version) params.set("version", exp.version);
     for (const [key, value] of Object.entries(filterValues())) {
       if (Array.isArray(value)) value.forEach((v) => params.append(key, v));
       else params.set(key, value);
@@ -1241,6 +1303,7 @@
     clearTimeout(job.timer);
     job.seen = [];
     const body = { source: exp.source, format: exp.format, filters, redact: redactValue() };
+    if (exp.version) body.version = exp.version;
     const columns = columnsText();
     if (columns) body.columns = columns;
     try {
@@ -1468,6 +1531,8 @@
     $("token-panel").hidden = true;
     $("who").hidden = false;
     $("who-text").textContent = `Signed in as ${me.subject} (${scopes.join(", ") || "no scope"})`;
+    $("version-pin").hidden = !scopes.includes("admin");
+    if (scopes.includes("export") || scopes.includes("admin")) loadVersions();
     selectTab(activeTab, false);
     await loadSettings(false);
   }

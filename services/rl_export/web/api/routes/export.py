@@ -396,7 +396,7 @@ async def get_records(
     columns: ColumnsQuery = None, mask_failed_turns: MaskQuery = False,
     mask_types: MaskTypesQuery = None, redact: RedactQuery = None,
     chat_style: ChatStyleQuery = None, system: SystemQuery = None,
-    completion: CompletionQuery = None,
+    completion: CompletionQuery = None, version: VersionQuery = None,
 ) -> RecordsOut:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     chat, pairing = _chat(format, chat_style, system, completion)
@@ -408,9 +408,11 @@ async def get_records(
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
     followed = await corpus(svc, org, project, source)
+    at = await _at(svc, org, project, source, version)
     items: list[dict[str, Any]] = []
     counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
-    if filters.metadata:  # the index holds no metadata: read the corpus itself
+    # The index holds no metadata and only the latest view: read the corpus itself.
+    if filters.metadata or at is not None:
         try:
             summary = ExportSummary()
             tabular = format in TABULAR_FORMATS
@@ -418,7 +420,7 @@ async def get_records(
                 svc.store, source_ref(org, project, source),
                 format="trajectory" if tabular else format, filters=filters, limit=size,
                 mask=mask, redact=",".join(kinds) or "none", summary=summary,
-                chat=chat, completion=pairing,
+                chat=chat, completion=pairing, at=at,
             )  # fmt: skip
             if tabular:
                 items = [{c.header: c.value(item) for c in picked} for item in items]
@@ -629,13 +631,14 @@ async def post_exports(
               split_salt=body.split_salt, dedup=body.dedup, dedup_threshold=threshold,
               dedup_on=body.dedup_on)  # fmt: skip
     raw = _raw(svc, caller, asked)
+    await _at(svc, org, project, body.source, body.version)  # 404 for an unknown version now
     request = JobRequest(
         source=body.source, format=body.format, filters=body.filters, columns=columns,
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
         redact=redact, chat_style=body.chat_style, system=body.system,
         completion=body.completion, split=body.split, splits=body.splits,
         split_by=body.split_by, split_salt=body.split_salt, dedup=body.dedup,
-        dedup_threshold=threshold, dedup_on=body.dedup_on,
+        dedup_threshold=threshold, dedup_on=body.dedup_on, version=body.version,
     )  # fmt: skip
 
     async def audit() -> None:  # once the job has its place; its status counts the rows
