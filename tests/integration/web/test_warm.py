@@ -16,6 +16,14 @@ def _first_stats(web: WebProcess, token: str, source: str) -> dict[str, object]:
         return index
 
 
+def _records(web: WebProcess, token: str, source: str) -> int:
+    """The corpus's records now, as the stack's own instance counts them (other tests of
+    the session may have added traces to the stack's TRACES)."""
+    with web.client(token) as api:
+        records: int = api.get("stats", params={"source": source}).json()["records"]
+        return records
+
+
 def test_a_warmed_instance_is_ready_with_its_corpora_indexed(stack: Stack) -> None:
     token = stack.tokens["admin"]
     warm = WebProcess(stack.settings, "web-warm", RL_EXPORT_WEB_WARM=" acme/bot ,",
@@ -25,7 +33,7 @@ def test_a_warmed_instance_is_ready_with_its_corpora_indexed(stack: Stack) -> No
         for source in ("traces", "evaluator"):
             index = _first_stats(warm, token, source)
             assert index["ready"] is True
-            assert index["indexed"] == TRACES
+            assert index["indexed"] == _records(stack.web, token, source) >= TRACES
     finally:
         warm.stop()
     lazy = WebProcess(stack.settings, "web-lazy", RL_EXPORT_WEB_INDEX_WAIT_S="0").start()
