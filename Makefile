@@ -10,6 +10,10 @@ TRAINERS_STAMP := $(VENV)/.installed-trainers
 # The chat templates of the render matrix (trl installed without its dependencies).
 TRL_VERSION := 1.16.0
 PYTEST_ARGS ?=
+# make test runs pytest in this many processes (pytest-xdist), a test file per process at a
+# time: each process starts its own broker, store and web stack. 1 runs it in this process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
 # kustomize for the manifests' tests (tests/unit/test_kubernetes.py builds deploy/kubernetes/),
 # installed from its Go module path into the project's .cache/: a version bump is a new path.
 KUSTOMIZE_VERSION := v5.8.1
@@ -119,14 +123,15 @@ docs: install ## the docs site (MkDocs, Material) into site/, with --strict: a b
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 unit: install ## the fast unit tests only
-	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not integration" $(XDIST) $(PYTEST_ARGS)
 
-integration: install ## the integration tests (real Kafka broker and SeaweedFS)
-	$(BIN)/python -m pytest -m integration $(PYTEST_ARGS)
+integration: install ## the integration tests (real Kafka broker and SeaweedFS), the short soak aside
+	$(BIN)/python -m pytest -m "integration and not soak" $(XDIST) $(PYTEST_ARGS)
 
-# pytest exits 5 when it collected no tests: for us that is a failure, not a pass.
-test: lint typecheck ## the whole suite: lint, types, unit tests, the strict docs build, integration tests
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+# pytest exits 5 when it collected no tests: for us that is a failure, not a pass. The short
+# soak (every fault at once, about 100 s) runs in `make soak`, before the long one.
+test: lint typecheck ## the whole suite: lint, types, unit tests, the strict docs build, integration tests (PYTEST_WORKERS=2 processes)
+	@$(BIN)/python -m pytest -m "not soak" $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The trainers extra (torch with its CUDA libraries from PyPI, ~6 GB, ~5 minutes) is installed
@@ -174,7 +179,8 @@ profile: install ## the join and the sink in process: CPU µs per event, per tra
 	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
 	$(BIN)/python -m tests.perf.profile --shape small --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
 
-soak: install ## fault soak: 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
+soak: install ## fault soaks: the short one (pytest), then 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
+	$(BIN)/python -m pytest -m soak $(PYTEST_ARGS)
 	$(BIN)/python -m tests.soak.soak $(if $(SEED),--seed $(SEED))
 
 bench-scaling: install ## 2 -> 4 -> 2 workers under steady load: rebalances, lag drain, moved partitions, static membership and not (PHASE=s per worker count, default 45)
