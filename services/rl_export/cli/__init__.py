@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", help="cat/tail: the corpus's project")
     p.add_argument("--corpus", help="cat/tail: the corpus name (human, evaluator, traces, ...)")
     p.add_argument("--latest", action="store_true", help="cat: latest revision per trace only")
-    _add_version(p)  # cat: the corpus's latest view at a version (so --latest)
+    _add_version(p)  # cat: the version's records (with --latest, one per trace)
     p.set_defaults(func=cmd_shards)
 
     p = sub.add_parser(

@@ -22,7 +22,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
     settings = _settings(args, store_url="store")
     version = None
     if args.action == "cat" and (args.version is not None or args.as_of is not None):
-        version = _pinned(args, settings, _ref(args))  # its latest view, so --latest or not
+        version = _pinned(args, settings, _ref(args))
     elif args.version is not None or args.as_of is not None:
         raise ConfigError("--version", f"shards {args.action} reads no version (only cat does)")
 
@@ -50,15 +50,11 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 )  # fmt: skip
                 for compaction in written:
                     print(f"generation {compaction.generation}: {compaction.records} records")
-            elif args.action == "cat" and version is not None:
-                from rl_export.common.records import upgrade_lines
-                from rl_export.export.latest import LatestView
-
-                view = LatestView(store, _ref(args), at=version.at)
-                async for data, start, end, _ in view.ranges():
-                    out.write(upgrade_lines(memoryview(data)[start:end]))
             elif args.action == "cat":
-                async for line in shards.cat(store, _ref(args), latest_only=args.latest):
+                async for line in shards.cat(
+                    store, _ref(args), latest_only=args.latest,
+                    version=None if version is None else version.version,
+                ):  # fmt: skip
                     out.write(line)
             elif args.action == "tail":
                 stop = asyncio.Event()

@@ -39,6 +39,7 @@ from typing import Any
 from rl_export.common.codec import dumps, iter_lines, loads
 from rl_export.common.errors import ObjectNotFoundError
 from rl_export.common.records import upgrade_record
+from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import (
     ChainError,
     Commit,
@@ -55,6 +56,7 @@ from rl_export.corpora.layout import (
     read_commit,
 )
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.versions import Version
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +243,9 @@ class CorpusReader:
         self.refused = refused
         self._cursor: Cursor = {}
         self._compaction: Compaction | None = None
+        # A read of a pinned version: the chains' ends, and the traces erased since (left out).
+        self._until: dict[str, int] | None = None
+        self._erased: frozenset[str] = frozenset()
 
     @property
     def cursor(self) -> Cursor:
@@ -248,16 +253,22 @@ class CorpusReader:
         return dict(self._cursor)
 
     async def records(
-        self, cursor: Cursor | None = None, *, latest_only: bool = False
-    ) -> AsyncGenerator[dict[str, Any], None]:
+        self, cursor: Cursor | None = None, *, latest_only: bool = False,
+        version: Version | None = None,
+    ) -> AsyncGenerator[dict[str, Any], None]:  # fmt: skip
         """Yield what the corpus holds after ``cursor`` (None: from the latest compaction).
+
+        With ``version`` (:func:`rl_export.corpora.versions.get_version`) the read is the
+        version's: from its compaction (or, with a cursor saved by such a read, from there) to
+        the end of each chain it names, every record of a trace deleted since left out
+        (deletion wins: :mod:`rl_export.corpora.erasures`).
 
         ``{}`` reads every chain from offset 0, without a compaction. With ``latest_only``
         everything available is read first, then only the latest revision per trace is
         yielded (tombstones hide earlier revisions and are not yielded); the cursor then
         moves to the end of what was read when the last record is handed out.
         """
-        await self._begin(cursor)
+        await self._begin(cursor, version)
         if not latest_only:
             async with contextlib.aclosing(self._read()) as rows:
                 async for row in rows:
@@ -344,6 +355,8 @@ class CorpusReader:
                     # 4. Move the cursor before handing the record out: whoever holds the
                     # record holds a cursor that includes it.
                     span.move(n)
+                    if self._erased and row.get("trace_id") in self._erased:
+                        continue  # a version's read: the trace was deleted since
                     yield row
 
     async def _read_objects(self) -> AsyncGenerator[ObjectLines, None]:
@@ -360,8 +373,17 @@ class CorpusReader:
             async with contextlib.aclosing(self._compaction_spans()) as spans:
                 async for span in spans:
                     yield span
-        # 2. Every chain, in a fixed order.
-        for stream in await list_streams(self.store, self.ref):
+        # 2. Every chain, in a fixed order (a version's: those it names).
+        streams = await list_streams(self.store, self.ref)
+        if self._until is not None:
+            until = self._until
+            streams = [s for s in streams if s in until]
+            missing = sorted(
+                s for s in until if s not in streams and until[s] > self._cursor.get(s, 0)
+            )
+            if missing:
+                raise ChainError(f"{self.ref.root}: no chain {missing[0]} (the version's)")
+        for stream in streams:
             async with contextlib.aclosing(self._chain_spans(stream)) as spans:
                 async for span in spans:
                     yield span
@@ -426,7 +448,8 @@ class CorpusReader:
 
             return move
 
-        while position in by_offset:
+        end = None if self._until is None else self._until[stream]
+        while position in by_offset and (end is None or position < end):
             commit = await _checked_commit(self.store, by_offset[position], stream, position)
             if skip > commit.records:
                 raise ChainError(
@@ -440,6 +463,11 @@ class CorpusReader:
             yield _Span(part.key, _drop_lines(data, skip), commit.records - skip, skip,
                         mover(position, commit), columns)  # fmt: skip
             position, skip = commit.last_offset + 1, 0
+        if end is not None:
+            if position != end:
+                raise ChainError(f"{self.ref.manifest_prefix(stream)}: the version ends at "
+                                 f"offset {end}, the chain reaches {position}")  # fmt: skip
+            return
         later = sorted(offset for offset in by_offset if offset > position)
         if later:
             raise ChainError(
@@ -459,13 +487,26 @@ class CorpusReader:
             return None
         return table.slice(skip) if skip else table
 
-    async def _begin(self, cursor: Cursor | None) -> None:
+    async def _begin(self, cursor: Cursor | None, version: Version | None = None) -> None:
         self._compaction = None
+        self._until, self._erased = None, frozenset()
+        if version is not None:
+            if (version.org, version.project, version.corpus) != (
+                self.ref.org,
+                self.ref.project,
+                self.ref.corpus,
+            ):
+                raise ValueError(f"version {version.name!r} is not of {self.ref.root}")
+            self._until = dict(version.ends)
+            self._erased = await erased_traces(self.store, self.ref.org, self.ref.project)
         if cursor is not None:
             self._cursor = check_cursor(cursor)
             return
-        # 1. No cursor: the latest compaction first.
-        self._compaction = await latest_compaction(self.store, self.ref)
+        # 1. No cursor: the latest compaction first (a version's: its own).
+        if version is None:
+            self._compaction = await latest_compaction(self.store, self.ref)
+        elif version.generation is not None:
+            self._compaction = await self._load_generation(version.generation)
         self._cursor = {}
         if self._compaction is not None:
             self._cursor = {

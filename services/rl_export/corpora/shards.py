@@ -146,11 +146,14 @@ async def ls(store: ObjectStore, prefix: str = "") -> list[str]:
 
 
 async def cat(
-    store: ObjectStore, ref: CorpusRef, *, latest_only: bool = False
-) -> AsyncIterator[bytes]:
-    """The corpus as JSON Lines, from the latest compaction on (checksums verified)."""
+    store: ObjectStore, ref: CorpusRef, *, latest_only: bool = False,
+    version: Version | None = None,
+) -> AsyncIterator[bytes]:  # fmt: skip
+    """The corpus as JSON Lines, from the latest compaction on (checksums verified); with
+    ``version``, the version's records (its compaction, the chains to its ends, the traces
+    deleted since left out)."""
     reader = CorpusReader(store, ref)
-    async for record in reader.records(latest_only=latest_only):
+    async for record in reader.records(latest_only=latest_only, version=version):
         yield dumps_line(record)
 
 

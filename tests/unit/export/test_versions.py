@@ -16,10 +16,11 @@ from rl_export.common.codec import loads
 from rl_export.common.errors import NoDataError, VersionError
 from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.erasures import erased_traces
-from rl_export.corpora.layout import ChainError, CorpusRef
+from rl_export.corpora.layout import ChainError, CorpusRef, chain_keys, read_commit
+from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.shards import verify
 from rl_export.corpora.store import LocalStore, MemoryStore, ObjectStore
-from rl_export.corpora.versions import delete_version, version_key
+from rl_export.corpora.versions import create_version, delete_version, version_key
 from rl_export.export import stats, write_export
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.versions import pin, pinned
@@ -164,6 +165,61 @@ async def test_every_way_the_view_reads_leaves_out_the_same_erased_traces() -> N
     assert len(seen) == 1
 
 
+async def test_the_reader_reads_a_version_less_the_traces_deleted_since() -> None:
+    store = MemoryStore()
+    await replay_events(store, traffic(12), "one")
+    await compact(store, EVALUATOR, writer="test")
+    await replay_events(store, traffic(16, start=12), "two")
+    version = await pin(store, EVALUATOR, "v1")
+    at = (await pinned(store, EVALUATOR, "v1", None)).at
+    view = LatestView(store, EVALUATOR, at=at)
+    pinned_lines = [line async for batch in view.lines() for line in batch]
+    await replay_events(store, [*traffic(3, start=40), rescore(2, 0.1)], "three")
+    await compact(store, EVALUATOR, writer="test")
+    await replay_events(store, deleted(5, 13), "deleted")
+
+    reader = CorpusReader(store, EVALUATOR)
+    latest = [r async for r in reader.records(latest_only=True, version=version)]
+    expected = [loads(line) for line in pinned_lines]
+    gone = {"tr-0005", "tr-0013"}
+    assert sorted(r["trace_id"] for r in latest) == sorted(
+        r["trace_id"] for r in expected if r["trace_id"] not in gone
+    )
+    assert {(r["trace_id"], r["revision"]) for r in latest} <= {
+        (r["trace_id"], r["revision"]) for r in expected
+    }
+    # Every revision the version holds, resumable from a cursor taken in the middle.
+    everything = [r async for r in reader.records(version=version)]
+    assert not gone & {r["trace_id"] for r in everything}
+    assert not {"tr-0040", "tr-0041", "tr-0042"} & {r["trace_id"] for r in everything}
+    first = []
+    async for row in reader.records(version=version):
+        first.append(row)
+        if len(first) == 7:
+            break
+    rest = [r async for r in reader.records(reader.cursor, version=version)]
+    assert first + rest == everything
+    # A version that ends inside its chains (their first commits): nothing after the ends.
+    ends = dict(version.ends)
+    for stream in ends:
+        if stream.startswith("replay-two-"):  # the tail's chains (run one's are compacted)
+            _, first_commit = (await chain_keys(store, EVALUATOR, stream))[0]
+            ends[stream] = (await read_commit(store, first_commit)).last_offset + 1
+    early = await create_version(store, EVALUATOR, "early", generation=version.generation,
+                                 ends=ends)  # fmt: skip
+    assert ends != dict(version.ends)
+    view = LatestView(store, EVALUATOR, at=ViewPosition(version.generation, ends))
+    at_early = {(r["trace_id"], r["revision"]) async for batch in view.lines()
+                for r in map(loads, batch)}  # fmt: skip
+    read_early = [r async for r in reader.records(latest_only=True, version=early)]
+    assert {(r["trace_id"], r["revision"]) for r in read_early} == {
+        t for t in at_early if t[0] not in gone
+    }
+    with pytest.raises(ValueError, match="is not of acme/bot/traces"):
+        _ = [r async for r in CorpusReader(store, CorpusRef(ORG, PROJECT, "traces")).records(
+            version=version)]  # fmt: skip
+
+
 async def test_the_erasure_entry_is_written_before_the_commit_holding_the_tombstone() -> None:
     store = MemoryStore()
     await replay_events(store, traffic(3), "one")
@@ -263,8 +319,9 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert '"records":12' in capsys.readouterr().out
     assert main(["versions", "list", *common, "--corpus", "evaluator"]) == 0
     assert capsys.readouterr().out.count('"name":') == 1
-    # shards cat at a version: the version's latest view, the lines the export wrote.
-    assert main(["shards", "cat", *common, "--corpus", "evaluator", "--version", "v1"]) == 0
+    # shards cat --latest at a version: the lines the export wrote.
+    assert main(["shards", "cat", *common, "--corpus", "evaluator", "--latest",
+                 "--version", "v1"]) == 0  # fmt: skip
     cat = capsys.readouterr().out.encode()
     assert sorted(cat.splitlines()) == sorted(pin_file.read_bytes().splitlines())
     assert main(["shards", "ls", "--store", str(root), "--version", "v1"]) == 2
