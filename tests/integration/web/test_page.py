@@ -27,7 +27,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from rl_export.common.codec import iter_lines
+from rl_export.common.codec import iter_lines, loads
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
@@ -380,6 +380,44 @@ def test_an_admin_pins_a_version_and_the_tab_reads_it(
     expect(page.locator("#stat-records")).to_have_text(f"{pinned.json()['records']:,}")
     with web.client(stack.tokens["admin"]) as admin:
         assert admin.delete("versions/page-v1", params={"corpus": "evaluator"}).status_code == 200
+
+
+def test_the_training_set_box_splits_and_deduplicates_the_preview_and_the_download(
+    stack: Stack, web: WebProcess, page: Page
+) -> None:
+    export_tab(page, web, stack.tokens["page"])
+    choose(page, "source", "Evaluator score")
+    choose(page, "format", "Trajectory")
+    page.locator("#filters-box summary").click()
+    page.locator("#filters input[name=scenario]").fill("trip")  # 2 records: a direct download
+    expect(page.locator("#stat-records")).to_have_text("2")
+    page.locator("#training-box summary").click()
+    page.locator("#training input[name=splits]").fill("train=0.5,eval")  # not a split list
+    expect(page.locator("#export-error")).to_contain_text("splits")
+    params = {"source": "evaluator", "format": "trajectory", "scenario": "trip",
+              "splits": "train=0.5,eval=0.5", "dedup": "exact"}  # fmt: skip
+    with web.client(stack.tokens["page"]) as client:  # the split with fewer of the 2 rows
+        rows = {name: client.get("export", params={**params, "split": name}).content
+                for name in ("train", "eval")}  # fmt: skip
+        name = min(rows, key=lambda n: len(rows[n].splitlines()))
+        expected = client.get("export", params={**params, "split": name})
+        preview = client.get("records", params={**params, "split": name, "limit": 5})
+    assert expected.status_code == 200, expected.text
+    assert len(expected.content.splitlines()) < 2  # so the download shows the split was kept
+    page.locator("#training input[name=splits]").fill("train=0.5,eval=0.5")
+    page.locator("#training input[name=split]").fill(name)
+    page.locator("#training select[name=dedup]").select_option("exact")
+    expect(page.locator("#export-error")).to_be_hidden()
+    expect(page.locator("#training-summary")).to_have_text(f"split {name}, exact dedup")
+    expect(page.locator("#stat-records")).to_have_text("2")  # the stats count every record
+    assert preview.json()["items"] == [loads(line) for line in expected.content.splitlines()]
+    with page.expect_download() as download:
+        page.locator("#download").click()
+    assert Path(download.value.path()).read_bytes() == expected.content
+    page.locator("#training select[name=dedup]").select_option("")
+    page.locator("#training input[name=split]").fill("")
+    page.locator("#training input[name=splits]").fill("")
+    expect(page.locator("#training-summary")).to_have_text("")
 
 
 def test_a_transcript_holding_markup_shows_it_as_text(

@@ -1103,10 +1103,21 @@
     return exp.columns.map((c) => (c.header && c.header !== c.path ? `${c.path}:${c.header}` : c.path)).join(",");
   }
 
-  function query(extra, { redact = true } = {}) {
+  // The Training set box: splits and deduplication, for the preview and the downloads.
+  function trainingValues() {
+    const values = {};
+    for (const field of $("training").querySelectorAll("input, select")) {
+      const raw = field.value.trim();
+      if (raw) values[field.name] = raw;
+    }
+    return values;
+  }
+
+  function query(extra, { redact = true, training = true } = {}) {
     const params = new URLSearchParams({ source: exp.source, ...extra });
     if (redact) params.set("redact", redactValue());
     if (exp.version) params.set("version", exp.version);
+    if (training) for (const [key, value] of Object.entries(trainingValues())) params.set(key, value);
     for (const [key, value] of Object.entries(filterValues())) {
       if (Array.isArray(value)) value.forEach((v) => params.append(key, v));
       else params.set(key, value);
@@ -1117,6 +1128,10 @@
   function summaryOfFilters() {
     const count = Object.keys(filterValues()).length;
     $("filters-summary").textContent = count ? `(${count} set)` : "";
+    const training = trainingValues();
+    $("training-summary").textContent = [
+      training.split ? `split ${training.split}` : "", training.dedup ? `${training.dedup} dedup` : "",
+    ].filter(Boolean).join(", ");
   }
 
   let refreshTimer = null;
@@ -1150,7 +1165,7 @@
     if (columns) previewParams.set("columns", columns);
     const limit = Number(previewParams.get("limit") || 0);
     previewParams.set("limit", String(limit && limit < 5 ? limit : 5));
-    const statsParams = query({}, { redact: false });
+    const statsParams = query({}, { redact: false, training: false });
     const shown = `${statsParams} ${previewParams}`; // what the tab shows once this succeeds
     const askPreview = () => api(`records?${previewParams}`, { raw: true });
     try {
@@ -1236,6 +1251,8 @@
 
   $("filters").addEventListener("input", refreshExport);
   $("filters").addEventListener("change", refreshExport);
+  $("training").addEventListener("input", refreshExport);
+  $("training").addEventListener("change", refreshExport);
   $("filters-clear").addEventListener("click", () => {
     for (const field of $("filters").querySelectorAll("input, select")) field.value = "";
     refreshExport();
@@ -1304,6 +1321,9 @@
     job.seen = [];
     const body = { source: exp.source, format: exp.format, filters, redact: redactValue() };
     if (exp.version) body.version = exp.version;
+    const training = trainingValues();
+    if (training.dedup_threshold) training.dedup_threshold = Number(training.dedup_threshold);
+    Object.assign(body, training);
     const columns = columnsText();
     if (columns) body.columns = columns;
     try {

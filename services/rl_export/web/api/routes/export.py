@@ -397,6 +397,9 @@ async def get_records(
     mask_types: MaskTypesQuery = None, redact: RedactQuery = None,
     chat_style: ChatStyleQuery = None, system: SystemQuery = None,
     completion: CompletionQuery = None, version: VersionQuery = None,
+    split: SplitQuery = None, splits: SplitsQuery = None, split_by: SplitByQuery = None,
+    split_salt: SaltQuery = None, dedup: DedupQuery = None,
+    dedup_threshold: ThresholdQuery = None, dedup_on: DedupOnQuery = None,
 ) -> RecordsOut:  # fmt: skip
     mask = _mask(format, mask_failed_turns, mask_types)
     chat, pairing = _chat(format, chat_style, system, completion)
@@ -407,12 +410,16 @@ async def get_records(
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
+    picked_split, picked_dedup = _training(
+        split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
+        dedup_threshold=dedup_threshold, dedup_on=dedup_on,
+    )  # fmt: skip
     followed = await corpus(svc, org, project, source)
     at = await _at(svc, org, project, source, version)
     items: list[dict[str, Any]] = []
     counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
-    # The index holds no metadata and only the latest view: read the corpus itself.
-    if filters.metadata or at is not None:
+    # The index holds no metadata, only the latest view and every row: read the corpus.
+    if filters.metadata or at is not None or picked_split or picked_dedup:
         try:
             summary = ExportSummary()
             tabular = format in TABULAR_FORMATS
@@ -420,7 +427,7 @@ async def get_records(
                 svc.store, source_ref(org, project, source),
                 format="trajectory" if tabular else format, filters=filters, limit=size,
                 mask=mask, redact=",".join(kinds) or "none", summary=summary,
-                chat=chat, completion=pairing, at=at,
+                chat=chat, completion=pairing, at=at, split=picked_split, dedup=picked_dedup,
             )  # fmt: skip
             if tabular:
                 items = [{c.header: c.value(item) for c in picked} for item in items]
