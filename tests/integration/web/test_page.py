@@ -202,6 +202,16 @@ def choose(page: Page, group: str, name: str) -> None:
     page.locator(f"#{group} button", has_text=name).first.click()
 
 
+def two_trip_records(page: Page, web: WebProcess, token: str, format_name: str) -> None:
+    """The Export tab on the evaluator corpus's two ``trip`` records (a direct download)."""
+    export_tab(page, web, token)
+    choose(page, "source", "Evaluator score")
+    choose(page, "format", format_name)
+    page.locator("#filters-box summary").click()
+    page.locator("#filters input[name=scenario]").fill("trip")
+    expect(page.locator("#stat-records")).to_have_text("2")
+
+
 def test_source_and_format_toggles_change_the_preview(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:
@@ -227,12 +237,7 @@ def test_source_and_format_toggles_change_the_preview(
 
 
 def test_download_gives_valid_json_lines(stack: Stack, web: WebProcess, page: Page) -> None:
-    export_tab(page, web, stack.tokens["page"])
-    choose(page, "source", "Evaluator score")
-    choose(page, "format", "Messages")
-    page.locator("#filters-box summary").click()
-    page.locator("#filters input[name=scenario]").fill("trip")  # 2 records: a direct download
-    expect(page.locator("#stat-records")).to_have_text("2")
+    two_trip_records(page, web, stack.tokens["page"], "Messages")
     with page.expect_download() as download:
         page.locator("#download").click()
     assert download.value.suggested_filename == "acme-bot-evaluator-messages.jsonl"
@@ -247,12 +252,7 @@ def test_the_redact_control_scrubs_the_preview_and_the_download(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:
     key, mail, phone = "AKIAIOSFODNN7EXAMPLE", "jane.doe@acme-corp.com", "(415) 555-2671"
-    export_tab(page, web, stack.tokens["page"])
-    choose(page, "source", "Evaluator score")
-    choose(page, "format", "Messages")
-    page.locator("#filters-box summary").click()
-    page.locator("#filters input[name=scenario]").fill("trip")  # tr-010, and tr-011 holds them all
-    expect(page.locator("#stat-records")).to_have_text("2")
+    two_trip_records(page, web, stack.tokens["page"], "Messages")
     # By default secrets only: the key goes, the customer's words stay.
     expect(page.locator("#redact-kinds input[value=secrets]")).to_be_checked()
     expect(page.locator("#redact-kinds input[value=email]")).not_to_be_checked()
@@ -287,12 +287,7 @@ def test_the_redact_control_scrubs_the_preview_and_the_download(
 def test_a_csv_with_chosen_renamed_and_reordered_columns(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:
-    export_tab(page, web, stack.tokens["page"])
-    choose(page, "source", "Evaluator score")
-    choose(page, "format", "CSV")
-    page.locator("#filters-box summary").click()
-    page.locator("#filters input[name=scenario]").fill("trip")
-    expect(page.locator("#stat-records")).to_have_text("2")
+    two_trip_records(page, web, stack.tokens["page"], "CSV")
     page.locator("#columns-open").click()
     dialog = page.locator("#columns-dialog")
     expect(dialog).to_be_visible()
@@ -385,12 +380,7 @@ def test_an_admin_pins_a_version_and_the_tab_reads_it(
 def test_the_training_set_box_splits_and_deduplicates_the_preview_and_the_download(
     stack: Stack, web: WebProcess, page: Page
 ) -> None:
-    export_tab(page, web, stack.tokens["page"])
-    choose(page, "source", "Evaluator score")
-    choose(page, "format", "Trajectory")
-    page.locator("#filters-box summary").click()
-    page.locator("#filters input[name=scenario]").fill("trip")  # 2 records: a direct download
-    expect(page.locator("#stat-records")).to_have_text("2")
+    two_trip_records(page, web, stack.tokens["page"], "Trajectory")
     page.locator("#training-box summary").click()
     page.locator("#training input[name=splits]").fill("train=0.5,eval")  # not a split list
     expect(page.locator("#export-error")).to_contain_text("splits")
