@@ -17,7 +17,7 @@ view's order), then says which ``trace_id`` values stay (:meth:`kept`). Near dup
 through ``rensa``'s MinHash (Rust; measured against ``datasketch`` on the same rows: the same
 groups, many times faster, see docs/guides/training-sets.md). All rows are known before any
 is written, so the LSH is done offline in NumPy, in bounded memory (rensa's own LSH index
-holds about 1.3 KiB per row; this about 400 bytes): each row's band keys (64-bit) and its
+holds about 1.3 KiB per row; this about 330 bytes): each row's band keys (32-bit) and its
 signature (16 bits per permutation) are kept, rows sharing a band key are candidates, and a
 candidate pair is grouped only when the signatures' estimated Jaccard similarity is at least
 the threshold. Groups are the connected components of those pairs, so the result does not
@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ DEFAULT_THRESHOLD = 0.85
 SHINGLE = 5  # words per shingle
 NUM_PERM = 128  # MinHash permutations
 SEED = 44  # of the MinHash permutations: fixed, so the groups are the same every time
-_BATCH = 4096  # rows hashed and inserted into the LSH at a time
+_BATCH = 1024  # rows hashed at a time (their shingles are held meanwhile)
 
 
 @dataclass(frozen=True)
@@ -128,9 +129,36 @@ def dedup_text(messages: Any, on: str = "conversation") -> str:
             if isinstance(message, dict) and message.get("role") == "user":
                 messages = messages[: n + 1]
                 break
-    # str.split() splits at runs of whitespace (str.isspace) and drops them at both ends:
-    # several times faster than a regular expression over a conversation.
-    return " ".join(" ".join(_message_text(m) for m in messages).split())
+    parts: list[str] = []
+    for message in messages:
+        if type(message) is dict:  # most messages: a role and string content, no tool calls
+            role, content = message.get("role", ""), message.get("content")
+            if type(role) is str and type(content) is str and not message.get("tool_calls"):
+                parts.append(role)
+                parts.append(content)
+                continue
+        parts.append(_message_text(message))
+    return _collapse(" ".join(parts))
+
+
+def _collapse(text: str) -> str:
+    """``text`` with every run of whitespace (``str.isspace``) one space, none at either end.
+    ``" ".join(text.split())`` makes an object per word: a text that is ASCII and has no
+    whitespace but single spaces inside (most) is returned as it is, found by searches in C
+    several times faster."""
+    if (
+        text.isascii()
+        and "  " not in text
+        and text[:1] != " "
+        and text[-1:] != " "
+        and not any(c in text for c in _ASCII_SPACE)
+    ):
+        return text
+    return " ".join(text.split())
+
+
+_ASCII_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+"""The ASCII characters ``str.isspace`` holds true for, but the space."""
 
 
 def shingles(text: str) -> list[str]:
@@ -147,9 +175,9 @@ Rank = tuple[float, str, str]
 """What a row is ranked by: its reward (-inf when null), ``updated_at``, ``trace_id``."""
 
 
-def _rank(reward: Any, updated_at: Any, trace_id: str) -> Rank:
+def _reward(reward: Any) -> float:
     value = reward if isinstance(reward, int | float) and not isinstance(reward, bool) else None
-    return (-math.inf if value is None else float(value), str(updated_at or ""), trace_id)
+    return -math.inf if value is None else float(value)
 
 
 def better(a: Rank, b: Rank) -> bool:
@@ -164,21 +192,31 @@ def better(a: Rank, b: Rank) -> bool:
 
 
 class Deduplicator:
-    """Groups the rows of an export and keeps the best of each (see the module)."""
+    """Groups the rows of an export and keeps the best of each (see the module).
+
+    Memory is what bounds it on a large corpus (a million rows and more), so a row costs
+    what it must and no Python object more: its ``trace_id`` and ``updated_at`` strings,
+    its reward and union-find parent in arrays, a flag byte, its text's digest in a dict
+    (exact copies are grouped as they come, and not hashed); a near dedup adds a 32-bit key
+    a band and a 16-bit value a permutation, appended to flat buffers (about 320 bytes).
+    """
 
     def __init__(self, dedup: Dedup) -> None:
         self.dedup = dedup
         self.rows = 0
         self._ids: list[str] = []
-        self._ranks: list[Rank] = []
-        self._counted: list[bool] = []
+        self._updated: list[str] = []
+        self._rewards = array("d")
+        self._counted = bytearray()
+        self._parent = array("q")
         self._best: dict[bytes, int] = {}  # text digest -> its first row
-        self._parent: list[int] = []
-        # near: each hashed row's number, band keys and (16-bit) signature, in blocks
-        self._pending: list[tuple[int, Any]] = []  # (row, its MinHash digest)
-        self._hashed: list[np.ndarray[Any, np.dtype[np.int64]]] = []
-        self._keys: list[np.ndarray[Any, np.dtype[np.uint64]]] = []
-        self._signatures: list[np.ndarray[Any, np.dtype[np.uint16]]] = []
+        # near: the rows waiting to be hashed (row, text), then each hashed row's number,
+        # one buffer of 32-bit keys a band and one of 16-bit signatures
+        self._pending: list[tuple[int, str]] = []
+        self._hashed = array("q")
+        self._bands = _bands(dedup.threshold) if dedup.mode == "near" else 0
+        self._keys = [bytearray() for _ in range(self._bands)]
+        self._signatures = bytearray()
 
     def add(
         self, trace_id: str, reward: Any, updated_at: Any, messages: Any, *, counted: bool = True
@@ -190,7 +228,8 @@ class Deduplicator:
         self.rows += 1
         self._counted.append(counted)
         self._ids.append(trace_id)
-        self._ranks.append(_rank(reward, updated_at, trace_id))
+        self._updated.append(str(updated_at or ""))
+        self._rewards.append(_reward(reward))
         self._parent.append(row)
         key = hashlib.blake2b(text.encode(), digest_size=16).digest()
         first = self._best.setdefault(key, row)
@@ -198,13 +237,12 @@ class Deduplicator:
             self._union(first, row)  # an exact duplicate: no need to hash it
             return
         if self.dedup.mode == "near":
-            import rensa  # a compiled extension: loaded when a near dedup runs
-
-            minhash = rensa.RMinHash(NUM_PERM, SEED)
-            minhash.update(shingles(text))
-            self._pending.append((row, minhash.digest()))
+            self._pending.append((row, text))
             if len(self._pending) >= _BATCH:
                 self._flush()
+
+    def rank(self, row: int) -> Rank:
+        return (self._rewards[row], self._updated[row], self._ids[row])
 
     def _find(self, row: int) -> int:
         parent = self._parent
@@ -221,21 +259,28 @@ class Deduplicator:
             self._parent[max(a, b)] = min(a, b)
 
     def _flush(self) -> None:
-        """The pending rows' band keys and signatures (kept as 16 bits of each value: two
-        different values agree by chance once in 65,536, which moves an estimate by less
-        than that), in blocks; the digests themselves are let go."""
+        """The pending rows' MinHash (in one call to ``rensa``), kept as band keys and
+        signatures: 16 bits of each value (two different values agree by chance once in
+        65,536, which moves an estimate by less than that)."""
         pending, self._pending = self._pending, []
         if not pending:
             return
-        digests = np.array([d for _, d in pending], dtype=np.uint32)
-        self._hashed.append(np.array([r for r, _ in pending], dtype=np.int64))
-        bands = _bands(self.dedup.threshold)
-        per = NUM_PERM // bands
-        # A band's key: its values mixed by fixed odd multipliers (wrapping in 64 bits). Two
-        # equal bands have equal keys; a collision of unequal ones is checked away below.
-        mixed = digests.astype(np.uint64).reshape(len(pending), bands, per) * _MIX[:per]
-        self._keys.append(mixed.sum(axis=2, dtype=np.uint64))
-        self._signatures.append(digests.astype(np.uint16))
+        import rensa  # a compiled extension: loaded when a near dedup runs
+
+        matrix = rensa.RMinHash.digest_matrix_from_token_sets(
+            [shingles(text) for _, text in pending], NUM_PERM, SEED
+        )
+        digests = np.array(matrix.to_rows(), dtype=np.uint32)
+        self._hashed.extend(row for row, _ in pending)
+        per = NUM_PERM // self._bands
+        # A band's key: its values mixed by fixed odd multipliers (wrapping in 64 bits), the
+        # high 32 bits of the sum. Two equal bands have equal keys; a collision of unequal
+        # ones is checked away on the signatures.
+        mixed = digests.astype(np.uint64).reshape(len(pending), self._bands, per) * _MIX[:per]
+        keys = (mixed.sum(axis=2, dtype=np.uint64) >> np.uint64(32)).astype(np.uint32)
+        for band, buffer in enumerate(self._keys):
+            buffer.extend(np.ascontiguousarray(keys[:, band]).tobytes())
+        self._signatures.extend(digests.astype(np.uint16).tobytes())
 
     def _group_near(self) -> None:
         """Candidates are rows that share a band key; a pair is grouped when its signatures
@@ -243,49 +288,53 @@ class Deduplicator:
         self._flush()
         if not self._hashed:
             return
-        rows = np.concatenate(self._hashed)
-        keys = np.concatenate(self._keys)
-        signatures = np.concatenate(self._signatures)
+        rows = np.frombuffer(self._hashed, dtype=np.int64)
+        signatures = np.frombuffer(self._signatures, dtype=np.uint16).reshape(-1, NUM_PERM)
         need = self.dedup.threshold * NUM_PERM
-        checked: set[tuple[int, int]] = set()
-        for band in range(keys.shape[1]):
-            column = keys[:, band]
+        for buffer in self._keys:
+            column = np.frombuffer(buffer, dtype=np.uint32)
             order = np.argsort(column, kind="stable")
             ordered = column[order]
             starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-            ends = np.r_[starts[1:], len(ordered)]
-            for start, end in zip(starts, ends, strict=True):
-                if end - start < 2:
-                    continue
-                members = order[start:end]
-                # Every pair of a bucket (buckets are small: exact copies are grouped before
-                # hashing); a large one is compared along a chain, each member to the next.
+            sizes = np.diff(np.r_[starts, len(ordered)])
+            del ordered
+            # Buckets of two (most) compared at once; a larger bucket pair by pair (buckets
+            # are small: exact copies are grouped before hashing), a very large one along a
+            # chain, each member to the next.
+            twos = starts[sizes == 2]
+            a, b = order[twos], order[twos + 1]
+            for more in np.flatnonzero(sizes > 2):
+                members = order[starts[more] : starts[more] + sizes[more]].tolist()
                 pairs = (itertools.combinations(members, 2) if len(members) <= _ALL_PAIRS
                          else itertools.pairwise(members))  # fmt: skip
-                for a, b in pairs:
-                    pair = (int(a), int(b))
-                    if pair in checked:
-                        continue
-                    checked.add(pair)
-                    if np.count_nonzero(signatures[a] == signatures[b]) >= need:
-                        self._union(int(rows[a]), int(rows[b]))
+                extra = np.array(list(pairs), dtype=np.int64).reshape(-1, 2)
+                a, b = np.r_[a, extra[:, 0]], np.r_[b, extra[:, 1]]
+            for at in range(0, len(a), _PAIRS):
+                left, right = a[at : at + _PAIRS], b[at : at + _PAIRS]
+                agree = np.count_nonzero(signatures[left] == signatures[right], axis=1)
+                for x, y in zip(left[agree >= need].tolist(), right[agree >= need].tolist(),
+                                strict=True):  # fmt: skip
+                    self._union(int(rows[x]), int(rows[y]))
 
     def kept(self) -> tuple[set[str], int]:
         """The trace ids of the rows kept (one per group), and how many counted rows were
         removed."""
         if self.dedup.mode == "near":
             self._group_near()
-        best: dict[int, int] = {}
-        ranks = self._ranks
+        best = array("q", bytes(8 * self.rows))  # a group's root -> its best row + 1 (0: none)
+        rank = self.rank
         for row in range(self.rows):
             root = self._find(row)
-            held = best.get(root)
-            if held is None or better(ranks[row], ranks[held]):
-                best[root] = row
+            held = best[root] - 1
+            if held < 0 or better(rank(row), rank(held)):
+                best[root] = row + 1
+        keep = bytearray(self.rows)
+        for row in best:
+            if row:
+                keep[row - 1] = 1
         ids, counted = self._ids, self._counted
-        kept = set(best.values())
-        removed = sum(1 for row in range(self.rows) if counted[row] and row not in kept)
-        return {ids[row] for row in kept}, removed
+        removed = sum(1 for row in range(self.rows) if counted[row] and not keep[row])
+        return {ids[row] for row in range(self.rows) if keep[row]}, removed
 
 
 _MIX = np.array(
@@ -294,6 +343,7 @@ _MIX = np.array(
     dtype=np.uint64,
 )  # fmt: skip
 _ALL_PAIRS = 64  # a bucket of more rows is compared along a chain
+_PAIRS = 65_536  # candidate pairs compared at once
 
 
 RECALL = 0.95

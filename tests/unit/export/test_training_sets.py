@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 from typing import Any
 
 import pytest
@@ -121,6 +122,19 @@ def test_dedup_text_collapses_whitespace_and_keeps_case() -> None:
     assert dedup_text([{"role": "user", "content": "hello there friend"}]) != dedup_text(b[:1])
     assert dedup_text(a, "prompt") == "user Hello there friend"
     assert parse_dedup("near") == Dedup("near", 0.85, "conversation")
+
+
+def test_whitespace_collapses_as_str_split_does_on_every_kind_of_text() -> None:
+    # The fast path (ASCII, single spaces) and the slow one agree with " ".join(t.split()).
+    alphabet = ["a", "b", " ", "  ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f",
+                "\x85", "\xa0", "\u2003", "\u3000", "é"]  # fmt: skip
+    rng = random.Random(44)
+    texts = ["", " ", "a", " a", "a ", "a b", "a  b", "a\u00a0b", "a\x1eb"]
+    texts += ["".join(rng.choices(alphabet, k=rng.randint(1, 12))) for _ in range(2000)]
+    for text in texts:
+        assert dedup_text([{"role": "user", "content": text}]) == " ".join(
+            ("user " + text).split()
+        ), repr(text)
 
 
 def test_exact_keeps_the_best_of_each_group_and_no_distinct_row_is_lost() -> None:
