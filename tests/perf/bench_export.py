@@ -51,6 +51,8 @@ from rl_export.local.synthetic import scored_event_lines
 from tests.perf import bench_web
 
 ORG, PROJECT, SOURCE = "acme", "support-bot", "evaluator"
+PINNED = "bench-1m"
+"""The version the ``--version`` case reads, pinned over the built corpus if it is not."""
 VERSION = 1  # of the backfill's history: bump when its recipe changes, so caches are rebuilt
 ROOT = Path(__file__).resolve().parents[2]  # the checkout, so a child can import this module
 CSV_COLUMNS = (
@@ -85,6 +87,8 @@ CASES: dict[str, list[str]] = {
     # peak RSS <= 1 GiB).
     "trajectory --dedup exact": ["--format", "trajectory", "--dedup", "exact", "--redact", "none"],
     "trajectory --dedup near": ["--format", "trajectory", "--dedup", "near", "--redact", "none"],
+    # A version pinned once the corpus is built (bench-1m): as fast as the latest view.
+    "trajectory --version": ["--format", "trajectory", "--version", PINNED, "--redact", "none"],
     "messages --split train": [
         "--format",
         "messages",
@@ -135,6 +139,25 @@ SINKS = ("null", "file")
 """Where an export's bytes go: ``null`` is ``-o -`` into /dev/null (what the export itself
 costs), ``file`` is ``-o <path>`` (written beside the corpus and fsynced: this machine's disk
 too)."""
+
+
+def pin_version(store: Path) -> None:
+    """The ``--version`` case's version, pinned over the corpus as built (once)."""
+    if (store / "_versions" / ORG / PROJECT / SOURCE / f"{PINNED}.json").exists():
+        return
+    argv = [sys.executable, "-m", "rl_export.cli", "versions", "create", PINNED, "--store",
+            str(store), "--org", ORG, "--project", PROJECT, "--corpus", SOURCE]  # fmt: skip
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
+
+def understands(case: list[str], pythonpath: str | None) -> bool:
+    """Whether a tree's ``rl-export export`` has every option of a case (a baseline from
+    before an option skips that case)."""
+    argv = [sys.executable, "-m", "rl_export.cli", "export", "--help"]
+    shown = subprocess.run(
+        argv, check=True, capture_output=True, text=True, env=_env(pythonpath)
+    ).stdout
+    return all(arg in shown for arg in case if arg.startswith("--"))
 
 
 def _env(pythonpath: str | None) -> dict[str, str]:
@@ -310,6 +333,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     directory = corpus_dir(base, args.records, args.seed, args.partitions)
     corpus = asyncio.run(build_corpus(directory, args.records, args.seed, args.partitions))
     store = directory / "store"
+    pin_version(store)
     cases = dict(CASES) | (MORE_CASES if args.all else {})
     if args.only:
         cases = {k: v for k, v in cases.items() if k.split()[0] in args.only}
@@ -324,10 +348,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name, case in cases.items():
         out = out_dir / ("out." + case[1])
         runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        able = {tree: path for tree, path in trees.items() if understands(case, path)}
         for n in range(args.runs):
             # Interleaved: every tree and sink once per round, the order turning each round,
             # so a change in the machine's load falls on all of them alike.
-            order = [(tree, sink) for tree in trees for sink in sinks]
+            order = [(tree, sink) for tree in able for sink in sinks]
             order = order[n % len(order) :] + order[: n % len(order)]
             for tree, sink in order:
                 log(f"{name}: round {n + 1} of {args.runs}, {tree} code, to {sink}")
@@ -336,11 +361,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 load.append(os.getloadavg()[0])
         result: dict[str, Any] = {
-            tree: {sink: _summary(runs[(tree, sink)]) for sink in sinks} for tree in trees
+            tree: {sink: _summary(runs[(tree, sink)]) for sink in sinks} for tree in able
         }
         if args.digest:
             digests = {}
-            for tree, path in trees.items():
+            for tree, path in able.items():
                 log(f"{name}: sha256 of the {tree} code's export")
                 digests[tree] = digest(store, case, pythonpath=path)
             result["digest"] = digests
@@ -427,6 +452,22 @@ def print_table(result: dict[str, Any], path: Path) -> None:
                       f"{m['cpu_s'] / plain['cpu_s']:.2f} x the CPU time (goal: at most 2 x), "
                       f"peak RSS {m['peak_rss_mib']:.0f} vs "
                       f"{plain['peak_rss_mib']:.0f} MiB")  # fmt: skip
+        goals = {"trajectory --dedup exact": 20_000, "trajectory --dedup near": 5_000}
+        for name, goal in goals.items():
+            deduped = result["cases"].get(name, {}).get("current")
+            for sink, m in (deduped or {}).items():
+                print(f"{name} to {sink}: {m['records_per_s']:,.0f} records/s, "
+                      f"{m['records_per_s'] / goal:.2f} x the goal of {goal:,}; peak RSS "
+                      f"{m['peak_rss_mib']:.0f} MiB, {m['peak_rss_mib'] / 1024:.2f} x the "
+                      f"goal of 1 GiB")  # fmt: skip
+        pinned = result["cases"].get("trajectory --version", {}).get("current")
+        for sink, m in (pinned or {}).items():
+            plain = trajectory[sink]
+            print(
+                f"trajectory --version to {sink} vs the latest view: "
+                f"{m['seconds'] / plain['seconds']:.2f} x the wall time (goal: as fast), "
+                f"peak RSS {m['peak_rss_mib']:.0f} vs {plain['peak_rss_mib']:.0f} MiB"
+            )
     for name, r in result["cases"].items():
         if "profile" in r:
             print(f"where the time goes, {name} (own time, top 5):")

@@ -29,7 +29,7 @@ from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.common.records import SnapshotLines
 from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.backfill import seed_chain
-from rl_export.corpora.erasures import record_erasure
+from rl_export.corpora.erasures import record_erasures
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
     ChainState,
@@ -282,12 +282,11 @@ class ChainWriter:
             started = time.monotonic()
             data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
             await self.store.put(data_key, shard.data)
-            for p in self.pending:
-                if p.erased:  # before the commit that holds its tombstone: see erasures.py
-                    await record_erasure(
-                        self.store, self.ref.org, self.ref.project, stream=self.stream,
-                        offset=p.offset, trace_id=p.trace_id, revision=p.revision,
-                    )  # fmt: skip
+            erased = [(p.offset, p.trace_id, p.revision) for p in self.pending if p.erased]
+            if erased:  # before the commit that holds their tombstones: see erasures.py
+                await record_erasures(
+                    self.store, self.ref.org, self.ref.project, self.stream, erased
+                )
             if self.config.crash_at == "after_data":
                 os.kill(os.getpid(), signal.SIGKILL)
             index = None

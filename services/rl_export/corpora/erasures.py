@@ -5,17 +5,23 @@ as it was, but deletion wins over reproducibility: a trace deleted after that po
 left out of such reads too. A corpus's tombstones cannot say that (a tombstone also marks a
 trajectory that stopped being ready, and compaction drops tombstones after their retention),
 so the sink records each deletion once more, here: when a chain commits the tombstone of a
-deleted trace, it first writes ``_erasures/<org>/<project>/<topic>-<partition>/<offset>.json``
-(the offset of the deletion's snapshot), ``{"trace_id", "org", "project", "revision"}``.
-Every corpus of the partition writes the same bytes under the same key, so the first write
-is the record and the others change nothing; written before the commit that holds the
-tombstone, so a committed deletion always has its entry. The entries are small and kept
-(deletions are rare); a project's are listed and read at the start of a pinned read.
+deleted trace, it first writes
+``_erasures/<org>/<project>/<topic>-<partition>/<offset>.<id>.json`` (the offset of the
+deletion's snapshot; ``<id>`` the trace id in unpadded base64url), ``{"trace_id", "org",
+"project", "revision"}``. Every corpus of the partition writes the same bytes under the same
+key, so the first write is the record and the others change nothing; written before the
+commit that holds the tombstone, so a committed deletion always has its entry. The entries
+are small and kept (deletions are rare). A pinned read lists the project's at its start:
+the ids are in the keys, so a thousand deletions cost one listing request, not a thousand
+reads. An id too long for a key (over :data:`ID_IN_KEY` characters) has an entry
+``<offset>.json`` without it, read for its body, as every entry of an older log is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 from collections.abc import Sequence
 
 import orjson
@@ -26,7 +32,10 @@ from rl_export.corpora.layout import ChainError
 from rl_export.corpora.store import ObjectStore
 
 ERASURES_ROOT = "_erasures"
-READ_AT_ONCE = 32  # entries fetched concurrently while a project's log is read
+READ_AT_ONCE = 32  # entries without the id in their key fetched concurrently
+ID_IN_KEY = 300
+"""The longest trace id (in characters) named in its entry's key (keys stay well under the
+1,024 bytes S3 allows)."""
 ERASED_REVISION = 1 << 62
 """The revision of an erased trace's virtual tombstone in a view at a past position
 (:class:`~rl_export.export.latest.LatestView`): newer than any line's."""
@@ -36,29 +45,56 @@ def erasures_prefix(org: str, project: str) -> str:
     return f"{ERASURES_ROOT}/{org}/{project}/"
 
 
-def erasure_key(org: str, project: str, stream: str, offset: int) -> str:
-    return f"{erasures_prefix(org, project)}{stream}/{offset:020d}.json"
+def erasure_key(org: str, project: str, stream: str, offset: int, trace_id: str) -> str:
+    name = f"{offset:020d}"
+    if len(trace_id) <= ID_IN_KEY:
+        name += "." + base64.urlsafe_b64encode(trace_id.encode()).decode().rstrip("=")
+    return f"{erasures_prefix(org, project)}{stream}/{name}.json"
 
 
-async def record_erasure(
-    store: ObjectStore, org: str, project: str, *, stream: str, offset: int, trace_id: str,
-    revision: int,
+def _id_in(key: str) -> str | None:
+    """The trace id a key names (None: the key names none, or not one that decodes)."""
+    _, dot, encoded = key.rpartition("/")[2].removesuffix(".json").partition(".")
+    if not dot:
+        return None
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (binascii.Error, ValueError):
+        return None
+
+
+async def record_erasures(
+    store: ObjectStore, org: str, project: str, stream: str,
+    erased: Sequence[tuple[int, str, int]],
 ) -> None:  # fmt: skip
-    """Write the entry of a deletion (idempotent: the same key and bytes for every corpus)."""
-    body = {"trace_id": trace_id, "org": org, "project": project, "revision": revision}
-    await store.put(erasure_key(org, project, stream, offset), dumps(body))
+    """Write the entries of some deletions, ``(offset, trace_id, revision)`` each, at once
+    (idempotent: the same keys and bytes for every corpus)."""
+    await asyncio.gather(*(
+        store.put(
+            erasure_key(org, project, stream, offset, trace_id),
+            dumps({"trace_id": trace_id, "org": org, "project": project, "revision": revision}),
+        )
+        for offset, trace_id, revision in erased
+    ))  # fmt: skip
 
 
 async def erased_traces(store: ObjectStore, org: str, project: str) -> frozenset[str]:
     """The ids of every trace of the project whose deletion a chain has committed (or is
-    about to). An entry that is not what :func:`record_erasure` writes is an error: a
-    pinned read must not show a deleted trace because its entry could not be read
-    (ChainError)."""
-    keys = [k for k in await store.list(erasures_prefix(org, project)) if k.endswith(".json")]
+    about to): from the keys, and from the bodies of entries whose key does not name it.
+    An entry that is not what :func:`record_erasures` writes is an error: a pinned read
+    must not show a deleted trace because its entry could not be read (ChainError)."""
     found: set[str] = set()
-    for start in range(0, len(keys), READ_AT_ONCE):
+    unnamed: list[str] = []
+    for key in await store.list(erasures_prefix(org, project)):
+        if key.endswith(".json"):
+            trace_id = _id_in(key)
+            if trace_id is None:
+                unnamed.append(key)
+            else:
+                found.add(trace_id)
+    for start in range(0, len(unnamed), READ_AT_ONCE):
         bodies = await asyncio.gather(
-            *(_read(store, key) for key in keys[start : start + READ_AT_ONCE])
+            *(_read(store, key) for key in unnamed[start : start + READ_AT_ONCE])
         )
         found.update(trace_id for trace_id in bodies if trace_id is not None)
     return frozenset(found)

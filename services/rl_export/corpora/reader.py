@@ -56,7 +56,7 @@ from rl_export.corpora.layout import (
     read_commit,
 )
 from rl_export.corpora.store import ObjectStore
-from rl_export.corpora.versions import Version
+from rl_export.corpora.versions import Version, check_chain_end
 
 log = logging.getLogger(__name__)
 
@@ -463,17 +463,7 @@ class CorpusReader:
             yield _Span(part.key, _drop_lines(data, skip), commit.records - skip, skip,
                         mover(position, commit), columns)  # fmt: skip
             position, skip = commit.last_offset + 1, 0
-        if end is not None:
-            if position != end:
-                raise ChainError(f"{self.ref.manifest_prefix(stream)}: the version ends at "
-                                 f"offset {end}, the chain reaches {position}")  # fmt: skip
-            return
-        later = sorted(offset for offset in by_offset if offset > position)
-        if later:
-            raise ChainError(
-                f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
-                f"commits from {later[0]} on (a gap, or history the chain no longer holds)"
-            )
+        check_chain_end(self.ref, stream, position, end, by_offset)
 
     async def _columns(self, part: Part, skip: int) -> Any:
         """The object's sidecar rows after ``skip``, when reading columns and it has a sidecar

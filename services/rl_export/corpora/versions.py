@@ -13,13 +13,14 @@ version releases them.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rl_export.common.codec import dumps
 from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, VersionError
-from rl_export.corpora.layout import CorpusRef, utc_now
+from rl_export.corpora.layout import ChainError, CorpusRef, utc_now
 from rl_export.corpora.store import ObjectStore
 
 VERSIONS_ROOT = "_versions"
@@ -162,3 +163,25 @@ async def delete_version(store: ObjectStore, ref: CorpusRef, name: str) -> Versi
     version = await get_version(store, ref, name)
     await store.delete(version_key(ref, name))
     return version
+
+
+def check_chain_end(
+    ref: CorpusRef, stream: str, position: int, end: int | None, offsets: Iterable[int]
+) -> None:
+    """After a walk of a chain stopped at ``position``: a read up to a version's (or view's)
+    ``end`` must have reached it exactly; a read of the latest must have found no commit
+    beyond (``offsets``: the chain's listed first offsets), which would be a gap. Either
+    failing is a ChainError naming the chain."""
+    if end is not None:
+        if position != end:
+            raise ChainError(
+                f"{ref.manifest_prefix(stream)}: the version ends at offset {end}, the chain "
+                f"reaches {position}"
+            )
+        return
+    later = min((offset for offset in offsets if offset > position), default=None)
+    if later is not None:
+        raise ChainError(
+            f"{ref.manifest_prefix(stream)}: no commit at offset {position} but commits from "
+            f"{later} on (a gap, or history the chain no longer holds)"
+        )

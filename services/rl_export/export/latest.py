@@ -93,6 +93,7 @@ from rl_export.corpora.layout import (
 )
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.versions import check_chain_end
 from rl_export.export.kept import Candidates, kept_lines, kept_ranges
 from rl_export.export.prefilter import may_match
 from rl_export.export.runs import (
@@ -309,16 +310,7 @@ class LatestView:
                     raise ChainError(f"{by_offset[position]}: does not continue {stream}")
                 self.tail.append(commit_part(self.ref, commit))
                 position = commit.last_offset + 1
-            if end is not None and position != end:
-                raise ChainError(
-                    f"{self.ref.manifest_prefix(stream)}: the view ends at offset {end}, the "
-                    f"chain from {positions.get(stream, 0)} reaches {position}"
-                )
-            if end is None and any(offset > position for offset in by_offset):
-                raise ChainError(
-                    f"{self.ref.manifest_prefix(stream)}: no commit at offset {position} but "
-                    f"later ones (a gap, or history the chain no longer holds)"
-                )
+            check_chain_end(self.ref, stream, position, end, by_offset)
             if position or stream in positions:
                 ends[stream] = position
         generation = self.compaction.generation if self.compaction is not None else None
@@ -556,10 +548,8 @@ class LatestView:
             if endswith(TOMBSTONE_END, position, (starts[k + 1] if k + 1 < count else end) - 1):
                 clear_bit(keep, n + k)
 
-        def settle(k: int, revision: int, packed: int) -> None:
+        def settle(k: int, key: bytes, revision: int, gone: bool, packed: int) -> None:
             if packed >> SHIFT == ERASED_REVISION:
-                stop = (starts[k + 1] if k + 1 < count else end) - 1
-                key, _, gone = line_key(data, starts[k], stop)
                 note_erased(self._erased_best, self.erased_keys, [key], [revision], [gone])
             _settle(keep, keep_tail, n + k, revision, packed)
 
@@ -569,14 +559,14 @@ class LatestView:
             before = previous
             for k, position in enumerate(starts):
                 stop = (starts[k + 1] if k + 1 < count else end) - 1
-                key, revision, _ = line_key(data, position, stop)
+                key, revision, gone = line_key(data, position, stop)
                 if before is not None and key <= before:
                     raise _UnsortedError
                 before = key
                 while j < len(wanted) and wanted[j][0] < key:
                     j += 1
                 if j < len(wanted) and wanted[j][0] == key:
-                    settle(k, revision, wanted[j][1])
+                    settle(k, key, revision, gone, wanted[j][1])
                     j += 1
         else:
             self.looked_up += len(wanted)
@@ -587,13 +577,13 @@ class LatestView:
                     middle = (low + high) // 2
                     position = starts[middle]
                     stop = (starts[middle + 1] if middle + 1 < count else end) - 1
-                    found, revision, _ = line_key(data, position, stop)
+                    found, revision, gone = line_key(data, position, stop)
                     if found < key:
                         low = middle + 1
                     elif found > key:
                         high = middle
                     else:
-                        settle(middle, revision, packed)
+                        settle(middle, found, revision, gone, packed)
                         low = middle + 1
                         break
         return n + count, last
