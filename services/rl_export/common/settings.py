@@ -238,6 +238,19 @@ class Settings(BaseSettings):
         "a third of the worker's speed on small events; off, the shards since the last "
         "compaction are read whole.",
     )
+    corpus_max_age_s: float = Field(
+        0.0,
+        ge=0,
+        description="Quiet chains wait up to this long (0: off). A corpus's chain on a "
+        "partition holding fewer than quiet_chain_records lines when its partition commits "
+        "is left pending until it has that many or its oldest line is this old: fewer, "
+        "larger objects for projects with little traffic (object writes per event stop "
+        "growing with tenants), at the cost of those corpora's freshness. Deletions are "
+        "never held.",
+    )
+    quiet_chain_records: int = Field(
+        8, ge=2, description="With corpus_max_age_s: fewer pending lines than this is quiet."
+    )
     compaction_interval_s: float = Field(
         300.0, gt=0, description="How often a worker compacts the corpora it writes."
     )

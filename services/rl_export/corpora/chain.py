@@ -57,6 +57,10 @@ class SinkConfig:
     max_records: int = 10_000
     max_bytes: int = 64 * 1024 * 1024
     max_age_s: float = 10.0
+    # A quiet chain (fewer than ``quiet_records`` pending lines) is left pending when its
+    # partition commits, until its oldest line is ``quiet_max_age_s`` old (0: never held).
+    quiet_max_age_s: float = 0.0
+    quiet_records: int = 8
     # What all the partitions may hold together (the bounds above are each partition's).
     buffer_bytes: int = 32 * 1024 * 1024
     compression: Compression = "none"
@@ -129,6 +133,7 @@ class ChainWriter:
         self.state: ChainState | None = None
         self.pending: list[Pending] = []
         self.pending_bytes = 0
+        self.first_pending_at = 0.0  # monotonic: when its oldest pending line came
         # Index sidecars need the lines' byte offsets: uncompressed trajectory shards only.
         self.sidecars = (
             config.sidecars and config.compression == "none" and spec.format == "trajectory"
@@ -250,6 +255,8 @@ class ChainWriter:
         return True
 
     def _append(self, pending: Pending) -> None:
+        if not self.pending:
+            self.first_pending_at = time.monotonic()
         self.pending.append(pending)
         size = len(pending.line)
         self.pending_bytes += size
@@ -263,6 +270,16 @@ class ChainWriter:
         self.totals.bytes -= self.pending_bytes
         self.pending, self.pending_bytes = [], 0
         return taken
+
+    def quiet(self, now: float) -> bool:
+        """Whether the pending lines may wait past their partition's commit: few, no
+        deletion among them, the oldest younger than the quiet age bound."""
+        config = self.config
+        return (
+            len(self.pending) < config.quiet_records
+            and now < self.first_pending_at + config.quiet_max_age_s
+            and not any(p.erased for p in self.pending)
+        )
 
     async def commit(self, last_offset: int) -> None:
         """Step 3 (a) and (b): data object, then the create-only commit; retry after a loss."""

@@ -50,7 +50,8 @@ class PartitionSink:
     writer: str
     writers: dict[tuple[str, str, str], ChainWriter] = field(default_factory=dict)
     last_offset: int = -1
-    first_pending_at: float | None = None
+    first_pending_at: float | None = None  # of its oldest line not held back (monotonic)
+    held_until: float | None = None  # quiet writers held back: when the first is due
     committed: int = -1  # the Kafka offset last committed for this partition
     retry_after: float = 0.0  # a flush the store refused: not tried early before this
     totals: PendingTotals = field(default_factory=PendingTotals, init=False)
@@ -165,28 +166,42 @@ class PartitionSink:
             return False
         # The deadline as ``retry_after`` and the callers compute it: ``now - first`` can
         # round below the bound at the very moment ``first + bound``.
-        aged = self.first_pending_at is not None and now >= (
+        aged = (self.first_pending_at is not None and now >= (
             self.first_pending_at + self.config.max_age_s
-        )
+        )) or (self.held_until is not None and now >= self.held_until)  # fmt: skip
         return (
             aged or records >= self.config.max_records or self.totals.bytes >= self.config.max_bytes
         )
 
-    async def flush(self) -> int | None:
+    async def flush(self, *, everything: bool = True) -> int | None:
         """Steps 3 (a) and (b) for every writer; return the Kafka offset now safe to commit.
 
         The writers' chains are independent, so they commit concurrently (a store round trip
         or an fsync each, not one after another). Every commit finishes before the first
         error is raised: a writer is never committing twice at once.
+
+        Not ``everything`` (a flush because the partition's age bound passed), with quiet
+        chains held (``quiet_max_age_s``): a writer whose few lines may wait more is left
+        pending, and the offset safe to commit is then its first line's (read again after a
+        restart, the chains that committed skip it). The partition's clock then starts at
+        its next line, or at the first held writer's own bound.
         """
+        now = time.monotonic()
+        holding = not everything and self.config.quiet_max_age_s > 0
+        held = [w for w in self.writers.values() if w.pending and w.quiet(now)] if holding else []
         results = await asyncio.gather(
-            *(w.commit(self.last_offset) for w in self.writers.values() if w.pending),
+            *(w.commit(self.last_offset) for w in self.writers.values()
+              if w.pending and w not in held),
             return_exceptions=True,
-        )
+        )  # fmt: skip
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         self.first_pending_at = None
         if self.config.crash_at == "after_commit":
             os.kill(os.getpid(), signal.SIGKILL)
+        if held:
+            self.held_until = min(w.first_pending_at for w in held) + self.config.quiet_max_age_s
+            return min(w.pending[0].offset for w in held)
+        self.held_until = None
         return self.last_offset + 1 if self.last_offset >= 0 else None

@@ -237,8 +237,12 @@ class Sink:
                 offsets[partition] = (part, offset)
         early = flushed_early(waiting, self.config.buffer_bytes, now)
         self.metrics.early_flushes.inc(len(early))
+        aged = len(due)  # the early ones commit everything they hold
         due += early
-        results = await asyncio.gather(*(part.flush() for part in due), return_exceptions=True)
+        results = await asyncio.gather(
+            *(part.flush(everything=n >= aged) for n, part in enumerate(due)),
+            return_exceptions=True,
+        )
         refused = False
         for part, result in zip(due, results, strict=True):
             if isinstance(result, StoreError):

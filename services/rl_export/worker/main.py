@@ -44,6 +44,8 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
             max_records=settings.shard_max_records,
             max_bytes=settings.shard_max_bytes,
             max_age_s=settings.shard_max_age_s,
+            quiet_max_age_s=settings.corpus_max_age_s,
+            quiet_records=settings.quiet_chain_records,
             buffer_bytes=settings.sink_buffer_mib * MIB,
             compression=settings.shard_compression,
             sidecars=settings.shard_sidecars and settings.sink_sidecars,

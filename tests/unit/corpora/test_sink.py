@@ -1192,3 +1192,85 @@ async def test_a_partition_that_only_seeded_has_no_offset_to_commit() -> None:
     sink, _ = make_sink(MemoryStore())
     assert await sink.seed_new_chains() == []
     assert sink.idle_offset() is None
+
+
+# --- quiet chains held back (corpus_max_age_s) ---------------------------------------------
+
+QUIET = CorpusRef(ORG, "quiet", "traces")
+
+
+def quiet_sink(store: MemoryStore) -> PartitionSink:
+    sink, _ = make_sink(store, max_age_s=1.0, quiet_max_age_s=60.0, quiet_records=3)
+    return sink
+
+
+async def test_a_quiet_chain_waits_and_the_safe_offset_stays_at_its_first_line() -> None:
+    store = MemoryStore()
+    sink = quiet_sink(store)
+    busy = [Trace(f"tr-b{n}").completed() for n in range(3)]
+    await feed(sink, [(0, busy[0]), (1, Trace("tr-q").completed(project="quiet")),
+                      (2, busy[1]), (3, busy[2])])  # fmt: skip
+    # The partition's age bound passed: the busy chain (3 lines) commits, the quiet one (1)
+    # waits, and the offset safe to commit is the quiet line's.
+    assert await sink.flush(everything=False) == 1
+    assert [ids(rows) for _, rows in await chain(store, TRACES)] == [
+        [("tr-b0", 1, False), ("tr-b1", 1, False), ("tr-b2", 1, False)]
+    ]
+    assert await chain(store, QUIET) == []
+    assert sink.pending_records == 1
+    assert sink.first_pending_at is None
+    assert sink.held_until is not None
+    assert not sink.due(sink.held_until - 1)
+    assert sink.due(sink.held_until)
+    # Its own bound passed: it commits, and the offset moves past everything read.
+    sink.writers[(ORG, "quiet", "traces")].first_pending_at -= 60.0
+    assert await sink.flush(everything=False) == 4
+    links = await chain(store, QUIET)
+    assert (spans(links), [ids(rows) for _, rows in links]) == ([(0, 3)], [[("tr-q", 1, False)]])
+    assert sink.held_until is None
+    assert sink.pending_records == 0
+    await verified(store)
+
+
+async def test_more_lines_or_a_deletion_end_the_wait_and_everything_flushes_all() -> None:
+    store = MemoryStore()
+    sink = quiet_sink(store)
+    quiet = [Trace(f"tr-q{n}") for n in range(3)]
+    await feed(sink, [(0, quiet[0].completed(project="quiet"))])
+    assert await sink.flush(everything=False) == 0  # held
+    await feed(sink, [(1, quiet[1].completed(project="quiet")),
+                      (2, quiet[2].completed(project="quiet"))])  # fmt: skip
+    assert await sink.flush(everything=False) == 3  # three lines: no longer quiet
+    assert [len(rows) for _, rows in await chain(store, QUIET)] == [3]
+    # A deletion is never held, however few the lines.
+    await feed(sink, [(3, quiet[0]._merge("trace.deleted", project="quiet"))])
+    assert sink.pending_records == 3  # its tombstone, in every corpus
+    assert await sink.flush(everything=False) == 4
+    assert sink.pending_records == 0
+    assert ids((await chain(store, QUIET))[-1][1]) == [("tr-q0", 2, True)]
+    # A flush of everything (the buffer's budget, a replay) holds nothing back.
+    await feed(sink, [(4, Trace("tr-q9").completed(project="quiet"))])
+    assert await sink.flush() == 5
+    assert sink.pending_records == 0
+    await verified(store)
+
+
+async def test_a_restart_from_the_held_offset_repeats_and_loses_nothing() -> None:
+    store = MemoryStore()
+    sink = quiet_sink(store)
+    busy = [Trace(f"tr-b{n}").completed() for n in range(4)]
+    items = [(0, busy[0]), (1, Trace("tr-q").completed(project="quiet")), (2, busy[1]),
+             (3, busy[2]), (4, busy[3])]  # fmt: skip
+    await feed(sink, items)
+    safe = await sink.flush(everything=False)
+    assert safe == 1
+    # The worker stops with the quiet line pending; the next one reads from the offset
+    # committed (1) and commits everything.
+    again = quiet_sink(store)
+    await feed(again, [item for item in items if item[0] >= safe])
+    assert await again.flush() == 5
+    assert [ids(rows) for _, rows in await chain(store, TRACES)] == [
+        [("tr-b0", 1, False), ("tr-b1", 1, False), ("tr-b2", 1, False), ("tr-b3", 1, False)]
+    ]
+    assert [ids(rows) for _, rows in await chain(store, QUIET)] == [[("tr-q", 1, False)]]
+    await verified(store)

@@ -1,0 +1,320 @@
+"""``make bench-tenants``: what the sink's object writes cost as tenants grow.
+
+The same total traffic, spread over more and more projects: ``--rate`` traces a second (each
+a ``trace.completed`` and one ``evaluation.finished``, so twice as many events) for
+``--seconds``, round robin over 10, 100 and 1,000 projects (``--projects``). For each, a
+fresh worker with the default settings (shard age bound ``RL_EXPORT_SHARD_MAX_AGE_S``, unless
+``--shard-max-age`` says otherwise) on topics and a local store of its own:
+
+1. the objects the sink wrote while the traffic ran and its last shards committed (every
+   file that appeared in the store: data shards, commit entries, index sidecars, erasure
+   entries), per event and per second, by kind;
+2. freshness: event to visible in a corpus (the sink's histogram), p50 and p99;
+3. beside each measured figure, what a model of the sink's commits predicts
+   (:func:`simulate`: each trajectories partition commits every writer with pending lines
+   once its oldest line is the age bound old; a writer is a (project, corpus) chain, and a
+   commit writes its shard and its commit entry). The model, checked against the
+   measurements, then says what 10,000 projects would cost, and what a layout whose objects
+   are per partition rather than per chain would (docs/performance.md, "Cost as tenants
+   grow").
+
+Results are printed and written as JSON to ``var/bench/tenants-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from rl_export.common.events import FAMILY_OF_TYPE
+from rl_export.common.net import free_port
+from rl_export.common.partitioning import kafka_partitioner, partition_for
+from rl_export.common.settings import Settings
+from rl_export.local.broker import LocalKafka
+from rl_export.local.synthetic import SHAPES, trace_events
+from rl_export.stream.produce import topic_for
+from tests.perf.bench import fresh, histogram, metrics, own_topics, quantile, ready, start_worker
+
+logging.getLogger("aiokafka").setLevel(logging.ERROR)
+
+STEADY_S = 1800.0
+"""Seconds of traffic the models run: long enough for quiet chains' waits to be the steady
+state, not the start."""
+CORPORA = ("traces", "evaluator")
+"""The corpora a trace with one evaluation and no label lands in (the ``human`` corpus waits
+for a label)."""
+
+
+def log(message: str) -> None:
+    print(f"[bench-tenants {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def kind_of(path: Path) -> str:
+    """What a file of the local store is, for the counts by kind."""
+    parts = path.parts
+    if "_erasures" in parts:
+        return "erasure entries"
+    if "_manifest" in parts:
+        return "commit entries"
+    if path.name.endswith(".parquet"):
+        return "index sidecars"
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        return "data shards"
+    return "other"
+
+
+def census(store: Path) -> Counter[str]:
+    return Counter(kind_of(p) for p in store.rglob("*") if p.is_file()) if store.exists() else (
+        Counter())  # fmt: skip
+
+
+def shape_for(projects: int) -> Any:
+    """The small shape over ``projects`` projects of three orgs; one evaluation, no label."""
+    names = tuple((f"org-{n % 3}", f"project-{n:05d}") for n in range(projects))
+    return dataclasses.replace(SHAPES["small"], projects=names, evaluations=(1,), labels=(0,))
+
+
+async def traffic(settings: Settings, projects: int, rate: float, seconds: float) -> int:
+    """``rate`` traces a second for ``seconds``, round robin over the projects; the events
+    sent."""
+    shape, rng = shape_for(projects), random.Random(45)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, linger_ms=5,
+        partitioner=kafka_partitioner(settings.partitioner),
+    )  # fmt: skip
+    await producer.start()
+    sent, index, started = 0, 0, time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            completed = datetime.now(UTC) - timedelta(hours=1)
+            for event in trace_events(rng, index, completed, shape):
+                topic = topic_for(settings, FAMILY_OF_TYPE[event["event_type"]])
+                await producer.send(topic, orjson.dumps(event), key=event["trace_id"].encode())
+                sent += 1
+            index += 1
+            ahead = index / rate - (time.perf_counter() - started)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def measure(
+    base: Settings, work: Path, projects: int, rate: float, seconds: float
+) -> dict[str, Any]:
+    tag = f"tenants-{projects}"
+    settings = own_topics(fresh(base, tag, work / tag / "store"), tag)
+    store = Path(settings.store_url)
+    proc, port = start_worker(settings, work / tag / "var")
+    try:
+        while not ready(port):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the worker stopped: see {work / tag / 'var' / 'worker.log'}")
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2)
+        before = await asyncio.to_thread(census, store)
+        fresh_before = histogram(metrics(port), "rl_export_sink_freshness_seconds")
+        log(f"{projects} projects: {rate:g} traces/s for {seconds:g} s")
+        started = time.monotonic()
+        events = await traffic(settings, projects, rate, seconds)
+        await asyncio.sleep(settings.shard_max_age_s + 5)  # the last shards commit
+        elapsed = time.monotonic() - started
+        fresh_after = histogram(metrics(port), "rl_export_sink_freshness_seconds")
+        written = await asyncio.to_thread(census, store) - before
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    total = sum(written.values())
+    return {
+        "projects": projects,
+        "events": events,
+        "traces_per_s": rate,
+        "seconds": seconds,
+        "objects": total,
+        "objects_by_kind": dict(written),
+        "objects_per_event": total / events,
+        "objects_per_s": total / elapsed,
+        "freshness_p50_s": quantile(fresh_before, fresh_after, 0.5),
+        "freshness_p99_s": quantile(fresh_before, fresh_after, 0.99),
+        "model": simulate(
+            projects,
+            rate,
+            seconds,
+            settings.shard_max_age_s,
+            settings.partitions,
+            quiet_age=settings.corpus_max_age_s,
+            quiet_records=settings.quiet_chain_records,
+        ),
+    }
+
+
+def simulate(
+    projects: int, rate: float, seconds: float, age: float, partitions: int, *,
+    quiet_age: float = 0.0, quiet_records: int = 8, per_partition: bool = False,
+) -> dict[str, float]:  # fmt: skip
+    """The sink's commits, modelled: traces arrive ``rate`` a second, round robin over
+    ``projects``, each into a trajectories partition by its id (as the worker places them),
+    each a line in every corpus of :data:`CORPORA`. A partition commits once its oldest
+    pending line is ``age`` seconds old, and each (project, corpus) writer with lines
+    pending in it writes its shard and its commit entry; with ``quiet_age``, a writer
+    holding fewer than ``quiet_records`` lines waits until it has that many or its oldest
+    line is ``quiet_age`` old. With ``per_partition``, a partition's commit writes two
+    objects whatever the writers: one shard holding every tenant's lines, one entry
+    indexing them. Returns objects per event and per second, and how long lines waited."""
+    interval = 1.0 / rate
+    count = int(seconds * rate)
+    pending: list[dict[tuple[int, str], list[float]]] = [{} for _ in range(partitions)]
+    due = [math.inf] * partitions
+    objects, waits = 0, list[float]()
+
+    def deadline(times: list[float]) -> float:
+        quiet = quiet_age > 0 and len(times) < quiet_records
+        return times[0] + (quiet_age if quiet else age)
+
+    def flush(partition: int, now: float) -> None:
+        nonlocal objects
+        kept, committed = {}, 0
+        for writer, times in pending[partition].items():
+            if quiet_age > 0 and len(times) < quiet_records and deadline(times) > now:
+                kept[writer] = times
+                continue
+            committed += 1
+            waits.extend(now - t for t in times)
+        objects += 2 * (min(committed, 1) if per_partition else committed)
+        pending[partition] = kept
+        due[partition] = min((deadline(t) for t in kept.values()), default=math.inf)
+
+    for n in range(count):
+        now = n * interval
+        for partition in range(partitions):
+            if due[partition] <= now:
+                flush(partition, now)
+        partition = partition_for(f"tr-{n:08d}".encode(), partitions, "murmur2")
+        for corpus in CORPORA:
+            times = pending[partition].setdefault((n % projects, corpus), [])
+            times.append(now)
+            due[partition] = min(due[partition], times[0] + age, deadline(times))
+    while any(pending):  # the traffic stops: what is left commits at its deadlines
+        partition = min(range(partitions), key=due.__getitem__)
+        flush(partition, due[partition])
+    waits.sort()
+    return {
+        "objects": objects,
+        "objects_per_event": objects / (2 * count),
+        "objects_per_s": objects / seconds,
+        "wait_p50_s": waits[len(waits) // 2],
+        "wait_p99_s": waits[int(len(waits) * 0.99)],
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="rl-export-tenants-"))
+    broker = LocalKafka(work / "kafka", free_port(), heap="1g")
+    log(f"starting Kafka in {work}")
+    broker.start()
+    try:
+        base = Settings(
+            kafka_bootstrap=broker.bootstrap, partitions=8, state_store="rocksdb://",
+            data_dir=work / "var", store_url=str(work / "store"),
+        )  # fmt: skip
+        if args.shard_max_age is not None:
+            base = base.model_copy(update={"shard_max_age_s": args.shard_max_age})
+        if args.corpus_max_age is not None:
+            base = base.model_copy(update={"corpus_max_age_s": args.corpus_max_age})
+        measured = [await measure(base, work, n, args.rate, args.seconds) for n in args.projects]
+    finally:
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    age, partitions = base.shard_max_age_s, base.partitions
+    scales = sorted({*args.projects, 10_000})
+    hold = base.corpus_max_age_s or 120.0
+    layouts: dict[str, dict[str, Any]] = {
+        "per chain": {},
+        f"per chain, quiet wait {hold:g} s": {"quiet_age": hold},
+        "per partition": {"per_partition": True},
+    }
+    return {
+        "at": datetime.now(UTC).isoformat(),
+        "cpus": os.cpu_count(),
+        "shard_max_age_s": age,
+        "corpus_max_age_s": base.corpus_max_age_s,
+        "measured": measured,
+        "models": {
+            layout: [
+                {"projects": n, **simulate(n, args.rate, STEADY_S, age, partitions, **how)}
+                for n in scales
+            ]
+            for layout, how in layouts.items()
+        },
+    }
+
+
+def print_table(result: dict[str, Any], path: Path) -> None:
+    hold = result["corpus_max_age_s"]
+    print()
+    print(f"object writes as tenants grow: shard age bound {result['shard_max_age_s']:g} s, "
+          f"quiet chains {f'wait up to {hold:g} s' if hold else 'do not wait'}; the same "
+          f"total rate over more projects (goal: at most 1 object write a event)")  # fmt: skip
+    print(f"{'projects':>9} {'events':>7} {'objects':>8} {'a event':>8} {'model':>6} "
+          f"{'a second':>8} {'freshness p50 / p99':>20}  by kind")  # fmt: skip
+    for m in result["measured"]:
+        kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(m["objects_by_kind"].items()))
+        print(f"{m['projects']:>9,} {m['events']:>7,} {m['objects']:>8,} "
+              f"{m['objects_per_event']:>8.2f} {m['model']['objects_per_event']:>6.2f} "
+              f"{m['objects_per_s']:>8.1f} {m['freshness_p50_s']:>10.2f} s / "
+              f"{m['freshness_p99_s']:>5.2f} s  {kinds}")  # fmt: skip
+    print(
+        "modelled, the same traffic (objects a event, a second; how long a line waits, p50 / p99):"
+    )
+    for layout, rows in result["models"].items():
+        print(f"  {layout}:")
+        for r in rows:
+            print(f"    {r['projects']:>6,} projects: {r['objects_per_event']:5.2f} a event, "
+                  f"{r['objects_per_s']:6.1f} a second; {r['wait_p50_s']:6.1f} s / "
+                  f"{r['wait_p99_s']:6.1f} s")  # fmt: skip
+    print(f"written to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_tenants", description=__doc__.split("\n")[0])
+    parser.add_argument("--projects", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--rate", type=float, default=20.0, help="traces a second, in total")
+    parser.add_argument("--seconds", type=float, default=120.0, help="of traffic per scale")
+    parser.add_argument("--shard-max-age", type=float, help="the sink's age bound (s)")
+    parser.add_argument(
+        "--corpus-max-age", type=float,
+        help="how long quiet chains may wait (s; RL_EXPORT_CORPUS_MAX_AGE_S, default 0: off)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("var/bench"))
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.seconds <= 0 or min(args.projects) < 1:
+        parser.error("--rate, --seconds and --projects must be positive")
+    result = asyncio.run(run(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"tenants-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print_table(result, path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
