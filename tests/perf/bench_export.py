@@ -423,7 +423,8 @@ def print_table(result: dict[str, Any], path: Path) -> None:
     for name, r in result["cases"].items():
         for tree in ("current", "baseline"):
             for sink, m in r.get(tree, {}).items():
-                worst = max(worst, m["peak_rss_mib"])
+                if "--dedup" not in name:  # a dedup's own goal is 1 GiB (below)
+                    worst = max(worst, m["peak_rss_mib"])
                 print(
                     f"{name:28} {tree:9} {sink:5} {m['rows']:>10,} {m['seconds']:>7.1f} "
                     f"{m['records_per_s']:>10,.0f} {m['cpu_s']:>6.1f} "
@@ -442,7 +443,7 @@ def print_table(result: dict[str, Any], path: Path) -> None:
             print(f"trajectory to {sink} vs the 100,000 records/s target: "
                   f"{m['records_per_s'] / 100_000:.2f} x wall-clock, "
                   f"{m['records_per_cpu_s'] / 100_000:.2f} x per CPU-second")  # fmt: skip
-        print(f"worst peak RSS vs 200 MiB: {worst / 200:.2f} x")
+        print(f"worst peak RSS but a dedup's vs 200 MiB: {worst / 200:.2f} x")
         for name in ("trajectory --redact secrets", "trajectory --redact all"):
             scrubbed = result["cases"].get(name, {}).get("current")
             for sink, m in (scrubbed or {}).items():
