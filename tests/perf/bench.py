@@ -783,6 +783,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     parser.add_argument("--keep", action="store_true", help="keep the broker and stores")
     parser.add_argument("--steady-rate", type=float, default=500.0, help="events/s")
+    parser.add_argument(
+        "--steady-only", action="store_true", help="only the freshness under a steady load"
+    )
     parser.add_argument("--runs", type=int, default=3, help="catch-up runs of each kind")
     parser.add_argument(
         "--warm-up", type=int, default=8, metavar="N",
@@ -804,7 +807,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warm-up must be 0 or more")
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
-    if unknown or not shapes:
+    if args.steady_only:
+        shapes, unknown = [], []
+    elif unknown or not shapes:
         parser.error(f"--shapes: unknown shape {unknown[0] if unknown else '(none)'!r}")
     if args.baseline_python and not Path(args.baseline_python).exists():
         parser.error(f"--baseline-python: {args.baseline_python} does not exist")
