@@ -4,7 +4,8 @@ The same total traffic, spread over more and more projects: ``--rate`` traces a 
 a ``trace.completed`` and one ``evaluation.finished``, so twice as many events) for
 ``--seconds``, round robin over 10, 100 and 1,000 projects (``--projects``). For each, a
 fresh worker with the default settings (shard age bound ``RL_EXPORT_SHARD_MAX_AGE_S``, unless
-``--shard-max-age`` says otherwise) on topics and a local store of its own:
+``--shard-max-age`` says otherwise) on topics and a local store of its own, after 20 s of
+warm-up traffic that is not counted (the first lines after a start wait for the groups):
 
 1. the objects the sink wrote while the traffic ran and its last shards committed (every
    file that appeared in the store: data shards, commit entries, index sidecars, erasure
@@ -54,6 +55,8 @@ from tests.perf.bench import fresh, histogram, metrics, own_topics, quantile, re
 
 logging.getLogger("aiokafka").setLevel(logging.ERROR)
 
+WARM_UP_S = 20.0
+"""Seconds of traffic before each measurement, not counted."""
 STEADY_S = 1800.0
 """Seconds of traffic the models run: long enough for quiet chains' waits to be the steady
 state, not the start."""
@@ -91,16 +94,18 @@ def shape_for(projects: int) -> Any:
     return dataclasses.replace(SHAPES["small"], projects=names, evaluations=(1,), labels=(0,))
 
 
-async def traffic(settings: Settings, projects: int, rate: float, seconds: float) -> int:
-    """``rate`` traces a second for ``seconds``, round robin over the projects; the events
-    sent."""
+async def traffic(
+    settings: Settings, projects: int, rate: float, seconds: float, *, first: int = 0
+) -> int:
+    """``rate`` traces a second for ``seconds``, round robin over the projects (trace ids from
+    ``first`` on); the events sent."""
     shape, rng = shape_for(projects), random.Random(45)
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap, linger_ms=5,
         partitioner=kafka_partitioner(settings.partitioner),
     )  # fmt: skip
     await producer.start()
-    sent, index, started = 0, 0, time.perf_counter()
+    sent, index, started = 0, first, time.perf_counter()
     try:
         while time.perf_counter() - started < seconds:
             completed = datetime.now(UTC) - timedelta(hours=1)
@@ -109,7 +114,7 @@ async def traffic(settings: Settings, projects: int, rate: float, seconds: float
                 await producer.send(topic, orjson.dumps(event), key=event["trace_id"].encode())
                 sent += 1
             index += 1
-            ahead = index / rate - (time.perf_counter() - started)
+            ahead = (index - first) / rate - (time.perf_counter() - started)
             if ahead > 0:
                 await asyncio.sleep(ahead)
         await producer.flush()
@@ -130,7 +135,10 @@ async def measure(
             if proc.poll() is not None:
                 raise RuntimeError(f"the worker stopped: see {work / tag / 'var' / 'worker.log'}")
             await asyncio.sleep(0.5)
-        await asyncio.sleep(2)
+        # A warm-up, not counted: the groups settle and the chains are made (the first lines
+        # after a start wait for the sink's assignment, up to 20 s here).
+        await traffic(settings, projects, rate, WARM_UP_S, first=10_000_000)
+        await asyncio.sleep(settings.corpus_max_age_s or settings.shard_max_age_s + 5)
         before = await asyncio.to_thread(census, store)
         fresh_before = histogram(metrics(port), "rl_export_sink_freshness_seconds")
         log(f"{projects} projects: {rate:g} traces/s for {seconds:g} s")
