@@ -83,6 +83,11 @@ def kind_of(path: Path) -> str:
     return "other"
 
 
+def settle_s(settings: Settings) -> float:
+    """How long after traffic stops its last lines take to commit."""
+    return max(settings.shard_max_age_s, settings.corpus_max_age_s) + 5
+
+
 def census(store: Path) -> Counter[str]:
     return Counter(kind_of(p) for p in store.rglob("*") if p.is_file()) if store.exists() else (
         Counter())  # fmt: skip
@@ -138,13 +143,13 @@ async def measure(
         # A warm-up, not counted: the groups settle and the chains are made (the first lines
         # after a start wait for the sink's assignment, up to 20 s here).
         await traffic(settings, projects, rate, WARM_UP_S, first=10_000_000)
-        await asyncio.sleep(settings.corpus_max_age_s or settings.shard_max_age_s + 5)
+        await asyncio.sleep(settle_s(settings))
         before = await asyncio.to_thread(census, store)
         fresh_before = histogram(metrics(port), "rl_export_sink_freshness_seconds")
         log(f"{projects} projects: {rate:g} traces/s for {seconds:g} s")
         started = time.monotonic()
         events = await traffic(settings, projects, rate, seconds)
-        await asyncio.sleep(settings.shard_max_age_s + 5)  # the last shards commit
+        await asyncio.sleep(settle_s(settings))  # the last shards commit, held ones too
         elapsed = time.monotonic() - started
         fresh_after = histogram(metrics(port), "rl_export_sink_freshness_seconds")
         written = await asyncio.to_thread(census, store) - before
