@@ -12,8 +12,8 @@
    for the reward, on the same units, point estimates only (no interval): what calling the
    library would cost before any resample.
 
-The goal is the report (the bootstrap included) well under 1 s, the route's p99 goal (issue 45), which
-also holds the index's fetch. Results are printed and returned by :func:`run` (the web
+The goal is the report (the bootstrap included) well under 1 s, the route's p99 goal (issue
+45), which also holds the index's fetch. Results are printed and returned by :func:`run` (the web
 benchmark prints them too).
 """
 
