@@ -188,7 +188,9 @@ class PartitionSink:
         """
         now = time.monotonic()
         holding = not everything and self.config.quiet_max_age_s > 0
-        held = [w for w in self.writers.values() if w.pending and w.quiet(now)] if holding else []
+        held = (
+            {w for w in self.writers.values() if w.pending and w.quiet(now)} if holding else set()
+        )
         results = await asyncio.gather(
             *(w.commit(self.last_offset) for w in self.writers.values()
               if w.pending and w not in held),
