@@ -15,17 +15,7 @@ from rl_export.corpora.erasures import (
 )
 from rl_export.corpora.layout import ChainError
 from rl_export.corpora.store import MemoryStore
-
-
-class CountingStore(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gets = 0
-
-    async def get(self, key: str) -> bytes:
-        self.gets += 1
-        return await super().get(key)
-
+from tests.harness.stores import CountingStore
 
 HOSTILE = ["tr-1", "a/b/../c", "ünïcødé 🚀", "x.json", "=" * 5, "t" * ID_IN_KEY]
 

@@ -20,6 +20,7 @@ from rl_export.web.tokens import (
     parse_scopes,
     split_token,
 )
+from tests.harness.stores import CountingStore
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -30,16 +31,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class CountingStore(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gets = 0
-
-    async def get(self, key: str) -> bytes:
-        self.gets += 1
-        return await super().get(key)
 
 
 def test_scopes_parse_and_admin_holds_both() -> None:
