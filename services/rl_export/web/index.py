@@ -133,6 +133,18 @@ class QueryIndex:
         self._lock = threading.Lock()  # registering a corpus (a new id), one at a time
         self._gate = Gate(writers)  # ingests side by side, segment maintenance alone
         self._json = threading.Lock()  # DuckDB's JSON reads (of objects without sidecars)
+        self._changes: dict[int, int] = {}  # corpus id -> how often its rows changed
+        self._changes_lock = threading.Lock()  # (writers in several threads)
+
+    def changes(self, corpus_id: int) -> int:
+        """How many times the corpus's rows changed since this process opened the index. An
+        answer computed from them after reading this holds as long as it does not move
+        (each write counts once committed)."""
+        return self._changes.get(corpus_id, 0)
+
+    def _changed(self, corpus_id: int) -> None:
+        with self._changes_lock:
+            self._changes[corpus_id] = self._changes.get(corpus_id, 0) + 1
 
     @property
     def writers(self) -> int:
@@ -219,6 +231,7 @@ class QueryIndex:
             for seg in [s for s, (c, _) in list(self._remote.items()) if c == corpus_id]:
                 del self._remote[seg]
             db.execute("UPDATE corpora SET cursor = NULL, lines = 0 WHERE id = ?", [corpus_id])
+        self._changed(corpus_id)
 
     @staticmethod
     @contextlib.contextmanager
@@ -367,6 +380,7 @@ class QueryIndex:
                     "UPDATE corpora SET cursor = ?, lines = lines + ? WHERE id = ?",
                     [dumps(cursor).decode(), count, corpus_id],
                 )
+        self._changed(corpus_id)
 
     def collect_segments(self) -> list[int]:
         """Delete the segments no row points into (and forget such remote ones); return the

@@ -37,6 +37,7 @@ from rl_export.web.follower import Followed, Indexer
 from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.limits import FailureLimit
+from rl_export.web.memo import AGREEMENT_REPORTS, LRU
 from rl_export.web.metricsport import serve_metrics
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
@@ -68,6 +69,11 @@ class Services:
     store_health: StoreHealth
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
+    # Agreement reports by (corpus id, filters, the corpus's index changes): one computed
+    # once per change of its rows, whoever asks.
+    agreement_reports: LRU[tuple[int, str, int], dict[str, Any]] = field(
+        default_factory=lambda: LRU(AGREEMENT_REPORTS)
+    )
     # Why the instance must end (the broker refused our TLS handshake or login), and what
     # ends it: ``run_web`` stops the server, which then reports this.
     fatal: ConfigError | None = None

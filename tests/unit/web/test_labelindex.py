@@ -13,6 +13,7 @@ from rl_export.common.filters import Filters, parse_filters
 from rl_export.labeling.agreement import AgreementBuilder, agreement_report
 from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.labelindex import agreement_input
+from rl_export.web.memo import LRU
 from tests.records import record
 
 DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
@@ -80,3 +81,33 @@ def test_an_empty_corpus_has_an_empty_report(tmp_path: Path) -> None:
         index.close()
     assert (report.traces, report.labeled, report.labelers) == (0, 0, 0)
     assert report.dimensions.reward.alpha is None
+
+
+def test_the_changes_of_a_corpus_count_its_writes_and_nothing_else(tmp_path: Path) -> None:
+    # What the agreement route keys its reports by: a report computed after reading the
+    # count holds while the count stays.
+    rng = random.Random(3)
+    index = QueryIndex(tmp_path / "index", threads=1)
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        other = index.corpus_id(CorpusKey("acme", "bot", "human"))
+        assert index.changes(cid) == 0
+        index.ingest(cid, b"".join(dumps_line(random_record(rng, n)) for n in range(20)), {"t": 1})
+        seen = index.changes(cid)
+        assert seen >= 1
+        assert index.changes(other) == 0
+        index.ingest(cid, b"", {"t": 2})  # the cursor moved, no row changed
+        assert index.changes(cid) == seen
+        index.reset(cid)
+        assert index.changes(cid) == seen + 1
+    finally:
+        index.close()
+
+
+def test_the_memo_keeps_the_most_recently_used() -> None:
+    memo: LRU[str, int] = LRU(2)
+    memo.put("a", 1)
+    memo.put("b", 2)
+    assert memo.get("a") == 1  # a is now the most recent
+    memo.put("c", 3)
+    assert (memo.get("b"), memo.get("a"), memo.get("c"), len(memo)) == (None, 1, 3, 2)

@@ -49,5 +49,14 @@ async def get_agreement(
     if followed.corpus_id is None:
         report = agreement_report(AgreementBuilder().build()).model_dump(mode="json")
     else:
-        report = await query(_report, svc.index, followed.corpus_id, filters)
+        # Computed once per change of the corpus's rows (the count read before the query:
+        # a write committed meanwhile moves it, and the next request computes again).
+        cid = followed.corpus_id
+        key = (cid, filters.model_dump_json(), svc.index.changes(cid))
+        cached = svc.agreement_reports.get(key)
+        if cached is None:
+            report = await query(_report, svc.index, cid, filters)
+            svc.agreement_reports.put(key, report)
+        else:
+            report = cached
     return {**report, "index": index_state(followed, time.monotonic()).model_dump()}
