@@ -254,6 +254,13 @@ class Settings(BaseSettings):
     compaction_interval_s: float = Field(
         300.0, gt=0, description="How often a worker compacts the corpora it writes."
     )
+    compaction_min_commits: int = Field(
+        1,
+        ge=1,
+        description="A corpus is compacted once its chains hold this many commits after its "
+        "latest compaction: a generation rewrites the corpus (about ten objects), which a "
+        "quiet corpus's one new commit does not pay for when there are many tenants.",
+    )
     shard_retention_s: float = Field(
         7 * DAY_S, ge=0, description="How long shards covered by a compaction stay readable."
     )

@@ -161,17 +161,27 @@ async def compact(
     tombstone_retention_s: float = 7 * 86400.0,
     now: float | None = None,
     sidecars: bool = True,
+    min_commits: int = 1,
 ) -> Compaction | None:
     """Write the next generation of a corpus; None when nothing is new or another won.
 
     ``partitioning`` (partitioner, partition count: the sink's) adds the holdings index;
-    ``sidecars`` an index sidecar beside each uncompressed part (:mod:`.sidecar`).
+    ``sidecars`` an index sidecar beside each uncompressed part (:mod:`.sidecar`);
+    ``min_commits``: None too while the chains hold fewer commits after the base (counted
+    from their listings, nothing read): a generation rewrites the whole corpus, about ten
+    objects, which a quiet corpus's few new lines do not pay for.
     """
     # 1. The base: the latest readable compaction.
     folders = await _generation_folders(store, ref)
     base = await latest_compaction(store, ref)
     latest = Latest()
     positions: dict[str, int] = dict(base.positions) if base else {}
+    if min_commits > 1:
+        tail = 0
+        for stream in await _streams(store, ref):
+            tail += len(await chain_keys(store, ref, stream, positions.get(stream, 0)))
+        if tail < min_commits:
+            return None
 
     # 2. Every chain after the base (read before the base's records: when nothing is new,
     # those are never read).

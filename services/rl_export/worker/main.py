@@ -67,7 +67,7 @@ async def compact_corpora(sink: Sink, settings: Settings) -> None:
                 sink.store, ref, writer=sink.writer, compression=settings.shard_compression,
                 partitioning=(settings.partitioner, settings.partitions),
                 tombstone_retention_s=settings.tombstone_retention_s,
-                sidecars=settings.shard_sidecars,
+                sidecars=settings.shard_sidecars, min_commits=settings.compaction_min_commits,
             )  # fmt: skip
             await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
         except StoreError as exc:

@@ -199,6 +199,24 @@ async def test_nothing_new_writes_no_generation(clock: list[float]) -> None:
     assert store.objects == before
 
 
+async def test_a_tail_of_fewer_commits_than_min_commits_waits(clock: list[float]) -> None:
+    store = MemoryStore()
+    chains = Chains(store)
+    await first_chains(chains)  # four commits over two chains
+    assert await compact(store, REF, writer="w", min_commits=5) is None
+    assert not [k for k in store.objects if "_compacted/" in k]  # nothing written
+    first = await compact(store, REF, writer="w", min_commits=4)
+    assert first is not None
+    # After it, only what is new counts: one commit is not enough for two, two are.
+    await chains.add(0, [rec("a", 4)])
+    assert await compact(store, REF, writer="w", min_commits=2) is None
+    await chains.add(1, [rec("e", 2)])
+    second = await compact(store, REF, writer="w", min_commits=2)
+    assert second is not None
+    held = by_trace(await read_compaction(store, REF, second))
+    assert (held["a"]["revision"], held["e"]["revision"]) == (4, 2)
+
+
 class RacingStore(MemoryStore):
     """Another compactor creates the generation between our read and our create-only write."""
 
