@@ -72,6 +72,8 @@ def log(message: str) -> None:
 def kind_of(path: Path) -> str:
     """What a file of the local store is, for the counts by kind."""
     parts = path.parts
+    if "_compacted" in parts:
+        return "compaction"
     if "_erasures" in parts:
         return "erasure entries"
     if "_manifest" in parts:
@@ -157,6 +159,7 @@ async def measure(
         proc.terminate()
         proc.wait(60)
     total = sum(written.values())
+    sink = total - written.get("compaction", 0)
     return {
         "projects": projects,
         "events": events,
@@ -165,6 +168,7 @@ async def measure(
         "objects": total,
         "objects_by_kind": dict(written),
         "objects_per_event": total / events,
+        "sink_objects_per_event": sink / events,
         "objects_per_s": total / elapsed,
         "freshness_p50_s": quantile(fresh_before, fresh_after, 0.5),
         "freshness_p99_s": quantile(fresh_before, fresh_after, 0.99),
@@ -253,6 +257,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             base = base.model_copy(update={"shard_max_age_s": args.shard_max_age})
         if args.corpus_max_age is not None:
             base = base.model_copy(update={"corpus_max_age_s": args.corpus_max_age})
+        if args.compaction_min_commits is not None:
+            base = base.model_copy(update={"compaction_min_commits": args.compaction_min_commits})
         measured = [await measure(base, work, n, args.rate, args.seconds) for n in args.projects]
     finally:
         broker.stop()
@@ -270,6 +276,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "shard_max_age_s": age,
         "corpus_max_age_s": base.corpus_max_age_s,
+        "compaction_min_commits": base.compaction_min_commits,
+        "compaction_interval_s": base.compaction_interval_s,
         "measured": measured,
         "models": {
             layout: [
@@ -287,12 +295,17 @@ def print_table(result: dict[str, Any], path: Path) -> None:
     print(f"object writes as tenants grow: shard age bound {result['shard_max_age_s']:g} s, "
           f"quiet chains {f'wait up to {hold:g} s' if hold else 'do not wait'}; the same "
           f"total rate over more projects (goal: at most 1 object write a event)")  # fmt: skip
-    print(f"{'projects':>9} {'events':>7} {'objects':>8} {'a event':>8} {'model':>6} "
+    print(
+        f"compaction every {result.get('compaction_interval_s', 300):g} s of a tail of at least "
+        f"{result['compaction_min_commits']} commit(s); the model counts the sink's objects"
+    )
+    print(f"{'projects':>9} {'events':>7} {'objects':>8} {'a event':>8} {'sink':>6} {'model':>6} "
           f"{'a second':>8} {'freshness p50 / p99':>20}  by kind")  # fmt: skip
     for m in result["measured"]:
         kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(m["objects_by_kind"].items()))
         print(f"{m['projects']:>9,} {m['events']:>7,} {m['objects']:>8,} "
-              f"{m['objects_per_event']:>8.2f} {m['model']['objects_per_event']:>6.2f} "
+              f"{m['objects_per_event']:>8.2f} {m['sink_objects_per_event']:>6.2f} "
+              f"{m['model']['objects_per_event']:>6.2f} "
               f"{m['objects_per_s']:>8.1f} {m['freshness_p50_s']:>10.2f} s / "
               f"{m['freshness_p99_s']:>5.2f} s  {kinds}")  # fmt: skip
     print(
@@ -316,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--corpus-max-age", type=float,
         help="how long quiet chains may wait (s; RL_EXPORT_CORPUS_MAX_AGE_S, default 0: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compaction-min-commits", type=int,
+        help="commits a corpus's tail needs before it is compacted (default 1)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("var/bench"))
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ def test_objects_per_partition_do_not_grow_with_tenants() -> None:
     ("path", "kind"),
     [
         ("acme/bot/traces/_manifest/trajectories-1/00000000000000000042.json", "commit entries"),
+        ("acme/bot/traces/_compacted/00000000000000000002/_compaction.json", "compaction"),
         ("acme/bot/traces/data/trajectories-1/00000000000000000042-ab.jsonl", "data shards"),
         ("acme/bot/traces/data/trajectories-1/00000000000000000042-ab.parquet", "index sidecars"),
         ("_erasures/acme/bot/trajectories-1/00000000000000000042.dHI.json", "erasure entries"),
