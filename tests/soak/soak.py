@@ -54,8 +54,8 @@ from rl_export.common.partitioning import kafka_partitioner
 from rl_export.common.settings import Settings
 from rl_export.corpora.layout import list_corpora
 from rl_export.corpora.reader import CorpusReader
-from rl_export.corpora.shards import verify
 from rl_export.corpora.store import S3Store
+from rl_export.corpora.verify import verify
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
 from rl_export.local.seaweed import LOCAL_CREDENTIALS, LocalS3

@@ -17,7 +17,7 @@ from rl_export.cli.common import _open, _pinned, _ref, _settings
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
-    from rl_export.corpora import shards
+    from rl_export.corpora import shards, verify
 
     settings = _settings(args, store_url="store")
     version = None
@@ -34,7 +34,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 for entry in await shards.ls(store, args.prefix):
                     print(entry)
             elif args.action == "verify":
-                report = await shards.verify(store, args.prefix)
+                report = await verify.verify(store, args.prefix)
                 for problem in report.problems:
                     print(problem, file=sys.stderr)
                 print(report.summary())

@@ -17,8 +17,8 @@ from rl_export.common.specs import DEFAULT_CORPORA
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
-from rl_export.corpora.shards import verify
 from rl_export.corpora.store import ObjectStore, open_store
+from rl_export.corpora.verify import verify
 from rl_export.local.seaweed import LocalS3
 from rl_export.local.synthetic import generate
 from tests.harness.faults import CuttableProxy

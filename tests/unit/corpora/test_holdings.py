@@ -22,8 +22,8 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef, latest_compaction, load_chain_state, read_chain
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.reader import CorpusReader
-from rl_export.corpora.shards import verify
 from rl_export.corpora.store import MemoryStore
+from rl_export.corpora.verify import verify
 from tests.unit.corpora.test_sink import REPEATS, Trace, feed, sample
 
 PARTITIONS = 8

@@ -18,7 +18,6 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import Commit, CorpusRef, SidecarRef, sidecar_key
 from rl_export.corpora.reader import CorpusReader, ObjectLines
 from rl_export.corpora.replay import replay
-from rl_export.corpora.shards import verify
 from rl_export.corpora.sidecar import (
     SidecarError,
     build_sidecar,
@@ -27,6 +26,7 @@ from rl_export.corpora.sidecar import (
     read_sidecar,
 )
 from rl_export.corpora.store import MemoryStore
+from rl_export.corpora.verify import verify
 from rl_export.local.synthetic import SHAPES, generate
 from tests.records import record
 

@@ -2,7 +2,7 @@
 
 A :class:`PartitionSink` is fed join snapshots (built by merging real events) at Kafka
 offsets and flushed into a :class:`MemoryStore`; the chains it leaves are read back with the
-corpus helpers and checked with ``shards.verify``.
+corpus helpers and checked with ``verify``.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from rl_export.corpora.layout import (
     read_shard,
 )
 from rl_export.corpora.partition import PartitionSink
-from rl_export.corpora.shards import verify
 from rl_export.corpora.sink import Sink, _seek_committed, flushed_early
 from rl_export.corpora.store import MemoryStore
+from rl_export.corpora.verify import verify
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from tests.factories import event, raw
 

@@ -18,8 +18,8 @@ from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import ChainError, CorpusRef, chain_keys, read_commit
 from rl_export.corpora.reader import CorpusReader
-from rl_export.corpora.shards import verify
 from rl_export.corpora.store import LocalStore, MemoryStore, ObjectStore
+from rl_export.corpora.verify import verify
 from rl_export.corpora.versions import create_version, delete_version, version_key
 from rl_export.export import stats, write_export
 from rl_export.export.latest import LatestView, ViewPosition
