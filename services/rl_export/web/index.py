@@ -51,7 +51,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import duckdb
 
@@ -63,11 +63,16 @@ from rl_export.corpora.reader import Cursor, check_cursor
 from rl_export.web.batches import IndexError_, Narrow, Slice, first_row, from_columns, from_json
 from rl_export.web.gate import Gate
 from rl_export.web.indexsql import BINS, RECORD_COLUMNS, filter_sql
+from rl_export.web.memo import LRU
 from rl_export.web.segments import Segments
 
 SCHEMA_VERSION = "7"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
+MEMO_ENTRIES = 256
+"""Answers kept per index (:meth:`QueryIndex.memo`): a few numbers each, per labeler and
+scope of a team's queues."""
+T = TypeVar("T")
 _NEWLINE = re.compile(b"\n")
 
 
@@ -135,12 +140,28 @@ class QueryIndex:
         self._json = threading.Lock()  # DuckDB's JSON reads (of objects without sidecars)
         self._changes: dict[int, int] = {}  # corpus id -> how often its rows changed
         self._changes_lock = threading.Lock()  # (writers in several threads)
+        self._memo: LRU[tuple[int, int, str], object] = LRU(MEMO_ENTRIES)
+        self._memo_lock = threading.Lock()  # (queries run in several threads)
 
     def changes(self, corpus_id: int) -> int:
         """How many times the corpus's rows changed since this process opened the index. An
         answer computed from them after reading this holds as long as it does not move
         (each write counts once committed)."""
         return self._changes.get(corpus_id, 0)
+
+    def memo(self, corpus_id: int, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, an answer over the corpus's rows named by ``key`` (its SQL and
+        parameters), kept while those rows do not change: a claim's queue counts scan every
+        row of the corpus, and a team claims many times between two changes."""
+        full = (corpus_id, self.changes(corpus_id), key)  # read before computing
+        with self._memo_lock:
+            kept = self._memo.get(full)
+        if kept is not None:
+            return cast(T, kept)
+        value = compute()
+        with self._memo_lock:
+            self._memo.put(full, value)
+        return value
 
     def _changed(self, corpus_id: int) -> None:
         with self._changes_lock:

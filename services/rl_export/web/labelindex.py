@@ -116,27 +116,44 @@ def queue_counts(
     index: QueryIndex, corpus_id: int, ask: QueueAsk
 ) -> tuple[int, int, int, list[TraceLabels]]:
     """``remaining``, ``team_remaining`` and the labeler's own labels over the untouched
-    traces of the scope, and the touched traces of the scope (for the caller to count)."""
+    traces of the scope, and the touched traces of the scope (for the caller to count).
+
+    The counts over the whole scope are a scan of the corpus, kept while its rows do not
+    change (:meth:`QueryIndex.memo`); the touched traces' own parts are taken from them."""
     scope, eligible, scope_params, eligible_params = _queue_where(ask)
     target, target_params = target_sql(ask.settings)
-    touched = list(ask.touched)
+    # In the labeler's queue by the corpora's view; short of the target; labeled by them.
+    flags = [
+        f"coalesce({eligible}, false)",
+        f"coalesce(coalesce(labels_count, 0) < {target}, false)",
+        "coalesce(list_contains(labelers, ?), false)",
+    ]
+    flag_params = [*eligible_params, *target_params, ask.labeler]
     db = index.connection()
-    row = db.execute(
-        f"SELECT count(*) FILTER (WHERE {eligible}), "
-        f"count(*) FILTER (WHERE coalesce(labels_count, 0) < {target}), "
-        "count(*) FILTER (WHERE list_contains(labelers, ?)) FROM records "
-        f"WHERE corpus_id = ? AND {scope}" + (f" AND NOT {IN_LIST}" if touched else ""),
-        [*eligible_params, *target_params, ask.labeler, corpus_id, *scope_params]
-        + ([touched] if touched else []),
-    ).fetchone()
+
+    def whole() -> tuple[int, int, int]:
+        row = db.execute(
+            f"SELECT {', '.join(f'count(*) FILTER (WHERE {f})' for f in flags)} FROM records "
+            f"WHERE corpus_id = ? AND {scope}",
+            [*flag_params, corpus_id, *scope_params],
+        ).fetchone()
+        return (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
+
+    key = repr((scope, scope_params, flags, flag_params))
+    remaining, short, labeled = index.memo(corpus_id, key, whole)
     rows = []
-    if touched:
-        rows = db.execute(
-            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND {IN_LIST}",
-            [corpus_id, *scope_params, touched],
+    if ask.touched:
+        found = db.execute(
+            f"SELECT {_LABELS_OF}, {', '.join(flags)} FROM records WHERE corpus_id = ? AND {scope} "
+            f"AND {IN_LIST}",
+            [*flag_params, corpus_id, *scope_params, list(ask.touched)],
         ).fetchall()
-    counts = (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
-    return (*counts, [_trace_labels(*r) for r in rows])
+        for *labels_of, in_queue, under_target, own in found:
+            remaining -= in_queue
+            short -= under_target
+            labeled -= own
+            rows.append(_trace_labels(*labels_of))
+    return remaining, short, labeled, rows
 
 
 def trace_labels(index: QueryIndex, corpus_id: int, trace_id: str) -> TraceLabels | None:

@@ -369,3 +369,28 @@ def test_settings_set_on_one_instance_apply_on_the_other_within_seconds(
                  lambda: other.get("labeling").json()["order"] == "uncertain", 15)  # fmt: skip
     with team.client("lead", 0) as lead:
         lead.put("labeling", json={"order": "oldest", "lease_s": 600})
+
+
+def test_label_retract_label_back_to_back_ends_with_the_label(
+    stack: Stack, second: WebProcess
+) -> None:
+    """The page's save, undo and save again, as fast as the API answers: the join's latest is
+    the second label, so the corpus ends with the labeler's label (and both instances'
+    records say so)."""
+    team = Team(stack, second, "team-relabel", 1, ["ana"])
+    team.settle(labels_per_trace=1, lease_s=600)
+    trace_id = team.records()[0]["trace_id"]
+    with team.client("ana", 0) as ana:
+        assert ana.post("labels", json={"trace_id": trace_id, "rubric": RUBRIC}).status_code == 202
+        assert ana.delete(f"labels/{trace_id}").status_code == 202
+        assert ana.put(f"queue/claims/{trace_id}").status_code == 200
+        assert ana.post("labels", json={"trace_id": trace_id, "rubric": RUBRIC}).status_code == 202
+
+    for n in range(2):
+
+        def labeled(n: int = n) -> bool:
+            with team.client("lead", n) as lead:
+                items = lead.get("records", params={"source": "traces"}).json()["items"]
+            return bool(items[0]["labelers"] == ["ana"])
+
+        wait_for(f"ana's second label in the corpus, on instance {n}", labeled, 120)

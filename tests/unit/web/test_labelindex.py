@@ -11,8 +11,9 @@ import pytest
 from rl_export.common.codec import dumps_line
 from rl_export.common.filters import Filters, parse_filters
 from rl_export.labeling.agreement import AgreementBuilder, agreement_report
+from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.index import CorpusKey, QueryIndex
-from rl_export.web.labelindex import agreement_input
+from rl_export.web.labelindex import QueueAsk, QueueFilter, agreement_input, queue_counts
 from rl_export.web.memo import LRU
 from tests.records import record
 
@@ -111,3 +112,54 @@ def test_the_memo_keeps_the_most_recently_used() -> None:
     assert memo.get("a") == 1  # a is now the most recent
     memo.put("c", 3)
     assert (memo.get("b"), memo.get("a"), memo.get("c"), len(memo)) == (None, 1, 3, 2)
+
+
+def expected_counts(
+    rows: list[dict[str, Any]], ask: QueueAsk
+) -> tuple[int, int, int, list[str]]:
+    """The queue's counts by their definition, over the records themselves (a constant
+    target: ``labels_per_trace`` without adjudication)."""
+    k = ask.settings.labels_per_trace
+    scenario = ask.scope.scenario
+    kept = [r for r in rows if scenario is None or r["scenario"] == scenario]
+    untouched = [r for r in kept if r["trace_id"] not in ask.touched]
+    remaining = sum(
+        ask.labeler not in r["labelers"] and ask.labeler not in r["skipped_by"]
+        and r["labels_count"] < k
+        for r in untouched
+    )  # fmt: skip
+    short = sum(r["labels_count"] < k for r in untouched)
+    labeled = sum(ask.labeler in r["labelers"] for r in untouched)
+    return remaining, short, labeled, sorted(r["trace_id"] for r in kept if r not in untouched)
+
+
+def test_the_queue_counts_kept_between_changes_are_the_counts_of_the_rows(tmp_path: Path) -> None:
+    """A claim's counts: the whole scope's scan is kept while the corpus does not change,
+    and the touched traces' parts are taken from it; they must be what the rows say for
+    any labeler, scope and touched list, before and after the rows change."""
+    rng = random.Random(7)
+    rows = [random_record(rng, n) for n in range(60)]
+    index = QueryIndex(tmp_path / "index", threads=1)
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        index.ingest(cid, b"".join(dumps_line(r) for r in rows), {"t": 1})
+        for round_ in range(2):
+            for _ in range(40):
+                ask = QueueAsk(
+                    rng.choice(["ana", "bo", "fay", "zed"]), 0,
+                    LabelingSettings(labels_per_trace=rng.choice([1, 2, 3])), 0.7,
+                    QueueFilter(scenario=rng.choice([None, "refund", "trip"])),
+                    sorted(rng.sample([r["trace_id"] for r in rows], rng.randint(0, 8))),
+                )  # fmt: skip
+                remaining, short, labeled, touched = queue_counts(index, cid, ask)
+                got = (remaining, short, labeled, sorted(t.trace_id for t in touched))
+                assert got == expected_counts(rows, ask)
+            # The rows change (a later revision of half of them, labeled by ana and bo):
+            # the counts kept for the rows before must not be given again.
+            for r in rows[:30]:
+                r["labelers"] = sorted({*r["labelers"], "ana", "bo"})
+                r["labels_count"] = len(r["labelers"])
+                r["revision"] += 1
+            index.ingest(cid, b"".join(dumps_line(r) for r in rows[:30]), {"t": 2 + round_})
+    finally:
+        index.close()
