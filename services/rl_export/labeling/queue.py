@@ -15,7 +15,7 @@ which hold the same rules over a :class:`TraceLabels`. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rl_export.labeling.settings import LabelingSettings, Order
@@ -109,22 +109,39 @@ def target_sql(settings: LabelingSettings) -> tuple[str, list[object]]:
     )
 
 
-def order_sql(order: Order, *, labeler: str, pass_threshold: float) -> tuple[str, list[object]]:
-    """The ORDER BY of a queue over the index's columns, ties older first, then trace id.
+def order_terms(
+    order: Order, *, labeler: str, pass_threshold: float
+) -> tuple[list[str], list[object]]:
+    """The queue's order over the index's columns as ascending terms, ties older first, then
+    trace id: ``ORDER BY`` them (NULLs last, DuckDB's default), or select them as a row's
+    place and compare places with :func:`place` in Python.
 
     ``uncertain``: traces whose evaluators split (some passed, some not) first, then by how
     near their evaluator reward is to the human pass threshold; traces without an evaluation
     last. ``random``: a shuffle of its own per labeler (a hash of labeler and trace), fixed,
     so a team spreads out over the traces.
     """
-    ties = "completed_us, trace_id"
+    ties = ["completed_us", "trace_id"]
     if order == "oldest":
         return ties, []
     if order == "newest":
-        return "completed_us DESC, trace_id", []
+        return ["-completed_us", "trace_id"], []
     if order == "uncertain":
         return (
-            f"eval_reward IS NULL, NOT coalesce(eval_split, false), abs(eval_reward - ?), {ties}",
+            ["eval_reward IS NULL", "NOT coalesce(eval_split, false)", "abs(eval_reward - ?)",
+             *ties],
             [pass_threshold],
-        )
-    return f"hash(?, trace_id), {ties}", [labeler]
+        )  # fmt: skip
+    return ["hash(?, trace_id)", *ties], [labeler]
+
+
+def order_sql(order: Order, *, labeler: str, pass_threshold: float) -> tuple[str, list[object]]:
+    """The ``ORDER BY`` of a queue (:func:`order_terms`)."""
+    terms, params = order_terms(order, labeler=labeler, pass_threshold=pass_threshold)
+    return ", ".join(terms), params
+
+
+def place(values: Sequence[object]) -> tuple[tuple[bool, object], ...]:
+    """A row's place in the queue from its :func:`order_terms` values: compares as the
+    ``ORDER BY`` does (NULLs after every value, within one term's type)."""
+    return tuple((v is None, v) for v in values)

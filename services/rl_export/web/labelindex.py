@@ -14,7 +14,7 @@ import numpy as np
 
 from rl_export.common.filters import Filters
 from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
-from rl_export.labeling.queue import TraceLabels, order_sql, target_sql
+from rl_export.labeling.queue import TraceLabels, order_terms, place, target_sql
 from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.index import QueryIndex
 from rl_export.web.indexsql import LABEL_SUM, filter_sql
@@ -68,16 +68,79 @@ class QueueAsk:
     touched: Sequence[str] = ()
 
 
-def _queue_where(ask: QueueAsk) -> tuple[str, str, list[Any], list[Any]]:
-    """The scope's condition and whether a trace is in the labeler's queue by the
-    corpora's view (labels fill the target, the labeler's own labels and skips exclude)."""
-    scope, scope_params = ask.scope.sql()
-    target, target_params = target_sql(ask.settings)
-    eligible = (
-        "(NOT list_contains(labelers, ?) AND NOT list_contains(skipped_by, ?) "
-        f"AND coalesce(labels_count, 0) < {target})"
-    )
-    return scope, eligible, scope_params, [ask.labeler, ask.labeler, *target_params]
+@dataclass(frozen=True)
+class QueueRow:
+    """A trace of the scope as the index shows it: its labels and skips, its place in the
+    queue's order (:func:`~rl_export.labeling.queue.place`), and the three things the
+    counts add up: in the labeler's queue by the corpora's view, short of its target,
+    labeled by the labeler."""
+
+    labels: TraceLabels
+    place: tuple[tuple[bool, object], ...]
+    in_queue: bool
+    short: bool
+    own: bool
+
+    @property
+    def trace_id(self) -> str:
+        return self.labels.trace_id
+
+
+# A QueueRow's columns before its order terms: _LABELS_OF's four, then the three flags.
+_TERMS_AT = 8
+
+
+@dataclass(frozen=True)
+class _QueueSql:
+    """The SQL of one labeler's queue over the index's ``records``."""
+
+    scope: str  # the scope's condition (not deleted, the request's filters)
+    scope_params: list[Any]
+    eligible: str  # in the labeler's queue by the corpora's view
+    eligible_params: list[Any]
+    flags: list[str]  # QueueRow's in_queue, short, own
+    flag_params: list[Any]
+    terms: list[str]  # the order's terms
+    term_params: list[Any]
+
+    @classmethod
+    def of(cls, ask: QueueAsk) -> _QueueSql:
+        scope, scope_params = ask.scope.sql()
+        target, target_params = target_sql(ask.settings)
+        eligible = (
+            "(NOT list_contains(labelers, ?) AND NOT list_contains(skipped_by, ?) "
+            f"AND coalesce(labels_count, 0) < {target})"
+        )
+        eligible_params = [ask.labeler, ask.labeler, *target_params]
+        flags = [
+            f"coalesce({eligible}, false)",
+            f"coalesce(coalesce(labels_count, 0) < {target}, false)",
+            "coalesce(list_contains(labelers, ?), false)",
+        ]
+        terms, term_params = order_terms(
+            ask.settings.order, labeler=ask.labeler, pass_threshold=ask.pass_threshold
+        )
+        return cls(scope, scope_params, eligible, eligible_params, flags,
+                   [*eligible_params, *target_params, ask.labeler], terms, term_params)  # fmt: skip
+
+    def select(self, corpus_id: int, where: str, where_params: list[Any]) -> tuple[str, list[Any]]:
+        """QueueRows of the scope's traces that match ``where``."""
+        return (
+            f"SELECT {', '.join([_LABELS_OF, *self.flags, *self.terms])} FROM records "
+            f"WHERE corpus_id = ? AND {self.scope} AND {where}",
+            [*self.flag_params, *self.term_params, corpus_id, *self.scope_params, *where_params],
+        )
+
+    def key(self, *more: object) -> str:
+        """What names an answer of this SQL for :meth:`QueryIndex.memo`."""
+        return repr((self.scope, self.scope_params, self.flags, self.flag_params, self.terms,
+                     self.term_params, *more))  # fmt: skip
+
+
+def _queue_row(row: tuple[Any, ...]) -> QueueRow:
+    trace_id, labelers, sums, skipped, in_queue, short, own, *terms = row
+    return QueueRow(_trace_labels(trace_id, labelers, sums, skipped), place(terms),
+                    bool(in_queue), bool(short), bool(own))  # fmt: skip
 
 
 IN_LIST = "trace_id IN (SELECT unnest(?::VARCHAR[]))"
@@ -85,75 +148,90 @@ IN_LIST = "trace_id IN (SELECT unnest(?::VARCHAR[]))"
 every row with every id: 2.1 to 2.6 s over 1,000,000 rows for 2,000 ids (a team's claims
 are that many), against 22 to 32 ms."""
 
+HEAD_MIN = 64
+"""The fewest rows of a queue's head asked of the index (:func:`queue_head`): sizes are
+powers of two from here, so a labeler's claims ask for the same few heads."""
+
+
+def queue_head(index: QueryIndex, corpus_id: int, ask: QueueAsk, size: int) -> list[QueueRow]:
+    """At least the first ``size`` traces of the labeler's queue by the corpora's view
+    (touched or not), in its order: a scan of the corpus, kept while its rows do not change
+    (:meth:`QueryIndex.memo`)."""
+    size = max(HEAD_MIN, 1 << max(size - 1, 0).bit_length())
+    sql = _QueueSql.of(ask)
+    order = ", ".join(str(_TERMS_AT + n) for n in range(len(sql.terms)))
+    text, params = sql.select(corpus_id, sql.eligible, sql.eligible_params)
+
+    def scan() -> list[QueueRow]:
+        rows = index.connection().execute(f"{text} ORDER BY {order} LIMIT ?", [*params, size])
+        return [_queue_row(r) for r in rows.fetchall()]
+
+    return index.memo(corpus_id, sql.key("head", size), scan)
+
+
+def touched_rows(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[QueueRow]:
+    """The touched traces of the scope (``ask.touched``) as the index shows them."""
+    if not ask.touched:
+        return []
+    sql = _QueueSql.of(ask)
+    text, params = sql.select(corpus_id, IN_LIST, [list(ask.touched)])
+    return [_queue_row(r) for r in index.connection().execute(text, params).fetchall()]
+
+
+def queue_totals(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> tuple[int, int, int]:
+    """The sums of QueueRow's three flags over every trace of the scope, touched or not: a
+    scan of the corpus, kept while its rows do not change (:meth:`QueryIndex.memo`)."""
+    sql = _QueueSql.of(ask)
+
+    def scan() -> tuple[int, int, int]:
+        counts = ", ".join(f"count(*) FILTER (WHERE {f})" for f in sql.flags)
+        found = index.connection().execute(
+            f"SELECT {counts} FROM records WHERE corpus_id = ? AND {sql.scope}",
+            [*sql.flag_params, corpus_id, *sql.scope_params],
+        )
+        row = found.fetchone()
+        return (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
+
+    return index.memo(corpus_id, sql.key("totals"), scan)
+
 
 def queue_candidates(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[TraceLabels]:
     """The head of the labeler's queue in the project's order: up to ``limit`` traces,
     the touched ones among them whatever the corpora say (the caller decides those)."""
-    scope, eligible, scope_params, eligible_params = _queue_where(ask)
-    order, order_params = order_sql(
-        ask.settings.order, labeler=ask.labeler, pass_threshold=ask.pass_threshold
-    )
-    rows = (
-        index.connection()
-        .execute(
-            f"SELECT {_LABELS_OF} FROM records WHERE corpus_id = ? AND {scope} AND "
-            f"({eligible}{f' OR {IN_LIST}' if ask.touched else ''}) ORDER BY {order} LIMIT ?",
-            [
-                corpus_id,
-                *scope_params,
-                *eligible_params,
-                *([list(ask.touched)] if ask.touched else []),
-                *order_params,
-                ask.limit,
-            ],
-        )
-        .fetchall()
-    )
-    return [_trace_labels(*row) for row in rows]
+    touched = set(ask.touched)
+    head = queue_head(index, corpus_id, ask, ask.limit + len(touched))
+    rows = merge_head(head, touched_rows(index, corpus_id, ask), touched)
+    return [r.labels for r in rows[: ask.limit]]
+
+
+def merge_head(head: list[QueueRow], touched: list[QueueRow], ids: set[str]) -> list[QueueRow]:
+    """The rows of the queue's head by the corpora's view (:func:`queue_head`) that are not
+    touched (``ids``), and the touched traces of the scope (``touched``) whatever the
+    corpora say of them, in the queue's order. Its first ``len(head) - len(ids)`` rows are
+    the first of both (all of them when the head is the whole queue): ask for a head that
+    long."""
+    kept = [r for r in head if r.trace_id not in ids]
+    return sorted([*kept, *touched], key=lambda r: r.place)
 
 
 def queue_counts(
     index: QueryIndex, corpus_id: int, ask: QueueAsk
 ) -> tuple[int, int, int, list[TraceLabels]]:
     """``remaining``, ``team_remaining`` and the labeler's own labels over the untouched
-    traces of the scope, and the touched traces of the scope (for the caller to count).
+    traces of the scope, and the touched traces of the scope (for the caller to count)."""
+    rows = touched_rows(index, corpus_id, ask)
+    remaining, short, own = untouched_counts(queue_totals(index, corpus_id, ask), rows)
+    return remaining, short, own, [r.labels for r in rows]
 
-    The counts over the whole scope are a scan of the corpus, kept while its rows do not
-    change (:meth:`QueryIndex.memo`); the touched traces' own parts are taken from them."""
-    scope, eligible, scope_params, eligible_params = _queue_where(ask)
-    target, target_params = target_sql(ask.settings)
-    # In the labeler's queue by the corpora's view; short of the target; labeled by them.
-    flags = [
-        f"coalesce({eligible}, false)",
-        f"coalesce(coalesce(labels_count, 0) < {target}, false)",
-        "coalesce(list_contains(labelers, ?), false)",
-    ]
-    flag_params = [*eligible_params, *target_params, ask.labeler]
-    db = index.connection()
 
-    def whole() -> tuple[int, int, int]:
-        row = db.execute(
-            f"SELECT {', '.join(f'count(*) FILTER (WHERE {f})' for f in flags)} FROM records "
-            f"WHERE corpus_id = ? AND {scope}",
-            [*flag_params, corpus_id, *scope_params],
-        ).fetchone()
-        return (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
-
-    key = repr((scope, scope_params, flags, flag_params))
-    remaining, short, labeled = index.memo(corpus_id, key, whole)
-    rows = []
-    if ask.touched:
-        found = db.execute(
-            f"SELECT {_LABELS_OF}, {', '.join(flags)} FROM records WHERE corpus_id = ? AND {scope} "
-            f"AND {IN_LIST}",
-            [*flag_params, corpus_id, *scope_params, list(ask.touched)],
-        ).fetchall()
-        for *labels_of, in_queue, under_target, own in found:
-            remaining -= in_queue
-            short -= under_target
-            labeled -= own
-            rows.append(_trace_labels(*labels_of))
-    return remaining, short, labeled, rows
+def untouched_counts(totals: tuple[int, int, int], touched: list[QueueRow]) -> tuple[int, int, int]:
+    """The counts of :func:`queue_totals` without the touched traces' parts."""
+    remaining, short, own = totals
+    for row in touched:
+        remaining -= row.in_queue
+        short -= row.short
+        own -= row.own
+    return remaining, short, own
 
 
 def trace_labels(index: QueryIndex, corpus_id: int, trace_id: str) -> TraceLabels | None:

@@ -22,7 +22,7 @@ from rl_export.labeling.queue import FreshAction, TraceLabels, in_queue, short, 
 from rl_export.labeling.settings import LabelingSettings
 from rl_export.web import labelindex
 from rl_export.web.api.deps import query
-from rl_export.web.labelindex import QueueAsk, QueueFilter
+from rl_export.web.labelindex import QueueAsk, QueueFilter, QueueRow
 from rl_export.web.services import Services
 
 CLAIM_ROUNDS = 4  # queue reads per claim request (each after every candidate was lost)
@@ -69,7 +69,12 @@ class Claimed:
 
 
 class LabelerQueue:
-    """One labeler's queue in one project, for one request (see the module)."""
+    """One labeler's queue in one project, for one request (see the module).
+
+    The index's answers over the whole corpus (the head of the queue, its counts) are kept
+    between requests while the corpus does not change (:meth:`QueryIndex.memo`); what
+    changes with every claim, the touched traces, is read once per request (one lookup of
+    their rows) and decided here."""
 
     def __init__(
         self, svc: Services, corpus_id: int, team: Team, labeler: str, scope: QueueFilter
@@ -79,14 +84,32 @@ class LabelerQueue:
         self.team = team
         self.labeler = labeler
         self.scope = scope
+        self._rows: dict[str, QueueRow] = {}  # of the scope, read in this request
+        self._looked: set[str] = set()  # the ids whose rows were read (found or not)
 
-    def _ask(self, limit: int, touched: list[str]) -> QueueAsk:
-        return QueueAsk(self.labeler, limit, self.team.settings,
-                        self.svc.settings.human_pass_threshold, self.scope, touched)  # fmt: skip
+    def _ask(self, touched: list[str] | None = None) -> QueueAsk:
+        threshold = self.svc.settings.human_pass_threshold
+        return QueueAsk(self.labeler, 0, self.team.settings, threshold, self.scope, touched or ())
 
     def _touched(self) -> list[str]:
         team = self.team
         return sorted({*team.fresh, *self.svc.claim_book.traces(team.org, team.project)})
+
+    async def _rows_of(self, trace_ids: list[str]) -> list[QueueRow]:
+        """The rows of these traces that are in the scope, read once per request."""
+        missing = [t for t in trace_ids if t not in self._looked]
+        if missing:
+            found = await query(labelindex.touched_rows, self.svc.index, self.corpus_id,
+                                self._ask(missing))  # fmt: skip
+            self._note(found)
+            self._looked.update(missing)
+        return [self._rows[t] for t in trace_ids if t in self._rows]
+
+    def _note(self, rows: list[QueueRow]) -> None:
+        for row in rows:
+            if row.trace_id not in self._looked:
+                self._rows[row.trace_id] = row
+                self._looked.add(row.trace_id)
 
     def _keeps(self, row: TraceLabels) -> bool:
         team = self.team
@@ -96,29 +119,30 @@ class LabelerQueue:
         return in_queue(self.labeler, current, holders, team.settings)
 
     async def counts(self) -> Counts:
-        """The index's counts of untouched traces, plus the touched ones decided here."""
-        index = self.svc.index
-        found = await query(
-            labelindex.queue_counts, index, self.corpus_id, self._ask(0, self._touched())
-        )
-        remaining, team_remaining, labeled, rows = found
-        for row in rows:
-            current = self.team.labels(row)
-            remaining += self._keeps(row)
+        """The index's counts without the touched traces, plus those decided here."""
+        touched = await self._rows_of(self._touched())
+        totals = await query(labelindex.queue_totals, self.svc.index, self.corpus_id, self._ask())
+        remaining, team_remaining, labeled = labelindex.untouched_counts(totals, touched)
+        for row in touched:
+            current = self.team.labels(row.labels)
+            remaining += self._keeps(row.labels)
             team_remaining += short(current, self.team.settings)
             labeled += self.labeler in current.sums
         return Counts(remaining, team_remaining, labeled)
 
     async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
         """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
-        touched = self._touched()
-        ask = self._ask(limit + len(touched) + len(exclude), touched)
-        rows = await query(labelindex.queue_candidates, self.svc.index, self.corpus_id, ask)
-        decide = set(touched)
+        ids = self._touched()
+        touched = await self._rows_of(ids)
+        head = await query(labelindex.queue_head, self.svc.index, self.corpus_id, self._ask(),
+                           limit + len(ids) + len(exclude))  # fmt: skip
+        self._note(head)
+        decide = set(ids)
         kept = [
-            row
-            for row in rows
-            if row.trace_id not in exclude and (row.trace_id not in decide or self._keeps(row))
+            row.labels
+            for row in labelindex.merge_head(head, touched, decide)
+            if row.trace_id not in exclude
+            and (row.trace_id not in decide or self._keeps(row.labels))
         ]
         return kept[:limit]
 
@@ -143,10 +167,15 @@ class LabelerQueue:
         (renewed), then the head of their queue. Counts claims by outcome."""
         svc, team, counter = self.svc, self.team, self.svc.metrics.claims
         entries: list[SlotEntry] = []
-        for held in svc.claim_book.claims_of(team.org, team.project, self.labeler, team.now):
+        held_claims = svc.claim_book.claims_of(team.org, team.project, self.labeler, team.now)
+        in_scope = {r.trace_id: r.labels for r in await self._rows_of(
+            [held.trace_id for held in held_claims[:limit]])}  # fmt: skip
+        for held in held_claims:
             if len(entries) >= limit:
                 break
-            row = await query(labelindex.trace_labels, svc.index, self.corpus_id, held.trace_id)
+            row = in_scope.get(held.trace_id) or await query(  # or out of the request's scope
+                labelindex.trace_labels, svc.index, self.corpus_id, held.trace_id
+            )
             if row is None:  # deleted since it was claimed: let it go
                 await svc.claims.release(team.org, team.project, held.trace_id, self.labeler)
                 continue

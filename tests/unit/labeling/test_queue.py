@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import duckdb
 import pytest
 
@@ -10,6 +12,8 @@ from rl_export.labeling.queue import (
     TraceLabels,
     in_queue,
     order_sql,
+    order_terms,
+    place,
     short,
     spread,
     target,
@@ -141,3 +145,28 @@ def test_random_is_a_fixed_shuffle_of_its_own_per_labeler() -> None:
     assert sorted(ordered("random", "ana")) == sorted(r[0] for r in ROWS)
     shuffles = {tuple(ordered("random", f"l{n}")) for n in range(8)}
     assert len(shuffles) > 1
+
+
+@pytest.mark.parametrize("order", ["oldest", "newest", "uncertain", "random"])
+def test_places_read_back_from_the_terms_sort_as_the_order_by_does(order: str) -> None:
+    """The web service merges a queue's head with its touched traces in Python by the rows'
+    places: they must sort as DuckDB's ORDER BY (NULLs last, ties by trace id)."""
+    rng = random.Random(order)
+    db = duckdb.connect()
+    db.execute(
+        "CREATE TABLE t (trace_id VARCHAR, completed_us BIGINT, eval_reward DOUBLE, "
+        "eval_split BOOLEAN)"
+    )
+    rows = [
+        (f"tr-{n:03d}", rng.choice([None, *range(5)]), rng.choice([None, 0.2, 0.7, 0.75, 0.9]),
+         rng.choice([None, True, False]))
+        for n in range(200)
+    ]  # fmt: skip
+    db.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", rows)
+    for labeler in ("ana", "bo"):
+        terms, params = order_terms(order, labeler=labeler, pass_threshold=0.7)  # type: ignore[arg-type]
+        sql, _ = order_sql(order, labeler=labeler, pass_threshold=0.7)  # type: ignore[arg-type]
+        by_sql = db.execute(f"SELECT trace_id FROM t ORDER BY {sql}", params).fetchall()
+        found = db.execute(f"SELECT trace_id, {', '.join(terms)} FROM t", params).fetchall()
+        by_place = sorted(found, key=lambda r: place(r[1:]))
+        assert [r[0] for r in by_place] == [r[0] for r in by_sql]
