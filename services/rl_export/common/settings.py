@@ -318,6 +318,13 @@ class Settings(BaseSettings):
     web_index_memory: str = Field(
         "1GB", pattern=r"^\d+(\.\d+)?\s*[KMGT]i?B$", description="DuckDB memory limit."
     )
+    web_agreement_max_age_s: float = Field(
+        30.0,
+        ge=0,
+        description="How old an agreement report may be and still answer GET agreement "
+        "after labels changed its corpus: the answer says it is updating and one new report "
+        "is computed in the background. Older (or 0), the request waits for a new one.",
+    )
     web_warm: str = Field(
         "",
         description="Projects (org/project, comma-separated) whose corpora (those of "

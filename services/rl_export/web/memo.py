@@ -1,5 +1,6 @@
 """Answers kept while their inputs do not change: a bounded map, least recently used first
-out (an ``OrderedDict``). Used on the API's event loop only, so without a lock."""
+out (an ``OrderedDict``). Without a lock: a user in several threads holds one (the index's
+:meth:`~rl_export.web.index.QueryIndex.memo`)."""
 
 from __future__ import annotations
 

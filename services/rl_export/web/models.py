@@ -125,8 +125,14 @@ class ClaimOut(BaseModel):
 
 
 class AgreementOut(AgreementReport):
-    """The agreement report (docs/guides/labeling.md), and how current the index is."""
+    """The agreement report (docs/guides/labeling.md), when it was computed, and how current
+    the index is."""
 
+    computed_at: str = Field(description="When the report's input was read (UTC).")
+    updating: bool = Field(
+        description="Labels changed the corpus since: a newer report is being computed "
+        "(at most RL_EXPORT_WEB_AGREEMENT_MAX_AGE_S after this one was)."
+    )
     index: IndexState
 
 

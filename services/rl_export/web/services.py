@@ -37,10 +37,11 @@ from rl_export.web.follower import Followed, Indexer
 from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.limits import FailureLimit
-from rl_export.web.memo import AGREEMENT_REPORTS, LRU
+from rl_export.web.memo import AGREEMENT_REPORTS
 from rl_export.web.metricsport import serve_metrics
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
+from rl_export.web.reports import Reports
 from rl_export.web.storehealth import StoreHealth
 from rl_export.web.streaming import ExportPool, StoreFactory
 from rl_export.web.tailing import Tail
@@ -67,13 +68,9 @@ class Services:
     claim_book: ClaimBook
     claims: Claims
     store_health: StoreHealth
+    agreement_reports: Reports  # by (corpus id, filters), kept warm
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
-    # Agreement reports by (corpus id, filters, the corpus's index changes): one computed
-    # once per change of its rows, whoever asks.
-    agreement_reports: LRU[tuple[int, str, int], dict[str, Any]] = field(
-        default_factory=lambda: LRU(AGREEMENT_REPORTS)
-    )
     # Why the instance must end (the broker refused our TLS handshake or login), and what
     # ends it: ``run_web`` stops the server, which then reports this.
     fatal: ConfigError | None = None
@@ -190,6 +187,7 @@ class Services:
         for task in self._tasks:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
+        await self.agreement_reports.close()
         await self.jobs.close()
         self.exports.close()
         await self.publisher.close()
@@ -248,4 +246,5 @@ def build_services(
         claim_book=claim_book,
         claims=Claims(store, claim_book, publisher.broadcast),
         store_health=StoreHealth(store),
+        agreement_reports=Reports(AGREEMENT_REPORTS, settings.web_agreement_max_age_s),
     )

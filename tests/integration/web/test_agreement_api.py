@@ -58,9 +58,12 @@ def test_the_api_gives_the_tests_own_report_and_the_commands(stack: Stack, agree
 
         report = wait_for("every label in the index", complete, 120)
         assert report.pop("index")["ready"] is True
+        assert datetime.fromisoformat(report.pop("computed_at")) <= datetime.now(UTC)
+        assert report.pop("updating") in (True, False)  # the corpus may move meanwhile
         assert report == expected(list(range(len(TRACES))))
         narrowed = api.get("agreement", params={"min_labels": "3"}).json()
-        narrowed.pop("index")
+        for field in ("index", "computed_at", "updating"):
+            narrowed.pop(field)
         assert narrowed == expected([0, 2])
         assert api.get("agreement", params={"bogus": "1"}).status_code == 422
         assert api.get("agreement", params={"max_spread": "wide"}).status_code == 422

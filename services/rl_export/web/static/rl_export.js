@@ -1516,7 +1516,10 @@
     $("agreement-counts").replaceChildren(
       ...[["Traces", report.traces], ["Labeled", report.labeled],
         ["Two labels or more", report.multi_labeled], ["Labelers", report.labelers]]
-        .map(([name, value]) => h("span", { class: "pill" }, `${name}: ${value}`)));
+        .map(([name, value]) => h("span", { class: "pill" }, `${name}: ${value}`)),
+      h("span", { class: "pill", title: "When the report's input was read" },
+        `As of ${new Date(report.computed_at).toLocaleTimeString()}` +
+        (report.updating ? " (new labels since: updating)" : "")));
     const names = [...DIMENSIONS, ["reward", "Reward"]];
     fillTable("agreement-dimensions", names.map(([key, name]) => {
       const found = report.dimensions[key];

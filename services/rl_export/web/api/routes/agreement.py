@@ -3,12 +3,15 @@ latest records of the ``traces`` corpus that match the usual filters.
 
 The index hands over the labels and results as columns (:func:`~rl_export.web.labelindex.
 agreement_input`) and :func:`~rl_export.labeling.agreement.agreement_report` computes the
-report, bootstrap included, on a worker thread: the event loop never waits on it.
+report, bootstrap included, on a worker thread: the event loop never waits on it. Reports are
+kept warm (:mod:`rl_export.web.reports`): the answer says when its input was read
+(``computed_at``) and whether a newer one is being computed (``updating``).
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter
@@ -48,15 +51,20 @@ async def get_agreement(
     followed = await corpus(svc, org, project, "traces")
     if followed.corpus_id is None:
         report = agreement_report(AgreementBuilder().build()).model_dump(mode="json")
+        fields = {"computed_at": _stamp(time.time()), "updating": False}
     else:
-        # Computed once per change of the corpus's rows (the count read before the query:
-        # a write committed meanwhile moves it, and the next request computes again).
         cid = followed.corpus_id
-        key = (cid, filters.model_dump_json(), svc.index.changes(cid))
-        cached = svc.agreement_reports.get(key)
-        if cached is None:
-            report = await query(_report, svc.index, cid, filters)
-            svc.agreement_reports.put(key, report)
-        else:
-            report = cached
-    return {**report, "index": index_state(followed, time.monotonic()).model_dump()}
+        answer = await svc.agreement_reports.get(
+            (cid, filters.model_dump_json()),
+            lambda: svc.index.changes(cid),
+            lambda: query(_report, svc.index, cid, filters),
+        )
+        report = answer.kept.report
+        fields = {"computed_at": _stamp(answer.kept.wall), "updating": answer.updating}
+    return {**report, **fields, "index": index_state(followed, time.monotonic()).model_dump()}
+
+
+def _stamp(epoch: float) -> str:
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
