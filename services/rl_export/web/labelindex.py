@@ -272,16 +272,26 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
     where, params = filter_sql(filters)
     db = index.connection()
     limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
+    matching = f"(SELECT * FROM records WHERE corpus_id = ? AND {where}{limit})"
+    # Evaluator results count only on traces with a label (rho and kappa are against the
+    # human reward): only theirs are kept. Every evaluator is named, numbered by name.
     db.execute(
         "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT row_number() OVER () - 1 AS t, "
-        "labels, labels_count, skipped_by, pass_threshold, results FROM (SELECT * FROM records "
-        f"WHERE corpus_id = ? AND {where}{limit})",
+        "labels, labels_count, skipped_by, pass_threshold, "
+        f"CASE WHEN len(labels) > 0 THEN results END AS results FROM {matching}",
+        [corpus_id, *params],
+    )
+    db.execute(
+        "CREATE OR REPLACE TEMP TABLE agreement_evaluators AS SELECT name, "
+        "row_number() OVER (ORDER BY name) - 1 AS e FROM (SELECT DISTINCT "
+        f"unnest(results).evaluator AS name FROM {matching})",
         [corpus_id, *params],
     )
     try:
         return _agreement_input(db)
     finally:
         db.execute("DROP TABLE IF EXISTS agreement_traces")
+        db.execute("DROP TABLE IF EXISTS agreement_evaluators")
 
 
 def _agreement_input(db: Any) -> AgreementInput:
@@ -307,20 +317,24 @@ def _agreement_input(db: Any) -> AgreementInput:
         "SELECT l.n, count(*) FROM (SELECT unnest(skipped_by) AS name FROM agreement_traces) s "
         "JOIN agreement_labelers l USING (name) GROUP BY l.n"
     ).fetchall()
+    evaluators = [
+        r[0] for r in db.execute("SELECT name FROM agreement_evaluators ORDER BY e").fetchall()
+    ]
     # An evaluator named twice in one evaluation: its last result (the records'
     # ``evaluator_scores`` keep the last too).
     results = db.execute(
-        "SELECT t, dense_rank() OVER (ORDER BY r.evaluator) - 1 AS e, r.evaluator AS evaluator, "
-        "r.score AS score, r.passed AS passed FROM (SELECT t, unnest(results) AS r, "
-        "unnest(range(len(results))) AS i FROM agreement_traces) "
-        "QUALIFY row_number() OVER (PARTITION BY t, r.evaluator ORDER BY i DESC) = 1 ORDER BY t, e"
+        "SELECT r.t AS t, v.e AS e, r.score AS score, r.passed AS passed FROM (SELECT t, "
+        "unnest(results).evaluator AS evaluator, unnest(results).score AS score, "
+        "unnest(results).passed AS passed, generate_subscripts(results, 1) AS i "
+        "FROM agreement_traces) r JOIN agreement_evaluators v "
+        "ON v.name = r.evaluator QUALIFY row_number() OVER (PARTITION BY r.t, v.e "
+        "ORDER BY r.i DESC) = 1"
     ).fetchnumpy()
     thresholds = db.execute("SELECT pass_threshold FROM agreement_traces ORDER BY t").fetchnumpy()
     db.execute("DROP TABLE IF EXISTS agreement_labelers")
     skip_counts = np.zeros(len(names), np.int64)
     for n, count in skips:
         skip_counts[int(n)] = int(count)
-    evaluators = sorted(set(results["evaluator"].tolist()))
     ratings = (
         np.column_stack([labels[d] for d in DIMENSIONS]) if len(labels["t"]) else np.zeros((0, 4))
     )
