@@ -26,7 +26,7 @@ PROMTOOL := .cache/promtool/promtool
 AXE_VERSION := 4.14.1
 AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 
-.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-isolation bench-tenants profile soak bench-restart bench-scaling
+.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-eos bench-isolation bench-tenants profile soak bench-restart bench-scaling
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -174,6 +174,9 @@ bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 
 
 bench-tenants: install ## object writes per event and per second, and freshness, as the same traffic spreads over 10, 100 and 1,000 projects; a model of the sink's commits beside it, and at 10,000
 	$(BIN)/python -m tests.perf.bench_tenants
+
+bench-eos: install ## the exactly-once loop (consume, transform, produce, offsets in the transaction) in aiokafka and in confluent-kafka side by side, small events (BATCH=records per transaction)
+	$(BIN)/python -m tests.perf.bench_eos $(if $(BATCH),--batch $(BATCH))
 
 bench-isolation: install ## p99 of stats, queue, claim and /readyz, and memory, while every export slot is held by a slow export (20,000 traces)
 	$(BIN)/python -m tests.perf.bench_isolation
