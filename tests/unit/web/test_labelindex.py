@@ -114,9 +114,7 @@ def test_the_memo_keeps_the_most_recently_used() -> None:
     assert (memo.get("b"), memo.get("a"), memo.get("c"), len(memo)) == (None, 1, 3, 2)
 
 
-def expected_counts(
-    rows: list[dict[str, Any]], ask: QueueAsk
-) -> tuple[int, int, int, list[str]]:
+def expected_counts(rows: list[dict[str, Any]], ask: QueueAsk) -> tuple[int, int, int, list[str]]:
     """The queue's counts by their definition, over the records themselves (a constant
     target: ``labels_per_trace`` without adjudication)."""
     k = ask.settings.labels_per_trace
