@@ -34,6 +34,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -311,6 +312,7 @@ GOALS_MS: dict[str, float] = {
 }
 """p99 goals where they differ from the default :data:`GOAL_MS` (issues 33 and 45)."""
 GOAL_MS = 100.0
+CLAIMS_GOAL = 100  # claims a second one web instance serves (issue 45)
 FRESH_ROUNDS = 20  # of the queries that compute a report each time
 LABELERS = 20
 
@@ -387,7 +389,8 @@ def claim_latencies(port: int, tokens: list[str], rounds: int, pause_s: float) -
         raise RuntimeError(errors[0])
     how = f"{pause_s:g} s apart" if pause_s else "no pause"
     log(f"claims, {len(tokens)} labelers, {how}: {len(claims) / elapsed:,.0f} claims/s")
-    return {f"claim ({len(tokens)} labelers, {how})": quantiles(claims),
+    return {f"claim ({len(tokens)} labelers, {how})": quantiles(claims)
+            | {"per_s": len(claims) / elapsed},
             f"release ({len(tokens)} labelers, {how})": quantiles(releases)}  # fmt: skip
 
 
@@ -596,11 +599,14 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         print(f"cold start, corpora asked for one after the other (process start to both "
               f"indexed): {cold:.1f} s{before}")  # fmt: skip
     if "warm_start" in result:
-        warm = result["warm_start"]["seconds"]
-        verdict = "met" if warm < COLD_START_GOAL_S else "MISSED"
+        warm = result["warm_start"]
+        starts = warm.get("starts_s", [warm["seconds"]])
+        under = sum(s < COLD_START_GOAL_S for s in starts)
+        verdict = "met" if under == len(starts) else "MISSED"
         print(f"new instance, warmed (process start to /readyz 200, both corpora indexed side "
-              f"by side): {warm:.1f} s, peak RSS {result['warm_start']['peak_rss_mib']:.0f} MiB "
-              f"(goal < {COLD_START_GOAL_S:.0f} s: {verdict})")  # fmt: skip
+              f"by side): median {warm['seconds']:.1f} s ({min(starts):.1f}-{max(starts):.1f} s), "
+              f"under {COLD_START_GOAL_S:.0f} s in {under} of {len(starts)} starts (goal: all: "
+              f"{verdict}), peak RSS {warm['peak_rss_mib']:.0f} MiB")  # fmt: skip
     if "objects" in result:
         print(f"objects read as columns (sidecars): {result['objects']['columns']:.0f}, "
               f"as lines: {result['objects']['lines']:.0f}")  # fmt: skip
@@ -612,6 +618,11 @@ def print_table(result: dict[str, Any], path: Path) -> None:
             continue
         verdict = "met" if q["p99_ms"] < goal else "MISSED"
         print(f"{name:42} {q['p50_ms']:7.1f}ms {q['p99_ms']:7.1f}ms {goal:7.0f}ms {verdict}")
+    for name, q in result["latency"].items():
+        if "per_s" in q and name.endswith("no pause)"):  # the instance saturated
+            verdict = "met" if q["per_s"] >= CLAIMS_GOAL else "MISSED"
+            print(f"claims served by one instance at saturation: {q['per_s']:.0f} claims/s "
+                  f"(goal >= {CLAIMS_GOAL}: {verdict})")  # fmt: skip
     label = result.get("label")
     if label:
         print(
@@ -635,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=200, help="requests per query")
     parser.add_argument("--labels", type=int, default=20, help="labels timed to visible")
     parser.add_argument("--agreement-rounds", type=int, default=10, help="agreement reports")
+    parser.add_argument("--warm-starts", type=int, default=10, help="warmed starts timed")
     parser.add_argument("--dir", default="var/bench")
     parser.add_argument("--build-only", action="store_true", help="only build the corpora")
     parser.add_argument(
@@ -664,8 +676,14 @@ def main(argv: list[str] | None = None) -> int:
             print("the baseline's routes:")
             for name, q in result["baseline"]["latency"].items():
                 print(f"  {name:42} {q['p50_ms']:7.1f}ms {q['p99_ms']:7.1f}ms")
-    log("warm start: a new instance that indexes the project as it starts")
-    result["warm_start"] = warm_start(directory / "store", args.records)
+    if args.warm_starts:
+        log(f"warm start: {args.warm_starts} new instances that index the project as they start")
+        starts = [warm_start(directory / "store", args.records) for _ in range(args.warm_starts)]
+        result["warm_start"] = {
+            "seconds": statistics.median(w["seconds"] for w in starts),
+            "starts_s": [w["seconds"] for w in starts],
+            "peak_rss_mib": max(w["peak_rss_mib"] for w in starts),
+        }
     result |= measure_index(directory / "store", args.records, args.rounds)
     if args.labels:
         log(f"label to visible: {args.labels} labels on a live broker, worker and web service")
