@@ -50,16 +50,22 @@ def random_record(rng: random.Random, n: int) -> dict[str, Any]:
     return value
 
 
+def indexed(tmp_path: Path, records: list[dict[str, Any]]) -> tuple[QueryIndex, int]:
+    """An index of its own with ``records`` as the traces corpus (close it)."""
+    index = QueryIndex(tmp_path / "index", threads=1)
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    index.ingest(cid, b"".join(dumps_line(r) for r in records), {"t-0": 1})
+    return index, cid
+
+
 @pytest.mark.parametrize(
     "filters", [Filters(), parse_filters({"scenario": "trip"}), parse_filters({"min_labels": "2"})]
 )
 def test_the_index_gives_the_report_the_records_give(tmp_path: Path, filters: Filters) -> None:
     rng = random.Random(7)
     records = [random_record(rng, n) for n in range(400)]
-    index = QueryIndex(tmp_path / "index", threads=1)
+    index, cid = indexed(tmp_path, records)
     try:
-        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
-        index.ingest(cid, b"".join(dumps_line(r) for r in records), {"t-0": 1})
         from_index = agreement_report(agreement_input(index, cid, filters))
     finally:
         index.close()
@@ -137,10 +143,8 @@ def test_the_queue_counts_kept_between_changes_are_the_counts_of_the_rows(tmp_pa
     any labeler, scope and touched list, before and after the rows change."""
     rng = random.Random(7)
     rows = [random_record(rng, n) for n in range(60)]
-    index = QueryIndex(tmp_path / "index", threads=1)
+    index, cid = indexed(tmp_path, rows)
     try:
-        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
-        index.ingest(cid, b"".join(dumps_line(r) for r in rows), {"t": 1})
         for round_ in range(2):
             for _ in range(40):
                 ask = QueueAsk(

@@ -43,14 +43,21 @@ async def test_a_report_is_kept_until_its_corpus_changes() -> None:
     }
 
 
-async def test_a_changed_corpus_answers_the_kept_report_while_one_new_one_is_computed() -> None:
+async def changed_since(seconds: float) -> tuple[Corpus, Reports]:
+    """A report computed, then, ``seconds`` later, a change of its corpus (the next
+    computation waits until the test releases it)."""
     corpus, clock = Corpus(), [100.0]
     reports = Reports(8, max_age_s=30.0, clock=lambda: clock[0])
     corpus.release.set()
     await reports.get(KEY, lambda: corpus.changes, corpus.compute)
     corpus.release.clear()
     corpus.changes += 1
-    clock[0] += 10.0
+    clock[0] += seconds
+    return corpus, reports
+
+
+async def test_a_changed_corpus_answers_the_kept_report_while_one_new_one_is_computed() -> None:
+    corpus, reports = await changed_since(10.0)
     answers = [await reports.get(KEY, lambda: corpus.changes, corpus.compute) for _ in range(5)]
     assert [(a.kept.report, a.updating) for a in answers] == [({"report": 1}, True)] * 5
     await asyncio.sleep(0)
@@ -62,13 +69,7 @@ async def test_a_changed_corpus_answers_the_kept_report_while_one_new_one_is_com
 
 
 async def test_a_report_older_than_the_age_is_not_answered_and_waiters_share_one() -> None:
-    corpus, clock = Corpus(), [0.0]
-    reports = Reports(8, max_age_s=30.0, clock=lambda: clock[0])
-    corpus.release.set()
-    await reports.get(KEY, lambda: corpus.changes, corpus.compute)
-    corpus.release.clear()
-    corpus.changes += 1
-    clock[0] += 31.0
+    corpus, reports = await changed_since(31.0)
     waiting = [
         asyncio.create_task(reports.get(KEY, lambda: corpus.changes, corpus.compute))
         for _ in range(3)
