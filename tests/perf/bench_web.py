@@ -6,15 +6,19 @@
    ``evaluator`` corpora, in chunks of 50,000 traces, each chunk a replay run with chains of
    its own, run in two processes side by side; after the first two chunks the corpora are
    compacted, so the index reads a compaction and a tail of commits, as in production.
-2. Start ``rl-export web`` on that store with an empty index, create a token, ask for the
-   stats of each corpus and time the index's catch-up (records/s, from its metrics).
+2. Start new instances told to warm the project (``RL_EXPORT_WEB_WARM``), ``--warm-starts``
+   of them (10), each timed from its process's start to its ``/readyz`` 200 with both
+   corpora indexed (the goal: under 10 s, every time). Then ``rl-export web`` on that store
+   with an empty index: create a token, ask for the stats of each corpus and time the
+   index's catch-up (records/s, from its metrics).
 3. Once indexed (the time from the process's start to both corpora indexed is the cold
    start): latency of ``GET stats`` (without and with filters), ``GET records`` (the
-   preview), ``GET queue``, ``GET labeling``, ``GET agreement``, and ``POST queue/claim``
-   with ``DELETE queue/claims/{id}`` by 20 labelers at once (a random pause of
-   mean 5 s before each claim, then 0.5 s, then none: saturation), p50/p99 over many
-   requests, from a client on the same machine (so HTTP and JSON are included), each
-   against its goal.
+   preview), ``GET queue``, ``GET labeling``, ``GET agreement`` (a report kept since the
+   last one, and on filters no request used before: computed each time), and ``POST
+   queue/claim`` with ``DELETE queue/claims/{id}`` by 20 labelers at once (a random pause
+   of mean 5 s before each claim, then 0.5 s, then none: saturation, whose claims a second
+   are the instance's throughput), p50/p99 over many requests, from a client on the same
+   machine (so HTTP and JSON are included), each against its goal.
 4. Label submission to visible in the stats: a broker, a worker and a web service on a small
    corpus of their own; a label is posted through the API and ``GET stats`` is polled until
    ``human_labeled`` counts it.
