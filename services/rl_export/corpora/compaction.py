@@ -176,9 +176,10 @@ async def compact(
     base = await latest_compaction(store, ref)
     latest = Latest()
     positions: dict[str, int] = dict(base.positions) if base else {}
+    streams = await _streams(store, ref)
     if min_commits > 1:
         tail = 0
-        for stream in await _streams(store, ref):
+        for stream in streams:
             tail += len(await chain_keys(store, ref, stream, positions.get(stream, 0)))
         if tail < min_commits:
             return None
@@ -186,7 +187,7 @@ async def compact(
     # 2. Every chain after the base (read before the base's records: when nothing is new,
     # those are never read).
     new: list[tuple[str, list[dict[str, Any]]]] = []
-    for stream in await _streams(store, ref):
+    for stream in streams:
         for commit, rows in await read_chain(store, ref, stream, positions.get(stream, 0)):
             new.append((commit.created_at, rows))
             positions[stream] = commit.last_offset + 1
