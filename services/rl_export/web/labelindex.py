@@ -61,7 +61,6 @@ class QueueAsk:
     decided here, from the corpora's view."""
 
     labeler: str
-    limit: int
     settings: LabelingSettings
     pass_threshold: float
     scope: QueueFilter = QueueFilter()
@@ -195,15 +194,6 @@ def queue_totals(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> tuple[int,
     return index.memo(corpus_id, sql.key("totals"), scan)
 
 
-def queue_candidates(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[TraceLabels]:
-    """The head of the labeler's queue in the project's order: up to ``limit`` traces,
-    the touched ones among them whatever the corpora say (the caller decides those)."""
-    touched = set(ask.touched)
-    head = queue_head(index, corpus_id, ask, ask.limit + len(touched))
-    rows = merge_head(head, touched_rows(index, corpus_id, ask), touched)
-    return [r.labels for r in rows[: ask.limit]]
-
-
 def merge_head(head: list[QueueRow], touched: list[QueueRow], ids: set[str]) -> list[QueueRow]:
     """The rows of the queue's head by the corpora's view (:func:`queue_head`) that are not
     touched (``ids``), and the touched traces of the scope (``touched``) whatever the
@@ -212,16 +202,6 @@ def merge_head(head: list[QueueRow], touched: list[QueueRow], ids: set[str]) -> 
     long."""
     kept = [r for r in head if r.trace_id not in ids]
     return sorted([*kept, *touched], key=lambda r: r.place)
-
-
-def queue_counts(
-    index: QueryIndex, corpus_id: int, ask: QueueAsk
-) -> tuple[int, int, int, list[TraceLabels]]:
-    """``remaining``, ``team_remaining`` and the labeler's own labels over the untouched
-    traces of the scope, and the touched traces of the scope (for the caller to count)."""
-    rows = touched_rows(index, corpus_id, ask)
-    remaining, short, own = untouched_counts(queue_totals(index, corpus_id, ask), rows)
-    return remaining, short, own, [r.labels for r in rows]
 
 
 def untouched_counts(totals: tuple[int, int, int], touched: list[QueueRow]) -> tuple[int, int, int]:

@@ -89,7 +89,7 @@ class LabelerQueue:
 
     def _ask(self, touched: list[str] | None = None) -> QueueAsk:
         threshold = self.svc.settings.human_pass_threshold
-        return QueueAsk(self.labeler, 0, self.team.settings, threshold, self.scope, touched or ())
+        return QueueAsk(self.labeler, self.team.settings, threshold, self.scope, touched or ())
 
     def _touched(self) -> list[str]:
         team = self.team

@@ -26,14 +26,18 @@ from rl_export.common.filters import Filters
 from rl_export.corpora.layout import SidecarRef
 from rl_export.corpora.sidecar import build_sidecar, line_rows, read_sidecar
 from rl_export.export.stats import StatsAccumulator
+from rl_export.labeling.queue import TraceLabels
 from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.index import BodiesGone, CorpusKey, QueryIndex
 from rl_export.web.labelindex import (
     QueueAsk,
     QueueFilter,
-    queue_candidates,
-    queue_counts,
+    merge_head,
+    queue_head,
+    queue_totals,
+    touched_rows,
     trace_labels,
+    untouched_counts,
 )
 from rl_export.web.labelindex import (
     bodies as bodies_of,
@@ -176,17 +180,35 @@ def traced(
 ANYWHERE = QueueFilter()
 
 
+def queue_candidates(index: QueryIndex, cid: int, ask: QueueAsk, limit: int) -> list[TraceLabels]:
+    """The first ``limit`` traces of the queue as the web service puts them together from
+    the index's pieces (:class:`~rl_export.web.team.LabelerQueue`), the touched ones among
+    them whatever the corpora say."""
+    touched = set(ask.touched)
+    head = queue_head(index, cid, ask, limit + len(touched))
+    return [r.labels for r in merge_head(head, touched_rows(index, cid, ask), touched)[:limit]]
+
+
+def queue_counts(
+    index: QueryIndex, cid: int, ask: QueueAsk
+) -> tuple[int, int, int, list[TraceLabels]]:
+    """``remaining``, ``team_remaining`` and the labeler's own labels over the untouched
+    traces, and the touched traces of the scope (for the caller to count)."""
+    rows = touched_rows(index, cid, ask)
+    return (*untouched_counts(queue_totals(index, cid, ask), rows), [r.labels for r in rows])
+
+
 def queue_of(
     index: QueryIndex, cid: int, labeler: str, settings: LabelingSettings, *,
     scope: QueueFilter = ANYWHERE, touched: tuple[str, ...] = (), limit: int = 10,
 ) -> tuple[list[str], int, int]:  # fmt: skip
     """(the head of the queue, remaining, team_remaining) as the index alone says."""
-    ask = QueueAsk(labeler, limit, settings, 0.7, scope, touched)
-    head = [row.trace_id for row in queue_candidates(index, cid, ask)]
+    ask = QueueAsk(labeler, settings, 0.7, scope, touched)
+    head = [row.trace_id for row in queue_candidates(index, cid, ask, limit)]
     remaining, short, _, rows = queue_counts(index, cid, ask)
     assert sorted(r.trace_id for r in rows) == sorted(
         t for t in touched if t in {r.trace_id for r in queue_candidates(index,
-            cid, QueueAsk("nobody", 1000, LabelingSettings(labels_per_trace=10), 0.7, scope))}
+            cid, QueueAsk("nobody", LabelingSettings(labels_per_trace=10), 0.7, scope), 1000)}
     )  # fmt: skip
     return head, remaining, short
 
@@ -252,7 +274,7 @@ def test_the_labelers_own_labels_are_counted(index: QueryIndex) -> None:
     cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
     index.ingest(cid, b"".join([traced(0, labels={"ana": 4}), traced(1, labels={"ana": 2, "bo": 3}),
                                 traced(2, labels={"bo": 1}), traced(3)]), {})  # fmt: skip
-    ask = QueueAsk("ana", 0, K3, 0.7, ANYWHERE, ("t1",))
+    ask = QueueAsk("ana", K3, 0.7, ANYWHERE, ("t1",))
     assert queue_counts(index, cid, ask)[2] == 1  # t0; t1 is touched: the caller counts it
 
 

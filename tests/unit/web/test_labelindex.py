@@ -13,9 +13,10 @@ from rl_export.common.filters import Filters, parse_filters
 from rl_export.labeling.agreement import AgreementBuilder, agreement_report
 from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.index import CorpusKey, QueryIndex
-from rl_export.web.labelindex import QueueAsk, QueueFilter, agreement_input, queue_counts
+from rl_export.web.labelindex import QueueAsk, QueueFilter, agreement_input
 from rl_export.web.memo import LRU
 from tests.records import record
+from tests.unit.web.test_index import queue_counts
 
 DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
 
@@ -148,7 +149,7 @@ def test_the_queue_counts_kept_between_changes_are_the_counts_of_the_rows(tmp_pa
         for round_ in range(2):
             for _ in range(40):
                 ask = QueueAsk(
-                    rng.choice(["ana", "bo", "fay", "zed"]), 0,
+                    rng.choice(["ana", "bo", "fay", "zed"]),
                     LabelingSettings(labels_per_trace=rng.choice([1, 2, 3])), 0.7,
                     QueueFilter(scenario=rng.choice([None, "refund", "trip"])),
                     sorted(rng.sample([r["trace_id"] for r in rows], rng.randint(0, 8))),
