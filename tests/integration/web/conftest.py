@@ -212,6 +212,14 @@ def sign_in(page: Page, web: WebProcess, token: str, project: str = "bot") -> No
     page.keyboard.press("Enter")
 
 
+def press_action(page: Page, key: str) -> None:
+    """Press a Label page key that acts (Enter saves, S skips, U undoes) once the page has
+    finished the previous one: a key pressed while it is under way is dropped by design (a
+    double Enter saves once), and the work area says so with ``aria-busy``."""
+    expect(page.locator("#label-work")).not_to_have_attribute("aria-busy", "true")
+    page.keyboard.press(key)
+
+
 def current_trace(page: Page) -> str:
     return page.locator("#trace-meta .tag").first.inner_text()
 

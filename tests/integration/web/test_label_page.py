@@ -22,7 +22,13 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.integration.web.conftest import Stack, axe_violations, current_trace, sign_in
+from tests.integration.web.conftest import (
+    Stack,
+    axe_violations,
+    current_trace,
+    press_action,
+    sign_in,
+)
 from tests.integration.web.test_team import make_tokens, over_target, project_events
 from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import publish
@@ -87,7 +93,10 @@ def traces_of(web: WebProcess, lead: str, project: str) -> dict[str, dict[str, A
 
 def press(page: Page, keys: str) -> None:
     for key in keys.split():
-        page.keyboard.press(KEYS.get(key, key))
+        if key in ("Enter", "s", "u"):
+            press_action(page, key)
+        else:
+            page.keyboard.press(KEYS.get(key, key))
 
 
 def ratings(page: Page) -> list[int | None]:
@@ -113,7 +122,7 @@ def test_undo_claims_the_trace_again_before_showing_it(
     expect(page.locator("#undo-what")).to_have_text("Undo save")
     expect(page.locator("#label-empty")).to_be_visible()
     # U: the label is retracted, the trace claimed again (a fresh lease) and shown as it was.
-    page.keyboard.press("u")
+    press_action(page, "u")
     expect(page.locator("#trace-meta .tag").first).to_have_text(trace_id)
     expect(page.locator("#claim-info")).to_contain_text("Claimed for you until")
     expect(page.locator("#reward-value")).to_have_text("0.65")
@@ -122,7 +131,8 @@ def test_undo_claims_the_trace_again_before_showing_it(
     with teammate(stack, tokens, "cy", project) as cy:
         assert cy.post("queue/claim", json={}).json()["items"] == []
         assert cy.put(f"queue/claims/{trace_id}").status_code == 409
-    page.keyboard.press("Enter")
+    press_action(page, "Enter")
+    expect(page.locator("#undo-line")).to_be_visible()  # (its text is still the first save's)
     expect(page.locator("#undo-text")).to_have_text(f"Saved {trace_id} (reward 0.65).")
     wait_for("bo's label, alone", lambda: traces_of(web, tokens["lead"], project)[trace_id]
              ["labelers"] == ["bo"], CORPUS_S)  # fmt: skip
@@ -134,7 +144,7 @@ def test_undo_claims_the_trace_again_before_showing_it(
         assert cy.post("labels", json={"trace_id": trace_id, "rubric": rubric}).status_code == 202
     wait_for("cy's label on the page's instance", lambda: traces_of(web, tokens["lead"], project)
              [trace_id]["labelers"] == ["bo", "cy"], CORPUS_S)  # fmt: skip
-    page.keyboard.press("u")
+    press_action(page, "u")
     expect(page.locator("#toast")).to_contain_text(
         f"Label of {trace_id} retracted, but every place of it is held by teammates now"
     )
@@ -150,12 +160,12 @@ def test_skip_then_undo_brings_the_skipped_trace_back_claimed(
     sign_in(page, web, tokens["bo"], project)
     expect(page.locator("#messages li").first).to_be_visible()
     skipped = current_trace(page)
-    page.keyboard.press("s")
+    press_action(page, "s")
     expect(page.locator("#trace-meta .tag").first).not_to_have_text(skipped)
     shown = current_trace(page)
     expect(page.locator("#undo-text")).to_have_text(f"Skipped {skipped}.")
     expect(page.locator("#undo-what")).to_have_text("Undo skip")
-    page.keyboard.press("u")
+    press_action(page, "u")
     expect(page.locator("#trace-meta .tag").first).to_have_text(skipped)
     expect(page.locator("#claim-info")).to_contain_text("Claimed for you until")
     # The trace shown until then was given back (the page holds one trace at a time), and the
@@ -190,7 +200,7 @@ def test_a_save_after_the_claim_lapsed_claims_again_or_asks_first(
     with teammate(stack, tokens, "cy", project) as cy:
         wait_for("cy to claim the lapsed place",
                  lambda: cy.put(f"queue/claims/{first}").status_code == 200, 30)  # fmt: skip
-    page.keyboard.press("Enter")
+    press_action(page, "Enter")
     dialog = page.locator("#over-dialog")
     expect(dialog).to_be_visible()
     expect(page.locator("#over-text")).to_contain_text(

@@ -31,7 +31,7 @@ from rl_export.common.codec import iter_lines, loads
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
-from tests.integration.web.conftest import SCRIPT, Stack, current_trace, sign_in
+from tests.integration.web.conftest import SCRIPT, Stack, current_trace, press_action, sign_in
 from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import publish
 
@@ -112,7 +112,7 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
     page.keyboard.press("ArrowUp")
     page.keyboard.press("5")  # the focused dimension (efficiency) again: 4+4+5+5
     expect(page.locator("#reward-value")).to_have_text("0.90")
-    page.keyboard.press("Enter")
+    press_action(page, "Enter")
     expect(page.locator("#undo-line")).to_contain_text(f"Saved {trace_id}")
     expect(page.locator("#trace-meta .tag").first).not_to_have_text(trace_id)
     assert page.locator("#queue-count").inner_text() != left_before
@@ -169,7 +169,7 @@ def test_skip_and_undo_persist(stack: Stack, web: WebProcess, page: Page) -> Non
     sign_in(page, web, token)
     expect(page.locator("#messages li").first).to_be_visible()
     skipped = current_trace(page)
-    page.keyboard.press("s")
+    press_action(page, "s")
     expect(page.locator("#trace-meta .tag").first).not_to_have_text(skipped)
     wait_for("the skip in the traces corpus",
              lambda: "uma" in latest(stack, "traces")[skipped]["skipped_by"])  # fmt: skip
@@ -177,11 +177,11 @@ def test_skip_and_undo_persist(stack: Stack, web: WebProcess, page: Page) -> Non
     rated = current_trace(page)
     for key in ("2", "3", "2", "4"):
         page.keyboard.press(key)
-    page.keyboard.press("Enter")
+    press_action(page, "Enter")
     expect(page.locator("#trace-meta .tag").first).not_to_have_text(rated)
     wait_for("the label in the traces corpus",
              lambda: "uma" in latest(stack, "traces")[rated]["labelers"])  # fmt: skip
-    page.keyboard.press("u")
+    press_action(page, "u")
     expect(page.locator("#trace-meta .tag").first).to_have_text(rated)
     expect(page.locator("#reward-value")).to_have_text("0.55")  # the ratings come back
     wait_for("the retraction in the traces corpus",
@@ -471,7 +471,7 @@ def test_the_label_tab_claims_one_trace_at_a_time_and_shows_the_team(
     # Saving ends the claim and claims the next: nothing is left unclaimed now.
     for key in ("4", "4", "4", "4"):
         page.keyboard.press(key)
-    page.keyboard.press("Enter")
+    press_action(page, "Enter")
     expect(page.locator("#undo-line")).to_contain_text(f"Saved {claimed}")
     expect(page.locator("#label-empty-title")).to_have_text("Nothing to claim right now")
     expect(page.locator("#team-count")).to_have_text("Team: 3 traces short of 1 label each")

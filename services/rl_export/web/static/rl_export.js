@@ -731,10 +731,17 @@
   }
 
   // Runs a labeling action alone: a key pressed while one is under way does nothing.
+  // One save, skip or undo at a time: a key pressed while one is under way is dropped (a
+  // double Enter saves once), and the work area says so (aria-busy) until it is done.
   function act(step) {
     if (label.busy || !labeling()) return;
-    label.busy = true;
-    serial(step).finally(() => { label.busy = false; });
+    setBusy(true);
+    serial(step).finally(() => setBusy(false));
+  }
+
+  function setBusy(on) {
+    label.busy = on;
+    $("label-work").setAttribute("aria-busy", String(on));
   }
 
   function save() {
@@ -849,7 +856,7 @@
       label.claim = got;
       label.prefill = last.rubric;
       showCurrent();
-      await refreshCounts();
+      refreshCounts();  // not awaited: the trace is shown, and ready for a key, now
       toast(last.kind === "save"
         ? `Label of ${id} retracted: it is yours again until ${new Date(got.expires_at).toLocaleTimeString()}.`
         : `Back to ${id}: it is yours again until ${new Date(got.expires_at).toLocaleTimeString()}.`);
