@@ -61,6 +61,7 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.labeling.claims import PREFIX as CLAIMS_PREFIX
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
@@ -416,6 +417,9 @@ def measure_index(
     """Steps 2 and 3: a web service with an empty index on the cached corpora. With
     ``pythonpath`` another checkout's ``services`` (``--baseline``) runs that code's service
     on the same corpora; ``cold_only`` stops after step 2 (its cold start and catch-up)."""
+    # The claims of earlier runs (each claims and lets go of the same oldest traces) would
+    # make every run read longer slot chains than the one before: each run starts without them.
+    shutil.rmtree(store_dir / CLAIMS_PREFIX, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-") as folder:
         port = free_port()
         env = _web_env(store_dir, Path(folder), port)

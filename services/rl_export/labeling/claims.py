@@ -95,7 +95,17 @@ def trace_digest(trace_id: str) -> str:
 
 
 def slot_key(org: str, project: str, trace_id: str, slot: int, generation: int) -> str:
-    return f"{PREFIX}{org}/{project}/{trace_digest(trace_id)}/{slot:02d}/{generation:08d}.json"
+    return f"{slot_prefix(org, project, trace_id, slot)}{generation:08d}.json"
+
+
+def slot_prefix(org: str, project: str, trace_id: str, slot: int) -> str:
+    """The folder of a slot's chain (its keys sort by generation)."""
+    return f"{PREFIX}{org}/{project}/{trace_digest(trace_id)}/{slot:02d}/"
+
+
+def generation_of(key: str) -> int:
+    """The generation a slot key names."""
+    return int(key.rsplit("/", 1)[1].removesuffix(".json"))
 
 
 def occupant(
@@ -348,8 +358,17 @@ class Claims:
     async def read_chain(
         self, org: str, project: str, trace_id: str, slot: int, generation: int
     ) -> SlotEntry | None:
-        """Read a slot's generations from ``generation`` on into the book; the head."""
+        """Read a slot's generations from ``generation`` on into the book; the head.
+
+        Read one by one, a chain costs a read per generation, and a trace claimed and let go
+        many times has many: so a slot the book knew nothing of (``generation`` 0: a new
+        instance, or a trace it never touched) whose first generation exists is listed once,
+        and only its last generation read (then on from it, for what came since the listing).
+        A chain of one generation costs a listing more than before; one of a thousand, a
+        listing and three reads instead of a thousand. A slot the book follows (the claims
+        topic tells it every write) is read on from what it knows, as before."""
         head = None
+        listed = generation > 0
         while True:
             try:
                 data = await self.store.get(slot_key(org, project, trace_id, slot, generation))
@@ -358,6 +377,12 @@ class Claims:
             head = SlotEntry.decode(data)
             self.book.learn(head)
             generation += 1
+            if not listed:
+                listed = True
+                after = slot_key(org, project, trace_id, slot, generation - 1)
+                later = await self.store.list(slot_prefix(org, project, trace_id, slot), after)
+                if later:
+                    generation = max(generation, generation_of(later[-1]))
 
 
 def entry_from_wire(value: bytes) -> SlotEntry | None:
