@@ -142,6 +142,7 @@ class QueryIndex:
         self._changes_lock = threading.Lock()  # (writers in several threads)
         self._memo: LRU[tuple[int, int, str], object] = LRU(MEMO_ENTRIES)
         self._memo_lock = threading.Lock()  # (queries run in several threads)
+        self._flights: dict[tuple[int, int, str], threading.Lock] = {}  # answers being computed
 
     def changes(self, corpus_id: int) -> int:
         """How many times the corpus's rows changed since this process opened the index. An
@@ -156,12 +157,25 @@ class QueryIndex:
         full = (corpus_id, self.changes(corpus_id), key)  # read before computing
         with self._memo_lock:
             kept = self._memo.get(full)
-        if kept is not None:
-            return cast(T, kept)
-        value = compute()
-        with self._memo_lock:
-            self._memo.put(full, value)
-        return value
+            if kept is not None:
+                return cast(T, kept)
+            # One computation of an answer at a time: the team's labelers all ask for it
+            # after a change, and the others wait for the first rather than scan too.
+            flight = self._flights.setdefault(full, threading.Lock())
+        try:
+            with flight:
+                with self._memo_lock:
+                    kept = self._memo.get(full)
+                if kept is not None:
+                    return cast(T, kept)
+                value = compute()
+                with self._memo_lock:
+                    self._memo.put(full, value)
+                return value
+        finally:
+            with self._memo_lock:
+                if self._flights.get(full) is flight:
+                    del self._flights[full]
 
     def _changed(self, corpus_id: int) -> None:
         with self._changes_lock:

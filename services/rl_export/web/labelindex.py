@@ -178,20 +178,58 @@ def touched_rows(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> list[Queue
 
 
 def queue_totals(index: QueryIndex, corpus_id: int, ask: QueueAsk) -> tuple[int, int, int]:
-    """The sums of QueueRow's three flags over every trace of the scope, touched or not: a
-    scan of the corpus, kept while its rows do not change (:meth:`QueryIndex.memo`)."""
-    sql = _QueueSql.of(ask)
+    """The sums of QueueRow's three flags over every trace of the scope, touched or not, for
+    ``ask.labeler``: taken from the team's totals (:func:`team_totals`), one scan of the
+    corpus for every labeler of the team, kept while its rows do not change."""
+    team = team_totals(index, corpus_id, ask.scope, ask.settings)
+    theirs, own = team.by_labeler.get(ask.labeler, (0, 0))
+    return team.open - theirs, team.short, own
 
-    def scan() -> tuple[int, int, int]:
-        counts = ", ".join(f"count(*) FILTER (WHERE {f})" for f in sql.flags)
-        found = index.connection().execute(
-            f"SELECT {counts} FROM records WHERE corpus_id = ? AND {sql.scope}",
-            [*sql.flag_params, corpus_id, *sql.scope_params],
-        )
-        row = found.fetchone()
-        return (int(row[0]), int(row[1]), int(row[2])) if row is not None else (0, 0, 0)
 
-    return index.memo(corpus_id, sql.key("totals"), scan)
+@dataclass(frozen=True)
+class TeamTotals:
+    """Counts over a scope's traces that every labeler's queue counts are made of."""
+
+    short: int  # short of their target
+    open: int  # of those, with labelers and skips known: in the queue of whoever is on neither
+    by_labeler: dict[str, tuple[int, int]]  # (open traces they labeled or skipped, labeled)
+
+
+def team_totals(
+    index: QueryIndex, corpus_id: int, scope: QueueFilter, settings: LabelingSettings
+) -> TeamTotals:
+    """A labeler's queue holds the scope's traces short of their target that they neither
+    labeled nor skipped (:class:`_QueueSql`'s ``eligible``: a trace whose labelers or skips
+    are unknown, NULL, is in nobody's). So one scan gives every labeler's counts: the open
+    traces, less each labeler's own among them, found by unnesting each trace's labelers
+    and skips. Kept while the corpus's rows do not change (:meth:`QueryIndex.memo`), for
+    the whole team: a labeler's first claim after a change does not scan again."""
+    where, where_params = scope.sql()
+    target, target_params = target_sql(settings)
+    short = f"coalesce(coalesce(labels_count, 0) < {target}, false)"
+    rows = (
+        f"SELECT labelers, {short} AS short, (labelers IS NOT NULL AND skipped_by IS NOT NULL "
+        f"AND {short}) AS open, list_distinct(list_concat(coalesce(labelers, []), "
+        f"coalesce(skipped_by, []))) AS touched_by FROM records WHERE corpus_id = ? AND {where}"
+    )
+    params = [*target_params, *target_params, corpus_id, *where_params]
+    text = (
+        f"WITH s AS MATERIALIZED ({rows}) "
+        "SELECT NULL, count(*) FILTER (WHERE short), count(*) FILTER (WHERE open), 0 FROM s "
+        "UNION ALL SELECT who, 0, count(*) FILTER (WHERE open), "
+        "count(*) FILTER (WHERE list_contains(labelers, who)) "
+        "FROM (SELECT unnest(touched_by) AS who, labelers, open FROM s "
+        "WHERE len(touched_by) > 0) GROUP BY who"
+    )
+
+    def scan() -> TeamTotals:
+        found = index.connection().execute(text, params).fetchall()
+        totals = next(r for r in found if r[0] is None)
+        by = {str(r[0]): (int(r[2]), int(r[3])) for r in found if r[0] is not None}
+        return TeamTotals(int(totals[1]), int(totals[2]), by)
+
+    return index.memo(corpus_id, repr(("team totals", where, where_params, target,
+                                       target_params)), scan)  # fmt: skip
 
 
 def merge_head(head: list[QueueRow], touched: list[QueueRow], ids: set[str]) -> list[QueueRow]:

@@ -73,8 +73,8 @@ class LabelerQueue:
 
     The index's answers over the whole corpus (the head of the queue, its counts) are kept
     between requests while the corpus does not change (:meth:`QueryIndex.memo`); what
-    changes with every claim, the touched traces, is read once per request (one lookup of
-    their rows) and decided here."""
+    changes with every claim, the touched traces, is read once per request (taken from the
+    head where they are in it, else one lookup of their rows) and decided here."""
 
     def __init__(
         self, svc: Services, corpus_id: int, team: Team, labeler: str, scope: QueueFilter
@@ -133,10 +133,12 @@ class LabelerQueue:
     async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
         """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
         ids = self._touched()
-        touched = await self._rows_of(ids)
         head = await query(labelindex.queue_head, self.svc.index, self.corpus_id, self._ask(),
                            limit + len(ids) + len(exclude))  # fmt: skip
+        # The head's rows are the touched traces' rows too, when they are in it (a team
+        # claims from the head): only the others are looked up.
         self._note(head)
+        touched = await self._rows_of(ids)
         decide = set(ids)
         kept = [
             row.labels

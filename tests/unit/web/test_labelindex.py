@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +122,30 @@ def test_the_memo_keeps_the_most_recently_used() -> None:
     assert memo.get("a") == 1  # a is now the most recent
     memo.put("c", 3)
     assert (memo.get("b"), memo.get("a"), memo.get("c"), len(memo)) == (None, 1, 3, 2)
+
+
+def test_an_answer_asked_by_many_at_once_is_computed_once(tmp_path: Path) -> None:
+    index = QueryIndex(tmp_path / "index", threads=1)
+    computed: list[int] = []
+    started = threading.Event()
+
+    def compute() -> int:
+        computed.append(1)
+        started.set()
+        time.sleep(0.2)  # the others ask while the first computes
+        return len(computed)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            first = pool.submit(index.memo, 1, "totals", compute)
+            started.wait(5)
+            others = [pool.submit(index.memo, 1, "totals", compute) for _ in range(7)]
+            answers = [first.result(), *(f.result() for f in others)]
+        assert answers == [1] * 8
+        assert computed == [1]
+        assert index.memo(1, "other", compute) == 2  # another key is its own
+    finally:
+        index.close()
 
 
 def expected_counts(rows: list[dict[str, Any]], ask: QueueAsk) -> tuple[int, int, int, list[str]]:
