@@ -16,7 +16,7 @@ from rl_export.common.filters import Filters
 from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
 from rl_export.labeling.queue import TraceLabels, order_terms, place, target_sql
 from rl_export.labeling.settings import LabelingSettings
-from rl_export.web.index import QueryIndex
+from rl_export.web.index import BodiesGone, QueryIndex
 from rl_export.web.indexsql import LABEL_SUM, filter_sql
 
 # A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
@@ -79,14 +79,17 @@ class QueueRow:
     in_queue: bool
     short: bool
     own: bool
+    body_at: tuple[int, int, int]  # (segment, offset, length) of its record in the index
 
     @property
     def trace_id(self) -> str:
         return self.labels.trace_id
 
 
-# A QueueRow's columns before its order terms: _LABELS_OF's four, then the three flags.
-_TERMS_AT = 8
+# A QueueRow's columns before its order terms: _LABELS_OF's four, the three flags, the
+# record's place.
+_BODY_AT = "seg, off, len"
+_TERMS_AT = 11
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class _QueueSql:
     def select(self, corpus_id: int, where: str, where_params: list[Any]) -> tuple[str, list[Any]]:
         """QueueRows of the scope's traces that match ``where``."""
         return (
-            f"SELECT {', '.join([_LABELS_OF, *self.flags, *self.terms])} FROM records "
+            f"SELECT {', '.join([_LABELS_OF, *self.flags, _BODY_AT, *self.terms])} FROM records "
             f"WHERE corpus_id = ? AND {self.scope} AND {where}",
             [*self.flag_params, *self.term_params, corpus_id, *self.scope_params, *where_params],
         )
@@ -137,9 +140,10 @@ class _QueueSql:
 
 
 def _queue_row(row: tuple[Any, ...]) -> QueueRow:
-    trace_id, labelers, sums, skipped, in_queue, short, own, *terms = row
+    trace_id, labelers, sums, skipped, in_queue, short, own, seg, off, length, *terms = row
     return QueueRow(_trace_labels(trace_id, labelers, sums, skipped), place(terms),
-                    bool(in_queue), bool(short), bool(own))  # fmt: skip
+                    bool(in_queue), bool(short), bool(own),
+                    (int(seg), int(off), int(length)))  # fmt: skip
 
 
 IN_LIST = "trace_id IN (SELECT unnest(?::VARCHAR[]))"
@@ -281,6 +285,16 @@ def bodies(index: QueryIndex, corpus_id: int, trace_ids: Sequence[str]) -> list[
     )
     where = {r[0]: r[1:] for r in rows}
     return index.bodies_at([where[t] for t in trace_ids if t in where])
+
+
+def row_bodies(index: QueryIndex, corpus_id: int, rows: Sequence[QueueRow]) -> list[bytes]:
+    """The records of queue rows, read at the places the rows name: no lookup. A row kept
+    from before a merge of the index's segments names a segment that may be gone (the merge
+    copied its bodies, byte for byte, to a new one): then the records are looked up again."""
+    try:
+        return index.bodies_at([row.body_at for row in rows])
+    except (FileNotFoundError, BodiesGone):
+        return bodies(index, corpus_id, [row.trace_id for row in rows])
 
 
 def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> AgreementInput:

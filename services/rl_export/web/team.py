@@ -203,5 +203,13 @@ class LabelerQueue:
                     if len(entries) >= limit:
                         break
         trace_ids = [e.trace_id for e in entries]
-        bodies = await query(labelindex.bodies, svc.index, self.corpus_id, trace_ids)
-        return Claimed(QueueView(bodies, trace_ids, await self.counts()), entries)
+        return Claimed(QueueView(await self._bodies(trace_ids), trace_ids, await self.counts()),
+                       entries)  # fmt: skip
+
+    async def _bodies(self, trace_ids: list[str]) -> list[bytes]:
+        """The traces' records: read where this request's rows say they are when it read
+        them all (a claim's traces come from the head), else looked up."""
+        rows = [self._rows[t] for t in trace_ids if t in self._rows]
+        if len(rows) == len(trace_ids):
+            return await query(labelindex.row_bodies, self.svc.index, self.corpus_id, rows)
+        return await query(labelindex.bodies, self.svc.index, self.corpus_id, trace_ids)

@@ -35,6 +35,7 @@ from rl_export.web.labelindex import (
     merge_head,
     queue_head,
     queue_totals,
+    row_bodies,
     touched_rows,
     trace_labels,
     untouched_counts,
@@ -443,6 +444,25 @@ def test_small_and_dead_segments_are_merged_and_bodies_stay_the_same(index: Quer
     assert index.preview(cid, Filters(), 100) == before
     assert index.stats(cid, Filters()) == stats
     assert len(index.preview(other, Filters(), 10)) == 1
+
+
+def test_queue_rows_give_their_bodies_before_and_after_a_merge_moved_them(
+    index: QueryIndex,
+) -> None:
+    cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+    for n in range(6):  # six objects: six small segments
+        index.ingest(cid, traced(n, labels={"bo": 3} if n % 2 else None), {"s-0": n})
+    ask = QueueAsk("ana", K3, 0.7, ANYWHERE)
+    head = queue_head(index, cid, ask, 4)[:4]
+    want = bodies_of(index, cid, [row.trace_id for row in head])
+    assert [r["trace_id"] for r in bodies(want)] == ["t5", "t4", "t3", "t2"]
+    assert row_bodies(index, cid, head) == want  # read where the rows say: no lookup
+    if index.fetch is None:  # the lines' own segments: merged, and the old ones removed
+        assert index.compact_segments(min_segments=3) == 6
+        assert index.collect_segments()
+        with pytest.raises(FileNotFoundError):
+            index.bodies_at([row.body_at for row in head])
+    assert row_bodies(index, cid, head) == want  # the places were stale: looked up again
 
 
 def test_queue_past_many_labeled_traces_follows_revisions(index: QueryIndex) -> None:
