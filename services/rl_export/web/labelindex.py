@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rl_export.common.filters import Filters
 from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
@@ -297,6 +298,27 @@ def row_bodies(index: QueryIndex, corpus_id: int, rows: Sequence[QueueRow]) -> l
         return bodies(index, corpus_id, [row.trace_id for row in rows])
 
 
+def last_results(
+    trace: npt.NDArray[np.int64], evaluator: npt.NDArray[np.int64],
+    place: npt.NDArray[np.int64], evaluators: int,
+) -> npt.NDArray[np.bool_]:  # fmt: skip
+    """Which result rows count: of an evaluator named twice in one evaluation, the last
+    (greatest ``place`` in its ``results``), as the records' ``evaluator_scores`` keep it.
+    Evaluators are rarely named twice, so only the rows of repeated (trace, evaluator)
+    pairs are sorted (in DuckDB, a window over every result row cost four times the rest of
+    the query)."""
+    key = trace * max(evaluators, 1) + evaluator
+    repeated = np.bincount(key)[key] > 1 if len(key) else np.zeros(0, np.bool_)
+    keep = ~repeated
+    rows = np.flatnonzero(repeated)
+    if len(rows):
+        ordered = rows[np.lexsort((place[rows], key[rows]))]  # by pair, then place
+        ends = np.ones(len(ordered), np.bool_)
+        ends[:-1] = key[ordered][1:] != key[ordered][:-1]
+        keep[ordered[ends]] = True
+    return keep
+
+
 def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> AgreementInput:
     """The agreement report's input over the latest records matching ``filters`` (the
     ``traces`` corpus, usually), built in DuckDB and fetched as columns: a row per current
@@ -305,12 +327,16 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
     db = index.connection()
     limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
     matching = f"(SELECT * FROM records WHERE corpus_id = ? AND {where}{limit})"
-    # Evaluator results count only on traces with a label (rho and kappa are against the
-    # human reward): only theirs are kept. Every evaluator is named, numbered by name.
+    # Only the traces with a label or a skip enter the report's columns (numbered first;
+    # the others only count): evaluator results count only on traces with a label (rho and
+    # kappa are against the human reward). Every evaluator is named, numbered by name.
+    total = db.execute(f"SELECT count(*) FROM {matching}", [corpus_id, *params]).fetchone()
     db.execute(
         "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT row_number() OVER () - 1 AS t, "
         "labels, labels_count, skipped_by, pass_threshold, "
-        f"CASE WHEN len(labels) > 0 THEN results END AS results FROM {matching}",
+        f"CASE WHEN len(labels) > 0 THEN results END AS results FROM {matching} "
+        "WHERE coalesce(len(labels), 0) > 0 OR coalesce(len(skipped_by), 0) > 0 "
+        "OR (labels IS NULL AND coalesce(labels_count, 0) >= 1)",
         [corpus_id, *params],
     )
     db.execute(
@@ -320,14 +346,16 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
         [corpus_id, *params],
     )
     try:
-        return _agreement_input(db)
+        return _agreement_input(db, int(total[0]) if total is not None else 0)
     finally:
         db.execute("DROP TABLE IF EXISTS agreement_traces")
         db.execute("DROP TABLE IF EXISTS agreement_evaluators")
 
 
-def _agreement_input(db: Any) -> AgreementInput:
-    traces, unrated, unrated_multi = db.execute(
+def _agreement_input(db: Any, traces: int) -> AgreementInput:
+    """The input from ``agreement_traces``, the ``traces`` matching traces' rows with a label
+    or a skip (the others are numbered after them, with nothing to add)."""
+    kept, unrated, unrated_multi = db.execute(
         "SELECT count(*), count(*) FILTER (WHERE labels IS NULL AND labels_count >= 1), "
         "count(*) FILTER (WHERE labels IS NULL AND labels_count >= 2) FROM agreement_traces"
     ).fetchone()
@@ -352,16 +380,15 @@ def _agreement_input(db: Any) -> AgreementInput:
     evaluators = [
         r[0] for r in db.execute("SELECT name FROM agreement_evaluators ORDER BY e").fetchall()
     ]
-    # An evaluator named twice in one evaluation: its last result (the records'
-    # ``evaluator_scores`` keep the last too).
     results = db.execute(
-        "SELECT r.t AS t, v.e AS e, r.score AS score, r.passed AS passed FROM (SELECT t, "
-        "unnest(results).evaluator AS evaluator, unnest(results).score AS score, "
+        "SELECT r.t AS t, v.e AS e, r.score AS score, r.passed AS passed, r.i AS i FROM "
+        "(SELECT t, unnest(results).evaluator AS evaluator, unnest(results).score AS score, "
         "unnest(results).passed AS passed, generate_subscripts(results, 1) AS i "
-        "FROM agreement_traces) r JOIN agreement_evaluators v "
-        "ON v.name = r.evaluator QUALIFY row_number() OVER (PARTITION BY r.t, v.e "
-        "ORDER BY r.i DESC) = 1"
+        "FROM agreement_traces) r JOIN agreement_evaluators v ON v.name = r.evaluator"
     ).fetchnumpy()
+    last = last_results(np.asarray(results["t"], np.int64), np.asarray(results["e"], np.int64),
+                        np.asarray(results["i"], np.int64), len(evaluators))  # fmt: skip
+    results = {name: np.asarray(column)[last] for name, column in results.items()}
     thresholds = db.execute("SELECT pass_threshold FROM agreement_traces ORDER BY t").fetchnumpy()
     db.execute("DROP TABLE IF EXISTS agreement_labelers")
     skip_counts = np.zeros(len(names), np.int64)
@@ -376,7 +403,12 @@ def _agreement_input(db: Any) -> AgreementInput:
         label_trace=np.asarray(labels["t"], np.int64),
         label_labeler=np.asarray(labels["n"], np.int64),
         ratings=np.asarray(ratings, np.int8).reshape(-1, 4),
-        pass_threshold=np.asarray(thresholds["pass_threshold"], np.float64),
+        pass_threshold=np.concatenate(
+            [  # the traces without a label: no human verdict
+                np.asarray(thresholds["pass_threshold"], np.float64),
+                np.full(traces - int(kept), np.nan),
+            ]
+        ),
         skips=skip_counts,
         evaluators=tuple(evaluators),
         result_trace=np.asarray(results["t"], np.int64),

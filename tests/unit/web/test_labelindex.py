@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rl_export.common.codec import dumps_line
@@ -16,7 +17,7 @@ from rl_export.common.filters import Filters, parse_filters
 from rl_export.labeling.agreement import AgreementBuilder, agreement_report
 from rl_export.labeling.settings import LabelingSettings
 from rl_export.web.index import CorpusKey, QueryIndex
-from rl_export.web.labelindex import QueueAsk, QueueFilter, agreement_input
+from rl_export.web.labelindex import QueueAsk, QueueFilter, agreement_input, last_results
 from rl_export.web.memo import LRU
 from tests.records import record
 from tests.unit.web.test_index import queue_counts
@@ -81,6 +82,24 @@ def test_the_index_gives_the_report_the_records_give(tmp_path: Path, filters: Fi
     assert from_index.model_dump() == from_records.model_dump()
     assert from_index.multi_labeled > 10
     assert from_index.evaluators
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_last_result_of_an_evaluator_named_twice_is_the_one_kept(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = []  # (trace, evaluator, place in its results)
+    for trace in range(rng.randint(0, 60)):
+        named = [rng.randrange(3) for _ in range(rng.randint(0, 5))]
+        rows += [(trace, e, place) for place, e in enumerate(named)]
+    rng.shuffle(rows)  # DuckDB gives the unnested rows in no promised order
+    columns = np.array(rows, np.int64).reshape(-1, 3).T
+    keep = last_results(columns[0], columns[1], columns[2], 3)
+    want: dict[tuple[int, int], int] = {}
+    for trace, e, place in rows:
+        want[trace, e] = max(place, want.get((trace, e), -1))
+    assert sorted(r for r, k in zip(rows, keep, strict=True) if k) == sorted(
+        (t, e, place) for (t, e), place in want.items()
+    )
 
 
 def test_an_empty_corpus_has_an_empty_report(tmp_path: Path) -> None:
