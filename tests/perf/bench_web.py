@@ -410,6 +410,20 @@ def _web_env(store_dir: Path, folder: Path, port: int, **settings: Any) -> dict[
     )  # fmt: skip
 
 
+def _known_to(env: dict[str, str], pythonpath: str) -> dict[str, str]:
+    """``env`` for another checkout's service (its ``services`` at ``pythonpath``) without
+    the settings its code does not have: a service refuses a setting it does not know."""
+    names = subprocess.run(
+        [sys.executable, "-c", "from rl_export.common.settings import Settings; "
+         "print(' '.join(Settings.model_fields))"],
+        env={**env, "PYTHONPATH": pythonpath}, capture_output=True, text=True, check=True,
+        timeout=60,
+    ).stdout.split()  # fmt: skip
+    known = {"RL_EXPORT_" + name.upper() for name in names}
+    kept = {k: v for k, v in env.items() if not k.startswith("RL_EXPORT_") or k in known}
+    return {**kept, "PYTHONPATH": pythonpath}
+
+
 def measure_index(
     store_dir: Path, records: int, rounds: int, *, pythonpath: str | None = None,
     cold_only: bool = False,
@@ -424,14 +438,15 @@ def measure_index(
         port = free_port()
         env = _web_env(store_dir, Path(folder), port)
         if pythonpath:
-            env["PYTHONPATH"] = pythonpath
+            env = _known_to(env, pythonpath)
         token = _token(env)
         labelers = [_token(env, f"labeler-{n:02d}", "label") for n in range(LABELERS)]
         base = f"http://127.0.0.1:{port}"
         web = Service("rl-export web", ["web"], Path(folder) / "web.log", env)
         began = time.monotonic()
         web.start(base + "/readyz")
-        client = Api(port, token, int(env["RL_EXPORT_WEB_METRICS_PORT"]))
+        metrics_port = env.get("RL_EXPORT_WEB_METRICS_PORT")  # (older code: /metrics on port)
+        client = Api(port, token, int(metrics_port) if metrics_port else None)
         try:
             caught = {s: catch_up(client, s, records) for s in ("evaluator", "traces")}
             cold = time.monotonic() - began  # process start to both corpora indexed
