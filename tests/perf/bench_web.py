@@ -411,8 +411,9 @@ def _web_env(store_dir: Path, folder: Path, port: int, **settings: Any) -> dict[
 
 
 def _known_to(env: dict[str, str], pythonpath: str) -> dict[str, str]:
-    """``env`` for another checkout's service (its ``services`` at ``pythonpath``) without
-    the settings its code does not have: a service refuses a setting it does not know."""
+    """``env`` for another checkout's service (its ``services`` at ``pythonpath``) with only
+    the settings the benchmark chose that its code has: a service refuses a setting it does
+    not know (or a default, such as the corpora's, with fields it does not know)."""
     names = subprocess.run(
         [sys.executable, "-c", "from rl_export.common.settings import Settings; "
          "print(' '.join(Settings.model_fields))"],
@@ -420,7 +421,9 @@ def _known_to(env: dict[str, str], pythonpath: str) -> dict[str, str]:
         timeout=60,
     ).stdout.split()  # fmt: skip
     known = {"RL_EXPORT_" + name.upper() for name in names}
-    kept = {k: v for k, v in env.items() if not k.startswith("RL_EXPORT_") or k in known}
+    defaults = child_env(load_settings(), {})
+    kept = {k: v for k, v in env.items() if not k.startswith("RL_EXPORT_")
+            or (k in known and defaults.get(k) != v)}  # fmt: skip
     return {**kept, "PYTHONPATH": pythonpath}
 
 
