@@ -3,11 +3,16 @@ report's (a small run: the benchmark itself is 1,000,000 traces)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from rl_export.common.filters import Filters
 from rl_export.labeling.agreement import agreement_report
-from tests.perf.bench_agreement import EVALUATORS, print_table, run, synthetic_input
+from rl_export.web.index import CorpusKey, QueryIndex
+from rl_export.web.labelindex import agreement_input
+from tests.perf.bench_agreement import EVALUATORS, print_table, records_of, run, synthetic_input
 
 
 def test_the_synthetic_input_has_the_claimed_shape() -> None:
@@ -34,7 +39,26 @@ def test_a_run_prints_its_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["report"]["n"] == 2
     assert set(result["package_s"]) == {"correctness", "helpfulness", "efficiency", "safety",
                                         "reward"}  # fmt: skip
+    assert set(result["first_reports"]["filters"]) == {
+        "no filter", "labeled=true", "min_labels=2", "scenario=refund"}  # fmt: skip
     print_table(result)
     out = capsys.readouterr().out
     assert "2,000 traces, 400 multi-labeled" in out
     assert "baseline, krippendorff.alpha point estimates only" in out
+    assert "the first report of a filter through the query index" in out
+
+
+def test_the_traces_as_records_give_the_report_of_the_input(tmp_path: Path) -> None:
+    # Step 4 times the index's input: it must be the input step 2 times, as records.
+    data = synthetic_input(traces=1500, multi=300, single=450)
+    index = QueryIndex(tmp_path / "index", threads=1)
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        index.ingest(cid, b"".join(records_of(data)), {"s": 1})
+        through = agreement_report(agreement_input(index, cid, Filters()), resamples=50)
+    finally:
+        index.close()
+    direct = agreement_report(data, resamples=50)
+    assert through.dimensions == direct.dimensions
+    assert through.evaluators == direct.evaluators
+    assert (through.traces, through.labeled, through.multi_labeled) == (1500, 750, 300)
