@@ -13,7 +13,7 @@ RUBRIC = {"correctness": 4, "helpfulness": 3, "efficiency": 5, "safety": 4}
 def event(event_type: str, event_id: str = "e-1", at: str = "2026-01-01T00:00:00Z",
           **fields: Any) -> dict[str, Any]:  # fmt: skip
     """Return a valid event of ``event_type`` with the minimum payload, then ``fields``."""
-    payload: dict[str, Any] = {
+    payloads: dict[str, dict[str, Any]] = {
         "trace.completed": {
             "agent_version": "v4",
             "scenario": "happy_path",
@@ -31,9 +31,9 @@ def event(event_type: str, event_id: str = "e-1", at: str = "2026-01-01T00:00:00
         "label.submitted": {"labeler": "ana", "rubric": dict(RUBRIC)},
         "label.skipped": {"labeler": "ana"},
         "label.retracted": {"labeler": "ana"},
-    }[event_type]
+    }
     return {"event_id": event_id, "event_type": event_type, "occurred_at": at, **BASE,
-            **payload, **fields}  # fmt: skip
+            **payloads[event_type], **fields}  # fmt: skip
 
 
 def raw(value: dict[str, Any]) -> bytes:
