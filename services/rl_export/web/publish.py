@@ -3,9 +3,10 @@
 The same producer spreads the news of claims to the other web instances (:meth:`broadcast`).
 
 One idempotent producer per web process (``make_producer``: the configured partitioner, so a
-label meets its trace's other events in one partition). It is started on first use and again
-after a failure; an event the broker does not acknowledge within ``web_publish_timeout_s``
-is :class:`~rl_export.web.errors.Unavailable` (503), and the caller retries: a label is never
+label meets its trace's other events in one partition). It is started when the instance has
+checked its topics (:meth:`Publisher.warm`), else on first use, and again after a failure;
+an event the broker does not acknowledge within ``web_publish_timeout_s`` is
+:class:`~rl_export.web.errors.Unavailable` (503), and the caller retries: a label is never
 acknowledged without being on the broker. A retry after a timeout may publish the label
 twice (the first send can still land); the join keeps the latest of a labeler's labels, so
 the second only replaces the first with the same rubric.
@@ -53,6 +54,16 @@ class Publisher:
                     raise
                 self._producer = producer
             return self._producer
+
+    async def warm(self) -> None:
+        """Start the producer before the first label needs it (its connection and producer
+        id: the first label on a new instance took 150-250 ms more); a broker that does not
+        answer now is left to the first label, which tries again."""
+        try:
+            await asyncio.wait_for(self._ready(), self.settings.web_publish_timeout_s)
+        except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
+            log.info("web: the label producer did not start yet (%s)", type(exc).__name__)
+            await self._reset()
 
     async def _send(self, topic: str, value: bytes, key: bytes, within_s: float) -> None:
         async with asyncio.timeout(within_s):

@@ -166,10 +166,12 @@ class Services:
                     note=note, tick=lambda: book.forget(time.time(), keep_s))  # fmt: skip
 
     async def _topics(self) -> None:
-        """Create or check the topics; a broker that is down now is tried again later."""
+        """Create or check the topics, then start the label producer; a broker that is down
+        now is tried again later."""
         while not self._stop.is_set():
             try:
                 await ensure_service_topics(self.settings)
+                await self.publisher.warm()
                 return
             except (PartitionMismatchError, TopicMismatchError) as exc:  # may be fixed meanwhile
                 log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)
