@@ -169,7 +169,7 @@ bench-export: install ## export benchmark: 1,000,000 records (the web benchmark'
 bench-web: install ## web benchmark: cold start, index catch-up and query latency on 1,000,000 records, label to visible (BASELINE=<checkout>: its cold start beside)
 	$(BIN)/python -m tests.perf.bench_web $(if $(BASELINE),--baseline $(BASELINE))
 
-bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package
+bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package, and each filter's first report through the web index
 	$(BIN)/python -m tests.perf.bench_agreement
 
 bench-tenants: install ## object writes per event and per second, and freshness, as the same traffic spreads over 10, 100 and 1,000 projects; a model of the sink's commits beside it, and at 10,000
