@@ -330,26 +330,28 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
     # Only the traces with a label or a skip enter the report's columns (numbered first;
     # the others only count): evaluator results count only on traces with a label (rho and
     # kappa are against the human reward). Every evaluator is named, numbered by name.
-    total = db.execute(f"SELECT count(*) FROM {matching}", [corpus_id, *params]).fetchone()
-    db.execute(
-        "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT row_number() OVER () - 1 AS t, "
-        "labels, labels_count, skipped_by, pass_threshold, "
-        f"CASE WHEN len(labels) > 0 THEN results END AS results FROM {matching} "
-        "WHERE coalesce(len(labels), 0) > 0 OR coalesce(len(skipped_by), 0) > 0 "
-        "OR (labels IS NULL AND coalesce(labels_count, 0) >= 1)",
-        [corpus_id, *params],
-    )
-    db.execute(
-        "CREATE OR REPLACE TEMP TABLE agreement_evaluators AS SELECT name, "
-        "row_number() OVER (ORDER BY name) - 1 AS e FROM (SELECT DISTINCT "
-        f"unnest(results).evaluator AS name FROM {matching})",
-        [corpus_id, *params],
-    )
+    # One transaction: the count, the traces and the evaluators read the same rows, whatever
+    # the index ingests meanwhile; rolled back at the end, with the tables made for this.
+    db.begin()
     try:
+        total = db.execute(f"SELECT count(*) FROM {matching}", [corpus_id, *params]).fetchone()
+        db.execute(
+            "CREATE OR REPLACE TEMP TABLE agreement_traces AS SELECT "
+            "row_number() OVER () - 1 AS t, labels, labels_count, skipped_by, pass_threshold, "
+            f"CASE WHEN len(labels) > 0 THEN results END AS results FROM {matching} "
+            "WHERE coalesce(len(labels), 0) > 0 OR coalesce(len(skipped_by), 0) > 0 "
+            "OR (labels IS NULL AND coalesce(labels_count, 0) >= 1)",
+            [corpus_id, *params],
+        )
+        db.execute(
+            "CREATE OR REPLACE TEMP TABLE agreement_evaluators AS SELECT name, "
+            "row_number() OVER (ORDER BY name) - 1 AS e FROM (SELECT DISTINCT "
+            f"unnest(results).evaluator AS name FROM {matching})",
+            [corpus_id, *params],
+        )
         return _agreement_input(db, int(total[0]) if total is not None else 0)
     finally:
-        db.execute("DROP TABLE IF EXISTS agreement_traces")
-        db.execute("DROP TABLE IF EXISTS agreement_evaluators")
+        db.rollback()
 
 
 def _agreement_input(db: Any, traces: int) -> AgreementInput:
@@ -390,7 +392,6 @@ def _agreement_input(db: Any, traces: int) -> AgreementInput:
                         np.asarray(results["i"], np.int64), len(evaluators))  # fmt: skip
     results = {name: np.asarray(column)[last] for name, column in results.items()}
     thresholds = db.execute("SELECT pass_threshold FROM agreement_traces ORDER BY t").fetchnumpy()
-    db.execute("DROP TABLE IF EXISTS agreement_labelers")
     skip_counts = np.zeros(len(names), np.int64)
     for n, count in skips:
         skip_counts[int(n)] = int(count)

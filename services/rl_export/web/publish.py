@@ -21,7 +21,7 @@ import logging
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from rl_export.common.errors import RlExportError
+from rl_export.common.errors import ConfigError, RlExportError
 from rl_export.common.metrics import WebMetrics
 from rl_export.common.settings import Settings
 from rl_export.labeling.claims import SlotEntry
@@ -61,9 +61,11 @@ class Publisher:
         answer now is left to the first label, which tries again."""
         try:
             await asyncio.wait_for(self._ready(), self.settings.web_publish_timeout_s)
+        except ConfigError:  # a refused login or TLS handshake: the caller ends the instance
+            raise
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
+            # _ready stopped what it started; a producer a label started meanwhile stays.
             log.info("web: the label producer did not start yet (%s)", type(exc).__name__)
-            await self._reset()
 
     async def _send(self, topic: str, value: bytes, key: bytes, within_s: float) -> None:
         async with asyncio.timeout(within_s):

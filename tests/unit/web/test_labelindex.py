@@ -102,6 +102,24 @@ def test_the_last_result_of_an_evaluator_named_twice_is_the_one_kept(seed: int) 
     )
 
 
+def test_a_report_leaves_no_table_and_no_open_transaction_behind(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    index, cid = indexed(tmp_path, [random_record(rng, n) for n in range(30)])
+    try:
+        first = agreement_input(index, cid, Filters())
+        index.ingest(cid, dumps_line(random_record(rng, 99)), {"t-0": 2})
+        second = agreement_input(index, cid, Filters())  # the same thread: sees the new row
+        assert (first.traces, second.traces) == (30, 31)
+        left = (
+            index.connection()
+            .execute("SELECT count(*) FROM duckdb_tables() WHERE temporary")
+            .fetchone()
+        )
+        assert left == (0,)
+    finally:
+        index.close()
+
+
 def test_an_empty_corpus_has_an_empty_report(tmp_path: Path) -> None:
     index = QueryIndex(tmp_path / "index", threads=1)
     try:

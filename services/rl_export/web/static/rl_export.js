@@ -730,7 +730,6 @@
     return rubric;
   }
 
-  // Runs a labeling action alone: a key pressed while one is under way does nothing.
   // One save, skip or undo at a time: a key pressed while one is under way is dropped (a
   // double Enter saves once), and the work area says so (aria-busy) until it is done.
   function act(step) {
@@ -856,7 +855,7 @@
       label.claim = got;
       label.prefill = last.rubric;
       showCurrent();
-      refreshCounts();  // not awaited: the trace is shown, and ready for a key, now
+      serial(refreshCounts);  // after this undo, before the next action: keys work meanwhile
       toast(last.kind === "save"
         ? `Label of ${id} retracted: it is yours again until ${new Date(got.expires_at).toLocaleTimeString()}.`
         : `Back to ${id}: it is yours again until ${new Date(got.expires_at).toLocaleTimeString()}.`);
