@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Path, Query, Request, Security
@@ -169,6 +170,13 @@ async def corpus(svc: Services, org: str, project: str, name: str) -> Followed:
     """The corpus in this instance's index, after its first pass (or the wait's end)."""
     key = CorpusKey(org, project, name)
     return await svc.indexer.ready(key, svc.settings.web_index_wait_s)
+
+
+def stamp(epoch: float) -> str:
+    """An instant of the API's answers: UTC, milliseconds, ``Z``."""
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
 
 
 def index_state(followed: Followed, now: float) -> IndexState:

@@ -11,7 +11,6 @@ kept warm (:mod:`rl_export.web.reports`): the answer says when its input was rea
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter
@@ -27,6 +26,7 @@ from rl_export.web.api.deps import (
     corpus,
     index_state,
     query,
+    stamp,
 )
 from rl_export.web.index import QueryIndex
 from rl_export.web.labelindex import agreement_input
@@ -51,7 +51,7 @@ async def get_agreement(
     followed = await corpus(svc, org, project, "traces")
     if followed.corpus_id is None:
         report = agreement_report(AgreementBuilder().build()).model_dump(mode="json")
-        fields = {"computed_at": _stamp(time.time()), "updating": False}
+        fields = {"computed_at": stamp(time.time()), "updating": False}
     else:
         cid = followed.corpus_id
         answer = await svc.agreement_reports.get(
@@ -60,11 +60,5 @@ async def get_agreement(
             lambda: query(_report, svc.index, cid, filters),
         )
         report = answer.kept.report
-        fields = {"computed_at": _stamp(answer.kept.wall), "updating": answer.updating}
+        fields = {"computed_at": stamp(answer.kept.wall), "updating": answer.updating}
     return {**report, **fields, "index": index_state(followed, time.monotonic()).model_dump()}
-
-
-def _stamp(epoch: float) -> str:
-    return (
-        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )

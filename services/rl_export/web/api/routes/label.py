@@ -39,6 +39,7 @@ from rl_export.web.api.deps import (
     corpus,
     index_state,
     query,
+    stamp,
 )
 from rl_export.web.errors import Conflict, Invalid, NotFound, Unavailable
 from rl_export.web.follower import Followed
@@ -173,9 +174,9 @@ async def post_claim(
     got = await queue.claim(body.limit)
     expiries = [e.expires_at for e in got.entries if e.expires_at is not None]
     fields = {
-        "lease_expires_at": _stamp(min(expiries)) if expiries else None,
+        "lease_expires_at": stamp(min(expiries)) if expiries else None,
         "claims": [
-            {"trace_id": e.trace_id, "expires_at": _stamp(e.expires_at or 0.0)} for e in got.entries
+            {"trace_id": e.trace_id, "expires_at": stamp(e.expires_at or 0.0)} for e in got.entries
         ],
         **_counts(got.view.counts),
     }
@@ -185,12 +186,6 @@ async def post_claim(
 def _counts(counts: Counts) -> dict[str, int]:
     return {"remaining": counts.remaining, "team_remaining": counts.team_remaining,
             "labeled": counts.labeled}  # fmt: skip
-
-
-def _stamp(epoch: float) -> str:
-    return (
-        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
 
 
 @router.put(
@@ -223,7 +218,7 @@ async def put_claim(
             "over the target"
         )
     svc.metrics.claims.labels("renewed" if renewing else "granted").inc()
-    return ClaimItem(trace_id=trace_id, expires_at=_stamp(taken.entry.expires_at))
+    return ClaimItem(trace_id=trace_id, expires_at=stamp(taken.entry.expires_at))
 
 
 @router.delete(
