@@ -117,7 +117,7 @@ class _QueueSql:
         eligible_params = [ask.labeler, ask.labeler, *target_params]
         flags = [
             f"coalesce({eligible}, false)",
-            f"coalesce(coalesce(labels_count, 0) < {target}, false)",
+            _short(target),
             "coalesce(list_contains(labelers, ?), false)",
         ]
         terms, term_params = order_terms(
@@ -138,6 +138,11 @@ class _QueueSql:
         """What names an answer of this SQL for :meth:`QueryIndex.memo`."""
         return repr((self.scope, self.scope_params, self.flags, self.flag_params, self.terms,
                      self.term_params, *more))  # fmt: skip
+
+
+def _short(target: str) -> str:
+    """A trace short of its target (``target``: :func:`target_sql`'s expression)."""
+    return f"coalesce(coalesce(labels_count, 0) < {target}, false)"
 
 
 def _queue_row(row: tuple[Any, ...]) -> QueueRow:
@@ -211,7 +216,7 @@ def team_totals(
     the whole team: a labeler's first claim after a change does not scan again."""
     where, where_params = scope.sql()
     target, target_params = target_sql(settings)
-    short = f"coalesce(coalesce(labels_count, 0) < {target}, false)"
+    short = _short(target)
     rows = (
         f"SELECT labelers, {short} AS short, (labelers IS NOT NULL AND skipped_by IS NOT NULL "
         f"AND {short}) AS open, list_distinct(list_concat(coalesce(labelers, []), "
