@@ -18,12 +18,13 @@ Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`
 - :mod:`~rl_export.export.selection`   what a scan keeps beyond the filters (split, dedup)
 - :mod:`~rl_export.export.lineage`     ``<file>.manifest.json`` and ``--from-manifest``
 - :mod:`~rl_export.export.requests`    an export's parameters checked; names, content types
-- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``stats``,
-  ``latest_records``
+- :mod:`~rl_export.export.exports`     ``write_export``, ``iter_export``, ``preview``
+- :mod:`~rl_export.export.queries`     ``stats``, ``latest_records``: the view, no file
 """
 
 from rl_export.export.dedup import Dedup, parse_dedup
-from rl_export.export.exports import iter_export, latest_records, preview, stats, write_export
+from rl_export.export.exports import iter_export, preview, write_export
+from rl_export.export.queries import latest_records, stats
 from rl_export.export.requests import (
     SOURCES,
     check_export,

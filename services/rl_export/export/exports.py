@@ -1,5 +1,6 @@
-"""Exports and stats over a corpus's latest view, streamed in bounded memory: what
-``rl-export export``/``stats``, the API's ``GET export``/``GET stats`` and export jobs run.
+"""Exports of a corpus's latest view, streamed in bounded memory: what ``rl-export export``,
+the API's ``GET export`` and ``GET records`` and export jobs run (stats and plain records of
+the same view: :mod:`rl_export.export.queries`).
 
 Public interface::
 
@@ -13,15 +14,9 @@ Public interface::
                            pair_by=(), margin=0.0, max_pairs=1, zip_data="csv", mask=None,
                            file="jsonl", card=False, redact=None, chat=HF, completion="turn",
                            progress=None, attachments=None) -> ExportSummary
-    async def stats(store, ref, *, filters=Filters(), histogram_bins=0) -> dict
-        # {records, avg_reward, pass_rate, human_labeled[, reward_histogram]}
     async def preview(store, ref, *, format, filters=Filters(), limit=20, pair_by=(),
                       margin=0.0, max_pairs=1) -> list[dict]
         # the first rows of a JSON Lines format, as dicts (the API's GET records)
-    async def latest_records(store, ref, *, filters=Filters(), fields=None,
-                             progress=None) -> AsyncIterator[list[dict]]
-        # batches of the filtered latest records, parsed only as far as ``fields`` (and the
-        # filters) need: what ``rl-export agreement`` hands to the labeling package
 
 ``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
 :data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
@@ -81,7 +76,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -114,7 +109,6 @@ from rl_export.export.requests import ZipData, check_export
 from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_view
 from rl_export.export.selection import selector
 from rl_export.export.splits import Split
-from rl_export.export.stats import StatsAccumulator
 from rl_export.export.tabular import (
     ParquetEncoder,
     PromptsParquetEncoder,
@@ -566,64 +560,3 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-async def stats(
-    store: ObjectStore,
-    ref: CorpusRef,
-    *,
-    filters: Filters | None = None,
-    histogram_bins: int = 0,
-    progress: Progress | None = None,
-    at: ViewPosition | None = None,
-) -> dict[str, Any]:
-    """``{records, avg_reward, pass_rate, human_labeled}`` over the filtered latest view (at
-    ``at``: the view of that position); with ``histogram_bins`` also
-    ``reward_histogram: [{lo, hi, count}]``."""
-    filters = filters or Filters()
-    accumulator = StatsAccumulator(histogram_bins or 10)
-    view = await open_view(store, ref, progress, at)
-    scan = Scan(view, filters, ExportSummary(), progress, export_fields("stats", filters))
-    limit = filters.limit
-    async for batch in scan.lines():
-        for _, record in batch:
-            if limit is not None and accumulator.records >= limit:
-                break
-            accumulator.add(record)
-    out = accumulator.result()
-    if histogram_bins:
-        out["reward_histogram"] = accumulator.histogram()
-    if at is not None:  # a past position: the records deleted since are not counted
-        out["erased"] = view.erased
-    return out
-
-
-async def latest_records(
-    store: ObjectStore,
-    ref: CorpusRef,
-    *,
-    filters: Filters | None = None,
-    fields: Iterable[str] | None = None,
-    progress: Progress | None = None,
-    at: ViewPosition | None = None,
-) -> AsyncIterator[list[dict[str, Any]]]:
-    """Batches of the latest records that pass the filters (at most ``limit`` of them), in
-    the view's order (at ``at``: the view of that position). With ``fields`` a record holds
-    only those top-level fields (and what the filters read), so the rest of each line is
-    never built; else the whole record."""
-    filters = filters or Filters()
-    parsed: tuple[frozenset[str], frozenset[str]] | None = None
-    if fields is not None:
-        parsed = filters.fields() | frozenset(fields), frozenset()
-    view = await open_view(store, ref, progress, at)
-    scan = Scan(view, filters, ExportSummary(), progress, parsed)
-    left = filters.limit
-    async for batch in scan.lines():
-        records = [record for _, record in batch]
-        if left is not None:
-            records = records[:left]
-            left -= len(records)
-        if records:
-            yield records
-        if left == 0:
-            return
