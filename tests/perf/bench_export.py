@@ -265,7 +265,7 @@ async def build_history(directory: Path, traces: int, seed: int) -> dict[str, An
 async def _seed_once(store_dir: Path) -> dict[str, Any]:
     """One seed of a new corpus from the history (run in a child process)."""
     from rl_export.corpora.backfill import seed_chain
-    from rl_export.corpora.layout import ChainState
+    from rl_export.corpora.chainstate import ChainState
 
     store = LocalStore(store_dir)
     name = f"sft-{os.getpid()}"

@@ -46,10 +46,10 @@ from rl_export.common.errors import ObjectExistsError
 from rl_export.common.metrics import SinkMetrics
 from rl_export.common.records import tombstone
 from rl_export.common.specs import CorpusSpec
+from rl_export.corpora.chainstate import ChainState, load_chain_state
 from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
-    ChainState,
     Commit,
     Compression,
     CorpusRef,
@@ -59,7 +59,6 @@ from rl_export.corpora.layout import (
     encode_lines,
     follow_chain,
     latest_compaction,
-    load_chain_state,
     object_blocks,
     parse_stream,
     utc_now,

@@ -29,15 +29,14 @@ from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.common.records import SnapshotLines
 from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.backfill import seed_chain
+from rl_export.corpora.chainstate import ChainState, load_chain_state
 from rl_export.corpora.erasures import record_erasures
 from rl_export.corpora.layout import (
     SCHEMA_VERSION,
-    ChainState,
     Commit,
     Compression,
     CorpusRef,
     encode_lines,
-    load_chain_state,
     utc_now,
 )
 from rl_export.corpora.store import ObjectStore

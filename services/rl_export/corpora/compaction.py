@@ -12,7 +12,7 @@ How a generation is made (:func:`compact`):
 4. Write the surviving records, sorted by ``trace_id``, as part objects under
    ``_compacted/<g+1>/``, named by content hash so two compactors never overwrite each
    other's parts (gzip with ``mtime=0``, so a retry writes the same bytes). Beside them, for
-   the writers (:func:`rl_export.corpora.layout.load_chain_state`): the tombstones younger
+   the writers (:func:`rl_export.corpora.chainstate.load_chain_state`): the tombstones younger
    than the tombstone retention (the parts leave deletions out; a writer must still know
    them, or an older revision written later on another chain would bring the trace back),
    and, when the partitioning is given, a holdings index per partition (the parts' trace

@@ -15,21 +15,8 @@ Per corpus and ``<topic>-<partition>`` the commits form a *chain*: a commit cove
 each next one starts at the previous ``last_offset + 1``. A commit is created only after its
 data object, with create-only semantics, so whoever creates ``<from_offset>.json`` first wins.
 
-What a corpus holds (per trace: the latest revision and whether it is a tombstone) spans all
-its chains: the stream's (``trajectories-<p>``) and any replay's (``replay-<run id>-<p>``,
-partitioned the same way). A writer learns it when it starts (:func:`load_chain_state`):
-
-1. from the latest compaction: its *holdings index* for the writer's partition (what the
-   parts hold, as trace ids and revisions, written with the compaction, so no part is read),
-   or, when there is no index for this partitioning, its parts; and its *tombstones*
-   (deletions the parts leave out, kept until the tombstone retention ends, so that a
-   deleted trace stays deleted whichever chain its older revisions are in);
-2. then every chain of the writer's partition number from the compaction's positions on.
-
-So a replay over events already streamed, and a stream over events already replayed, write
-no ``(trace_id, revision)`` the corpus holds. Two writers of one partition running at once
-on different chains (a replay while the stream writes the same traces) do not see each
-other's new commits; ``shards verify`` reports the repeats that may then appear.
+What a corpus holds per trace, as its chain writers rebuild it:
+:mod:`rl_export.corpora.chainstate`.
 """
 
 from __future__ import annotations
@@ -40,8 +27,8 @@ import gzip
 import hashlib
 import logging
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -537,92 +524,6 @@ async def read_holdings(
     if len(traces) != len(revisions) or len(traces) != part.get("records"):
         raise ChainError(f"{part.get('shard')}: holdings do not match their compaction")
     return traces, revisions
-
-
-@dataclass
-class Holding:
-    """What a corpus holds for one trace."""
-
-    revision: int
-    deleted: bool
-
-
-@dataclass
-class ChainState:
-    """The head of one chain and what its corpus holds per trace (rebuilt from the store).
-
-    ``held`` maps a trace id to ``revision * 2 + deleted``: at a million traces a plain int
-    per trace instead of an object keeps the writers' memory down.
-    """
-
-    head: int = 0
-    held: dict[str, int] = field(default_factory=dict)
-
-    def holding(self, trace_id: str) -> Holding | None:
-        code = self.held.get(trace_id)
-        return None if code is None else Holding(code >> 1, bool(code & 1))
-
-    def hold(self, trace_id: str, revision: int, deleted: bool) -> None:
-        self.held[trace_id] = revision * 2 + deleted
-
-    def apply(self, rows: Iterable[dict[str, Any]]) -> None:
-        held = self.held
-        for row in rows:
-            current = held.get(row["trace_id"])
-            revision = row["revision"]
-            if current is None or revision >= current >> 1:
-                held[row["trace_id"]] = revision * 2 + bool(row.get("deleted"))
-
-    def apply_holdings(self, traces: list[str], revisions: list[int]) -> None:
-        """A holdings index part: live records (nothing held yet may be newer)."""
-        held = self.held
-        for trace_id, revision in zip(traces, revisions, strict=True):
-            current = held.get(trace_id)
-            if current is None or revision >= current >> 1:
-                held[trace_id] = revision * 2
-
-
-async def load_chain_state(
-    store: ObjectStore,
-    ref: CorpusRef,
-    stream: str,
-    belongs: Callable[[str], bool] | None = None,
-    partitioning: tuple[str, int] | None = None,
-) -> ChainState:
-    """Rebuild a chain's head and what its corpus holds for the chain's traces.
-
-    ``belongs(trace_id) -> bool`` says which traces are this chain's (its partition's);
-    ``partitioning`` (partitioner, partition count) picks the compaction's holdings index.
-    See the module docstring for the steps.
-    """
-    state = ChainState()
-    _, partition = parse_stream(stream)
-    compaction = await latest_compaction(store, ref)
-    positions: dict[str, int] = {}
-    if compaction is not None:
-        positions = compaction.positions
-        state.head = positions.get(stream, 0)
-        index = compaction.holdings_part(partitioning, partition)
-        if index is not None:
-            state.apply_holdings(*await read_holdings(store, ref, index))
-        else:
-            base = await read_compaction(store, ref, compaction)
-            state.apply(r for r in base if belongs is None or belongs(r["trace_id"]))
-        tombstones = await read_tombstones(store, ref, compaction)
-        state.apply(r for r in tombstones if belongs is None or belongs(r["trace_id"]))
-    for chain in await store.folders(ref.manifest_root()):
-        try:
-            if parse_stream(chain)[1] != partition:
-                continue  # another partition's traces
-        except ValueError:
-            continue
-        for commit, rows in await read_chain(store, ref, chain, positions.get(chain, 0)):
-            if chain == stream:
-                state.apply(rows)
-                state.head = commit.last_offset + 1
-            else:
-                state.apply(r for r in rows if belongs is None or belongs(r["trace_id"]))
-    return state
 
 
 async def read_chain(

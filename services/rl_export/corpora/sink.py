@@ -12,7 +12,7 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    nothing; redacted when the spec asks: :meth:`CorpusSpec.scrub`) and goes to the
    :class:`~rl_export.corpora.chain.ChainWriter` of ``(org, project, corpus, partition)``.
    A writer loads its chain head, and what the corpus holds for its partition's traces (on
-   every chain: :func:`rl_export.corpora.layout.load_chain_state`), from the store when its
+   every chain: :func:`rl_export.corpora.chainstate.load_chain_state`), from the store when its
    first record arrives; records at offsets its chain already covers are skipped, and
    revisions the corpus already holds are dropped as repeats.
 3. When the partition's pending records reach the record, byte or age bound (or the

@@ -18,8 +18,9 @@ from rl_export.common.metrics import SinkMetrics
 from rl_export.common.partitioning import partition_for
 from rl_export.common.specs import DEFAULT_CORPORA
 from rl_export.corpora.chain import SinkConfig
+from rl_export.corpora.chainstate import load_chain_state
 from rl_export.corpora.compaction import compact
-from rl_export.corpora.layout import CorpusRef, latest_compaction, load_chain_state, read_chain
+from rl_export.corpora.layout import CorpusRef, latest_compaction, read_chain
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
