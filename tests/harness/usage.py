@@ -1,7 +1,9 @@
 """What a process has used, as the kernel counts it (``/proc``): CPU seconds and peak RSS.
 
 The benches read them around each catch-up: a worker's own process (the sink) and its join
-processes apart, the broker's, and the broker's JIT compiler threads (:func:`compiler_cpu`).
+processes apart, the broker's, and the broker's JIT compiler threads (:func:`compiler_cpu`);
+and how busy the whole machine's cores were meanwhile (:func:`machine_cpu`), which says
+whether a catch-up was bound by CPU at all.
 """
 
 from __future__ import annotations
@@ -36,6 +38,24 @@ def compiler_cpu(pid: int) -> float:
         if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
             total += _cpu_of(stat)
     return total
+
+
+def machine_cpu() -> tuple[float, float]:
+    """Seconds all cores have been busy and have existed since boot (``/proc/stat``).
+
+    Busy is everything but idle and waiting for I/O; two readings give the share of the
+    machine's cores that was busy between them (:func:`busy_share`).
+    """
+    with open("/proc/stat") as fh:
+        ticks = [int(v) for v in fh.readline().split()[1:9]]  # user .. steal
+    total = sum(ticks)
+    return (total - ticks[3] - ticks[4]) / _TICK, total / _TICK
+
+
+def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The share (0 to 1) of all the machine's cores that was busy between two readings."""
+    span = after[1] - before[1]
+    return (after[0] - before[0]) / span if span > 0 else 0.0
 
 
 def worker_cpu(pid: int) -> dict[str, float]:

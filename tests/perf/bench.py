@@ -66,7 +66,14 @@ from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_e
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
 from tests.harness.reads import unread
-from tests.harness.usage import compiler_cpu, cpu_seconds, peak_rss_parts_mib, worker_cpu
+from tests.harness.usage import (
+    busy_share,
+    compiler_cpu,
+    cpu_seconds,
+    machine_cpu,
+    peak_rss_parts_mib,
+    worker_cpu,
+)
 from tests.perf.significance import compare, verdict
 
 logging.getLogger("aiokafka").setLevel(logging.ERROR)  # retries while leaders settle
@@ -337,7 +344,9 @@ async def catch_up(
     process start-up (imports, group joins) is reported apart, or at the first snapshot if
     that came earlier; it stops at the creation of the last commit, found once both groups
     have committed the end of every topic. CPU time is counted over the same span, per kind
-    of process (join processes, the worker's own process with the sink, the broker).
+    of process (join processes, the worker's own process with the sink, the broker), and
+    the share of the machine's cores that was busy (``machine_busy``: near 1, the catch-up
+    was bound by the machine's CPU, whoever used it).
     """
     launched = time.perf_counter()
     procs = [start_worker(settings, data_dir / f"w{i}", python, env) for i in range(workers)]
@@ -348,6 +357,7 @@ async def catch_up(
         started, started_wall = time.perf_counter(), time.time()
         cpu_before = [worker_cpu(p.pid) for p, _ in procs]
         broker_before = cpu_seconds(broker_pid) if broker_pid else 0.0
+        machine_before = machine_cpu()
         while True:
             await asyncio.sleep(0.25)
             _check_running(procs, data_dir)
@@ -359,6 +369,7 @@ async def catch_up(
             if join_lag <= markers and sink_lag <= markers and not await left(settings):
                 break
         polled = time.perf_counter() - started
+        machine_busy = busy_share(machine_before, machine_cpu())
         cpu_after = [worker_cpu(p.pid) for p, _ in procs]
         broker_cpu = (cpu_seconds(broker_pid) - broker_before) if broker_pid else 0.0
         first = await first_output_at(settings)
@@ -378,6 +389,7 @@ async def catch_up(
         # The last commit can only be earlier than the poll that saw both lags at zero.
         "seconds": visible if 0 < visible <= polled else polled,
         "start_seconds": started - launched,
+        "machine_busy": machine_busy,
         # The sum of each process's peak, per worker (shared library pages count in each).
         "peak_rss_mib": [sum(parts) for parts in rss_parts],
         "peak_rss_parts_mib": rss_parts,
@@ -584,6 +596,7 @@ async def measure_shape(
         "worker_peak_rss_mib": sum(highest_rss(ones)),
         "worker_peak_rss_parts_mib": highest_rss(ones),
         "worker_cpu_us_per_event": cpu_per_event(ones, len(events)),
+        "worker_machine_busy": statistics.median(r["machine_busy"] for r in ones),
         "processing_guarantee": settings.processing_guarantee,
         "at_least_once_events_per_s": statistics.median(rates(plain)),
         "at_least_once_runs": rates(plain),
@@ -608,6 +621,9 @@ async def measure_shape(
         result["baseline_worker_peak_rss_parts_mib"] = highest_rss(befores)
         result["baseline_worker_peak_rss_mib"] = sum(highest_rss(befores))
         result["baseline_worker_cpu_us_per_event"] = cpu_per_event(befores, len(events))
+        result["baseline_worker_machine_busy"] = statistics.median(
+            r["machine_busy"] for r in befores
+        )
         result["baseline_worker_start_seconds"] = _median_run(befores, before_rates)[
             "start_seconds"
         ]
@@ -703,6 +719,8 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("    peak RSS (worker + join processes)",
          rss_text(r["worker_peak_rss_mib"], r["worker_peak_rss_parts_mib"])),
         ("    CPU per event", cpu_text(r["worker_cpu_us_per_event"])),
+        ("    the machine's cores busy meanwhile (median)",
+         busy_text(r.get("worker_machine_busy"))),
         (f"  one worker, at least once (no transactions), median of {n}",
          f"{r['at_least_once_events_per_s']:,.0f} events/s  ({runs('at_least_once_runs')})"),
         ("    exactly once / at least once", f"{r['exactly_once_vs_at_least_once']:.3f}"),
@@ -719,6 +737,8 @@ def shape_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             ("    ratio to the bare consumer (default / tuned)",
              f"{r['baseline_worker_vs_bare_default']:.3f} / {r['baseline_worker_vs_bare']:.3f}"),
             ("    CPU per event", cpu_text(r["baseline_worker_cpu_us_per_event"])),
+            ("    the machine's cores busy meanwhile (median)",
+             busy_text(r.get("baseline_worker_machine_busy"))),
             ("    this worker / baseline worker",
              f"{r['worker_vs_baseline_worker']:.2f} (the medians); runs apart: "
              + verdict(r["worker_vs_baseline_worker_test"])),
@@ -743,6 +763,14 @@ def warm_up_text(compiled: list[float]) -> str:
     each = ", ".join(f"{c:.1f}" for c in compiled)
     settled = "" if compiled[-1] < WARM_COMPILE_S else f", not yet under {WARM_COMPILE_S} s"
     return f"{len(compiled)} catch-ups; JIT compiler CPU in each: {each} s{settled}"
+
+
+def busy_text(share: float | None) -> str:
+    """``98 % of both cores``: near all of them, the catch-up was bound by the machine's CPU."""
+    if share is None:
+        return "not measured"
+    cores = os.cpu_count() or 1
+    return f"{share * 100:.0f} % of {cores} cores"
 
 
 def cpu_text(cpu: dict[str, float]) -> str:

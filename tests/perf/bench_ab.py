@@ -9,8 +9,9 @@ on a shared 2-core machine the place of a run in its round moves it by up to 15 
 every variant gets every place as often as the rounds allow.
 
 It prints, per variant, the median events/s (and every run), the median CPU µs per event
-of the join processes, the worker's own process (the sink) and the broker, and the highest
-peak RSS (each process's peak, summed), and writes them as JSON to
+of the join processes, the worker's own process (the sink) and the broker, how busy the
+machine's cores were meanwhile (near all of them: the catch-up was bound by CPU), and the
+highest peak RSS (each process's peak, summed), and writes them as JSON to
 ``var/bench/ab-<time>.json``. Each later variant is compared with the first as benchstat
 compares: the ratio of the medians, of events/s and of the whole CPU per event, with the
 p of a Mann-Whitney U test over the runs (:mod:`tests.perf.significance`): ``~``
@@ -46,6 +47,7 @@ from tests.perf.bench import (
     DEFAULT_TRACES,
     MIB,
     bench_settings,
+    busy_text,
     catch_up,
     cpu_per_event,
     cpu_text,
@@ -150,6 +152,7 @@ async def run(
             "cpu_us_per_event_runs": [
                 sum(r["cpu_seconds"].values()) / len(events) * 1e6 for r in measured[i]
             ],
+            "machine_busy": statistics.median(r["machine_busy"] for r in measured[i]),
             "peak_rss_mib": sum(highest_rss(measured[i])),
             "peak_rss_parts_mib": highest_rss(measured[i]),
         })  # fmt: skip
@@ -185,6 +188,7 @@ def print_table(result: dict[str, Any], path: Path) -> None:
         print(f"    {v['events_per_s']:,.0f} events/s ({runs})")
         rss = rss_text(v["peak_rss_mib"], v["peak_rss_parts_mib"])
         print(f"    CPU per event: {cpu_text(cpu)}; peak RSS {rss}")
+        print(f"    the machine's cores busy meanwhile: {busy_text(v.get('machine_busy'))}")
         if "vs_first" in v:
             print(f"    against the first: events/s {verdict(v['vs_first']['events_per_s'])}, "
                   f"CPU per event {verdict(v['vs_first']['cpu_us_per_event'])}")  # fmt: skip

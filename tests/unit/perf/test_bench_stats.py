@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from rl_export.common.settings import Settings
+from tests.harness.usage import busy_share, machine_cpu
 from tests.perf.bench import histogram, quantile
 
 
@@ -180,3 +182,22 @@ def test_the_table_says_how_the_broker_was_warmed_up() -> None:
     )
     assert warm_up_text([4.9, 2.0]).endswith(", not yet under 0.5 s")
     assert warm_up_text([]).startswith("none (--warm-up 0)")
+
+
+def test_busy_share_is_the_busy_part_of_the_cores_time_between_two_readings() -> None:
+    assert busy_share((10.0, 100.0), (25.0, 120.0)) == 0.75  # 15 busy of 20 core-seconds
+    assert busy_share((10.0, 100.0), (10.0, 100.0)) == 0.0  # no time passed
+
+
+def test_machine_cpu_counts_a_busy_loop_as_busy() -> None:
+    """Half a second of spinning on one core shows as at least 0.4 s of busy time (the other
+    cores may add theirs), never more than the time that passed on all cores."""
+    before = machine_cpu()
+    started = time.process_time()
+    while time.process_time() - started < 0.5:
+        pass
+    after = machine_cpu()
+    busy, total = after[0] - before[0], after[1] - before[1]
+    assert busy >= 0.4
+    assert busy <= total
+    assert 0 < busy_share(before, after) <= 1
