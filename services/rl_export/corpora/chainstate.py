@@ -36,14 +36,6 @@ from rl_export.corpora.store import ObjectStore
 
 
 @dataclass
-class Holding:
-    """What a corpus holds for one trace."""
-
-    revision: int
-    deleted: bool
-
-
-@dataclass
 class ChainState:
     """The head of one chain and what its corpus holds per trace (rebuilt from the store).
 
@@ -53,10 +45,6 @@ class ChainState:
 
     head: int = 0
     held: dict[str, int] = field(default_factory=dict)
-
-    def holding(self, trace_id: str) -> Holding | None:
-        code = self.held.get(trace_id)
-        return None if code is None else Holding(code >> 1, bool(code & 1))
 
     def hold(self, trace_id: str, revision: int, deleted: bool) -> None:
         self.held[trace_id] = revision * 2 + deleted
