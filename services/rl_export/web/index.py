@@ -49,7 +49,7 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -105,6 +105,15 @@ class Stats:
     histogram: list[int]
 
 
+@dataclass
+class _Flight:
+    """An answer being computed (:meth:`QueryIndex.memo`): who computes it holds ``lock``;
+    ``error`` is what the computation raised, for those who waited for it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    error: Exception | None = None
+
+
 class QueryIndex:
     """The DuckDB index and its segments under one folder (see the module)."""
 
@@ -142,7 +151,7 @@ class QueryIndex:
         self._changes_lock = threading.Lock()  # (writers in several threads)
         self._memo: LRU[tuple[int, int, str], object] = LRU(MEMO_ENTRIES)
         self._memo_lock = threading.Lock()  # (queries run in several threads)
-        self._flights: dict[tuple[int, int, str], threading.Lock] = {}  # answers being computed
+        self._flights: dict[tuple[int, int, str], _Flight] = {}  # answers being computed
 
     def changes(self, corpus_id: int) -> int:
         """How many times the corpus's rows changed since this process opened the index. An
@@ -153,22 +162,32 @@ class QueryIndex:
     def memo(self, corpus_id: int, key: str, compute: Callable[[], T]) -> T:
         """``compute()``, an answer over the corpus's rows named by ``key`` (its SQL and
         parameters), kept while those rows do not change: a claim's queue counts scan every
-        row of the corpus, and a team claims many times between two changes."""
+        row of the corpus, and a team claims many times between two changes.
+
+        One computation of an answer at a time: the team's labelers all ask for it after a
+        change, and the others wait for the first rather than scan too. When it fails, those
+        waiting for it get its error at once (each computing it again in turn would make
+        the last wait for every failure); the next request tries again.
+        """
         full = (corpus_id, self.changes(corpus_id), key)  # read before computing
         with self._memo_lock:
             kept = self._memo.get(full)
             if kept is not None:
                 return cast(T, kept)
-            # One computation of an answer at a time: the team's labelers all ask for it
-            # after a change, and the others wait for the first rather than scan too.
-            flight = self._flights.setdefault(full, threading.Lock())
+            flight = self._flights.setdefault(full, _Flight())
         try:
-            with flight:
+            with flight.lock:
+                if flight.error is not None:
+                    raise flight.error
                 with self._memo_lock:
                     kept = self._memo.get(full)
                 if kept is not None:
                     return cast(T, kept)
-                value = compute()
+                try:
+                    value = compute()
+                except Exception as exc:
+                    flight.error = exc
+                    raise
                 with self._memo_lock:
                     self._memo.put(full, value)
                 return value

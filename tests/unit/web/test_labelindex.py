@@ -230,3 +230,29 @@ def test_the_queue_counts_kept_between_changes_are_the_counts_of_the_rows(tmp_pa
             index.ingest(cid, b"".join(dumps_line(r) for r in rows[:30]), {"t": 2 + round_})
     finally:
         index.close()
+
+
+def test_those_waiting_for_a_failed_answer_get_its_error_and_the_next_ask_tries_again(
+    tmp_path: Path,
+) -> None:
+    index = QueryIndex(tmp_path / "index", threads=1)
+    calls: list[int] = []
+    started = threading.Event()
+
+    def failing() -> int:
+        calls.append(1)
+        started.set()
+        time.sleep(0.2)  # the others ask while the first computes
+        raise RuntimeError("the scan failed")
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            first = pool.submit(index.memo, 1, "totals", failing)
+            started.wait(5)
+            others = [pool.submit(index.memo, 1, "totals", failing) for _ in range(7)]
+            errors = [f.exception(10) for f in (first, *others)]
+        assert all(isinstance(e, RuntimeError) for e in errors)
+        assert calls == [1]  # computed once, not once per waiter in turn
+        assert index.memo(1, "totals", lambda: 5) == 5  # a failure is not kept
+    finally:
+        index.close()
