@@ -18,7 +18,9 @@
    queue/claim`` with ``DELETE queue/claims/{id}`` by 20 labelers at once (a random pause
    of mean 5 s before each claim, then 0.5 s, then none: saturation, whose claims a second
    are the instance's throughput), p50/p99 over many requests, from a client on the same
-   machine (so HTTP and JSON are included), each against its goal.
+   machine (so HTTP and JSON are included), each against its goal. Steps 2 and 3 run with a
+   broker of their own, as in production (``--no-broker``: without), so each claim's news
+   goes out on the claims topic before its answer, and the entries sent are counted.
 4. Label submission to visible in the stats: a broker, a worker and a web service on a small
    corpus of their own; a label is posted through the API and ``GET stats`` is polled until
    ``human_labeled`` counts it.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import math
@@ -46,6 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -67,6 +71,7 @@ from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
+from tests.harness.reads import read_topics
 from tests.harness.usage import peak_rss_parts_mib
 from tests.perf import bench_agreement
 
@@ -400,14 +405,29 @@ def claim_latencies(port: int, tokens: list[str], rounds: int, pause_s: float) -
 
 
 def _web_env(store_dir: Path, folder: Path, port: int, **settings: Any) -> dict[str, str]:
-    """The environment of a web service on the cached corpora, its index in ``folder`` (no
-    broker: the benchmark's labels have a step of their own)."""
+    """The environment of a web service on the cached corpora, its index in ``folder``; its
+    broker ``kafka_bootstrap`` if given, else a port where none listens (a service that only
+    reads corpora)."""
+    settings.setdefault("kafka_bootstrap", f"127.0.0.1:{free_port()}")
     return child_env(
-        load_settings(store_url=str(store_dir), data_dir=folder,
-                      kafka_bootstrap=f"127.0.0.1:{free_port()}", web_port=port,
+        load_settings(store_url=str(store_dir), data_dir=folder, web_port=port,
                       web_metrics_port=free_port(), **settings),
         os.environ,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _broker(folder: Path, wanted: bool) -> Iterator[str | None]:
+    """A broker of its own in ``folder`` for the time of the block (its bootstrap), or None."""
+    if not wanted:
+        yield None
+        return
+    broker = LocalKafka(folder / "kafka", free_port())
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 def _known_to(env: dict[str, str], pythonpath: str) -> dict[str, str]:
@@ -429,17 +449,26 @@ def _known_to(env: dict[str, str], pythonpath: str) -> dict[str, str]:
 
 def measure_index(
     store_dir: Path, records: int, rounds: int, *, pythonpath: str | None = None,
-    cold_only: bool = False,
+    cold_only: bool = False, broker: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Steps 2 and 3: a web service with an empty index on the cached corpora. With
     ``pythonpath`` another checkout's ``services`` (``--baseline``) runs that code's service
-    on the same corpora; ``cold_only`` stops after step 2 (its cold start and catch-up)."""
+    on the same corpora; ``cold_only`` stops after step 2 (its cold start and catch-up).
+
+    With ``broker`` (the default) the service has a broker of its own, as in production: it
+    follows the labels and claims topics, and each claim it writes is sent on the claims
+    topic before the claim's answer (the records there are counted and reported). Without,
+    each claim's news fails to find a broker instead."""
     # The claims of earlier runs (each claims and lets go of the same oldest traces) would
     # make every run read longer slot chains than the one before: each run starts without them.
     shutil.rmtree(store_dir / CLAIMS_PREFIX, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="rl-export-bench-web-") as folder:
+    with (
+        tempfile.TemporaryDirectory(prefix="rl-export-bench-web-") as folder,
+        _broker(Path(folder), broker) as bootstrap,
+    ):
         port = free_port()
-        env = _web_env(store_dir, Path(folder), port)
+        extra = {} if bootstrap is None else {"kafka_bootstrap": bootstrap}
+        env = _web_env(store_dir, Path(folder), port, **extra)
         if pythonpath:
             env = _known_to(env, pythonpath)
         token = _token(env)
@@ -470,11 +499,16 @@ def measure_index(
             measured |= claim_latencies(port, labelers, rounds, pause_s=0.5)
             measured |= claim_latencies(port, labelers, rounds, pause_s=0.0)
             size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+            broadcast = None
+            if bootstrap is not None:
+                topic = Settings().topic_claims
+                broadcast = len(asyncio.run(read_topics(bootstrap, [topic])))
+                log(f"claims topic: {broadcast:,} entries sent by the instance")
         finally:
             client.close()
             web.stop()
     return {"catch_up": caught, "cold_start_s": cold, "latency": measured, "index_bytes": size,
-            "objects": objects}  # fmt: skip
+            "objects": objects, "claims_broadcast": broadcast}  # fmt: skip
 
 
 def warm_start(store_dir: Path, records: int) -> dict[str, Any]:
@@ -649,6 +683,11 @@ def print_table(result: dict[str, Any], path: Path) -> None:
             verdict = "met" if q["per_s"] >= CLAIMS_GOAL else "MISSED"
             print(f"claims served by one instance at saturation: {q['per_s']:.0f} claims/s "
                   f"(goal >= {CLAIMS_GOAL}: {verdict})")  # fmt: skip
+    if result.get("claims_broadcast") is not None:
+        print(f"claims measured with a broker: {result['claims_broadcast']:,} claim entries sent "
+              "on the claims topic")  # fmt: skip
+    elif "claims_broadcast" in result:
+        print("claims measured without a broker (--no-broker)")
     label = result.get("label")
     if label:
         print(
@@ -674,6 +713,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agreement-rounds", type=int, default=10, help="agreement reports")
     parser.add_argument("--warm-starts", type=int, default=10, help="warmed starts timed")
     parser.add_argument("--dir", default="var/bench")
+    parser.add_argument(
+        "--no-broker", action="store_true",
+        help="steps 2 and 3 without a broker (as before 2026-12-05: each claim's news to the "
+        "other instances then fails to find one)",
+    )  # fmt: skip
     parser.add_argument("--build-only", action="store_true", help="only build the corpora")
     parser.add_argument(
         "--baseline",
@@ -696,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"baseline: {tree}'s web service on the same corpora (cold start, catch-up)")
         result["baseline"] = measure_index(directory / "store", args.records, args.rounds,
                                            pythonpath=str(tree / "services"),
-                                           cold_only=not args.baseline_latency)  # fmt: skip
+                                           cold_only=not args.baseline_latency,
+                                           broker=not args.no_broker)  # fmt: skip
         result["baseline"]["tree"] = str(tree)
         if "latency" in result["baseline"]:
             print("the baseline's routes:")
@@ -710,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
             "starts_s": [w["seconds"] for w in starts],
             "peak_rss_mib": max(w["peak_rss_mib"] for w in starts),
         }
-    result |= measure_index(directory / "store", args.records, args.rounds)
+    result |= measure_index(directory / "store", args.records, args.rounds,
+                            broker=not args.no_broker)  # fmt: skip
     if args.labels:
         log(f"label to visible: {args.labels} labels on a live broker, worker and web service")
         result["label"] = label_to_visible(args.labels, traces=200)
