@@ -25,6 +25,7 @@ class FakeProducer:
     def __init__(self) -> None:
         self.started = self.stopped = False
         self.sent: list[tuple[str, bytes]] = []
+        self.options: dict[str, Any] = {}  # what make_producer was given besides the settings
 
     async def start(self) -> None:
         if FakeProducer.down:
@@ -47,8 +48,9 @@ class FakeProducer:
 def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
     producers: list[FakeProducer] = []
 
-    def make(_settings: Any) -> FakeProducer:
+    def make(_settings: Any, **options: Any) -> FakeProducer:
         producers.append(FakeProducer())
+        producers[-1].options = options
         return producers[-1]
 
     async def topics(_settings: Any) -> None:
@@ -74,6 +76,7 @@ async def test_warming_starts_the_producer_the_first_label_then_uses(
     await pub.publish(label_retracted("acme", "bot", "tr-1", "ana", datetime.now(UTC)))
     assert len(made) == 1  # no second producer for the label
     assert made[0].sent == [(pub.settings.topic_labels, b"tr-1")]
+    assert made[0].options == {"linger_ms": 0}  # a request waits for its one record
     await pub.close()
     assert made[0].stopped
 
