@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,26 +162,34 @@ def test_the_memo_keeps_the_most_recently_used() -> None:
     assert (memo.get("b"), memo.get("a"), memo.get("c"), len(memo)) == (None, 1, 3, 2)
 
 
-def test_an_answer_asked_by_many_at_once_is_computed_once(tmp_path: Path) -> None:
-    index = QueryIndex(tmp_path / "index", threads=1)
-    computed: list[int] = []
+def ask_eight_at_once(
+    index: QueryIndex, answer: Callable[[int], int]
+) -> tuple[list[Future[int]], list[int]]:
+    """Eight threads ask the index's memo for one answer: the first, then seven more while its
+    computation (0.2 s, then ``answer(calls so far)``) runs. The futures, and a 1 per call."""
+    calls: list[int] = []
     started = threading.Event()
 
     def compute() -> int:
-        computed.append(1)
+        calls.append(1)
         started.set()
         time.sleep(0.2)  # the others ask while the first computes
-        return len(computed)
+        return answer(len(calls))
 
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(index.memo, 1, "totals", compute)
+        started.wait(5)
+        asked = [first, *(pool.submit(index.memo, 1, "totals", compute) for _ in range(7))]
+    return asked, calls
+
+
+def test_an_answer_asked_by_many_at_once_is_computed_once(tmp_path: Path) -> None:
+    index = QueryIndex(tmp_path / "index", threads=1)
     try:
-        with ThreadPoolExecutor(8) as pool:
-            first = pool.submit(index.memo, 1, "totals", compute)
-            started.wait(5)
-            others = [pool.submit(index.memo, 1, "totals", compute) for _ in range(7)]
-            answers = [first.result(), *(f.result() for f in others)]
-        assert answers == [1] * 8
-        assert computed == [1]
-        assert index.memo(1, "other", compute) == 2  # another key is its own
+        asked, calls = ask_eight_at_once(index, lambda n: n)
+        assert [f.result() for f in asked] == [1] * 8
+        assert calls == [1]
+        assert index.memo(1, "other", lambda: 2) == 2  # another key is its own
     finally:
         index.close()
 
@@ -236,22 +245,13 @@ def test_those_waiting_for_a_failed_answer_get_its_error_and_the_next_ask_tries_
     tmp_path: Path,
 ) -> None:
     index = QueryIndex(tmp_path / "index", threads=1)
-    calls: list[int] = []
-    started = threading.Event()
 
-    def failing() -> int:
-        calls.append(1)
-        started.set()
-        time.sleep(0.2)  # the others ask while the first computes
+    def fail(_calls: int) -> int:
         raise RuntimeError("the scan failed")
 
     try:
-        with ThreadPoolExecutor(8) as pool:
-            first = pool.submit(index.memo, 1, "totals", failing)
-            started.wait(5)
-            others = [pool.submit(index.memo, 1, "totals", failing) for _ in range(7)]
-            errors = [f.exception(10) for f in (first, *others)]
-        assert all(isinstance(e, RuntimeError) for e in errors)
+        asked, calls = ask_eight_at_once(index, fail)
+        assert all(isinstance(f.exception(10), RuntimeError) for f in asked)
         assert calls == [1]  # computed once, not once per waiter in turn
         assert index.memo(1, "totals", lambda: 5) == 5  # a failure is not kept
     finally:
