@@ -15,7 +15,7 @@ from rl_export.common.settings import load_settings
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
-from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.store import MemoryStore, ObjectStore
 from tests.records import SYSTEM, trace_events
 
 ORG, PROJECT = "acme", "bot"
@@ -78,3 +78,18 @@ async def build_story(store: ObjectStore, *, compact_between: bool = True) -> No
         for source in ("human", "evaluator", "traces"):
             await compact(store, CorpusRef(ORG, PROJECT, source), writer="test")
     await replay_events(store, story_after(), "after")
+
+
+class FirstCommitLate(MemoryStore):
+    """A store whose first listing of commits shows none, as if a corpus's first commit
+    landed just after the view looked for its chains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked = False
+
+    async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
+        if "/_manifest/" in prefix and not self.looked:
+            self.looked = True
+            return []
+        return await super().list(prefix, start_after)

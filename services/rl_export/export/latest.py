@@ -223,12 +223,14 @@ class LatestView:
         if self._opened:
             return self
         await self._find()
-        if self.compaction is None and not self.tail and not await self.exists():
-            raise NoDataError(
-                "source",
-                f"no data for {self.ref.root} in {self.store.url} (no corpus there: check "
-                f"--org, --project and --source)",
-            )
+        if self.compaction is None and not self.tail:
+            if not await self.exists():
+                raise NoDataError(
+                    "source",
+                    f"no data for {self.ref.root} in {self.store.url} (no corpus there: check "
+                    f"--org, --project and --source)",
+                )
+            await self._find()  # its first commit landed after step 1 looked: look again
         expected = sum(part.records for part in self.tail)
         runs = max(1, -(-expected // self.spill_at))
         spilled = Runs(self.tmpdir, max(256, min(SLICE, self.spill_at // runs)))

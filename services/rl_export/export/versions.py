@@ -54,8 +54,10 @@ async def pin(store: ObjectStore, ref: CorpusRef, name: str, note: str = "") -> 
     VersionError for a name taken or not valid."""
     view = LatestView(store, ref)
     position = await view.locate()
-    if position.generation is None and not position.ends and not await view.exists():
-        raise NoDataError("corpus", f"no data for {ref.root} in {store.url}: nothing to pin")
+    if position.generation is None and not position.ends:
+        if not await view.exists():
+            raise NoDataError("corpus", f"no data for {ref.root} in {store.url}: nothing to pin")
+        position = await view.locate()  # its first commit landed after the first look
     return await create_version(
         store, ref, name, generation=position.generation, ends=dict(position.ends), note=note
     )

@@ -13,7 +13,7 @@ from rl_export.corpora.layout import ChainError, CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
 from rl_export.export.latest import LatestView
-from tests.exportdata import ORG, PROJECT, build_story
+from tests.exportdata import ORG, PROJECT, FirstCommitLate, build_story
 
 
 async def reader_latest(store: MemoryStore, ref: CorpusRef) -> list[dict[str, Any]]:
@@ -65,6 +65,20 @@ async def test_a_corrupt_shard_fails_the_view() -> None:
 async def test_no_data_says_so() -> None:
     with pytest.raises(NoDataError, match="no data for acme/bot/human"):
         await LatestView(MemoryStore(), CorpusRef("acme", "bot", "human")).open()
+
+
+async def test_a_first_commit_landing_while_the_view_opens_is_read_not_an_empty_view() -> None:
+    """The view found no chain, then saw the corpus exists: it looks for the chains again
+    rather than answer with no records (an export of a new corpus was a 200 with nothing)."""
+    store = FirstCommitLate()
+    await build_story(store, compact_between=False)  # commits only: the view's first look
+    ref = CorpusRef(ORG, PROJECT, "evaluator")
+    assert not await store.list(ref.compacted_prefix())
+    expected = await reader_latest(store, ref)
+    store.looked = False
+    rows = await view_rows(LatestView(store, ref))
+    assert store.looked
+    assert len(rows) == len(expected) > 0
 
 
 @pytest.mark.parametrize(

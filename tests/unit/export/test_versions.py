@@ -24,8 +24,9 @@ from rl_export.corpora.versions import create_version, delete_version, version_k
 from rl_export.export import stats, write_export
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.versions import pin, pinned
-from tests.exportdata import ORG, PROJECT, replay_events
+from tests.exportdata import ORG, PROJECT, FirstCommitLate, replay_events
 from tests.factories import event
+from tests.records import trace_events
 from tests.trainingdata import traffic
 
 EVALUATOR = CorpusRef(ORG, PROJECT, "evaluator")
@@ -359,3 +360,14 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert capsys.readouterr().err.startswith(
         "rl-export versions show: error: the following arguments are required: NAME"
     )
+
+
+async def test_a_first_commit_landing_while_pinning_is_pinned() -> None:
+    """The pin found no chain, then saw the corpus exists: it looks again rather than pin
+    an empty view of a corpus that has a commit."""
+    store = FirstCommitLate()
+    await replay_events(store, trace_events(1, score=0.9, passed=True), "first")
+    store.looked = False  # the pin's first look at the chains shows none
+    version = await pin(store, EVALUATOR, "v1")
+    assert store.looked
+    assert version.position()["ends"]  # the commit's chain, not an empty position
