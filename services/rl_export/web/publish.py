@@ -42,10 +42,11 @@ class Publisher:
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
 
-    async def _ready(self) -> AIOKafkaProducer:
+    async def _ready(self, *, check_topics: bool = True) -> AIOKafkaProducer:
         async with self._lock:
             if self._producer is None:
-                await ensure_service_topics(self.settings)  # creates or checks the topics
+                if check_topics:
+                    await ensure_service_topics(self.settings)  # creates or checks the topics
                 # No linger: each label's 202 and each claim's answer wait for their one
                 # record's acknowledgement (20 ms of lingering was two thirds of a claim's
                 # time, measured by make bench-web with a broker).
@@ -61,9 +62,12 @@ class Publisher:
     async def warm(self) -> None:
         """Start the producer before the first label needs it (its connection and producer
         id: the first label on a new instance took 150-250 ms more); a broker that does not
-        answer now is left to the first label, which tries again."""
+        answer now is left to the first label, which tries again. Called once the instance
+        has checked its topics, so they are not checked again here."""
         try:
-            await asyncio.wait_for(self._ready(), self.settings.web_publish_timeout_s)
+            await asyncio.wait_for(
+                self._ready(check_topics=False), self.settings.web_publish_timeout_s
+            )
         except ConfigError:  # a refused login or TLS handshake: the caller ends the instance
             raise
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:

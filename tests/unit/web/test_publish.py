@@ -21,6 +21,7 @@ class FakeProducer:
     """Starts (or refuses to, ``down``), and records what it is sent."""
 
     down = False
+    topic_checks = 0  # calls of ensure_service_topics
 
     def __init__(self) -> None:
         self.started = self.stopped = False
@@ -54,10 +55,12 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
         return producers[-1]
 
     async def topics(_settings: Any) -> None:
+        FakeProducer.topic_checks += 1
         if FakeProducer.down:
             raise KafkaConnectionError("no broker")
 
     FakeProducer.down = False
+    FakeProducer.topic_checks = 0
     monkeypatch.setattr(publish, "make_producer", make)
     monkeypatch.setattr(publish, "ensure_service_topics", topics)
     return producers
@@ -73,6 +76,7 @@ async def test_warming_starts_the_producer_the_first_label_then_uses(
     pub = publisher()
     await pub.warm()
     assert [p.started for p in made] == [True]
+    assert FakeProducer.topic_checks == 0  # the instance checked them before warming
     await pub.publish(label_retracted("acme", "bot", "tr-1", "ana", datetime.now(UTC)))
     assert len(made) == 1  # no second producer for the label
     assert made[0].sent == [(pub.settings.topic_labels, b"tr-1")]
