@@ -49,9 +49,9 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -63,7 +63,7 @@ from rl_export.corpora.reader import Cursor, check_cursor
 from rl_export.web.batches import IndexError_, Narrow, Slice, first_row, from_columns, from_json
 from rl_export.web.gate import Gate
 from rl_export.web.indexsql import BINS, RECORD_COLUMNS, filter_sql
-from rl_export.web.memo import LRU
+from rl_export.web.memo import Memo
 from rl_export.web.segments import Segments
 
 SCHEMA_VERSION = "7"  # bumped when the index or its segments change: rebuilt from the corpora
@@ -105,15 +105,6 @@ class Stats:
     histogram: list[int]
 
 
-@dataclass
-class _Flight:
-    """An answer being computed (:meth:`QueryIndex.memo`): who computes it holds ``lock``;
-    ``error`` is what the computation raised, for those who waited for it."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    error: Exception | None = None
-
-
 class QueryIndex:
     """The DuckDB index and its segments under one folder (see the module)."""
 
@@ -149,9 +140,7 @@ class QueryIndex:
         self._json = threading.Lock()  # DuckDB's JSON reads (of objects without sidecars)
         self._changes: dict[int, int] = {}  # corpus id -> how often its rows changed
         self._changes_lock = threading.Lock()  # (writers in several threads)
-        self._memo: LRU[tuple[int, int, str], object] = LRU(MEMO_ENTRIES)
-        self._memo_lock = threading.Lock()  # (queries run in several threads)
-        self._flights: dict[tuple[int, int, str], _Flight] = {}  # answers being computed
+        self._memo = Memo(MEMO_ENTRIES)  # (queries run in several threads)
 
     def changes(self, corpus_id: int) -> int:
         """How many times the corpus's rows changed since this process opened the index. An
@@ -164,37 +153,13 @@ class QueryIndex:
         parameters), kept while those rows do not change: a claim's queue counts scan every
         row of the corpus, and a team claims many times between two changes.
 
-        One computation of an answer at a time: the team's labelers all ask for it after a
-        change, and the others wait for the first rather than scan too. When it fails, those
-        waiting for it get its error at once (each computing it again in turn would make
-        the last wait for every failure); the next request tries again.
+        One computation of an answer at a time (:class:`~rl_export.web.memo.Memo`): the
+        team's labelers all ask for it after a change, and the others wait for the first
+        rather than scan too.
         """
-        full = (corpus_id, self.changes(corpus_id), key)  # read before computing
-        with self._memo_lock:
-            kept = self._memo.get(full)
-            if kept is not None:
-                return cast(T, kept)
-            flight = self._flights.setdefault(full, _Flight())
-        try:
-            with flight.lock:
-                if flight.error is not None:
-                    raise flight.error
-                with self._memo_lock:
-                    kept = self._memo.get(full)
-                if kept is not None:
-                    return cast(T, kept)
-                try:
-                    value = compute()
-                except Exception as exc:
-                    flight.error = exc
-                    raise
-                with self._memo_lock:
-                    self._memo.put(full, value)
-                return value
-        finally:
-            with self._memo_lock:
-                if self._flights.get(full) is flight:
-                    del self._flights[full]
+        # The count of changes is read before computing: an answer from older rows is never
+        # kept under a newer count.
+        return self._memo.get((corpus_id, self.changes(corpus_id), key), compute)
 
     def _changed(self, corpus_id: int) -> None:
         with self._changes_lock:
