@@ -15,6 +15,8 @@ claims and ``/readyz`` run their queries on (docs/guides/security.md). So:
 3. :meth:`ThreadStream.close` stops the export: it cancels the export's task on its own loop
    (whatever it awaits, a slow store read included, ends within milliseconds), or the queued
    work if it never started; the subject's slot is released when the thread is done.
+4. An export whose answer needs it whole first (a redacted one says its counts in a header)
+   is :func:`spooled` to a temporary file, then sent from it (:func:`read_spool`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import IO
 
 from rl_export.common.metrics import WebMetrics
 from rl_export.corpora.store import ObjectStore
@@ -156,3 +160,34 @@ class ThreadStream:
         if task is not None and loop is not None:
             with contextlib.suppress(RuntimeError):  # its loop already ended
                 loop.call_soon_threadsafe(task.cancel)
+
+
+SPOOL_BYTES = 8 << 20
+"""A spooled export is held in memory up to this, then on disk."""
+
+
+async def spooled(stream: ThreadStream, first: bytes | None) -> IO[bytes]:
+    """A stream whose first chunk was taken, that chunk and the rest, in a temporary file
+    (memory up to :data:`SPOOL_BYTES`); the stream is closed."""
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115  # read later
+    try:
+        chunk = first
+        while chunk is not None:
+            spool.write(chunk)
+            chunk = await stream.next()
+    except BaseException:
+        spool.close()
+        raise
+    finally:
+        stream.close()
+    spool.seek(0)
+    return spool
+
+
+async def read_spool(spool: IO[bytes]) -> AsyncIterator[bytes]:
+    """A spooled file's bytes, a MiB at a time; the file is closed at the end."""
+    try:
+        while piece := spool.read(1 << 20):
+            yield piece
+    finally:
+        spool.close()

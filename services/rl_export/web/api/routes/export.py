@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime
-from typing import IO, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import orjson
@@ -96,7 +95,7 @@ from rl_export.web.models import (
     StatsOut,
 )
 from rl_export.web.services import Services
-from rl_export.web.streaming import ThreadStream
+from rl_export.web.streaming import read_spool, spooled
 from rl_export.web.tokens import Caller
 
 T = TypeVar("T")
@@ -152,7 +151,6 @@ VersionQuery = Annotated[
 DedupOnQuery = Annotated[
     str | None, Query(description="conversation (default) or prompt: the text compared")
 ]
-_SPOOL_BYTES = 8 << 20  # a redacted direct export is held in memory up to this, then on disk
 
 PREVIEW_MAX = 100
 PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching records
@@ -532,7 +530,7 @@ async def get_export(
     if kinds != "none" or raw:
         # The counts are known at the end, and a header goes first: the export is made whole.
         # So is a raw read, whose audit entry (with its rows) is written before it leaves.
-        spool = await _unless_gone(request, _spooled(stream, first))
+        spool = await _unless_gone(request, spooled(stream, first))
         if raw:
             try:
                 await _audit(svc, caller, "export", filters, asked, rows=summary.records)
@@ -542,7 +540,7 @@ async def get_export(
         if kinds != "none":
             _count(svc, headers, summary.redactions)
         media = content_type(format, file)
-        return StreamingResponse(_read(spool), media_type=media, headers=headers)
+        return StreamingResponse(read_spool(spool), media_type=media, headers=headers)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -577,31 +575,6 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
                 await doing
             raise ClientGone("the client went away before the export was sent")
     return doing.result()
-
-
-async def _spooled(stream: ThreadStream, first: bytes | None) -> IO[bytes]:
-    """The rest of a stream after its first chunk, in a temporary file (memory up to a bound)."""
-    spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115  # read later
-    try:
-        chunk = first
-        while chunk is not None:
-            spool.write(chunk)
-            chunk = await stream.next()
-    except BaseException:
-        spool.close()
-        raise
-    finally:
-        stream.close()
-    spool.seek(0)
-    return spool
-
-
-async def _read(spool: IO[bytes]) -> AsyncIterator[bytes]:
-    try:
-        while piece := spool.read(1 << 20):
-            yield piece
-    finally:
-        spool.close()
 
 
 def _job_out(status: JobStatus) -> JobOut:
