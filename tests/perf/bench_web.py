@@ -545,13 +545,14 @@ def warm_start(store_dir: Path, records: int) -> dict[str, Any]:
 
 def label_to_visible(labels: int, traces: int) -> dict[str, Any]:
     """Step 4: a label posted to the API until ``GET stats`` counts it, on a live stack."""
-    with tempfile.TemporaryDirectory(prefix="rl-export-bench-label-") as folder:
+    with (
+        tempfile.TemporaryDirectory(prefix="rl-export-bench-label-") as folder,
+        _broker(Path(folder), True) as bootstrap,
+    ):
         data = Path(folder)
-        broker = LocalKafka(data / "kafka", free_port())
-        broker.start()
         port = free_port()
         settings = load_settings(
-            kafka_bootstrap=broker.bootstrap, store_url=str(data / "store"), data_dir=data,
+            kafka_bootstrap=bootstrap, store_url=str(data / "store"), data_dir=data,
             web_port=port, worker_web_port=free_port(), web_metrics_port=free_port(),
             shard_max_age_s=1.0,
             state_store="memory://",
@@ -604,7 +605,6 @@ def label_to_visible(labels: int, traces: int) -> dict[str, Any]:
         finally:
             for service in reversed(services):
                 service.stop()
-            broker.stop()
     return {
         "acknowledged": quantiles([a for a, _ in samples]),
         "visible_in_stats": quantiles([v for _, v in samples]),
