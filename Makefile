@@ -117,7 +117,7 @@ format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix services tests docs/hooks examples
 
 schemas: install ## regenerate schemas/ from the pydantic models
-	$(BIN)/python -m rl_export.common.schemas schemas
+	$(BIN)/python -m rl_export.formats.schemas schemas
 
 docs: install ## the docs site (MkDocs, Material) into site/, with --strict: a broken link fails
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -18,7 +18,7 @@ import promql_parser
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rl_export.common.metrics import Metrics, SinkMetrics, WebMetrics
+from rl_export.runtime.metrics import Metrics, SinkMetrics, WebMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_export.common.codec import dumps
-from rl_export.common.settings import load_settings
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import MemoryStore, ObjectStore
+from rl_export.model.codec import dumps
+from rl_export.runtime.settings import load_settings
 from tests.records import SYSTEM, trace_events
 
 ORG, PROJECT = "acme", "bot"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, StoreError
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError, StoreError
 
 
 async def check_store_contract(store: ObjectStore) -> None:

@@ -4,7 +4,7 @@ Where the code is the truth, the docs are made from it, never copied by hand:
 
 1. ``reference/cli.md`` from the argument parser (:func:`rl_export.cli.build_parser`): every
    command, its subcommands (subparsers, or an ``action`` positional's choices) and flags;
-2. ``reference/settings.md`` from the settings class (:class:`rl_export.common.settings.Settings`):
+2. ``reference/settings.md`` from the settings class (:class:`rl_export.runtime.settings.Settings`):
    every ``RL_EXPORT_*`` variable with its default, its type or choices, and its help;
 3. ``reference/api.md`` from the web service's OpenAPI document (``create_app(...).openapi()``,
    what ``GET /api/v1/openapi.json`` serves): every route, its parameters, body and answers;
@@ -31,7 +31,7 @@ from pydantic import TypeAdapter
 from pydantic.fields import FieldInfo
 
 from rl_export.cli import build_parser
-from rl_export.common.settings import Settings, env_name
+from rl_export.runtime.settings import Settings, env_name
 from rl_export.web.app import create_app
 from rl_export.web.services import build_services
 
@@ -195,7 +195,7 @@ def settings_page() -> str:
     lines = [
         "# Settings",
         "",
-        "Generated from the settings class (`rl_export.common.settings.Settings`) when the "
+        "Generated from the settings class (`rl_export.runtime.settings.Settings`) when the "
         "site is built. Every setting is an environment variable `RL_EXPORT_<NAME>`; the "
         "command line's flags override them (`--store` over `RL_EXPORT_STORE_URL`, ...). "
         "An invalid value stops a command with one line naming the variable. Settings are "

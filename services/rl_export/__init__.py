@@ -1,12 +1,13 @@
 """rl-export: turn scored agent runs into continuously refreshed JSONL training corpora.
 
-How an event travels (each step names the package that does it; imports only point down,
-from ``cli`` to ``worker``/``web``/``local``, to ``export``, to ``corpora``, to ``stream``,
-to ``common``):
+How an event travels (each step names the room that does it; imports only point down, from
+``cli`` to the processes (``worker``, ``web``, ``local``), to ``index``, to ``export`` and
+``labeling``, to ``corpora``, to ``stream``, to the ground floor: ``kafka``, ``runtime``,
+``formats``, ``privacy`` and ``model``; docs/concepts/architecture.md draws the map):
 
 1. ``stream.produce`` (or AgentHub) publishes ``trace.completed``, ``evaluation.finished``
    and ``label.*`` events, keyed by ``trace_id``, to the three input topics.
-2. ``stream`` decodes each event into a pydantic model (``common.events``), merges it into
+2. ``stream`` decodes each event into a pydantic model (``model.events``), merges it into
    the trace's state (``stream.join``, pure) in a table with a changelog
    (``stream.statestore``) and emits a snapshot to the ``trajectories`` topic; an event it
    cannot accept goes to the dead-letter topic with a reason.

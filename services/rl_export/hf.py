@@ -60,37 +60,29 @@ optional dependency (``pip install 'rl-export[hf]'``), imported only when a data
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
-import os
-import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from rl_export.common.codec import dumps
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.common.filters import Filters
-from rl_export.common.records import upgrade_record
-from rl_export.common.settings import load_settings
+from rl_export.corpora.commits import ChainError, Part, chain_keys, object_blocks, read_commit
 from rl_export.corpora.identity import block_identities
-from rl_export.corpora.layout import (
-    ChainError,
-    CorpusRef,
-    Part,
-    chain_keys,
-    object_blocks,
-    read_commit,
-)
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export.features import row_features
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.rows import ROW_FORMATS, RowOptions, row_options
 from rl_export.export.sft import SFT_COLUMNS, tokenize_for_sft, tokenize_row
 from rl_export.export.versions import pinned
+from rl_export.formats.filters import Filters
+from rl_export.model.codec import dumps
+from rl_export.model.errors import ObjectNotFoundError
+from rl_export.model.records import upgrade_record
+from rl_export.runtime.loopthread import LoopThread
+from rl_export.runtime.settings import load_settings
 
 __all__ = [
     "SFT_COLUMNS", "Plan", "RowOptions", "corpus_dataset", "find_position", "row_features",
@@ -99,8 +91,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     import datasets
-
-T = TypeVar("T")
 
 PIN_KEY = "rl_export_position"
 """The key of a dataset's position in its state dict (found there by ``resume_from``)."""
@@ -119,52 +109,6 @@ def _datasets() -> Any:
 
 
 # --- an event loop of our own ---------------------------------------------------------------
-
-
-class _Loop:
-    """One event-loop thread per process: the store's coroutines run there, whatever thread
-    (or running loop, as in a notebook) iterates the dataset."""
-
-    _current: _Loop | None = None
-    _lock = threading.Lock()
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="rl-export-hf",
-                                       daemon=True)  # fmt: skip
-        self.thread.start()
-
-    @classmethod
-    def get(cls) -> _Loop:
-        with cls._lock:
-            # After a fork (DataLoader workers) the thread is gone: a new loop for the child.
-            if cls._current is None or cls._current.pid != os.getpid():
-                cls._current = cls()
-            return cls._current
-
-    def run(self, make: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
-        """Run a coroutine on the loop and wait for it (RuntimeError once the loop stopped:
-        a dataset finalised while the interpreter exits)."""
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("rl_export.hf: iterated from its own event-loop thread")
-        if not self.loop.is_running():
-            raise RuntimeError("rl_export.hf: the event loop has stopped")
-
-        async def call() -> T:
-            return await make()
-
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-
-
-@atexit.register
-def _stop_loop() -> None:
-    if _Loop._current is not None and _Loop._current.pid == os.getpid():
-        _Loop._current.stop()
 
 
 # --- the plan: which objects, which rows ----------------------------------------------------
@@ -432,7 +376,7 @@ def _iterate(
             f"this state was saved by a dataset at {state[PIN_KEY]}, this one is at "
             f"{plan.pin}: make it with corpus_dataset(..., resume_from=state)"
         )
-    loop = _Loop.get()
+    loop = LoopThread.get()
     # A URL is opened here, for this iteration (in this process: DataLoader workers each
     # open their own), and closed when it ends; an opened store is the caller's.
     store = open_store(plan.store) if isinstance(plan.store, str) else None
@@ -466,7 +410,7 @@ def _follow(
     plan: Plan,
     follow_ids: tuple[int, ...],
     state: dict[str, Any] | None,
-    loop: _Loop,
+    loop: LoopThread,
     store: ObjectStore,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Round after round, the new commits of each chain followed (in name order), for ever."""
@@ -559,7 +503,7 @@ def corpus_dataset(
     ``format`` (any per-record format: ``messages``, ``prompt_completion``, ``kto``,
     ``rl_prompts``, ``executions``), ``chat_style`` (``hf`` by default) and ``system``,
     ``mask_failed_turns`` / ``mask_types``, ``redact`` (kinds) and ``filters`` (a
-    :class:`~rl_export.common.filters.Filters`): each record is filtered, redacted and
+    :class:`~rl_export.formats.filters.Filters`): each record is filtered, redacted and
     rendered by the export's own code, and records without a row are left out. ValueError
     for an unknown value, and, when iterated, for a corpus of another format.
 
@@ -594,11 +538,11 @@ def corpus_dataset(
     if version is not None:
         if follow:
             raise ValueError("a version is a fixed position: follow=True cannot follow it")
-        pinned_at = _Loop.get().run(lambda: _version_position(store, ref, version))
+        pinned_at = LoopThread.get().run(lambda: _version_position(store, ref, version))
         if at is not None and at != pinned_at:
             raise ValueError(f"resume_from holds another position than version {version!r}")
         at = pinned_at
-    plan = _Loop.get().run(lambda: _plan(
+    plan = LoopThread.get().run(lambda: _plan(
         store, ref, latest_only=latest_only, at=at, follow=streams,
         poll_interval_s=poll_interval_s,
     ))  # fmt: skip

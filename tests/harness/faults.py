@@ -12,7 +12,7 @@ import contextlib
 import socket
 import struct
 
-from rl_export.common.net import LOOPBACK, free_port
+from rl_export.runtime.net import LOOPBACK, free_port
 
 
 class CuttableProxy:

@@ -3,7 +3,7 @@
 The integration tests and the soak compare what the pipeline wrote with this: every event
 merged into its trace's state in the order given (:func:`rl_export.stream.join.merge`, the
 rules of DESIGN.md section 3, whose final result does not depend on the order), then each
-corpus's record for the final snapshot (:meth:`rl_export.common.specs.CorpusSpec.record_for`).
+corpus's record for the final snapshot (:meth:`rl_export.formats.specs.CorpusSpec.record_for`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.events import EVENT_ADAPTER
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.model.codec import dumps, loads
+from rl_export.model.events import EVENT_ADAPTER
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 
 

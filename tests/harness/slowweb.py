@@ -18,9 +18,9 @@ from typing import Any
 
 import uvicorn
 
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
 from rl_export.corpora.store import CHUNK, ObjectStore, open_store
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from rl_export.web.app import create_app
 from rl_export.web.services import Services, build_services
 

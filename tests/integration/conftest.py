@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
 from rl_export.local.broker import LocalKafka
 from rl_export.local.seaweed import LOCAL_CREDENTIALS, LocalS3
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 
 
 @pytest.fixture(scope="session")

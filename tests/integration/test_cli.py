@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from rl_export.common.codec import dumps_lines
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
+from rl_export.model.codec import dumps_lines
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import TopicSpec, ensure_topics
 from tests.factories import event
 from tests.integration.workers import settings_env

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from rl_export.common.settings import Settings
 from rl_export.local.broker import LocalKafka
 from rl_export.local.seaweed import LocalS3
+from rl_export.runtime.settings import Settings
 from tests.deployfiles import (
     alert_queries,
     dashboard_queries,

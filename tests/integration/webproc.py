@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
 from rl_export.local.process import ManagedProcess
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from tests.integration.workers import settings_env
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rl_export.cli import build_parser
-from rl_export.common.settings import Settings, env_name
+from rl_export.runtime.settings import Settings, env_name
 from rl_export.web.api.routes import export, label
 
 ROOT = Path(__file__).resolve().parents[2]

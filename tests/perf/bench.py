@@ -56,13 +56,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from rl_export.common.events import FAMILY_OF_TYPE
-from rl_export.common.net import free_port
-from rl_export.common.partitioning import kafka_partitioner
-from rl_export.common.settings import Settings, env_name
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import tail
 from rl_export.local.synthetic import SHAPES, STANDARD, Shape, generate, trace_events
+from rl_export.model.events import FAMILY_OF_TYPE
+from rl_export.model.partitioning import kafka_partitioner
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings, env_name
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics
 from tests.harness.reads import unread

@@ -18,7 +18,7 @@ p of a Mann-Whitney U test over the runs (:mod:`tests.perf.significance`): ``~``
 where the runs show no difference. Give four rounds or more: three never show one.
 
 A variant is ``name=value`` pairs separated by commas: a setting (a field of
-:class:`~rl_export.common.settings.Settings`, such as ``join_processes=1``), or with
+:class:`~rl_export.runtime.settings.Settings`, such as ``join_processes=1``), or with
 ``env:`` an environment variable of the worker (``env:MALLOC_ARENA_MAX=2``). The empty
 variant is the defaults.
 """
@@ -39,10 +39,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import SHAPES
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from tests.perf.bench import (
     DEFAULT_TRACES,
     MIB,
@@ -96,7 +96,7 @@ def parse_variant(text: str) -> Variant:
             env[name[4:]] = value
             continue
         if name not in Settings.model_fields:
-            raise ValueError(f"{name!r} is not a setting (see rl_export.common.settings)")
+            raise ValueError(f"{name!r} is not a setting (see rl_export.runtime.settings)")
         try:
             settings[name] = getattr(Settings.model_validate({name: value}), name)
         except ValidationError as exc:

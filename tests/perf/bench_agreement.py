@@ -12,8 +12,8 @@
    for the reward, on the same units, point estimates only (no interval): what calling the
    library would cost before any resample.
 4. The route's whole work for a filter no request used before, on the same traces as
-   records in the web service's query index (:class:`~rl_export.web.index.QueryIndex`, in a
-   temporary folder): the index's input (:func:`~rl_export.web.labelindex.agreement_input`)
+   records in the web service's query index (:class:`~rl_export.index.queryindex.QueryIndex`, in a
+   temporary folder): the index's input (:func:`~rl_export.index.labelqueries.agreement_input`)
    then the report, once per filter, each the first of its filter.
 
 The goal is the report (the bootstrap included) well under 1 s, the route's p99 goal (issue
@@ -35,16 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from rl_export.common.codec import dumps_line
-from rl_export.common.filters import parse_filters
+from rl_export.formats.filters import parse_filters
+from rl_export.index.labelqueries import agreement_input
+from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.labeling.agreement import (
     DIMENSIONS,
     AgreementInput,
     agreement_report,
     value_counts,
 )
-from rl_export.web.index import CorpusKey, QueryIndex
-from rl_export.web.labelindex import agreement_input
+from rl_export.model.codec import dumps_line
 from tests.records import record
 
 TRACES = 1_000_000

@@ -41,9 +41,9 @@ from pathlib import Path
 
 import orjson
 
-from rl_export.common.net import free_port
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import SHAPES
+from rl_export.runtime.net import free_port
 from tests.perf.bench import bench_settings, own_topics, produce_backlog
 from tests.perf.significance import compare, verdict
 

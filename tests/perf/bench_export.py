@@ -42,12 +42,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rl_export.common.settings import load_settings
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.formats.specs import CorpusSpec
 from rl_export.local.synthetic import scored_event_lines
+from rl_export.runtime.settings import load_settings
 from tests.perf import bench_web
 
 ORG, PROJECT, SOURCE = "acme", "support-bot", "evaluator"

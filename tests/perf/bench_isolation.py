@@ -28,13 +28,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rl_export.common.net import free_port
-from rl_export.common.settings import load_settings
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.formats.specs import CorpusSpec
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import scored_event_lines
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import load_settings
 from rl_export.web.tokens import Scope, TokenStore
 from tests.harness.slowweb import Gate, InProcessWeb
 

@@ -14,7 +14,8 @@ import random
 import sys
 import time
 
-from rl_export.common.redact import KINDS, Redactor, placeholder, warm_up
+from rl_export.privacy.kinds import placeholder
+from rl_export.privacy.redact import KINDS, Redactor, warm_up
 
 WORDS = [
     "plan", "goal", "step", "budget", "weekly", "check", "progress", "habit", "sleep", "walk",

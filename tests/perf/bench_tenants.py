@@ -44,12 +44,12 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from rl_export.common.events import FAMILY_OF_TYPE
-from rl_export.common.net import free_port
-from rl_export.common.partitioning import kafka_partitioner, partition_for
-from rl_export.common.settings import Settings
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import SHAPES, trace_events
+from rl_export.model.events import FAMILY_OF_TYPE
+from rl_export.model.partitioning import kafka_partitioner, partition_for
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from rl_export.stream.produce import topic_for
 from tests.perf.bench import fresh, histogram, metrics, own_topics, quantile, ready, start_worker
 

@@ -56,19 +56,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from rl_export.common.codec import dumps
-from rl_export.common.events import FAMILY_OF_TYPE
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings, child_env, load_settings
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.formats.specs import CorpusSpec
 from rl_export.labeling.claims import PREFIX as CLAIMS_PREFIX
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
+from rl_export.model.codec import dumps
+from rl_export.model.events import FAMILY_OF_TYPE
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings, child_env, load_settings
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
 from tests.harness.reads import read_topics
@@ -435,7 +435,7 @@ def _known_to(env: dict[str, str], pythonpath: str) -> dict[str, str]:
     the settings the benchmark chose that its code has: a service refuses a setting it does
     not know (or a default, such as the corpora's, with fields it does not know)."""
     names = subprocess.run(
-        [sys.executable, "-c", "from rl_export.common.settings import Settings; "
+        [sys.executable, "-c", "from rl_export.runtime.settings import Settings; "
          "print(' '.join(Settings.model_fields))"],
         env={**env, "PYTHONPATH": pythonpath}, capture_output=True, text=True, check=True,
         timeout=60,

@@ -50,11 +50,11 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.events import EventFamily, EventRejection
-from rl_export.common.metrics import Metrics
-from rl_export.common.records import Headers
-from rl_export.common.settings import Settings
 from rl_export.local.synthetic import SHAPES, generate
+from rl_export.model.events import EventFamily, EventRejection
+from rl_export.model.records import Headers
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import (
     CONVERSATION,
     BatchResult,
@@ -282,8 +282,8 @@ def install(path: Path) -> None:
 
 RECORDED_BY = (
     *(f"services/rl_export/{name}" for name in (
-        "stream/join.py", "stream/state.py", "stream/processor.py", "common/records.py",
-        "common/eventview.py", "common/events.py", "common/codec.py", "local/synthetic.py",
+        "stream/join.py", "stream/state.py", "stream/processor.py", "model/records.py",
+        "model/eventview.py", "model/events.py", "model/codec.py", "local/synthetic.py",
     )),
     "tests/perf/ceiling.py",
 )  # fmt: skip

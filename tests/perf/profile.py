@@ -46,12 +46,12 @@ import orjson
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.events import FAMILY_OF_TYPE, EventFamily, EventRejection
-from rl_export.common.gctune import tune_gc
-from rl_export.common.metrics import Metrics, SinkMetrics
-from rl_export.common.partitioning import partition_for
-from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
-from rl_export.common.settings import Settings
+from rl_export.model.events import FAMILY_OF_TYPE, EventFamily, EventRejection
+from rl_export.model.partitioning import partition_for
+from rl_export.model.records import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
+from rl_export.runtime.gctune import tune_gc
+from rl_export.runtime.metrics import Metrics, SinkMetrics
+from rl_export.runtime.settings import Settings
 
 try:
     from rl_export.corpora.chain import SinkConfig

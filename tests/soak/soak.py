@@ -48,10 +48,6 @@ from typing import Any, Literal
 import aiohttp
 from aiokafka import AIOKafkaProducer
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.net import free_port
-from rl_export.common.partitioning import kafka_partitioner
-from rl_export.common.settings import Settings
 from rl_export.corpora.layout import list_corpora
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import S3Store
@@ -59,6 +55,10 @@ from rl_export.corpora.verify import verify
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
 from rl_export.local.seaweed import LOCAL_CREDENTIALS, LocalS3
+from rl_export.model.codec import dumps, loads
+from rl_export.model.partitioning import kafka_partitioner
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from rl_export.stream.emitter import HEADER_FORWARDED_FROM
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics

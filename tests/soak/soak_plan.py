@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import orjson
 
-from rl_export.common.events import FAMILY_OF_TYPE, EventFamily, RejectReason, format_utc
-from rl_export.common.partitioning import Partitioner, partition_for
 from rl_export.local.synthetic import trace_events
+from rl_export.model.events import FAMILY_OF_TYPE, EventFamily, RejectReason, format_utc
+from rl_export.model.partitioning import Partitioner, partition_for
 
 EXPECT_HEADER = "rl-soak-expect"
 """Header of a record the join must dead-letter: the reason it must give."""

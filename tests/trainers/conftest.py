@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps
+from rl_export.model.codec import dumps
 from tests.records import trace_events
 
 # transformers uses the `kernels` package's hub kernels when it is installed (dev's newer

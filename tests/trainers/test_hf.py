@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.filters import Filters
+from rl_export.formats.filters import Filters
 from rl_export.hf import corpus_dataset
 from tests.trainers.conftest import ORG, PROJECT, Exports
 from tests.trainers.test_trl import common, train

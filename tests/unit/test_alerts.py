@@ -4,7 +4,7 @@ Prometheus's own promtool (``make install`` unpacks it from Debian's prometheus 
 ``.cache/``) checks the rule file and runs its unit tests, deploy/prometheus/alerts.test.yml:
 each alert fires on series that should page and stays quiet on a near miss. Every
 expression parses (promql-parser); every metric it reads is one rl-export defines
-(:mod:`rl_export.common.metrics`) or one an exporter documents (``EXTERNAL_METRICS``); every
+(:mod:`rl_export.runtime.metrics`) or one an exporter documents (``EXTERNAL_METRICS``); every
 alert links a section of docs/operations/runbook.md that exists, and every section belongs
 to an alert. That running services really export the rl_export_* names is checked by
 tests/integration/test_deploy_metrics.py.

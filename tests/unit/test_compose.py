@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from rl_export.common.settings import ENV_PREFIX, Settings
-from rl_export.common.storeurl import parse_store_url
+from rl_export.runtime.settings import ENV_PREFIX, Settings
+from rl_export.runtime.storeurl import parse_store_url
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"

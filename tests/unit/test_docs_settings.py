@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rl_export.common.settings import Settings
+from rl_export.runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "RL_EXPORT_"

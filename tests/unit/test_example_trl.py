@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps
-from rl_export.common.settings import load_settings
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.formats.specs import CorpusSpec
 from rl_export.hf import corpus_dataset
+from rl_export.model.codec import dumps
+from rl_export.runtime.settings import load_settings
 from tests.records import trace_events
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "trl_sft_masked_messages.py"

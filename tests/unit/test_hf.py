@@ -17,16 +17,16 @@ import pytest
 from datasets import IterableDataset
 from datasets.distributed import split_dataset_by_node
 
-from rl_export.common.codec import dumps
-from rl_export.common.errors import NoDataError
-from rl_export.common.settings import load_settings
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
+from rl_export.formats.specs import CorpusSpec
 from rl_export.hf import corpus_dataset, find_position, row_features
+from rl_export.model.codec import dumps
+from rl_export.model.errors import NoDataError
+from rl_export.runtime.settings import load_settings
 from tests.exportdata import ORG, PROJECT, build_story, replay_events
 from tests.records import trace_events
 
@@ -179,8 +179,8 @@ async def test_a_changed_corpus_resumes_from_the_position_the_state_holds(
 
 
 async def test_a_pinned_version_gives_the_rows_it_pinned(tmp_path: Path) -> None:
-    from rl_export.common.errors import VersionError
     from rl_export.export.versions import pin
+    from rl_export.model.errors import VersionError
 
     store = LocalStore(tmp_path)
     await build_story(store)

@@ -17,16 +17,16 @@ import datasets
 import orjson
 import pytest
 
-from rl_export.common.chat import parse_chat
-from rl_export.common.codec import dumps
-from rl_export.common.formats import render_row
-from rl_export.common.settings import load_settings
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import LocalStore
 from rl_export.export import parse_split, write_export
+from rl_export.formats.chat import parse_chat
+from rl_export.formats.render import render_row
 from rl_export.hf import ROW_FORMATS, corpus_dataset, row_features
+from rl_export.model.codec import dumps
+from rl_export.runtime.settings import load_settings
 from tests.exportdata import ORG, PROJECT
 from tests.records import trace_events
 from tests.unit.export.test_render_matrix import CONVERSATIONS

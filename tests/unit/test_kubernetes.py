@@ -25,8 +25,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rl_export.common.kafka import check_app_id
-from rl_export.common.settings import ENV_PREFIX, Settings
+from rl_export.kafka.client import check_app_id
+from rl_export.runtime.settings import ENV_PREFIX, Settings
 from rl_export.stream.topics import topic_specs
 
 ROOT = Path(__file__).resolve().parents[2]

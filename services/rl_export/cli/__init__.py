@@ -2,6 +2,9 @@
 
 Every command turns an :class:`RlExportError` into one line on stderr and a non-zero exit;
 argparse already answers bad flags with a usage line and exit code 2.
+
+The top floor: imports any room (a command's modules lazily, so ``rl-export --help`` starts
+fast); nothing imports it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import NoReturn
 
 from rl_export import __version__
 from rl_export.cli.admin import cmd_audit, cmd_shards, cmd_tokens
-from rl_export.cli.common import EXIT_CONFIG, EXIT_ERROR, _add_source
 from rl_export.cli.exports import (
     _add_filters,
     _add_training_set,
@@ -27,6 +29,7 @@ from rl_export.cli.exports import (
     cmd_stats,
     cmd_versions,
 )
+from rl_export.cli.flags import EXIT_CONFIG, EXIT_ERROR, _add_source
 from rl_export.cli.processes import (
     cmd_broker,
     cmd_dev,
@@ -35,7 +38,7 @@ from rl_export.cli.processes import (
     cmd_web,
     cmd_worker,
 )
-from rl_export.common.errors import ConfigError, RlExportError
+from rl_export.model.errors import ConfigError, RlExportError
 
 __all__ = ["build_parser", "main"]
 

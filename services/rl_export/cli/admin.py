@@ -8,12 +8,12 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from rl_export.common.errors import ConfigError
+from rl_export.model.errors import ConfigError
 
 if TYPE_CHECKING:
     pass
 
-from rl_export.cli.common import _open, _pinned, _ref, _settings
+from rl_export.cli.flags import _open, _pinned, _ref, _settings
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
@@ -72,8 +72,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from rl_export.common.codec import dumps
-    from rl_export.common.specs import check_name
+    from rl_export.formats.specs import check_name
+    from rl_export.model.codec import dumps
     from rl_export.web import audit
 
     settings = _settings(args, store_url="store")

@@ -9,17 +9,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_export.common.errors import ConfigError
+from rl_export.model.errors import ConfigError
 
 if TYPE_CHECKING:
     from rl_export.corpora.layout import CorpusRef
 
-from rl_export.cli.common import _open, _pinned, _settings
+from rl_export.cli.flags import _open, _pinned, _settings
 
 
 def _filter_values(args: argparse.Namespace) -> dict[str, str | list[str]]:
     """The filter flags given on the command line, as ``parse_filters`` reads them."""
-    from rl_export.common.filters import FILTER_NAMES
+    from rl_export.formats.filters import FILTER_NAMES
 
     values: dict[str, str | list[str]] = {}
     for name in FILTER_NAMES:
@@ -47,8 +47,8 @@ def _from_manifest(args: argparse.Namespace) -> Any:
     """Fill the export's options in ``args`` from ``--from-manifest FILE``; return the view
     position it read. ConfigError for an option given beside it, or a file that is not a
     manifest of this rl-export version."""
-    from rl_export.common.filters import FILTER_NAMES
     from rl_export.export.lineage import manifest_options, read_manifest
+    from rl_export.formats.filters import FILTER_NAMES
 
     defaults = {"max_pairs": 1, "zip_data": "csv", "mask_failed_turns": False}
     given = [n for n in _MANIFEST_FLAGS if getattr(args, n) is not None]
@@ -66,9 +66,6 @@ def _from_manifest(args: argparse.Namespace) -> Any:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rl_export.common.filters import parse_filters
-    from rl_export.common.gctune import lean_allocators, tune_gc
-    from rl_export.common.progressbar import bar, position_callback
     from rl_export.export import (
         check_export,
         file_for,
@@ -80,6 +77,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         write_export,
     )
     from rl_export.export.attachments import AttachmentPolicy
+    from rl_export.formats.filters import parse_filters
+    from rl_export.runtime.gctune import lean_allocators, tune_gc
+    from rl_export.runtime.progressbar import bar, position_callback
 
     settings = _settings(args, store_url="store")
     at = _from_manifest(args) if args.from_manifest is not None else None
@@ -178,11 +178,11 @@ def _add_version(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    from rl_export.common.codec import dumps
-    from rl_export.common.specs import check_name
     from rl_export.corpora.layout import CorpusRef
     from rl_export.corpora.versions import delete_version, get_version, list_versions
     from rl_export.export.versions import pin
+    from rl_export.formats.specs import check_name
+    from rl_export.model.codec import dumps
 
     settings = _settings(args, store_url="store")
     for flag in ("org", "project", "corpus"):
@@ -217,10 +217,10 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from rl_export.common.codec import dumps
-    from rl_export.common.filters import parse_filters
-    from rl_export.common.gctune import lean_allocators, tune_gc
     from rl_export.export import stats
+    from rl_export.formats.filters import parse_filters
+    from rl_export.model.codec import dumps
+    from rl_export.runtime.gctune import lean_allocators, tune_gc
 
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))
@@ -243,12 +243,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
-    from rl_export.common.codec import dumps
-    from rl_export.common.errors import NoDataError
-    from rl_export.common.filters import parse_filters
-    from rl_export.common.gctune import tune_gc
     from rl_export.export import latest_records, source_ref
+    from rl_export.formats.filters import parse_filters
     from rl_export.labeling.agreement import AgreementBuilder, AgreementInput, agreement_report
+    from rl_export.model.codec import dumps
+    from rl_export.model.errors import NoDataError
+    from rl_export.runtime.gctune import tune_gc
 
     settings = _settings(args, store_url="store")
     filters = parse_filters(_filter_values(args))

@@ -10,12 +10,12 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from rl_export.common.errors import ConfigError
+from rl_export.model.errors import ConfigError
 
 if TYPE_CHECKING:
     pass
 
-from rl_export.cli.common import _open, _settings
+from rl_export.cli.flags import _open, _settings
 
 
 def _wait_for_signal() -> int:
@@ -54,7 +54,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from rl_export.common.progressbar import bar
+    from rl_export.runtime.progressbar import bar
     from rl_export.stream.produce import produce_lines, read_lines
 
     settings = _settings(args, kafka_bootstrap="bootstrap")
@@ -81,8 +81,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from rl_export.common.progressbar import bar
     from rl_export.corpora.replay import replay, summary
+    from rl_export.runtime.progressbar import bar
     from rl_export.stream.produce import read_lines
 
     settings = _settings(args, store_url="store")

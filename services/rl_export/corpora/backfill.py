@@ -41,29 +41,25 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.codec import dumps_line
-from rl_export.common.errors import ObjectExistsError
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.records import tombstone
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.chainstate import ChainState, load_chain_state
-from rl_export.corpora.identity import block_identities
-from rl_export.corpora.layout import (
-    SCHEMA_VERSION,
+from rl_export.corpora.commits import (
     Commit,
-    Compression,
-    CorpusRef,
     Part,
     block_lines,
     check_count,
     encode_lines,
     follow_chain,
-    latest_compaction,
     object_blocks,
-    parse_stream,
-    utc_now,
 )
+from rl_export.corpora.compacted import latest_compaction
+from rl_export.corpora.identity import block_identities
+from rl_export.corpora.layout import SCHEMA_VERSION, Compression, CorpusRef, parse_stream, utc_now
 from rl_export.corpora.store import ObjectStore
+from rl_export.formats.specs import CorpusSpec
+from rl_export.model.codec import dumps_line
+from rl_export.model.errors import ObjectExistsError
+from rl_export.model.records import tombstone
+from rl_export.runtime.metrics import SinkMetrics
 from rl_export.stream.join import snapshot_from_record
 
 log = logging.getLogger(__name__)

@@ -23,23 +23,17 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.errors import ObjectExistsError
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.partitioning import Partitioner, partition_for
-from rl_export.common.records import SnapshotLines
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.backfill import seed_chain
 from rl_export.corpora.chainstate import ChainState, load_chain_state
+from rl_export.corpora.commits import Commit, encode_lines
 from rl_export.corpora.erasures import record_erasures
-from rl_export.corpora.layout import (
-    SCHEMA_VERSION,
-    Commit,
-    Compression,
-    CorpusRef,
-    encode_lines,
-    utc_now,
-)
+from rl_export.corpora.layout import SCHEMA_VERSION, Compression, CorpusRef, utc_now
 from rl_export.corpora.store import ObjectStore
+from rl_export.formats.specs import CorpusSpec
+from rl_export.model.errors import ObjectExistsError
+from rl_export.model.partitioning import Partitioner, partition_for
+from rl_export.model.records import SnapshotLines
+from rl_export.runtime.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_export.corpora.layout import (
-    CorpusRef,
+from rl_export.corpora.commits import read_chain
+from rl_export.corpora.compacted import (
     latest_compaction,
-    parse_stream,
-    read_chain,
     read_compaction,
     read_holdings,
     read_tombstones,
 )
+from rl_export.corpora.layout import CorpusRef, parse_stream
 from rl_export.corpora.store import ObjectStore
 
 

@@ -38,28 +38,27 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from rl_export.common.codec import dumps, dumps_lines, loads
-from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError
-from rl_export.common.partitioning import Partitioner, partition_for
+from rl_export.corpora.commits import chain_keys, encode_shard, read_chain, read_commit
+from rl_export.corpora.compacted import (
+    Compaction,
+    encode_holdings,
+    latest_compaction,
+    read_compaction,
+    read_tombstones,
+)
 from rl_export.corpora.layout import (
     OFFSET_WIDTH,
     SCHEMA_VERSION,
-    Compaction,
     Compression,
     CorpusRef,
-    chain_keys,
-    encode_holdings,
-    encode_shard,
-    latest_compaction,
     list_corpora,
-    read_chain,
-    read_commit,
-    read_compaction,
-    read_tombstones,
     utc_now,
 )
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import list_versions
+from rl_export.model.codec import dumps, dumps_lines, loads
+from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError
+from rl_export.model.partitioning import Partitioner, partition_for
 
 # --- the pure core --------------------------------------------------------------------------
 

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 
 import orjson
 
-from rl_export.common.codec import dumps
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.corpora.layout import ChainError
+from rl_export.corpora.commits import ChainError
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.codec import dumps
+from rl_export.model.errors import ObjectNotFoundError
 
 ERASURES_ROOT = "_erasures"
 READ_AT_ONCE = 32  # entries without the id in their key fetched concurrently

@@ -18,12 +18,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.records import SnapshotLines, decode_snapshot
-from rl_export.common.specs import CorpusSpec
 from rl_export.corpora.chain import ChainWriter, PendingTotals, SinkConfig
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
+from rl_export.formats.specs import CorpusSpec
+from rl_export.model.records import SnapshotLines, decode_snapshot
+from rl_export.runtime.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ both :meth:`CorpusReader.records` and :meth:`CorpusReader.follow_objects` read t
 4. The cursor moves with every record handed out, so a saved cursor resumes with neither a
    repeat nor a gap. A chain that does not continue at the cursor's position while later
    commits exist (a gap, a cursor from another corpus, history already expired) raises
-   :class:`~rl_export.corpora.layout.ChainError` instead of silently skipping records.
+   :class:`~rl_export.corpora.commits.ChainError` instead of silently skipping records.
 
 The cursor is ``{"<topic>-<partition>": next from_offset}``. Between two shards that is all
 it holds. While a shard is only partly handed out it also holds ``"<stream>/skip": n`` (the
@@ -36,27 +36,24 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rl_export.common.codec import dumps, iter_lines, loads
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.common.records import upgrade_record
-from rl_export.corpora.erasures import erased_traces
-from rl_export.corpora.layout import (
+from rl_export.corpora.commits import (
     ChainError,
     Commit,
-    Compaction,
-    CorpusRef,
     Part,
     block_lines,
     chain_keys,
     commit_part,
-    compaction_part,
-    latest_compaction,
     object_blocks,
-    parse_stream,
     read_commit,
 )
+from rl_export.corpora.compacted import Compaction, compaction_part, latest_compaction
+from rl_export.corpora.erasures import erased_traces
+from rl_export.corpora.layout import CorpusRef, parse_stream
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import Version, check_chain_end
+from rl_export.model.codec import dumps, iter_lines, loads
+from rl_export.model.errors import ObjectNotFoundError
+from rl_export.model.records import upgrade_record
 
 log = logging.getLogger(__name__)
 

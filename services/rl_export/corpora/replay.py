@@ -21,14 +21,14 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.events import EventFamily, EventRejection
-from rl_export.common.metrics import Metrics, SinkMetrics
-from rl_export.common.partitioning import partition_for
-from rl_export.common.records import HEADER_RECORD_AT, Headers
-from rl_export.common.settings import Settings
 from rl_export.corpora.chain import SinkConfig, writer_id
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.events import EventFamily, EventRejection
+from rl_export.model.partitioning import partition_for
+from rl_export.model.records import HEADER_RECORD_AT, Headers
+from rl_export.runtime.metrics import Metrics, SinkMetrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import InMessage, JoinProcessor, MemoryTable
 from rl_export.stream.produce import route, topic_for
 

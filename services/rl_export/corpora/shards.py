@@ -8,18 +8,14 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
-from rl_export.common.codec import dumps_line
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.corpora.layout import (
-    ChainError,
-    Commit,
-    CorpusRef,
-    latest_compaction,
-    read_commit,
-)
+from rl_export.corpora.commits import ChainError, Commit, read_commit
+from rl_export.corpora.compacted import latest_compaction
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader, end_cursor, stream_order
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import Version
+from rl_export.model.codec import dumps_line
+from rl_export.model.errors import ObjectNotFoundError
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")

@@ -39,9 +39,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.corpora.layout import SIDECAR_VERSION, CorpusRef, Part, SidecarRef, sidecar_key
+from rl_export.corpora.commits import SIDECAR_VERSION, Part, SidecarRef, sidecar_key
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.errors import ObjectNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -43,16 +43,16 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from rl_export.common.errors import StoreError
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.records import HEADER_EVENT_MS, HEADER_RECORD_AT
-from rl_export.common.retrying import start_when_reachable, stop_quietly
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.chain import SinkConfig, writer_id
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import ObjectStore
+from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.kafka.client import KafkaConnection
+from rl_export.kafka.retrying import start_when_reachable, stop_quietly
+from rl_export.model.errors import StoreError
+from rl_export.model.records import HEADER_EVENT_MS, HEADER_RECORD_AT
+from rl_export.runtime.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ async def free_refused_requests() -> None:
 
     A failed request's exception, and the frames it passed through (ours, aiobotocore's,
     aiohttp's), refer to each other, and they hold the shard's bytes and the HTTP
-    request's copy of them. :func:`rl_export.common.gctune.tune_gc` runs the cycle
+    request's copy of them. :func:`rl_export.runtime.gctune.tune_gc` runs the cycle
     collector once per 50,000 allocations, and a sink waiting on a store that is down
     allocates few: each refused round stayed in memory, 64 MiB a round on the bench's
     traffic, past 1 GiB in three minutes of an outage. A collection here takes 30-50 ms,

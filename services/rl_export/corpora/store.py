@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, StoreError
-from rl_export.common.storeurl import StoreLocation, parse_store_url
+from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError, StoreError
+from rl_export.runtime.storeurl import StoreLocation, parse_store_url
 
 T = TypeVar("T")
 CHUNK = 1 << 20

@@ -32,23 +32,16 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_export.common.codec import loads
-from rl_export.common.errors import ObjectNotFoundError, StoreError
-from rl_export.common.partitioning import partition_for
-from rl_export.corpora.layout import (
+from rl_export.corpora.commits import (
     ChainError,
     Commit,
-    Compaction,
-    Compression,
-    CorpusRef,
     SidecarRef,
     chain_keys,
     decode_shard,
     read_commit,
-    read_compaction,
-    read_holdings,
-    read_tombstones,
 )
+from rl_export.corpora.compacted import Compaction, read_compaction, read_holdings, read_tombstones
+from rl_export.corpora.layout import Compression, CorpusRef
 from rl_export.corpora.reader import stream_order
 from rl_export.corpora.shards import (
     DEFAULT_CONCURRENCY,
@@ -59,6 +52,9 @@ from rl_export.corpora.shards import (
 from rl_export.corpora.sidecar import SidecarError, read_sidecar
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import VERSIONS_ROOT, Version, all_versions
+from rl_export.model.codec import loads
+from rl_export.model.errors import ObjectNotFoundError, StoreError
+from rl_export.model.partitioning import partition_for
 
 
 @dataclass

@@ -18,10 +18,11 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rl_export.common.codec import dumps
-from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError, VersionError
-from rl_export.corpora.layout import ChainError, CorpusRef, utc_now
+from rl_export.corpora.commits import ChainError
+from rl_export.corpora.layout import CorpusRef, utc_now
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.codec import dumps
+from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError, VersionError
 
 VERSIONS_ROOT = "_versions"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

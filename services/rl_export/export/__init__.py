@@ -1,9 +1,12 @@
 """Exports for trainers and analysts: the latest view of a corpus, rendered in any format.
 
-Layer 3: above ``corpora`` (which it reads), below ``worker``, ``web``, ``local`` and ``cli``
-(which call it). The entry points are in :mod:`rl_export.export.exports`; the modules:
+Above ``corpora`` (which it reads), beside ``labeling`` (neither imports the other), below
+``index``, ``worker``, ``web``, ``local`` and ``cli`` (which call it): imports ``corpora``,
+``stream`` and the ground floor. The entry points are in :mod:`rl_export.export.exports`;
+the modules:
 
 - :mod:`~rl_export.export.latest`      the latest revision per trace in bounded memory
+- :mod:`~rl_export.export.settling`    the compaction settled against the tail (the view's step 3)
 - :mod:`~rl_export.export.runs`        the view's index: packed entries, bitmaps, sorted runs
 - :mod:`~rl_export.export.scan`        the view read, parsed (or partly), filtered, counted
 - :mod:`~rl_export.export.pairs`       the preference pairs, in bounded memory

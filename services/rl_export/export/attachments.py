@@ -4,7 +4,7 @@ An attachment's ``uri`` is untrusted. :meth:`Fetcher.fetch` gives a status and, 
 ``fetched``, the bytes:
 
 1. The URI is normalised and checked against the allowed prefixes
-   (:mod:`rl_export.common.attachment_sources`; ``RL_EXPORT_ATTACHMENT_SOURCES``) and the
+   (:mod:`rl_export.privacy.attachment_sources`; ``RL_EXPORT_ATTACHMENT_SOURCES``) and the
    store's own bucket and prefix: ``not_allowed`` otherwise, before any I/O.
 2. ``s3://``: read through the store's S3 client (or one made for that bucket), at most the
    byte cap plus one; a missing object is ``missing``.
@@ -32,7 +32,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rl_export.common.attachment_sources import (
+from rl_export.corpora.store import ObjectStore, S3Store
+from rl_export.model.errors import ObjectNotFoundError, RlExportError, StoreError
+from rl_export.privacy.attachment_sources import (
     AttachmentSource,
     NotAllowed,
     Target,
@@ -41,11 +43,9 @@ from rl_export.common.attachment_sources import (
     normalise,
     store_source,
 )
-from rl_export.common.errors import ObjectNotFoundError, RlExportError, StoreError
-from rl_export.corpora.store import ObjectStore, S3Store
 
 if TYPE_CHECKING:
-    from rl_export.common.settings import Settings
+    from rl_export.runtime.settings import Settings
 
 MIB = 1024 * 1024
 

@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from rl_export.common.chat import Chat
-from rl_export.common.codec import dumps
-from rl_export.common.filters import Filters
-from rl_export.common.formats import ROW_MODELS, TABULAR_FORMATS
-from rl_export.common.records import TrajectoryRecord
-from rl_export.common.turns import TurnMask
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
 from rl_export.export.columns import Column
 from rl_export.export.tabular import arrow_type
+from rl_export.formats.chat import Chat
+from rl_export.formats.filters import Filters
+from rl_export.formats.render import ROW_MODELS, TABULAR_FORMATS
+from rl_export.formats.turns import TurnMask
+from rl_export.model.codec import dumps
+from rl_export.model.records import TrajectoryRecord
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -6,7 +6,7 @@ wanted; ``PATH`` is a record field or a dotted nested key (``rubric.safety``,
 ``evaluator_scores.tone``, ``evaluation.report``, ``messages.0.content``: a number indexes a
 list) and ``HEADER`` renames it. Without it: the metadata columns (``trace_id``, ``org``,
 ``project``, ``revision``), then every other field of the trajectory record in record order.
-A path the record cannot have is an :class:`~rl_export.common.errors.ExportError` naming it.
+A path the record cannot have is an :class:`~rl_export.model.errors.ExportError` naming it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.codec import dumps
-from rl_export.common.errors import ExportError
-from rl_export.common.records import TrajectoryRecord
+from rl_export.model.codec import dumps
+from rl_export.model.errors import ExportError
+from rl_export.model.records import TrajectoryRecord
 
 METADATA_COLUMNS: tuple[str, ...] = ("trace_id", "org", "project", "revision")
 RECORD_FIELDS: tuple[str, ...] = tuple(TrajectoryRecord.model_fields)

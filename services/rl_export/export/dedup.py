@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from rl_export.common.codec import RawJson
-from rl_export.common.errors import ExportError
+from rl_export.model.codec import RawJson
+from rl_export.model.errors import ExportError
 
 DEDUP_MODES: tuple[str, ...] = ("exact", "near")
 DEDUP_ON: tuple[str, ...] = ("conversation", "prompt")

@@ -18,19 +18,19 @@ Public interface::
                       margin=0.0, max_pairs=1) -> list[dict]
         # the first rows of a JSON Lines format, as dicts (the API's GET records)
 
-``format`` is one of :data:`~rl_export.common.formats.JSONL_FORMATS` or
-:data:`~rl_export.common.formats.TABULAR_FORMATS`; ``columns`` (tabular only) is the
+``format`` is one of :data:`~rl_export.formats.render.JSONL_FORMATS` or
+:data:`~rl_export.formats.render.TABULAR_FORMATS`; ``columns`` (tabular only) is the
 ``PATH[:HEADER],...`` text or list; ``pair_by``/``margin``/``max_pairs`` are for
 ``preference``; ``zip_data`` picks ``data.csv`` or ``data.json`` in a zip; ``mask`` (a
-:class:`~rl_export.common.turns.TurnMask`, ``--mask-failed-turns``) weighs the assistant
+:class:`~rl_export.formats.turns.TurnMask`, ``--mask-failed-turns``) weighs the assistant
 messages of ``messages`` and ``prompt_completion`` rows, and the summary counts the failing
 outcomes whose turn is outside the conversation (``turns_outside``); ``file="parquet"``
 writes ``rl_prompts`` as Parquet (verl's files), else JSON Lines. ``card`` writes a
 Hugging Face dataset card (:mod:`rl_export.export.card`) as ``README.md`` beside a JSON
 Lines or Parquet file ``out``; a zip always carries one. ``redact`` is the kinds to redact
-(:func:`~rl_export.common.redact.parse_kinds`: ``secrets,email``, ``pii``, ``all``, ``none``;
+(:func:`~rl_export.privacy.kinds.parse_kinds`: ``secrets,email``, ``pii``, ``all``, ``none``;
 None is the default, ``secrets``); the summary's ``redactions`` counts what was replaced.
-``chat`` (a :class:`~rl_export.common.chat.Chat`, ``--chat-style``/``--system``) is the chat
+``chat`` (a :class:`~rl_export.formats.chat.Chat`, ``--chat-style``/``--system``) is the chat
 style of the chat formats' messages, ``hf`` by default; ``completion`` is ``preference``'s
 ``--completion`` (``turn`` or ``rest``). ``progress(done,
 total)`` is called as latest records are read (``total`` is known once the view is open).
@@ -38,9 +38,9 @@ total)`` is called as latest records are read (``total`` is known once the view 
 any error: never a partial file under the name) or a binary file object (``sys.stdout.buffer``).
 ``iter_export`` yields the bytes of any format (Parquet and zip are built in a temporary file
 first, then streamed); pass an :class:`ExportSummary` as ``summary`` to have it filled in.
-Bad input raises :class:`~rl_export.common.errors.ExportError` (a ConfigError; its
+Bad input raises :class:`~rl_export.model.errors.ExportError` (a ConfigError; its
 ``setting`` names the parameter) before any byte is produced; a corpus with no data at all
-raises :class:`~rl_export.common.errors.NoDataError`; filters that match nothing give a
+raises :class:`~rl_export.model.errors.NoDataError`; filters that match nothing give a
 valid empty file.
 
 How an export travels:
@@ -49,10 +49,10 @@ How an export travels:
    (tombstones dropped) in two passes over the corpus.
 2. Its lines are parsed in batches (:class:`~rl_export.export.scan.Scan`; not at all for
    ``trajectory`` without filters: the corpus lines are already strict JSON Lines and are
-   copied), filtered, rendered (:func:`~rl_export.common.formats.render_row`, or the
+   copied), filtered, rendered (:func:`~rl_export.formats.render.render_row`, or the
    tabular columns), and encoded.
 3. ``preference`` first reads the view once for each record's prompt group and reward,
-   pairs them (:func:`~rl_export.common.formats.pair_candidates`), then reads it again and
+   pairs them (:func:`~rl_export.formats.render.pair_candidates`), then reads it again and
    spills the paired records' halves to a temporary file, from which the pairs are written
    (:mod:`rl_export.export.pairs`).
 4. ``zip`` writes the data file to a temporary file while each record's attachments are
@@ -64,7 +64,7 @@ How an export travels:
 5. With ``card``, the card is written once the data file has its name: ``README.md``
    beside it, replaced atomically.
 6. Redaction (docs/guides/exports.md) applies to what is written, after the limit: a
-   ``trajectory`` line no gate of :mod:`rl_export.common.redact` opens for is copied without
+   ``trajectory`` line no gate of :mod:`rl_export.privacy.redact` opens for is copied without
    being parsed; other rows are redacted as they are written; ``preference`` redacts the
    paired records of its second pass (pairs are made on the prompts as stored).
 """
@@ -80,19 +80,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from rl_export.common.chat import HF, Chat
-from rl_export.common.codec import RawJson, dumps_line, loads
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import Filters
-from rl_export.common.formats import (
-    CHAT_FORMATS,
-    JSONL_FORMATS,
-    TABULAR_FORMATS,
-    Completion,
-    render_row,
-)
-from rl_export.common.redact import parse_kinds, redactor
-from rl_export.common.turns import TurnMask, outside_turns, report_of
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import (
@@ -116,6 +103,20 @@ from rl_export.export.tabular import (
     rl_prompts_schema,
 )
 from rl_export.export.writers import row_groups, tabular_chunks, zip_archive
+from rl_export.formats.chat import HF, Chat
+from rl_export.formats.filters import Filters
+from rl_export.formats.render import (
+    CHAT_FORMATS,
+    JSONL_FORMATS,
+    TABULAR_FORMATS,
+    Completion,
+    render_row,
+)
+from rl_export.formats.turns import TurnMask, outside_turns, report_of
+from rl_export.model.codec import RawJson, dumps_line, loads
+from rl_export.model.errors import ExportError
+from rl_export.privacy.kinds import parse_kinds
+from rl_export.privacy.redact import redactor
 
 _CHUNK = 1 << 20  # bytes gathered before a chunk is yielded
 

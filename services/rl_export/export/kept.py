@@ -10,10 +10,10 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.corpora.layout import ChainError, Part, object_blocks
+from rl_export.corpora.commits import ChainError, Part, object_blocks
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.runs import all_set
+from rl_export.model.errors import ObjectNotFoundError
 
 JOIN_RUNS = 16
 """A block with more runs of kept lines than this passes them on copied into one."""

@@ -5,7 +5,7 @@ How a view is made (:class:`LatestView`; the steps match the code):
 
 1. Find the latest compaction (its records are already the latest per trace, sorted by
    ``trace_id``) and, per chain, the commits after its position (the *tail*), following each
-   chain as the reader does (a gap is a :class:`~rl_export.corpora.layout.ChainError`).
+   chain as the reader does (a gap is a :class:`~rl_export.corpora.commits.ChainError`).
 2. Index the tail: number its lines in read order and keep, per trace, the best line
    (greatest revision; on an equal revision a tombstone; else the first read, as the
    reader's latest view does) as ``key -> one int`` (the key is the ``trace_id``'s UTF-8
@@ -16,7 +16,8 @@ How a view is made (:class:`LatestView`; the steps match the code):
    and a tombstone, is cleared as soon as it is seen. Past ``spill_at`` traces the index is
    sorted and pickled to a temporary run file, and a new one starts, so memory holds at
    most ``spill_at`` entries whatever the corpus size.
-3. Merge the runs (in batches: what every run holds up to the smallest of their current
+3. Merge the runs and settle the compaction against them (:mod:`rl_export.export.settling`;
+   in batches: what every run holds up to the smallest of their current
    slices' last keys, sorted together, so runs that do not interleave cost nothing per
    entry), clearing a trace's lines that lose across runs; and read the compaction once,
    a block (a 4 MiB chunk) at a time: its first and last keys say which tail traces it can
@@ -51,7 +52,7 @@ again while those objects exist. :attr:`LatestView.position` is where an opened 
 :meth:`LatestView.kept_parts` gives each object with the bitmap of its surviving lines (the
 Hugging Face dataset's shards, :mod:`rl_export.hf`).
 
-Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.layout.object_blocks`,
+Every object is read in 4 MiB chunks (:func:`~rl_export.corpora.commits.object_blocks`,
 the next chunk read in a thread while this one is worked on); in steps 2 and 3 its sha256
 (hashed in a thread too) and line count are checked when it ends, and a mismatch raises
 ChainError (an export then fails, and leaves no file), so every byte is verified before the
@@ -65,40 +66,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rl_export.common.codec import loads
-from rl_export.common.errors import NoDataError, ObjectNotFoundError
-from rl_export.common.filters import Filters
-from rl_export.corpora.erasures import ERASED_REVISION, erased_traces, note_erased
-from rl_export.corpora.identity import TOMBSTONE_END, NotARecordError, key_of, line_key
-from rl_export.corpora.layout import (
-    Block,
+from rl_export.corpora.commits import (
     ChainError,
-    Compaction,
-    CorpusRef,
     Part,
     block_lines,
     chain_keys,
     check_count,
     commit_part,
-    compaction_part,
-    latest_compaction,
     object_blocks,
     read_commit,
 )
+from rl_export.corpora.compacted import Compaction, compaction_part, latest_compaction
+from rl_export.corpora.erasures import ERASED_REVISION, erased_traces, note_erased
+from rl_export.corpora.identity import NotARecordError, key_of
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import list_streams
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import check_chain_end
 from rl_export.export.kept import Candidates, kept_lines, kept_ranges
 from rl_export.export.prefilter import may_match
 from rl_export.export.runs import (
-    FLAG,
-    SHIFT,
     SLICE,
     Cursor,
     Identities,
@@ -112,6 +104,10 @@ from rl_export.export.runs import (
     popcount,
     row_of,
 )
+from rl_export.export.settling import LOOKUP_SHARE, Settler, UnsortedError
+from rl_export.formats.filters import Filters
+from rl_export.model.codec import loads
+from rl_export.model.errors import NoDataError, ObjectNotFoundError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,20 +145,6 @@ class ViewPosition:
 SPILL_AT = 200_000
 VERIFY_AHEAD = 2
 """Objects whose lines came from their sidecars hashed at once while the view goes on."""
-LOOKUP_SHARE = 16
-"""A compaction block with more than one tail trace in its range per this many lines has
-every line's key read instead of a binary search per trace."""
-
-
-def _lines_of(data: bytes, start: int, end: int) -> list[int]:
-    """The start of every line of ``data[start:end]`` (whole lines)."""
-    find = data.find
-    starts: list[int] = []
-    append = starts.append
-    while start < end:
-        append(start)
-        start = find(b"\n", start, end) + 1
-    return starts
 
 
 class LatestView:
@@ -460,135 +442,44 @@ class LatestView:
         if not runs.files and not self.compaction_parts:
             return  # one run, no compaction: step 2 decided every line
         cursor = Cursor(runs.spans(index, lose))
+        settler = Settler(
+            self._keep_compaction, keep_tail, cursor,
+            erased_keys=self.erased_keys, erased_best=self._erased_best,
+            lookup_share=self.lookup_share,
+        )  # fmt: skip
         n = 0
         previous: bytes | None = None
-        async for part, identities in self._ahead(self.compaction_parts, self._identities):
-            first_row = n
-            if identities is not None:
-                await self._verify_soon(part)
-                try:
-                    n, previous = self._compaction_rows(identities, n, previous, cursor)
-                except _UnsortedError:
-                    raise ChainError(f"{part.key}: compaction not sorted by trace_id") from None
-                continue
-            async for block in object_blocks(self.store, part):
-                try:
-                    n, previous = self._compaction_block(block, n, previous, cursor)
-                except NotARecordError as exc:
-                    raise ChainError(f"{part.key}: {exc}") from None
-                except _UnsortedError:
-                    raise ChainError(f"{part.key}: compaction not sorted by trace_id") from None
-                except IndexError:
-                    raise ChainError(
-                        f"{part.key}: more records than the compaction says ({records})"
-                    ) from None
-            check_count(part, n - first_row)
+        try:
+            async for part, identities in self._ahead(self.compaction_parts, self._identities):
+                first_row = n
+                if identities is not None:
+                    await self._verify_soon(part)
+                    try:
+                        n, previous = settler.rows(identities, n, previous)
+                    except UnsortedError:
+                        raise ChainError(f"{part.key}: compaction not sorted by trace_id") from None
+                    continue
+                async for block in object_blocks(self.store, part):
+                    try:
+                        n, previous = settler.block(block, n, previous)
+                    except NotARecordError as exc:
+                        raise ChainError(f"{part.key}: {exc}") from None
+                    except UnsortedError:
+                        raise ChainError(f"{part.key}: compaction not sorted by trace_id") from None
+                    except IndexError:
+                        raise ChainError(
+                            f"{part.key}: more records than the compaction says ({records})"
+                        ) from None
+                check_count(part, n - first_row)
+        finally:
+            self.looked_up += settler.looked_up
+            self.scanned_blocks += settler.scanned_blocks
         cursor.drain()  # the tail's traces after the compaction's last: runs still merge
         if n != records:
             raise ChainError(
                 f"{self.ref.compaction_key(self.compaction.generation if self.compaction else 0)}"
                 f": {n} records, it says {records}"
             )
-
-    def _compaction_rows(
-        self, identities: Identities, n: int, previous: bytes | None, cursor: Cursor
-    ) -> tuple[int, bytes | None]:
-        """One compaction part from its sidecar (step 3, as :meth:`_compaction_block`): its
-        lines are rows ``n`` on; returns the next row and the part's last key."""
-        keys, revisions, deleted = identities
-        if not keys:
-            return n, previous
-        before = previous
-        for key in keys:
-            if before is not None and key <= before:
-                raise _UnsortedError
-            before = key
-        keep, keep_tail = self._keep_compaction, self._keep_tail
-        for k, gone in enumerate(deleted):
-            if gone:
-                clear_bit(keep, n + k)
-        if self.erased_keys:
-            note_erased(self._erased_best, self.erased_keys, *identities)
-        cursor.skip_below(keys[0])
-        low = 0
-        for key, packed in cursor.take_through(keys[-1]):
-            k = bisect_left(keys, key, low)
-            if k < len(keys) and keys[k] == key:
-                self.looked_up += 1
-                _settle(keep, keep_tail, n + k, revisions[k], packed)
-            low = k
-        return n + len(keys), keys[-1]
-
-    def _compaction_block(
-        self, block: Block, n: int, previous: bytes | None, cursor: Cursor
-    ) -> tuple[int, bytes]:
-        """One block of the compaction (step 3): its lines are rows ``n`` on, the last key
-        before it ``previous``; returns the next row and the block's last key."""
-        data, start, end = block
-        keep, keep_tail = self._keep_compaction, self._keep_tail
-        find, endswith = data.find, data.endswith
-        first_stop = find(b"\n", start, end)
-        first, _, _ = line_key(data, start, first_stop)
-        last_start = data.rfind(b"\n", start, end - 1) + 1
-        last = first if last_start <= start else line_key(data, last_start, end - 1)[0]
-        if (previous is not None and first <= previous) or last < first:
-            raise _UnsortedError
-        cursor.skip_below(first)
-        wanted = cursor.take_through(last)
-        if not wanted:  # no tail trace in range: count the lines, drop any tombstone
-            position = start
-            while position < end:
-                stop = find(b"\n", position, end)
-                if endswith(TOMBSTONE_END, position, stop):
-                    clear_bit(keep, n)
-                n += 1
-                position = stop + 1
-            return n, last
-        starts = _lines_of(data, start, end)
-        count = len(starts)
-        for k, position in enumerate(starts):
-            if endswith(TOMBSTONE_END, position, (starts[k + 1] if k + 1 < count else end) - 1):
-                clear_bit(keep, n + k)
-
-        def settle(k: int, key: bytes, revision: int, gone: bool, packed: int) -> None:
-            if packed >> SHIFT == ERASED_REVISION:
-                note_erased(self._erased_best, self.erased_keys, [key], [revision], [gone])
-            _settle(keep, keep_tail, n + k, revision, packed)
-
-        if len(wanted) * self.lookup_share > count:
-            self.scanned_blocks += 1
-            j = 0
-            before = previous
-            for k, position in enumerate(starts):
-                stop = (starts[k + 1] if k + 1 < count else end) - 1
-                key, revision, gone = line_key(data, position, stop)
-                if before is not None and key <= before:
-                    raise _UnsortedError
-                before = key
-                while j < len(wanted) and wanted[j][0] < key:
-                    j += 1
-                if j < len(wanted) and wanted[j][0] == key:
-                    settle(k, key, revision, gone, wanted[j][1])
-                    j += 1
-        else:
-            self.looked_up += len(wanted)
-            low = 0
-            for key, packed in wanted:
-                high = count
-                while low < high:
-                    middle = (low + high) // 2
-                    position = starts[middle]
-                    stop = (starts[middle + 1] if middle + 1 < count else end) - 1
-                    found, revision, gone = line_key(data, position, stop)
-                    if found < key:
-                        low = middle + 1
-                    elif found > key:
-                        high = middle
-                    else:
-                        settle(middle, found, revision, gone, packed)
-                        low = middle + 1
-                        break
-        return n + count, last
 
     def kept_parts(self) -> list[tuple[Part, bytes]]:
         """Every object of an opened view, compaction parts first, then the tail in chain
@@ -672,20 +563,6 @@ class LatestView:
         """Step 4, line by line: the surviving lines, newline included, in batches."""
         async for data, start, end, _ in self.ranges():
             yield block_lines((data, start, end))
-
-
-def _settle(keep: bytearray, keep_tail: bytearray, row: int, revision: int, packed: int) -> None:
-    """Compaction line ``row`` (of ``revision``) against the tail's best line of its trace
-    (``packed``): the older of the two is cleared."""
-    tail_revision = packed >> SHIFT
-    if tail_revision > revision or (tail_revision == revision and packed & FLAG):
-        clear_bit(keep, row)  # the tail has a later revision (or a tombstone of it)
-    else:
-        clear_bit(keep_tail, row_of(packed))  # the compaction's line is as new or newer
-
-
-class _UnsortedError(Exception):
-    """The compaction's keys do not increase."""
 
 
 _IDENTITY = ("trace_id", "revision", "deleted")

@@ -4,7 +4,7 @@ A trajectory record is about 4 KiB, and most exports look at a few of its fields
 reads ``passed`` or ``reward``, a CSV its columns, ``messages`` copies the conversation
 without looking into it. :class:`FieldDecoder` parses only the named top-level fields of
 each line (msgspec skips the others without building them) and hands the ones named
-``raw`` over as :class:`~rl_export.common.codec.RawJson`, their bytes as stored, which the
+``raw`` over as :class:`~rl_export.model.codec.RawJson`, their bytes as stored, which the
 encoders copy verbatim (the stored bytes are what the encoder wrote: the same bytes come
 out). A record is a dict of the fields it has among those named, so ``record.get(...)`` and
 ``key in record`` answer as on the whole record for those fields.
@@ -20,11 +20,11 @@ from typing import Any, TypedDict
 
 import msgspec
 
-from rl_export.common.chat import HF, Chat
-from rl_export.common.codec import RawJson
-from rl_export.common.filters import Filters
-from rl_export.common.formats import TABULAR_FORMATS, row_fields
 from rl_export.export.columns import Column
+from rl_export.formats.chat import HF, Chat
+from rl_export.formats.filters import Filters
+from rl_export.formats.render import TABULAR_FORMATS, row_fields
+from rl_export.model.codec import RawJson
 
 STATS_FIELDS = frozenset({"reward", "passed", "labels_count"})
 """What :class:`~rl_export.export.stats.StatsAccumulator` reads of a record."""
@@ -36,7 +36,7 @@ class DecodeError(ValueError):
 
 class FieldDecoder:
     """Decodes JSON Lines into dicts of the named top-level fields only: ``fields`` parsed,
-    ``raw`` as :class:`~rl_export.common.codec.RawJson`."""
+    ``raw`` as :class:`~rl_export.model.codec.RawJson`."""
 
     def __init__(self, fields: Iterable[str], raw: Iterable[str] = ()) -> None:
         raw = frozenset(raw)

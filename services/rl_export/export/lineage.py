@@ -22,12 +22,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rl_export import __version__
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import FilterError, parse_filters
-from rl_export.common.formats import CHAT_FORMATS
 from rl_export.export.dedup import Dedup, parse_dedup
 from rl_export.export.latest import ViewPosition
 from rl_export.export.splits import Split, parse_split
+from rl_export.formats.filters import FilterError, parse_filters
+from rl_export.formats.render import CHAT_FORMATS
+from rl_export.model.errors import ExportError
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1

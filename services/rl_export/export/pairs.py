@@ -3,7 +3,7 @@
 
 The view is read twice. Pass 1 takes each record's prompt group and reward; the candidates
 are sorted by group on disk (:class:`CandidateRuns`) and paired group by group
-(:func:`~rl_export.common.formats.pair_candidates`), the pairs written to a temporary file.
+(:func:`~rl_export.formats.render.pair_candidates`), the pairs written to a temporary file.
 Pass 2 spills the paired records' halves (prompt, and the rest), found again by their
 position in the view, from which the pairs are written.
 """
@@ -17,20 +17,21 @@ from array import array
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import IO, Any
 
-from rl_export.common.chat import HF, Chat
-from rl_export.common.codec import dumps, dumps_line, loads
-from rl_export.common.formats import (
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import ObjectStore
+from rl_export.export.latest import LatestView
+from rl_export.export.scan import ExportSummary, Scan
+from rl_export.formats.chat import HF, Chat
+from rl_export.formats.render import (
     Candidate,
     Completion,
     pair_candidates,
     preference_group,
     preference_row,
 )
-from rl_export.common.redact import Redactor, add_counts
-from rl_export.corpora.layout import CorpusRef
-from rl_export.corpora.store import ObjectStore
-from rl_export.export.latest import LatestView
-from rl_export.export.scan import ExportSummary, Scan
+from rl_export.model.codec import dumps, dumps_line, loads
+from rl_export.privacy.kinds import add_counts
+from rl_export.privacy.redact import Redactor
 
 PREFERENCE_RUN = 200_000  # preference candidates sorted in memory before a run is spilled
 

@@ -2,10 +2,10 @@
 
 A filtered export parses every latest record to apply its filters, though most filters read a
 field or two that the object's sidecar (:mod:`rl_export.corpora.sidecar`) holds as written.
-:func:`sidecar_part` is the part of a :class:`~rl_export.common.filters.Filters` a sidecar can
+:func:`sidecar_part` is the part of a :class:`~rl_export.formats.filters.Filters` a sidecar can
 answer (``passed``, the reward bounds, ``agent-version``, ``scenario``, ``since``/``until``,
 ``labeled``, ``min-labels``); :func:`may_match` applies it to a sidecar's rows column by
-column, as :meth:`~rl_export.common.filters.Filters.matches` does to a record (the tests hold
+column, as :meth:`~rl_export.formats.filters.Filters.matches` does to a record (the tests hold
 the two to the same answers). A line it turns down is not read any further; the lines it lets
 through are parsed and filtered in full as before (the filters it leaves out:
 ``pass-dimension``, ``max-severity``, ``max-spread``), so the export is the same whichever way
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_export.common.filters import Filters
+from rl_export.formats.filters import Filters
 
 SIDECAR_FILTERS = (
     "passed", "min_reward", "max_reward", "agent_version", "scenario", "since", "until",

@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from rl_export.common.filters import Filters
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.latest import ViewPosition
 from rl_export.export.lazy import export_fields
 from rl_export.export.scan import ExportSummary, Progress, Scan, open_view
 from rl_export.export.stats import StatsAccumulator
+from rl_export.formats.filters import Filters
 
 
 async def stats(

@@ -1,6 +1,6 @@
 """What an export asks for, checked before any byte is read: the reward source's corpus,
 the format and its parameters, the file a format's rows go to, and the download's name and
-content type. Every problem is an :class:`~rl_export.common.errors.ExportError` naming the
+content type. Every problem is an :class:`~rl_export.model.errors.ExportError` naming the
 parameter (the CLI's flag, the API's query parameter).
 """
 
@@ -11,9 +11,10 @@ import os
 from collections.abc import Sequence
 from typing import Literal, cast
 
-from rl_export.common.chat import HF, Chat, parse_chat
-from rl_export.common.errors import ExportError
-from rl_export.common.formats import (
+from rl_export.corpora.layout import CorpusRef
+from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
+from rl_export.formats.chat import HF, Chat, parse_chat
+from rl_export.formats.render import (
     CHAT_FORMATS,
     COMPLETIONS,
     JSONL_FORMATS,
@@ -21,11 +22,10 @@ from rl_export.common.formats import (
     TABULAR_FORMATS,
     Completion,
 )
-from rl_export.common.redact import parse_kinds
-from rl_export.common.specs import check_name
-from rl_export.common.turns import TurnMask, parse_mask_types
-from rl_export.corpora.layout import CorpusRef
-from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
+from rl_export.formats.specs import check_name
+from rl_export.formats.turns import TurnMask, parse_mask_types
+from rl_export.model.errors import ExportError
+from rl_export.privacy.kinds import parse_kinds
 
 SOURCES: tuple[str, ...] = ("human", "evaluator", "traces")
 ZipData = Literal["csv", "json"]

@@ -1,7 +1,7 @@
 """A dataset's rows (:func:`rl_export.hf.corpus_dataset`): the export's row options (format,
 chat style, masks, redaction, filters, split) checked as the export checks them and applied
 to a trajectory corpus's records with the export's own code: filters, split, redaction, then
-:func:`~rl_export.common.formats.render_row`."""
+:func:`~rl_export.formats.render.render_row`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_export.common.chat import HF, Chat, parse_chat
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, MASK_FORMATS, render_row
-from rl_export.common.redact import RedactError, parse_kinds, redactor
-from rl_export.common.turns import TurnMask
 from rl_export.export.splits import Split, parse_split
+from rl_export.formats.chat import HF, Chat, parse_chat
+from rl_export.formats.filters import Filters
+from rl_export.formats.render import JSONL_FORMATS, MASK_FORMATS, render_row
+from rl_export.formats.turns import TurnMask
+from rl_export.model.errors import ExportError
+from rl_export.privacy.kinds import RedactError, parse_kinds
+from rl_export.privacy.redact import redactor
 
 ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
 """The formats ``corpus_dataset(format=...)`` renders a trajectory corpus's records in
@@ -27,7 +28,7 @@ ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
 class RowOptions:
     """How a dataset renders the records of a trajectory corpus: the export's row options,
     applied with the export's own code (filters, redaction, then
-    :func:`~rl_export.common.formats.render_row`). The default is the rows as stored."""
+    :func:`~rl_export.formats.render.render_row`). The default is the rows as stored."""
 
     format: str = "trajectory"
     chat: Chat = HF

@@ -20,8 +20,8 @@ from itertools import chain
 from operator import eq, itemgetter
 from typing import IO, NamedTuple
 
+from rl_export.corpora.commits import Block
 from rl_export.corpora.identity import HEAD, TOMBSTONE_END, line_key
-from rl_export.corpora.layout import Block
 
 Entry = tuple[bytes, int]
 """An index entry: the key and the packed (revision, tombstone, line) of its best line."""

@@ -13,15 +13,17 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.codec import RawJson, dumps
-from rl_export.common.filters import Filters
-from rl_export.common.records import LEGACY_KEY_RE, upgrade_lines
-from rl_export.common.redact import Redactor, add_counts
-from rl_export.corpora.layout import ChainError, CorpusRef, block_lines
+from rl_export.corpora.commits import ChainError, block_lines
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.lazy import DecodeError, FieldDecoder
 from rl_export.export.prefilter import sidecar_part
+from rl_export.formats.filters import Filters
+from rl_export.model.codec import RawJson, dumps
+from rl_export.model.records import LEGACY_KEY_RE, upgrade_lines
+from rl_export.privacy.kinds import add_counts
+from rl_export.privacy.redact import Redactor
 
 Progress = Callable[[int, int | None], None]
 """``progress(done, total)``: latest records read, and how many there are once known."""
@@ -248,7 +250,7 @@ class Scan:
 
     async def raw(self) -> AsyncIterator[tuple[memoryview, int]]:
         """Blocks of whole lines and their counts, unparsed: only when no filter is set
-        (record schema 2's lines upgraded: :func:`~rl_export.common.records.upgrade_lines`)."""
+        (record schema 2's lines upgraded: :func:`~rl_export.model.records.upgrade_lines`)."""
         async for block, count in self.view.blocks():
             if count:
                 self.summary.matched += count

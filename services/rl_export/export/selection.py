@@ -7,11 +7,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from rl_export.common.filters import Filters
 from rl_export.export.dedup import Dedup, Deduplicator
 from rl_export.export.latest import LatestView
 from rl_export.export.scan import ExportSummary, Scan
 from rl_export.export.splits import Split
+from rl_export.formats.filters import Filters
 
 DEDUP_FIELDS = frozenset({"trace_id", "reward", "updated_at", "messages"})
 """What a dedup's first pass reads of each record."""

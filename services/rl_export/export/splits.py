@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import metadata_text
 from rl_export.export.columns import RECORD_FIELDS
+from rl_export.formats.filters import metadata_text
+from rl_export.model.errors import ExportError
 
 _TOLERANCE = 1e-9  # how far from 1 the fractions' sum may be (decimal fractions in binary)
 

@@ -18,8 +18,8 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-from rl_export.common.codec import dumps
 from rl_export.export.columns import Column, csv_cell
+from rl_export.model.codec import dumps
 
 _STRING_FIELDS = frozenset(
     {

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rl_export.common.errors import NoDataError, VersionError
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.versions import (
@@ -24,6 +23,7 @@ from rl_export.corpora.versions import (
     version_as_of,
 )
 from rl_export.export.latest import LatestView, ViewPosition
+from rl_export.model.errors import NoDataError, VersionError
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ import zipfile
 from collections.abc import AsyncGenerator, Callable
 from typing import IO, Any
 
-from rl_export.common.codec import dumps
-from rl_export.common.redact import Redactor, add_counts
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.attachments import (
     MESSAGES,
@@ -32,6 +30,9 @@ from rl_export.export.tabular import (
     ParquetEncoder,
     PromptsParquetEncoder,
 )
+from rl_export.model.codec import dumps
+from rl_export.privacy.kinds import add_counts
+from rl_export.privacy.redact import Redactor
 
 ROW_GROUP = 5000  # rows per Parquet row group
 COPY_CHUNK = 1 << 20  # bytes copied at a time into the archive

@@ -60,7 +60,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
-from rl_export.common.events import Rubric
+from rl_export.model.events import Rubric
 
 DIMENSIONS: tuple[str, ...] = tuple(Rubric.model_fields)
 """The rubric's dimensions, in the order of :attr:`AgreementInput.ratings`' columns."""

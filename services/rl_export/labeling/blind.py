@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.redact import Counts, Redactor
+from rl_export.privacy.kinds import Counts
+from rl_export.privacy.redact import Redactor
 
 HUMAN_FIELDS: tuple[str, ...] = (
     "human_labels",  # each label: labeler, ratings, comment

@@ -37,9 +37,9 @@ from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.errors import ObjectExistsError, ObjectNotFoundError
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.codec import dumps, loads
+from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError
 
 PREFIX = "_claims/"
 SlotState = Literal["claimed", "labeled", "free"]

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.errors import ObjectNotFoundError, StoreError
-from rl_export.common.events import UtcDatetime
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.codec import dumps, loads
+from rl_export.model.errors import ObjectNotFoundError, StoreError
+from rl_export.model.events import UtcDatetime
 
 Order = Literal["oldest", "newest", "uncertain", "random"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "uncertain", "random")

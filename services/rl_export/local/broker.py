@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_export.common.errors import LocalStackError
-from rl_export.common.net import LOOPBACK, free_port, port_open
 from rl_export.local.process import ManagedProcess
+from rl_export.model.errors import LocalStackError
+from rl_export.runtime.net import LOOPBACK, free_port, port_open
 
 KAFKA_VERSION = "3.9.1"
 _STARTED = "Kafka Server started"

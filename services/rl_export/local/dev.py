@@ -34,14 +34,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from rl_export.common.errors import LocalStackError
-from rl_export.common.events import FAMILY_OF_TYPE
-from rl_export.common.kafka import SECURITY_SETTINGS
-from rl_export.common.settings import Settings, env_name
-from rl_export.common.storeurl import parse_store_url
+from rl_export.kafka.client import SECURITY_SETTINGS
 from rl_export.local.broker import LocalKafka
 from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import SHAPES, trace_events
+from rl_export.model.errors import LocalStackError
+from rl_export.model.events import FAMILY_OF_TYPE
+from rl_export.runtime.settings import Settings, env_name
+from rl_export.runtime.storeurl import parse_store_url
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from rl_export.common.errors import LocalStackError
+from rl_export.model.errors import LocalStackError
 
 
 def child_pids(pid: int) -> list[int]:

@@ -14,9 +14,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rl_export.common.errors import LocalStackError
-from rl_export.common.net import LOOPBACK, free_port
 from rl_export.local.process import ManagedProcess
+from rl_export.model.errors import LocalStackError
+from rl_export.runtime.net import LOOPBACK, free_port
 
 # Dummy credentials: botocore must sign requests, the unauthenticated local server ignores them.
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rl-export", "AWS_SECRET_ACCESS_KEY": "rl-export"}

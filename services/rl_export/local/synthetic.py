@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rl_export.common.codec import dumps
-from rl_export.common.events import format_utc
+from rl_export.model.codec import dumps
+from rl_export.model.events import format_utc
 
 SCENARIOS = [
     "happy_path_wellness_and_social_goals",

@@ -45,11 +45,11 @@ from aiokafka.errors import (
     ProducerFenced,
 )
 
-from rl_export.common.events import EventRejection
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.records import HEADER_EVENT_MS, Headers
-from rl_export.common.retrying import stop_quietly
-from rl_export.common.settings import Settings
+from rl_export.kafka.client import KafkaConnection
+from rl_export.kafka.retrying import stop_quietly
+from rl_export.model.events import EventRejection
+from rl_export.model.records import HEADER_EVENT_MS, Headers
+from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import InMessage, dead_letter_headers
 from rl_export.stream.statestore import ChangelogTable
 from rl_export.stream.topics import dead_letter_max_bytes, topic_max_bytes

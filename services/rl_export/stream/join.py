@@ -30,15 +30,15 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from rl_export.common.codec import RawJson, dumps
-from rl_export.common.events import (
+from rl_export.model.codec import RawJson, dumps
+from rl_export.model.events import (
     BaseEvent,
     EventRejection,
     RejectReason,
     format_micros,
 )
-from rl_export.common.eventview import EventView, reread_event, view_of
-from rl_export.common.records import RULES_VERSION, Headers, encode_snapshot
+from rl_export.model.eventview import EventView, reread_event, view_of
+from rl_export.model.records import RULES_VERSION, Headers, encode_snapshot
 
 RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
 
@@ -203,7 +203,7 @@ def merge(
 ) -> MergeResult:
     """Merge ``event`` into ``state`` (None for a new trace); return the new state and effects.
 
-    ``event`` is the view :func:`~rl_export.common.eventview.read_event` gives (a model the
+    ``event`` is the view :func:`~rl_export.model.eventview.read_event` gives (a model the
     pydantic path decoded is turned into one). ``now`` is the worker's clock (seconds since
     the epoch), used only for retention. With ``build_snapshot=False`` the result says
     whether a snapshot is due (``emits``) without building it; :func:`current_snapshot`
@@ -453,7 +453,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
     """The snapshot of ``st``; ``json`` says how what is kept as JSON goes into it.
 
     ``human`` and ``evaluator`` hold ``{reward, passed}`` when the trajectory is ready for
-    that source, else None. :func:`rl_export.common.records.render` turns a snapshot into the
+    that source, else None. :func:`rl_export.model.records.render` turns a snapshot into the
     record of one corpus.
     """
     if st.deleted:

@@ -49,11 +49,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from rl_export.common.events import EventFamily
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.metrics import Metrics
-from rl_export.common.retrying import start_when_reachable, stop_quietly
-from rl_export.common.settings import Settings
+from rl_export.kafka.client import KafkaConnection
+from rl_export.kafka.retrying import start_when_reachable, stop_quietly
+from rl_export.model.events import EventFamily
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.emitter import FlushError, KafkaEmitter
 from rl_export.stream.offsets import stable_committed
 from rl_export.stream.processor import InMessage, JoinProcessor, expiry_mark_of

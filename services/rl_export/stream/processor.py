@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from rl_export.common.codec import RawJson
-from rl_export.common.events import EventFamily, EventRejection
-from rl_export.common.eventview import EventView, read_event
-from rl_export.common.metrics import Metrics
-from rl_export.common.partitioning import partition_function
-from rl_export.common.records import Headers
-from rl_export.common.settings import Settings
+from rl_export.model.codec import RawJson
+from rl_export.model.events import EventFamily, EventRejection
+from rl_export.model.eventview import EventView, read_event
+from rl_export.model.partitioning import partition_function
+from rl_export.model.records import Headers
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.join import JoinConfig, TraceState, encode_current, expired, merge
 from rl_export.stream.routing import MisrouteLog
 from rl_export.stream.state import dump_state_parts, expiry_since, load_state
@@ -70,7 +70,7 @@ class Emitter(Protocol):
 
     ``forward`` sends an input event on to its trace's partition of the same topic, where
     the join takes it as it takes any event; ``headers`` go with the snapshot's value
-    (:func:`rl_export.common.records.encode_snapshot`).
+    (:func:`rl_export.model.records.encode_snapshot`).
     ``flush`` gets the input offsets the batch covers (``(topic, partition) -> next
     offset``); an emitter that can commits them atomically with what it sends.
     """

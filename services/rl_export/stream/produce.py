@@ -15,10 +15,10 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from rl_export.common.events import FAMILY_OF_TYPE, EventFamily
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.partitioning import kafka_partitioner
-from rl_export.common.settings import Settings
+from rl_export.kafka.client import KafkaConnection
+from rl_export.model.events import FAMILY_OF_TYPE, EventFamily
+from rl_export.model.partitioning import kafka_partitioner
+from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import ensure_service_topics, topic_max_bytes
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rl_export.common.partitioning import Partitioner, matching
+from rl_export.model.partitioning import Partitioner, matching
 
 NO_MATCH = "none"
 """The ``matches`` label of a forward no known partitioner explains (random partitions)."""

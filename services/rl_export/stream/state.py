@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.codec import RawJson
+from rl_export.model.codec import RawJson
 from rl_export.stream.join import (
     EvaluationView,
     LabelView,

@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from rl_export.common.kafka import KafkaConnection, connection_of
-from rl_export.common.retrying import stop_quietly
+from rl_export.kafka.client import KafkaConnection, connection_of
+from rl_export.kafka.retrying import stop_quietly
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ mismatch (:class:`TopicMismatchError`).
 
 The join relies on one trace's events meeting in one partition: the input topics, the
 ``trajectories`` topic and the table's changelog must all have the same partition count
-(and their producers one consistent partitioner, :mod:`rl_export.common.partitioning`). A
+(and their producers one consistent partitioner, :mod:`rl_export.model.partitioning`). A
 worker refuses to start otherwise. A worker started before its broker waits for it
 (``RL_EXPORT_KAFKA_WAIT_S``); the command line's one-off commands do not.
 """
@@ -30,15 +30,15 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from rl_export.common.errors import (
+from rl_export.kafka.client import KafkaConnection, connection_of, quiet_aiokafka
+from rl_export.model.errors import (
     BrokerUnavailableError,
     ConfigError,
     PartitionMismatchError,
     RlExportError,
     TopicMismatchError,
 )
-from rl_export.common.kafka import KafkaConnection, connection_of, quiet_aiokafka
-from rl_export.common.settings import Settings, env_name
+from rl_export.runtime.settings import Settings, env_name
 
 CONNECT_TIMEOUT_S = 10.0
 _WAIT_RETRY_S = 1.0

@@ -6,8 +6,8 @@ How a request travels (the steps match :mod:`rl_export.web.app` and the routes):
    token records in the object store (:mod:`rl_export.web.tokens`, cached for a few seconds),
    the path's org/project and the route's scope; the caller's subject is the labeler.
 2. Reads (stats, the preview, the queue) are queries on this instance's query index
-   (:mod:`rl_export.web.index`), which follows each corpus asked about with the corpora's
-   reader into DuckDB and local segment files (:mod:`rl_export.web.follower`).
+   (:mod:`rl_export.index.queryindex`), which follows each corpus asked about with the corpora's
+   reader into DuckDB and local segment files (:mod:`rl_export.index.follower`).
 3. Writes (labels, skips, retractions) are events published to Kafka with acks=all
    (:mod:`rl_export.web.publish`); 202 only after the broker acknowledged. The caller's own
    recent writes are remembered (:mod:`rl_export.web.overlay`) so their queue reflects them at
@@ -16,4 +16,7 @@ How a request travels (the steps match :mod:`rl_export.web.app` and the routes):
 4. Exports stream from the corpora (:mod:`rl_export.export`); background export jobs run in
    a process pool and keep their status and file in the object store
    (:mod:`rl_export.web.jobs`), so any instance answers for any job.
+
+A process room: imports ``index``, the stages and the ground floor, never ``worker``,
+``local`` or ``cli``.
 """

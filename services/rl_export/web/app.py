@@ -25,9 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rl_export import __version__
-from rl_export.common.errors import ConfigError, StoreError
-from rl_export.common.metrics import WebMetrics
-from rl_export.web.api.routes import agreement, caller, export, label, versions
+from rl_export.model.errors import ConfigError, StoreError
+from rl_export.runtime.metrics import WebMetrics
+from rl_export.web.api.routes import agreement, caller, export, jobs, label, versions
 from rl_export.web.errors import ApiError, Invalid, TooMany
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
@@ -244,6 +244,7 @@ def create_app(services: Services) -> FastAPI:
     )
     app.state.services = services
     app.include_router(export.router)
+    app.include_router(jobs.router)
     app.include_router(label.router)
     app.include_router(agreement.router)
     app.include_router(caller.router)

@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.events import UtcDatetime
 from rl_export.corpora.store import ObjectStore
+from rl_export.model.codec import dumps, loads
+from rl_export.model.events import UtcDatetime
 
 PREFIX = "_audit/"
 _STAMP = "%Y%m%dT%H%M%S.%fZ"

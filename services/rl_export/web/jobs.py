@@ -34,12 +34,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.errors import ObjectNotFoundError, StoreError
-from rl_export.common.events import UtcDatetime
-from rl_export.common.filters import parse_filters
-from rl_export.common.metrics import REDACTION_KINDS, WebMetrics
-from rl_export.common.settings import Settings
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.export import (
     content_type,
@@ -55,6 +49,12 @@ from rl_export.export import (
 from rl_export.export.attachments import AttachmentPolicy
 from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
 from rl_export.export.versions import pinned
+from rl_export.formats.filters import parse_filters
+from rl_export.model.codec import dumps, loads
+from rl_export.model.errors import ObjectNotFoundError, StoreError
+from rl_export.model.events import UtcDatetime
+from rl_export.runtime.metrics import REDACTION_KINDS, WebMetrics
+from rl_export.runtime.settings import Settings
 from rl_export.web.limits import Slot, SubjectLimit
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from rl_export.common.codec import dumps
-from rl_export.common.events import LabelRetracted, LabelSkipped, LabelSubmitted, Rubric
+from rl_export.model.codec import dumps
+from rl_export.model.events import LabelRetracted, LabelSkipped, LabelSubmitted, Rubric
 
 LabelEvent = LabelSubmitted | LabelSkipped | LabelRetracted
 

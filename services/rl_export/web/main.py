@@ -7,7 +7,7 @@ import re
 
 import uvicorn
 
-from rl_export.common.settings import Settings
+from rl_export.runtime.settings import Settings
 from rl_export.web.app import create_app
 from rl_export.web.services import build_services
 

@@ -11,13 +11,13 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from rl_export.common.chat import ChatStyle, SystemMode
-from rl_export.common.events import Rubric
-from rl_export.common.filters import filter_text
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.export import SOURCES
+from rl_export.formats.chat import ChatStyle, SystemMode
+from rl_export.formats.filters import filter_text
+from rl_export.formats.render import JSONL_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.labeling.agreement import AgreementReport
 from rl_export.labeling.settings import Order
+from rl_export.model.events import Rubric
 
 Source = Literal["human", "evaluator", "traces"]
 Format = Literal[

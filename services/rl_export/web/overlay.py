@@ -23,8 +23,8 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from rl_export.common.events import EVENT_ADAPTER, LabelRetracted, LabelSkipped, LabelSubmitted
 from rl_export.labeling.queue import FreshAction
+from rl_export.model.events import EVENT_ADAPTER, LabelRetracted, LabelSkipped, LabelSubmitted
 
 
 @dataclass

@@ -17,10 +17,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from rl_export import __version__
-from rl_export.common.records import EvaluationView, RubricMean
-from rl_export.common.redact import KINDS, parse_kinds
-from rl_export.common.specs import SAFE_NAME
 from rl_export.export.columns import METADATA_COLUMNS, RECORD_FIELDS
+from rl_export.formats.specs import SAFE_NAME
+from rl_export.model.records import EvaluationView, RubricMean
+from rl_export.privacy.kinds import parse_kinds
+from rl_export.privacy.redact import KINDS
 from rl_export.web.services import Services
 
 HERE = Path(__file__).parent

@@ -21,10 +21,10 @@ import logging
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from rl_export.common.errors import ConfigError, RlExportError
-from rl_export.common.metrics import WebMetrics
-from rl_export.common.settings import Settings
 from rl_export.labeling.claims import SlotEntry
+from rl_export.model.errors import ConfigError, RlExportError
+from rl_export.runtime.metrics import WebMetrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.produce import make_producer
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.web.errors import Unavailable

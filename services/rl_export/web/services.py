@@ -18,30 +18,30 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rl_export.common.errors import (
+from rl_export.corpora.store import ObjectStore, open_store
+from rl_export.formats.specs import SOURCE_CORPORA
+from rl_export.index.follower import Followed, Indexer
+from rl_export.index.memo import AGREEMENT_REPORTS
+from rl_export.index.queryindex import CorpusKey, QueryIndex
+from rl_export.index.reports import Reports
+from rl_export.kafka.client import KafkaConnection, watch_refusals
+from rl_export.labeling.claims import ClaimBook, Claims, entry_from_wire
+from rl_export.labeling.settings import LabelingSettings, SettingsBook
+from rl_export.model.errors import (
     ConfigError,
     PartitionMismatchError,
     RlExportError,
     TopicMismatchError,
 )
-from rl_export.common.kafka import KafkaConnection, watch_refusals
-from rl_export.common.metrics import WebMetrics
-from rl_export.common.redact import warm_up
-from rl_export.common.settings import Settings
-from rl_export.common.specs import SOURCE_CORPORA
-from rl_export.corpora.store import ObjectStore, open_store
-from rl_export.labeling.claims import ClaimBook, Claims, entry_from_wire
-from rl_export.labeling.settings import LabelingSettings, SettingsBook
+from rl_export.privacy.redact import warm_up
+from rl_export.runtime.metrics import WebMetrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import ensure_service_topics
-from rl_export.web.follower import Followed, Indexer
-from rl_export.web.index import CorpusKey, QueryIndex
 from rl_export.web.jobs import Jobs
 from rl_export.web.limits import FailureLimit
-from rl_export.web.memo import AGREEMENT_REPORTS
 from rl_export.web.metricsport import serve_metrics
 from rl_export.web.overlay import Overlay, note_label_event
 from rl_export.web.publish import Publisher
-from rl_export.web.reports import Reports
 from rl_export.web.storehealth import StoreHealth
 from rl_export.web.streaming import ExportPool, StoreFactory
 from rl_export.web.tailing import Tail

@@ -29,8 +29,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import IO
 
-from rl_export.common.metrics import WebMetrics
 from rl_export.corpora.store import ObjectStore
+from rl_export.runtime.metrics import WebMetrics
 from rl_export.web.limits import Key, Slot, SubjectLimit
 
 _END = object()

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.settings import Settings
+from rl_export.kafka.client import KafkaConnection
+from rl_export.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 

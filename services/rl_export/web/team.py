@@ -17,12 +17,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rl_export.index import labelqueries
+from rl_export.index.labelqueries import QueueAsk, QueueFilter, QueueRow
 from rl_export.labeling.claims import SlotEntry
 from rl_export.labeling.queue import FreshAction, TraceLabels, in_queue, short, target
 from rl_export.labeling.settings import LabelingSettings
-from rl_export.web import labelindex
 from rl_export.web.api.deps import query
-from rl_export.web.labelindex import QueueAsk, QueueFilter, QueueRow
 from rl_export.web.services import Services
 
 CLAIM_ROUNDS = 4  # queue reads per claim request (each after every candidate was lost)
@@ -99,7 +99,7 @@ class LabelerQueue:
         """The rows of these traces that are in the scope, read once per request."""
         missing = [t for t in trace_ids if t not in self._looked]
         if missing:
-            found = await query(labelindex.touched_rows, self.svc.index, self.corpus_id,
+            found = await query(labelqueries.touched_rows, self.svc.index, self.corpus_id,
                                 self._ask(missing))  # fmt: skip
             self._note(found)
             self._looked.update(missing)
@@ -121,8 +121,8 @@ class LabelerQueue:
     async def counts(self) -> Counts:
         """The index's counts without the touched traces, plus those decided here."""
         touched = await self._rows_of(self._touched())
-        totals = await query(labelindex.queue_totals, self.svc.index, self.corpus_id, self._ask())
-        remaining, team_remaining, labeled = labelindex.untouched_counts(totals, touched)
+        totals = await query(labelqueries.queue_totals, self.svc.index, self.corpus_id, self._ask())
+        remaining, team_remaining, labeled = labelqueries.untouched_counts(totals, touched)
         for row in touched:
             current = self.team.labels(row.labels)
             remaining += self._keeps(row.labels)
@@ -133,7 +133,7 @@ class LabelerQueue:
     async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
         """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
         ids = self._touched()
-        head = await query(labelindex.queue_head, self.svc.index, self.corpus_id, self._ask(),
+        head = await query(labelqueries.queue_head, self.svc.index, self.corpus_id, self._ask(),
                            limit + len(ids) + len(exclude))  # fmt: skip
         # The head's rows are the touched traces' rows too, when they are in it (a team
         # claims from the head): only the others are looked up.
@@ -142,7 +142,7 @@ class LabelerQueue:
         decide = set(ids)
         kept = [
             row.labels
-            for row in labelindex.merge_head(head, touched, decide)
+            for row in labelqueries.merge_head(head, touched, decide)
             if row.trace_id not in exclude
             and (row.trace_id not in decide or self._keeps(row.labels))
         ]
@@ -151,7 +151,7 @@ class LabelerQueue:
     async def view(self, limit: int) -> QueueView:
         """The head of the queue (``limit`` traces) and the counts; claims nothing."""
         picked = [row.trace_id for row in await self.head(limit)]
-        bodies = await query(labelindex.bodies, self.svc.index, self.corpus_id, picked)
+        bodies = await query(labelqueries.bodies, self.svc.index, self.corpus_id, picked)
         return QueueView(bodies, picked, await self.counts())
 
     async def _claim_one(self, row: TraceLabels) -> SlotEntry | None:
@@ -176,7 +176,7 @@ class LabelerQueue:
             if len(entries) >= limit:
                 break
             row = in_scope.get(held.trace_id) or await query(  # or out of the request's scope
-                labelindex.trace_labels, svc.index, self.corpus_id, held.trace_id
+                labelqueries.trace_labels, svc.index, self.corpus_id, held.trace_id
             )
             if row is None:  # deleted since it was claimed: let it go
                 await svc.claims.release(team.org, team.project, held.trace_id, self.labeler)
@@ -211,5 +211,5 @@ class LabelerQueue:
         them all (a claim's traces come from the head), else looked up."""
         rows = [self._rows[t] for t in trace_ids if t in self._rows]
         if len(rows) == len(trace_ids):
-            return await query(labelindex.row_bodies, self.svc.index, self.corpus_id, rows)
-        return await query(labelindex.bodies, self.svc.index, self.corpus_id, trace_ids)
+            return await query(labelqueries.row_bodies, self.svc.index, self.corpus_id, rows)
+        return await query(labelqueries.bodies, self.svc.index, self.corpus_id, trace_ids)

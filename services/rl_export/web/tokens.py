@@ -31,11 +31,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rl_export.common.codec import dumps, loads
-from rl_export.common.errors import ObjectNotFoundError
-from rl_export.common.events import UtcDatetime
-from rl_export.common.specs import SAFE_NAME
 from rl_export.corpora.store import ObjectStore
+from rl_export.formats.specs import SAFE_NAME
+from rl_export.model.codec import dumps, loads
+from rl_export.model.errors import ObjectNotFoundError
+from rl_export.model.events import UtcDatetime
 
 Scope = Literal["label", "export", "admin", "raw"]
 SCOPES: tuple[Scope, ...] = ("label", "export", "admin", "raw")

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from rl_export.common.net import LOOPBACK
+from rl_export.runtime.net import LOOPBACK
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rl_export.common.metrics import Metrics
-from rl_export.common.settings import Settings
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.loop import JoinWorker
 
 

@@ -13,10 +13,10 @@ import os
 import socket
 import sys
 
-from rl_export.common.errors import KafkaSecurityError
-from rl_export.common.gctune import tune_gc
-from rl_export.common.kafka import KafkaConnection, watch_refusals
-from rl_export.common.settings import Settings
+from rl_export.kafka.client import KafkaConnection, watch_refusals
+from rl_export.model.errors import KafkaSecurityError
+from rl_export.runtime.gctune import tune_gc
+from rl_export.runtime.settings import Settings
 from rl_export.worker.child_pages import ChildPages
 from rl_export.worker.inprocess import InProcessJoin
 from rl_export.worker.runtime import (

@@ -15,15 +15,15 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rl_export.common.errors import KafkaSecurityError, StoreError
-from rl_export.common.gctune import tune_gc
-from rl_export.common.kafka import KafkaConnection, check_app_id, watch_refusals
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.settings import MIB, Settings
 from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.sink import Sink
 from rl_export.corpora.store import open_store
+from rl_export.kafka.client import KafkaConnection, check_app_id, watch_refusals
+from rl_export.model.errors import KafkaSecurityError, StoreError
+from rl_export.runtime.gctune import tune_gc
+from rl_export.runtime.metrics import SinkMetrics
+from rl_export.runtime.settings import MIB, Settings
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.worker.inprocess import InProcessJoin, JoinStage
 from rl_export.worker.joins import ChildJoins

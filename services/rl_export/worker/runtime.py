@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 
-from rl_export.common.settings import Settings
+from rl_export.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 

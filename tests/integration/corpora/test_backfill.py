@@ -7,11 +7,11 @@ import asyncio
 import time
 from typing import Any
 
-from rl_export.common.settings import Settings
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
+from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.runtime.settings import Settings
 from tests.integration.corpora.test_sink import (
     ORG,
     PROJECT,

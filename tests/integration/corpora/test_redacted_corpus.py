@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rl_export.common.codec import dumps_line
-from rl_export.common.redact import KINDS
-from rl_export.common.settings import Settings
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.model.codec import dumps_line
+from rl_export.privacy.redact import KINDS
+from rl_export.runtime.settings import Settings
 from tests.factories import event
 from tests.integration.corpora.test_backfill import view, wait_for_views
 from tests.integration.corpora.test_sink import (

@@ -12,12 +12,13 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.settings import Settings
+from rl_export.corpora.commits import read_chain
 from rl_export.corpora.compaction import compact_all
-from rl_export.corpora.layout import list_corpora, read_chain
+from rl_export.corpora.layout import list_corpora
 from rl_export.corpora.replay import ReplayReport, replay
 from rl_export.corpora.store import open_store
 from rl_export.corpora.verify import verify
+from rl_export.runtime.settings import Settings
 from tests.factories import event
 from tests.harness.reads import wait_caught_up
 from tests.integration.corpora.test_sink import merged_view, wait_for_corpora, workload

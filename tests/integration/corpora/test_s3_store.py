@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from rl_export.common.errors import StoreError
 from rl_export.corpora.store import S3Store, open_store
 from rl_export.local.seaweed import LocalS3
+from rl_export.model.errors import StoreError
 from tests.store_contract import check_create_only_race, check_store_contract
 
 

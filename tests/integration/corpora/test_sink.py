@@ -12,15 +12,15 @@ from typing import Any
 import orjson
 import pytest
 
-from rl_export.common.settings import Settings
-from rl_export.common.specs import DEFAULT_CORPORA
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.corpora.verify import verify
+from rl_export.formats.specs import DEFAULT_CORPORA
 from rl_export.local.seaweed import LocalS3
 from rl_export.local.synthetic import generate
+from rl_export.runtime.settings import Settings
 from tests.harness.faults import CuttableProxy
 from tests.integration.stream.test_join_loop import scenario, shuffled_with_duplicates
 from tests.integration.workers import (

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from rl_export.common.attachment_sources import parse_sources
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, S3Store
 from rl_export.export import write_export
 from rl_export.export.attachments import AttachmentPolicy
 from rl_export.local.seaweed import LocalS3
+from rl_export.privacy.attachment_sources import parse_sources
 from tests.exportdata import ORG, PROJECT, build_story, replay_events
 from tests.records import trace_events
 

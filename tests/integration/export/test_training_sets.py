@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.settings import Settings
 from rl_export.corpora.store import open_store
 from rl_export.export import source_ref, stats
 from rl_export.local.broker import LocalKafka
 from rl_export.local.seaweed import LocalS3
+from rl_export.runtime.settings import Settings
 from tests.exportdata import ORG, PROJECT
 from tests.integration.conftest import run_settings, unique
 from tests.integration.webproc import wait_for

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from rl_export.common.errors import LocalStackError
-from rl_export.common.net import free_port
 from rl_export.local.broker import LocalKafka
+from rl_export.model.errors import LocalStackError
+from rl_export.runtime.net import free_port
 from rl_export.stream.topics import TopicSpec, ensure_topics, partition_counts
 from tests.harness.usage import compiler_cpu
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.common.net import free_port, port_open
 from rl_export.local.process import child_pids
+from rl_export.runtime.net import free_port, port_open
 
 
 def alive(pid: int) -> bool:

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from rl_export.common.errors import KafkaSecurityError
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
+from rl_export.kafka.client import KafkaConnection
 from rl_export.local.broker import LocalKafka, SaslSslListener
+from rl_export.model.errors import KafkaSecurityError
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import ensure_service_topics
 from tests.harness.tls import TlsFiles, make_tls_files
 from tests.integration.conftest import run_settings, unique

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.common.events import RejectReason
+from rl_export.model.events import RejectReason
 from tests.soak.soak import SHORT, Soak
 
 

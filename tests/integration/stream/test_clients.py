@@ -22,12 +22,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from rl_export.common.events import FAMILY_OF_TYPE
-from rl_export.common.partitioning import Partitioner, partition_for
-from rl_export.common.settings import Settings
 from rl_export.corpora.store import open_store
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import generate
+from rl_export.model.events import FAMILY_OF_TYPE
+from rl_export.model.partitioning import Partitioner, partition_for
+from rl_export.runtime.settings import Settings
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
 from tests.integration.workers import (

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.settings import Settings
 from rl_export.local.process import child_pids
 from rl_export.local.synthetic import generate
+from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import CONVERSATION
 from rl_export.stream.state import load_state
 from tests.factories import RUBRIC, event

@@ -9,8 +9,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from rl_export.common.settings import Settings
 from rl_export.local.synthetic import generate
+from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import ensure_service_topics, topic_max_bytes
 from tests.factories import RUBRIC, event
 from tests.integration.workers import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from rl_export.common.settings import Settings
+from rl_export.runtime.settings import Settings
 from rl_export.stream.statestore import MemoryPartition, PartitionStore, RocksPartition, restore
 from rl_export.stream.topics import ensure_service_topics
 

@@ -10,15 +10,15 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from rl_export.common.codec import dumps_lines
-from rl_export.common.errors import (
+from rl_export.local.synthetic import generate
+from rl_export.model.codec import dumps_lines
+from rl_export.model.errors import (
     BrokerUnavailableError,
     PartitionMismatchError,
     TopicMismatchError,
 )
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
-from rl_export.local.synthetic import generate
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from rl_export.stream.produce import produce_lines, read_lines
 from rl_export.stream.topics import (
     TopicSpec,

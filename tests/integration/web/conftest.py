@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from rl_export.common.settings import Settings
 from rl_export.corpora.store import open_store
 from rl_export.local.broker import LocalKafka
 from rl_export.local.seaweed import LocalS3
+from rl_export.runtime.settings import Settings
 from rl_export.web.tokens import Scope, TokenStore
 from tests.integration.conftest import run_settings, unique
 from tests.integration.webproc import WebProcess, wait_for

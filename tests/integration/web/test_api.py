@@ -19,11 +19,11 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from rl_export.common.codec import iter_lines
-from rl_export.common.net import free_port
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
+from rl_export.model.codec import iter_lines
+from rl_export.runtime.net import free_port
 from rl_export.web.tokens import TokenStore, split_token
 from tests.integration.web.conftest import TRACES, Stack
 from tests.integration.webproc import WebProcess, wait_for

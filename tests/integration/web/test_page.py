@@ -27,10 +27,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from rl_export.common.codec import iter_lines, loads
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import open_store
+from rl_export.model.codec import iter_lines, loads
 from tests.integration.web.conftest import SCRIPT, Stack, current_trace, press_action, sign_in
 from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import publish

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rl_export.common.codec import loads
+from rl_export.model.codec import loads
 from tests.integration.web.conftest import Stack
 from tests.integration.webproc import wait_for
 from tests.integration.workers import publish

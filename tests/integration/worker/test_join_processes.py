@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rl_export.common.partitioning import partition_for
-from rl_export.common.settings import Settings
 from rl_export.local.process import child_pids
 from rl_export.local.synthetic import generate
+from rl_export.model.partitioning import partition_for
+from rl_export.runtime.settings import Settings
 from tests.integration.stream.test_join_loop import wait_for_final
 from tests.integration.workers import WorkerProcess, comparable, expected_final, publish
 

@@ -16,10 +16,10 @@ import shutil
 import time
 from pathlib import Path
 
-from rl_export.common.net import free_port
-from rl_export.common.settings import Settings
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import generate
+from rl_export.runtime.net import free_port
+from rl_export.runtime.settings import Settings
 from tests.integration.stream.test_join_loop import wait_for_final
 from tests.integration.workers import WorkerProcess, expected_final, publish
 

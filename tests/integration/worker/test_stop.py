@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_export.common.net import free_port
-from rl_export.common.specs import DEFAULT_CORPORA
+from rl_export.formats.specs import DEFAULT_CORPORA
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import generate
+from rl_export.runtime.net import free_port
 from tests.integration.conftest import run_settings
 from tests.integration.corpora.test_sink import assert_verified, wait_for_corpora
 from tests.integration.workers import WorkerProcess, expected_corpora, publish

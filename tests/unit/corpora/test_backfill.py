@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps, dumps_line, loads
-from rl_export.common.errors import ObjectExistsError
-from rl_export.common.partitioning import partition_for
-from rl_export.common.records import render
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
+from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.model.codec import dumps, dumps_line, loads
+from rl_export.model.errors import ObjectExistsError
+from rl_export.model.partitioning import partition_for
+from rl_export.model.records import render
 from rl_export.stream.join import snapshot_from_record
 from tests.unit.corpora.test_sink import (
     ORG,

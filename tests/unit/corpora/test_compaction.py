@@ -6,23 +6,13 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps, loads
 from rl_export.corpora import compaction as compaction_module
+from rl_export.corpora.commits import Commit, decode_shard, encode_shard, follow_chain, read_shard
+from rl_export.corpora.compacted import Compaction, latest_compaction, read_compaction
 from rl_export.corpora.compaction import compact, compact_all, expire
-from rl_export.corpora.layout import (
-    SCHEMA_VERSION,
-    Commit,
-    Compaction,
-    Compression,
-    CorpusRef,
-    decode_shard,
-    encode_shard,
-    follow_chain,
-    latest_compaction,
-    read_compaction,
-    read_shard,
-)
+from rl_export.corpora.layout import SCHEMA_VERSION, Compression, CorpusRef
 from rl_export.corpora.store import MemoryStore
+from rl_export.model.codec import dumps, loads
 
 REF = CorpusRef("acme", "bot", "human")
 TOPIC = "trajectories"

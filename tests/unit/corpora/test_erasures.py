@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_export.common.codec import dumps
+from rl_export.corpora.commits import ChainError
 from rl_export.corpora.erasures import (
     ID_IN_KEY,
     erased_traces,
@@ -13,8 +13,8 @@ from rl_export.corpora.erasures import (
     erasures_prefix,
     record_erasures,
 )
-from rl_export.corpora.layout import ChainError
 from rl_export.corpora.store import MemoryStore
+from rl_export.model.codec import dumps
 from tests.harness.stores import CountingStore
 
 HOSTILE = ["tr-1", "a/b/../c", "ünïcødé 🚀", "x.json", "=" * 5, "t" * ID_IN_KEY]

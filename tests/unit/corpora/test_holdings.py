@@ -14,17 +14,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.partitioning import partition_for
-from rl_export.common.specs import DEFAULT_CORPORA
 from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.chainstate import load_chain_state
+from rl_export.corpora.commits import read_chain
+from rl_export.corpora.compacted import latest_compaction
 from rl_export.corpora.compaction import compact
-from rl_export.corpora.layout import CorpusRef, latest_compaction, read_chain
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
 from rl_export.corpora.verify import verify
+from rl_export.formats.specs import DEFAULT_CORPORA
+from rl_export.model.partitioning import partition_for
+from rl_export.runtime.metrics import SinkMetrics
 from tests.unit.corpora.test_sink import REPEATS, Trace, feed, sample
 
 PARTITIONS = 8

@@ -14,18 +14,12 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps, loads
-from rl_export.corpora.layout import (
-    SCHEMA_VERSION,
-    ChainError,
-    Commit,
-    Compaction,
-    Compression,
-    CorpusRef,
-    encode_shard,
-)
+from rl_export.corpora.commits import ChainError, Commit, encode_shard
+from rl_export.corpora.compacted import Compaction
+from rl_export.corpora.layout import SCHEMA_VERSION, Compression, CorpusRef
 from rl_export.corpora.reader import CorpusReader, dump_cursor, end_cursor, load_cursor
 from rl_export.corpora.store import LocalStore, MemoryStore, ObjectStore
+from rl_export.model.codec import dumps, loads
 
 REF = CorpusRef("acme", "bot", "human")
 TOPIC = "trajectories"

@@ -36,10 +36,10 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.settings import Settings
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
+from rl_export.runtime.settings import Settings
 from tests.factories import event
 
 EXPECTED = "5536ce93b4876c7e6d546731100c2b2b8efd7dcc8570f299b3bea719b0b90cf0"

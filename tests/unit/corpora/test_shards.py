@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rl_export.common.codec import loads
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.shards import cat, ls, tail
 from rl_export.corpora.store import MemoryStore
 from rl_export.corpora.verify import verify
+from rl_export.model.codec import loads
 from tests.unit.corpora.test_reader import (
     REF,
     TOPIC,

@@ -11,11 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from rl_export.common.codec import dumps_line
-from rl_export.common.settings import Settings
-from rl_export.common.specs import CorpusSpec
+from rl_export.corpora.commits import Commit, SidecarRef, sidecar_key
 from rl_export.corpora.compaction import compact
-from rl_export.corpora.layout import Commit, CorpusRef, SidecarRef, sidecar_key
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader, ObjectLines
 from rl_export.corpora.replay import replay
 from rl_export.corpora.sidecar import (
@@ -27,7 +25,10 @@ from rl_export.corpora.sidecar import (
 )
 from rl_export.corpora.store import MemoryStore
 from rl_export.corpora.verify import verify
+from rl_export.formats.specs import CorpusSpec
 from rl_export.local.synthetic import SHAPES, generate
+from rl_export.model.codec import dumps_line
+from rl_export.runtime.settings import Settings
 from tests.records import record
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

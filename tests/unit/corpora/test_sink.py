@@ -21,12 +21,26 @@ from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.codec import RawJson, dumps, dumps_line, iter_lines, loads
-from rl_export.common.errors import StoreError
-from rl_export.common.events import EventRejection, decode_event
-from rl_export.common.kafka import KafkaConnection
-from rl_export.common.metrics import SinkMetrics
-from rl_export.common.records import (
+from rl_export.corpora.chain import SinkConfig
+from rl_export.corpora.commits import (
+    Commit,
+    chain_keys,
+    encode_lines,
+    encode_shard,
+    follow_chain,
+    read_shard,
+)
+from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
+from rl_export.corpora.partition import PartitionSink
+from rl_export.corpora.sink import Sink, _seek_committed, flushed_early
+from rl_export.corpora.store import MemoryStore
+from rl_export.corpora.verify import verify
+from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
+from rl_export.kafka.client import KafkaConnection
+from rl_export.model.codec import RawJson, dumps, dumps_line, iter_lines, loads
+from rl_export.model.errors import StoreError
+from rl_export.model.events import EventRejection, decode_event
+from rl_export.model.records import (
     HEADER_RECORD_AT,
     CorpusSource,
     SnapshotLines,
@@ -35,22 +49,7 @@ from rl_export.common.records import (
     render,
     tombstone,
 )
-from rl_export.common.specs import DEFAULT_CORPORA, CorpusSpec
-from rl_export.corpora.chain import SinkConfig
-from rl_export.corpora.layout import (
-    SCHEMA_VERSION,
-    Commit,
-    CorpusRef,
-    chain_keys,
-    encode_lines,
-    encode_shard,
-    follow_chain,
-    read_shard,
-)
-from rl_export.corpora.partition import PartitionSink
-from rl_export.corpora.sink import Sink, _seek_committed, flushed_early
-from rl_export.corpora.store import MemoryStore
-from rl_export.corpora.verify import verify
+from rl_export.runtime.metrics import SinkMetrics
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
 from tests.factories import event, raw
 
@@ -319,13 +318,13 @@ async def test_live_snapshots_in_the_record_layout_are_never_parsed_whole(
 ) -> None:
     """The default corpora's lines come from the value's own bytes: parsing each snapshot
     whole (its conversation, most of its bytes) once cost the sink half its time."""
-    import rl_export.common.records
     import rl_export.corpora.partition
+    import rl_export.model.records
 
     def parsed_whole(value: bytes) -> dict[str, Any]:
         raise AssertionError("a live snapshot in the record layout was parsed whole")
 
-    monkeypatch.setattr(rl_export.common.records, "decode_snapshot", parsed_whole)
+    monkeypatch.setattr(rl_export.model.records, "decode_snapshot", parsed_whole)
     monkeypatch.setattr(rl_export.corpora.partition, "decode_snapshot", parsed_whole)
     store = MemoryStore()
     sink, _ = make_sink(store)

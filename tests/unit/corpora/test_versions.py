@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rl_export.common.errors import VersionError
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.corpora.versions import (
@@ -18,6 +17,7 @@ from rl_export.corpora.versions import (
     version_as_of,
     version_key,
 )
+from rl_export.model.errors import VersionError
 
 REF = CorpusRef("acme", "bot", "human")
 

@@ -19,13 +19,13 @@ import pytest
 import trustme
 from aiohttp import web
 
-from rl_export.common.attachment_sources import NotAllowed, is_public, normalise, parse_sources
-from rl_export.common.errors import ConfigError
-from rl_export.common.settings import load_settings
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, MemoryStore, S3Store
 from rl_export.export import write_export
 from rl_export.export.attachments import AttachmentPolicy, Fetcher
+from rl_export.model.errors import ConfigError
+from rl_export.privacy.attachment_sources import NotAllowed, is_public, normalise, parse_sources
+from rl_export.runtime.settings import load_settings
 from tests.exportdata import ORG, PROJECT, replay_events
 from tests.records import trace_events
 

@@ -8,10 +8,6 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.chat import HF, Chat
-from rl_export.common.codec import iter_lines
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import parse_filters
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import (
@@ -21,6 +17,10 @@ from rl_export.export import (
     parse_completion,
     write_export,
 )
+from rl_export.formats.chat import HF, Chat
+from rl_export.formats.filters import parse_filters
+from rl_export.model.codec import iter_lines
+from rl_export.model.errors import ExportError
 from tests.exportdata import ORG, PROJECT, build_story
 
 EVALUATOR = CorpusRef(ORG, PROJECT, "evaluator")

@@ -12,11 +12,6 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.chat import Chat
-from rl_export.common.codec import dumps_line, iter_lines
-from rl_export.common.errors import ExportError, NoDataError
-from rl_export.common.filters import Filters, parse_filters
-from rl_export.common.formats import FORMAT_COLUMNS, JSONL_FORMATS
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, MemoryStore
 from rl_export.export import (
@@ -30,6 +25,11 @@ from rl_export.export import (
     stats,
     write_export,
 )
+from rl_export.formats.chat import Chat
+from rl_export.formats.filters import Filters, parse_filters
+from rl_export.formats.render import FORMAT_COLUMNS, JSONL_FORMATS
+from rl_export.model.codec import dumps_line, iter_lines
+from rl_export.model.errors import ExportError, NoDataError
 from tests.exportdata import ORG, PROJECT, build_story, replay_events, story_before
 
 EVALUATOR = CorpusRef(ORG, PROJECT, "evaluator")
@@ -436,8 +436,8 @@ async def test_preview_gives_the_first_rows_as_dicts(story: MemoryStore) -> None
 async def test_preference_in_bounded_memory_is_the_in_memory_pairing(
     run: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rl_export.common.formats import preference_pairs
     from rl_export.export import pairs
+    from rl_export.formats.render import preference_pairs
     from tests.records import conversation, trace_events
 
     monkeypatch.setattr(pairs, "PREFERENCE_RUN", run)

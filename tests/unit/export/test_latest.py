@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.codec import dumps_line, loads
-from rl_export.common.errors import NoDataError
+from rl_export.corpora.commits import ChainError
 from rl_export.corpora.identity import NotARecordError, line_identity
-from rl_export.corpora.layout import ChainError, CorpusRef
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
 from rl_export.export.latest import LatestView
+from rl_export.model.codec import dumps_line, loads
+from rl_export.model.errors import NoDataError
 from tests.exportdata import ORG, PROJECT, FirstCommitLate, build_story
 
 

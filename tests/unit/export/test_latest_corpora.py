@@ -12,24 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl_export.common.codec import dumps, loads
-from rl_export.corpora import layout
+from rl_export.corpora import commits as commit_objects
+from rl_export.corpora.commits import ChainError, Commit, SidecarRef, encode_lines, sidecar_key
+from rl_export.corpora.compacted import Compaction
 from rl_export.corpora.compaction import part_key
-from rl_export.corpora.layout import (
-    SCHEMA_VERSION,
-    ChainError,
-    Commit,
-    Compaction,
-    Compression,
-    CorpusRef,
-    SidecarRef,
-    encode_lines,
-    sidecar_key,
-)
+from rl_export.corpora.layout import SCHEMA_VERSION, Compression, CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.sidecar import build_sidecar, index_row, make_ref
 from rl_export.corpora.store import MemoryStore
 from rl_export.export.latest import LatestView
+from rl_export.model.codec import dumps, loads
 
 REF = CorpusRef("acme", "bot", "evaluator")
 IDS = (
@@ -201,7 +193,7 @@ stories = st.tuples(
     gzip=st.booleans(),
     spill_at=st.sampled_from([1, 2, 3, 5, 200_000]),
     lookup_share=st.sampled_from([1, 10**9]),
-    chunk=st.sampled_from([7, 64, 300, layout.READ_CHUNK]),
+    chunk=st.sampled_from([7, 64, 300, commit_objects.READ_CHUNK]),
     sidecars=st.booleans(),
 )
 def test_the_view_is_the_readers_latest_view(  # noqa: PLR0917 - hypothesis gives them
@@ -223,12 +215,12 @@ def test_the_view_is_the_readers_latest_view(  # noqa: PLR0917 - hypothesis give
         else:
             assert view.sidecars_read == 0
 
-    saved = layout.READ_CHUNK
-    layout.READ_CHUNK = chunk  # blocks of a few lines, lines cut across reads
+    saved = commit_objects.READ_CHUNK
+    commit_objects.READ_CHUNK = chunk  # blocks of a few lines, lines cut across reads
     try:
         asyncio.run(run())
     finally:
-        layout.READ_CHUNK = saved
+        commit_objects.READ_CHUNK = saved
 
 
 async def test_binary_search_and_a_scan_agree_on_a_large_compaction() -> None:
@@ -289,13 +281,13 @@ async def test_a_compaction_out_of_order_fails_the_view() -> None:
     await build(store, ([], {"t-0": [[record("t", 1)]]}), gzip=False)
     rows = [record("b", 1), record("a", 1)]  # not sorted
     await write_compaction(store, rows, {"t-0": 1}, 5, False)
-    layout_chunk = layout.READ_CHUNK
+    layout_chunk = commit_objects.READ_CHUNK
     try:
-        layout.READ_CHUNK = 10  # one line a block: checked where blocks meet
+        commit_objects.READ_CHUNK = 10  # one line a block: checked where blocks meet
         with pytest.raises(ChainError, match="not sorted by trace_id"):
             await LatestView(store, REF).open()
     finally:
-        layout.READ_CHUNK = layout_chunk
+        commit_objects.READ_CHUNK = layout_chunk
     with pytest.raises(ChainError, match="not sorted by trace_id"):  # one block: its edges
         await LatestView(store, REF).open()
     # Inside a block the order is checked where every key is read (a tail trace in range).

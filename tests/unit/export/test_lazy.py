@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl_export.common.chat import Chat
-from rl_export.common.codec import RawJson, dumps, dumps_line
-from rl_export.common.filters import Filters
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS, render_row, row_fields
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import exports, write_export
 from rl_export.export.columns import RECORD_FIELDS
 from rl_export.export.lazy import DecodeError, FieldDecoder, export_fields
+from rl_export.formats.chat import Chat
+from rl_export.formats.filters import Filters
+from rl_export.formats.render import JSONL_FORMATS, TABULAR_FORMATS, render_row, row_fields
+from rl_export.model.codec import RawJson, dumps, dumps_line
 from tests.exportdata import ORG, PROJECT, build_story
 
 json_scalars = st.one_of(

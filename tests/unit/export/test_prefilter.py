@@ -16,14 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl_export.common.codec import dumps, dumps_line, loads
-from rl_export.common.filters import Filters
-from rl_export.corpora.layout import ChainError, CorpusRef
+from rl_export.corpora.commits import ChainError
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.sidecar import build_sidecar, index_row, make_ref, read_sidecar
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import kept, write_export
 from rl_export.export.latest import LatestView
 from rl_export.export.prefilter import SIDECAR_FILTERS, may_match, sidecar_part
+from rl_export.formats.filters import Filters
+from rl_export.model.codec import dumps, dumps_line, loads
 from tests.exportdata import ORG, PROJECT, build_story
 from tests.unit.export.test_lazy import CASES, FILTERS
 

@@ -14,15 +14,16 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from rl_export.common.chat import Chat
-from rl_export.common.codec import dumps
-from rl_export.common.formats import JSONL_FORMATS, TABULAR_FORMATS
-from rl_export.common.redact import KINDS, placeholder
-from rl_export.common.settings import load_settings
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import ExportSummary, iter_export
+from rl_export.formats.chat import Chat
+from rl_export.formats.render import JSONL_FORMATS, TABULAR_FORMATS
+from rl_export.model.codec import dumps
+from rl_export.privacy.kinds import placeholder
+from rl_export.privacy.redact import KINDS
+from rl_export.runtime.settings import load_settings
 from tests.factories import event
 
 ORG, PROJECT = "acme", "bot"
@@ -155,7 +156,7 @@ async def test_only_the_kinds_asked_for_and_none_gives_the_data_back(store: Memo
 
 
 async def test_filters_limits_and_preference(store: MemoryStore) -> None:
-    from rl_export.common.filters import parse_filters
+    from rl_export.formats.filters import parse_filters
 
     data, summary = await export(store, "trajectory", "all", filters=parse_filters({"limit": "1"}))
     assert len(data.splitlines()) == 1

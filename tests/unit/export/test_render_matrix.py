@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from rl_export.common.chat import HF, Chat
-from rl_export.common.formats import CHAT_FORMATS, preference_pairs, render_row
+from rl_export.formats.chat import HF, Chat
+from rl_export.formats.render import CHAT_FORMATS, preference_pairs, render_row
 
 TEMPLATES = (
     "qwen2_5", "qwen3", "llama3_1", "llama3_2", "phi3_5", "gptoss", "glm4moe",
@@ -29,7 +29,7 @@ TEMPLATES = (
 
 Tool-call arguments that are not a JSON object stay strings in every style (DESIGN.md), and
 the templates that iterate arguments (GLM-4, Nemotron, ...) cannot render those: the matrix
-holds JSON-object arguments only (tests/unit/common/test_chat.py covers the others)."""
+holds JSON-object arguments only (tests/unit/formats/test_chat.py covers the others)."""
 
 
 @cache

@@ -14,14 +14,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from rl_export.common.codec import dumps, iter_lines
-from rl_export.common.filters import parse_filters
-from rl_export.common.formats import ALL_FORMATS
-from rl_export.common.records import upgrade_line, upgrade_lines, upgrade_record
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import write_export
+from rl_export.formats.filters import parse_filters
+from rl_export.formats.render import ALL_FORMATS
 from rl_export.labeling.agreement import AgreementBuilder
+from rl_export.model.codec import dumps, iter_lines
+from rl_export.model.records import upgrade_line, upgrade_lines, upgrade_record
 from tests.exportdata import ORG, PROJECT, build_story
 from tests.records import record
 from tests.unit.export.test_latest_corpora import REF, write_commit

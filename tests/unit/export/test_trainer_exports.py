@@ -14,15 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from rl_export.common.chat import Chat
-from rl_export.common.codec import iter_lines
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import parse_filters
-from rl_export.common.formats import trace_index
-from rl_export.common.turns import TurnMask
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import check_export, file_for, parse_mask, write_export
+from rl_export.formats.chat import Chat
+from rl_export.formats.filters import parse_filters
+from rl_export.formats.render import trace_index
+from rl_export.formats.turns import TurnMask
+from rl_export.model.codec import iter_lines
+from rl_export.model.errors import ExportError
 from tests.exportdata import ORG, PROJECT, build_story, replay_events
 from tests.records import trace_events
 

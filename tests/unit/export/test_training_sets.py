@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from rl_export.common.errors import ExportError
-from rl_export.common.filters import parse_filters
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import ExportSummary, parse_dedup, parse_split, write_export
 from rl_export.export.dedup import Dedup, Deduplicator, dedup_text, shingles
 from rl_export.export.splits import split_point
+from rl_export.formats.filters import parse_filters
+from rl_export.model.errors import ExportError
 from tests.exportdata import ORG, PROJECT, replay_events
 from tests.trainingdata import best_of_groups, convo, kind, traffic, words
 

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from rl_export.cli import main
-from rl_export.common.codec import loads
-from rl_export.common.errors import NoDataError, VersionError
+from rl_export.corpora.commits import ChainError, chain_keys, read_commit
 from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.erasures import erased_traces
-from rl_export.corpora.layout import ChainError, CorpusRef, chain_keys, read_commit
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import LocalStore, MemoryStore, ObjectStore
 from rl_export.corpora.verify import verify
@@ -24,6 +23,8 @@ from rl_export.corpora.versions import create_version, delete_version, version_k
 from rl_export.export import stats, write_export
 from rl_export.export.latest import LatestView, ViewPosition
 from rl_export.export.versions import pin, pinned
+from rl_export.model.codec import loads
+from rl_export.model.errors import NoDataError, VersionError
 from tests.exportdata import ORG, PROJECT, FirstCommitLate, replay_events
 from tests.factories import event
 from tests.records import trace_events

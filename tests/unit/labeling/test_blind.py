@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 
-from rl_export.common.redact import redactor
 from rl_export.labeling.blind import HUMAN_FIELDS, blind, queue_item
+from rl_export.privacy.redact import redactor
 from tests.records import record as make_record
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"

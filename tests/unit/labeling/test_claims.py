@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from rl_export.common.codec import loads
 from rl_export.corpora.store import MemoryStore
 from rl_export.labeling.claims import (
     ClaimBook,
@@ -17,6 +16,7 @@ from rl_export.labeling.claims import (
     occupant,
     slot_key,
 )
+from rl_export.model.codec import loads
 from tests.harness.stores import CountingStore
 
 ORG, PROJECT = "acme", "bot"

@@ -6,8 +6,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rl_export.common.codec import loads
-from rl_export.common.errors import StoreError
 from rl_export.corpora.store import MemoryStore
 from rl_export.labeling.settings import (
     LabelingSettings,
@@ -16,6 +14,8 @@ from rl_export.labeling.settings import (
     merged,
     settings_key,
 )
+from rl_export.model.codec import loads
+from rl_export.model.errors import StoreError
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 DEFAULTS = LabelingSettings(labels_per_trace=2, lease_s=300)

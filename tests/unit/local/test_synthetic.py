@@ -7,8 +7,8 @@ from collections import Counter
 import orjson
 import pytest
 
-from rl_export.common.events import EVENT_ADAPTER
 from rl_export.local.synthetic import SHAPES, generate
+from rl_export.model.events import EVENT_ADAPTER
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl_export.common.filters import Filters
+from rl_export.formats.filters import Filters
+from rl_export.index.labelqueries import agreement_input
+from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.labeling.agreement import agreement_report
-from rl_export.web.index import CorpusKey, QueryIndex
-from rl_export.web.labelindex import agreement_input
 from tests.perf.bench_agreement import EVALUATORS, print_table, records_of, run, synthetic_input
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from rl_export.common.settings import Settings
+from rl_export.runtime.settings import Settings
 from tests.harness.usage import busy_share, machine_cpu
 from tests.perf.bench import histogram, quantile
 
@@ -51,7 +51,7 @@ def test_a_bench_worker_gets_only_the_settings_that_differ_from_the_defaults() -
     """So a worker of an older checkout (``--baseline-python``) accepts the environment."""
     from pathlib import Path
 
-    from rl_export.common.settings import Settings
+    from rl_export.runtime.settings import Settings
     from tests.perf.bench import worker_env
 
     settings = Settings(app_id="bench-x-join", shard_max_age_s=1.0)

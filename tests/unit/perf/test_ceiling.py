@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.events import EventFamily, EventRejection
-from rl_export.common.metrics import Metrics
-from rl_export.common.records import Headers
-from rl_export.common.settings import Settings
 from rl_export.local.synthetic import SHAPES, generate
+from rl_export.model.events import EventFamily, EventRejection
+from rl_export.model.records import Headers
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import CONVERSATION, InMessage, JoinProcessor, MemoryTable
 from rl_export.stream.produce import topic_for
 from tests.perf.ceiling import (

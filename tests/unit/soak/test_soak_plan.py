@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import orjson
 
-from rl_export.common.events import EVENT_ADAPTER, EventRejection, RejectReason, decode_event
-from rl_export.common.partitioning import partition_for
+from rl_export.model.events import EVENT_ADAPTER, EventRejection, RejectReason, decode_event
+from rl_export.model.partitioning import partition_for
 from tests.harness.fold import expected_final
 from tests.soak.soak import SHORT
 from tests.soak.soak_checks import check_dead_letters, compare_corpus

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from rl_export.common.settings import Settings
+from rl_export.runtime.settings import Settings
 from rl_export.stream.emitter import KafkaEmitter, TaskLostError
 from rl_export.stream.statestore import ChangelogTable
 

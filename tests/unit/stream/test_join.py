@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl_export.common.codec import RawJson, dumps
-from rl_export.common.events import (
+from rl_export.model.codec import RawJson, dumps
+from rl_export.model.events import (
     EVENT_ADAPTER,
     BaseEvent,
     EventRejection,
@@ -25,7 +25,7 @@ from rl_export.common.events import (
     format_utc,
     parse_rfc3339,
 )
-from rl_export.common.records import (
+from rl_export.model.records import (
     RULES_VERSION,
     Tombstone,
     TrajectoryRecord,

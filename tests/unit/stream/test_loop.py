@@ -10,8 +10,8 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.metrics import Metrics
-from rl_export.common.settings import Settings
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream import loop
 from rl_export.stream.loop import _BACKLOG_RECORDS, JoinWorker
 

@@ -16,11 +16,11 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.events import EventFamily, EventRejection, RejectReason, format_utc
-from rl_export.common.metrics import Metrics
-from rl_export.common.partitioning import partition_for
-from rl_export.common.records import Headers, decode_snapshot
-from rl_export.common.settings import Settings
+from rl_export.model.events import EventFamily, EventRejection, RejectReason, format_utc
+from rl_export.model.partitioning import partition_for
+from rl_export.model.records import Headers, decode_snapshot
+from rl_export.runtime.metrics import Metrics
+from rl_export.runtime.settings import Settings
 from rl_export.stream.join import TraceState
 from rl_export.stream.processor import (
     BatchResult,

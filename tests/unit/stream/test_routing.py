@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from rl_export.common.partitioning import partition_for
+from rl_export.model.partitioning import partition_for
 from rl_export.stream.routing import NO_MATCH, MisrouteLog
 
 PARTITIONS = 8

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.codec import dumps_line
-from rl_export.common.metrics import WebMetrics
-from rl_export.common.settings import Settings
-from rl_export.corpora.layout import CorpusRef, encode_lines
+from rl_export.corpora.commits import encode_lines
+from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, MemoryStore, open_store
+from rl_export.model.codec import dumps_line
+from rl_export.runtime.metrics import WebMetrics
+from rl_export.runtime.settings import Settings
 from rl_export.web.errors import TooMany
 from rl_export.web.jobs import JobRequest, Jobs, _run, file_key, new_status, write_status
 from tests.records import record

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from rl_export.common.events import LabelSubmitted, Rubric, decode_event
+from rl_export.model.events import LabelSubmitted, Rubric, decode_event
 from rl_export.web.labels import encode, label_retracted, label_skipped, label_submitted
 
 NOW = datetime(2026, 3, 1, 12, 30, 0, 123456, tzinfo=UTC)

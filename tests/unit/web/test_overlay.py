@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from rl_export.common.events import LabelSubmitted, Rubric
+from rl_export.model.events import LabelSubmitted, Rubric
 from rl_export.web.labels import label_retracted, label_skipped, label_submitted
 from rl_export.web.overlay import Overlay
 

@@ -10,8 +10,8 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.metrics import WebMetrics
-from rl_export.common.settings import load_settings
+from rl_export.runtime.metrics import WebMetrics
+from rl_export.runtime.settings import load_settings
 from rl_export.web import publish
 from rl_export.web.labels import label_retracted
 from rl_export.web.publish import Publisher

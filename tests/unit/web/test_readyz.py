@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from rl_export.web.follower import Followed
-from rl_export.web.index import CorpusKey
+from rl_export.index.follower import Followed
+from rl_export.index.queryindex import CorpusKey
 from rl_export.web.pages import readyz
 from rl_export.web.services import Services
 from rl_export.web.storehealth import StoreHealth

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rl_export.common.metrics import WebMetrics
 from rl_export.corpora.store import MemoryStore, ObjectStore
+from rl_export.runtime.metrics import WebMetrics
 from rl_export.web.errors import TooMany
 from rl_export.web.streaming import ExportPool, Make
 

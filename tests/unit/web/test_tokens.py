@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rl_export.common.codec import loads
 from rl_export.corpora.store import MemoryStore
+from rl_export.model.codec import loads
 from rl_export.web.tokens import (
     Caller,
     Scope,

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rl_export.common.net import LOOPBACK
+from rl_export.runtime.net import LOOPBACK
 from rl_export.worker.child_pages import ChildPages
 
 

@@ -15,9 +15,11 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Path, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from rl_export.common.errors import FilterError, StoreError
-from rl_export.common.filters import Filters, parse_filters
-from rl_export.common.specs import SAFE_NAME
+from rl_export.formats.filters import Filters, parse_filters
+from rl_export.formats.specs import SAFE_NAME
+from rl_export.index.follower import Followed
+from rl_export.index.queryindex import BodiesGone, CorpusKey
+from rl_export.model.errors import FilterError, StoreError
 from rl_export.web.errors import (
     Forbidden,
     Invalid,
@@ -26,8 +28,6 @@ from rl_export.web.errors import (
     Unauthorized,
     Unavailable,
 )
-from rl_export.web.follower import Followed
-from rl_export.web.index import BodiesGone, CorpusKey
 from rl_export.web.models import IndexState
 from rl_export.web.services import Services
 from rl_export.web.tokens import Caller, Scope, TokenRejected

@@ -1,2 +1,3 @@
-"""The API's routes, one module per tab: ``export`` (stats, records, exports) and ``label``
-(queue, labels, skips, retractions)."""
+"""The API's routes, a module per tab or noun: ``export`` (stats, records, direct exports),
+``jobs`` (background exports), ``label`` (queue, claims, labels, skips, retractions, labeling
+settings), ``agreement``, ``versions`` and ``caller`` (who the token is)."""

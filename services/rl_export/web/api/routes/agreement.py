@@ -1,10 +1,10 @@
 """``GET agreement`` (scope ``export``): the agreement report of docs/guides/labeling.md over the
 latest records of the ``traces`` corpus that match the usual filters.
 
-The index hands over the labels and results as columns (:func:`~rl_export.web.labelindex.
+The index hands over the labels and results as columns (:func:`~rl_export.index.labelqueries.
 agreement_input`) and :func:`~rl_export.labeling.agreement.agreement_report` computes the
 report, bootstrap included, on a worker thread: the event loop never waits on it. Reports are
-kept warm (:mod:`rl_export.web.reports`): the answer says when its input was read
+kept warm (:mod:`rl_export.index.reports`): the answer says when its input was read
 (``computed_at``) and whether a newer one is being computed (``updating``).
 """
 
@@ -15,7 +15,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from rl_export.common.filters import Filters
+from rl_export.formats.filters import Filters
+from rl_export.index.labelqueries import agreement_input
+from rl_export.index.queryindex import QueryIndex
 from rl_export.labeling.agreement import AgreementBuilder, agreement_report
 from rl_export.web.api.deps import (
     ExportCaller,
@@ -28,8 +30,6 @@ from rl_export.web.api.deps import (
     query,
     stamp,
 )
-from rl_export.web.index import QueryIndex
-from rl_export.web.labelindex import agreement_input
 from rl_export.web.models import AgreementOut
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["label"])

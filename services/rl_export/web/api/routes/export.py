@@ -1,8 +1,8 @@
-"""The Export tab's routes (scope ``export``): stats, the preview, exports and export jobs.
+"""The Export tab's routes (scope ``export``): stats, the preview and direct exports.
 
 Stats and the preview are queries on this instance's index of the source's corpus; a direct
 export streams from the corpora (the same code as ``rl-export export``) on a thread of its
-own; a background export is a job (:mod:`rl_export.web.jobs`).
+own; a background export is a job (:mod:`rl_export.web.api.routes.jobs`).
 
 Redaction (``redact=``, default ``RL_EXPORT_REDACT``) applies to the preview, the direct
 export and jobs; the preview and the direct export say what they replaced in the
@@ -23,49 +23,35 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
-from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
-from urllib.parse import quote
 
 import orjson
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from rl_export.common.chat import HF, Chat, ChatStyle, SystemMode
-from rl_export.common.errors import (
-    ExportError,
-    FilterError,
-    NoDataError,
-    ObjectNotFoundError,
-    StoreError,
-    VersionError,
-)
-from rl_export.common.filters import Filters, parse_filters
-from rl_export.common.formats import TABULAR_FORMATS, Completion, preference_pairs, render_row
-from rl_export.common.metrics import REDACTION_KINDS
-from rl_export.common.redact import Redactor, add_counts, counts_header, parse_kinds, redactor
-from rl_export.common.turns import TurnMask
 from rl_export.corpora.store import ObjectStore
 from rl_export.export import (
-    Dedup,
     ExportSummary,
-    Split,
-    check_export,
     content_type,
     file_name,
     iter_export,
-    parse_chat_style,
-    parse_completion,
-    parse_dedup,
-    parse_mask,
-    parse_split,
     source_ref,
 )
 from rl_export.export import preview as export_preview
 from rl_export.export import stats as export_stats
 from rl_export.export.attachments import AttachmentPolicy
-from rl_export.export.versions import pinned
-from rl_export.web import audit
+from rl_export.formats.chat import HF, Chat, ChatStyle, SystemMode
+from rl_export.formats.filters import Filters
+from rl_export.formats.render import TABULAR_FORMATS, Completion, preference_pairs, render_row
+from rl_export.formats.turns import TurnMask
+from rl_export.index.queryindex import QueryIndex
+from rl_export.index.sql import BINS
+from rl_export.model.errors import (
+    ExportError,
+    NoDataError,
+)
+from rl_export.privacy.kinds import add_counts
+from rl_export.privacy.redact import Redactor, redactor
 from rl_export.web.api.deps import (
     ExportCaller,
     FiltersQuery,
@@ -76,27 +62,34 @@ from rl_export.web.api.deps import (
     index_state,
     query,
 )
-from rl_export.web.audit import AuditEntry
-from rl_export.web.errors import ClientGone, Invalid, NotFound, RawRequired, Unavailable
-from rl_export.web.index import QueryIndex
-from rl_export.web.indexsql import BINS
-from rl_export.web.jobs import JobRequest, JobStatus, file_key
+from rl_export.web.api.exportparams import (
+    DUPLICATES_HEADER,
+    EXPORT_CONTENT,
+    asked_kinds,
+    audit_read,
+    chat_options,
+    checked_export,
+    count_redactions,
+    disposition,
+    needs_raw,
+    training_options,
+    turn_mask,
+    version_at,
+)
+from rl_export.web.errors import ClientGone, Invalid, NotFound
 from rl_export.web.models import (
     CHAT_STYLE_HELP,
     COMPLETION_HELP,
     SYSTEM_HELP,
-    ExportIn,
     File,
     Format,
     HistogramBin,
-    JobOut,
     RecordsOut,
     Source,
     StatsOut,
 )
 from rl_export.web.services import Services
 from rl_export.web.streaming import read_spool, spooled
-from rl_export.web.tokens import Caller
 
 T = TypeVar("T")
 
@@ -107,7 +100,6 @@ FormatQuery = Annotated[Format, Query(description="A JSON Lines or tabular forma
 ColumnsQuery = Annotated[
     str | None, Query(description="Tabular formats: PATH[:HEADER],... in order")
 ]
-JobPath = Annotated[str, Path(description="The job's id (32 hex digits).")]
 MaskQuery = Annotated[
     bool,
     Query(
@@ -129,8 +121,6 @@ RedactQuery = Annotated[
 ChatStyleQuery = Annotated[ChatStyle | None, Query(description=CHAT_STYLE_HELP)]
 SystemQuery = Annotated[SystemMode | None, Query(description=SYSTEM_HELP)]
 CompletionQuery = Annotated[Completion | None, Query(description=COMPLETION_HELP)]
-REDACTIONS_HEADER = "X-RL-Export-Redactions"
-DUPLICATES_HEADER = "X-RL-Export-Duplicates-Removed"
 SplitQuery = Annotated[str | None, Query(description="Keep the rows of this split")]
 SplitsQuery = Annotated[
     str | None, Query(description="NAME=FRACTION,... summing to 1 (train=0.9,eval=0.1)")
@@ -157,122 +147,6 @@ PAIRING_SAMPLE = 2_000  # preference previews pair among the first matching reco
 PREVIEW_SCAN = 5_000  # records a preview reads at most looking for rows of its format
 
 
-def _checked(
-    fmt: str,
-    columns: str | list[str] | None,
-    *,
-    mask: TurnMask | None = None,
-    file: str = "jsonl",
-    redact: str | None = None,
-    chat: Chat = HF,
-    completion: Completion = "turn",
-) -> Any:
-    try:
-        return check_export(fmt, columns=columns, mask=mask, file=file, redact=redact,
-                            chat=chat, completion=completion)  # fmt: skip
-    except ExportError as exc:
-        raise Invalid(str(exc)) from None
-
-
-def _chat(
-    fmt: str, chat_style: str | None, system: str | None, completion: str | None
-) -> tuple[Chat, Completion]:
-    """The chat style and preference completion of a request; 422 naming the parameter
-    when one does not apply to the format."""
-    try:
-        return (parse_chat_style(fmt, chat_style, system),
-                parse_completion(fmt, completion))  # fmt: skip
-    except ExportError as exc:
-        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
-
-
-def _mask(fmt: str, mask_failed_turns: bool, mask_types: str | list[str] | None) -> Any:
-    """The turn mask of a request; 422 naming the parameter when it does not apply."""
-    try:
-        return parse_mask(fmt, mask_failed_turns, mask_types)
-    except ExportError as exc:
-        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
-
-
-def _training(
-    *, split: str | None, splits: str | None, split_by: str | None, split_salt: str | None,
-    dedup: str | None, dedup_threshold: str | None, dedup_on: str | None,
-) -> tuple[Split | None, Dedup | None]:  # fmt: skip
-    """A request's split and dedup; 422 naming the parameter for a bad one."""
-    try:
-        return (parse_split(split, splits, split_by, split_salt),
-                parse_dedup(dedup, dedup_threshold, dedup_on))  # fmt: skip
-    except ExportError as exc:
-        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
-
-
-async def _at(svc: Services, org: str, project: str, source: str, version: str | None) -> Any:
-    """The view position of ``version`` (None: the latest view); 404 for an unknown one."""
-    if version is None:
-        return None
-    try:
-        return (await pinned(svc.store, source_ref(org, project, source), version, None)).at
-    except VersionError as exc:
-        raise (Invalid if "is not valid" in exc.detail else NotFound)(exc.detail) from None
-
-
-def _kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...]:
-    """The kinds a request asks to redact (the service's default when it names none)."""
-    try:
-        return parse_kinds(redact if redact is not None else svc.settings.redact)
-    except ExportError as exc:
-        raise Invalid(str(exc)) from None
-
-
-def _raw(svc: Services, caller: Caller, kinds: tuple[str, ...]) -> bool:
-    """Whether a read redacts less than the project's default (``RL_EXPORT_REDACT``): then
-    it needs the ``raw`` scope (403 ``raw_required`` without it) and is audited."""
-    default = parse_kinds(svc.settings.redact)
-    if set(default) <= set(kinds):
-        return False
-    if not caller.allows("raw"):
-        svc.metrics.auth_failures.labels("scope").inc()
-        asked = ",".join(kinds) or "none"
-        raise RawRequired(
-            f"redact={asked} redacts less than this project's default "
-            f"({','.join(default)}): that needs a token with the raw scope"
-        )
-    return True
-
-
-async def _audit(
-    svc: Services,
-    caller: Caller,
-    route: str,
-    filters: Filters,
-    kinds: tuple[str, ...],
-    *,
-    rows: int | None,
-    job: str | None = None,
-) -> None:
-    """Append the raw read to the project's audit log before its data leaves (503 when the
-    store does not take the entry: nothing unaudited is served) and count it."""
-    entry = AuditEntry(
-        time=datetime.now(UTC), org=caller.org, project=caller.project, subject=caller.subject,
-        token_id=caller.token_id, route=route, filters=filters.to_params(), kinds=list(kinds),
-        rows=rows, job=job,
-    )  # fmt: skip
-    try:
-        await audit.append(svc.store, entry)
-    except StoreError:
-        raise Unavailable("the audit log could not be written, so nothing was read") from None
-    svc.metrics.raw_reads.labels(route).inc()
-
-
-def _count(svc: Services, headers: Any, counts: dict[str, int]) -> None:
-    """Say what was replaced: the header, and the metric (of the redaction kinds; a zip's
-    ``unscanned`` attachments are in the header only)."""
-    headers[REDACTIONS_HEADER] = counts_header(counts)
-    for kind, n in counts.items():
-        if n and kind in REDACTION_KINDS:
-            svc.metrics.redactions.labels(kind).inc(n)
-
-
 @router.get("/stats", summary="Stats of a source's latest records, with a reward histogram")
 async def get_stats(
     *,
@@ -284,7 +158,7 @@ async def get_stats(
     counts = [0] * bins
     records = rewarded = judged = passed = labeled = 0
     reward_sum = 0.0
-    at = await _at(svc, org, project, source, version)
+    at = await version_at(svc, org, project, source, version)
     # The index holds no metadata and only the latest view: read the corpus itself.
     if filters.metadata or at is not None:
         scanned = await _scanned_stats(svc, org, project, source, filters, at=at)
@@ -399,21 +273,21 @@ async def get_records(
     split_salt: SaltQuery = None, dedup: DedupQuery = None,
     dedup_threshold: ThresholdQuery = None, dedup_on: DedupOnQuery = None,
 ) -> RecordsOut:  # fmt: skip
-    mask = _mask(format, mask_failed_turns, mask_types)
-    chat, pairing = _chat(format, chat_style, system, completion)
-    picked = _checked(format, columns, mask=mask, chat=chat, completion=pairing)
-    kinds = _kinds(svc, redact)
-    raw = _raw(svc, caller, kinds)
+    mask = turn_mask(format, mask_failed_turns, mask_types)
+    chat, pairing = chat_options(format, chat_style, system, completion)
+    picked = checked_export(format, columns, mask=mask, chat=chat, completion=pairing)
+    kinds = asked_kinds(svc, redact)
+    raw = needs_raw(svc, caller, kinds)
     scrub = redactor(kinds) if kinds else None
     size = filters.limit if filters.limit is not None else 10
     if not 1 <= size <= PREVIEW_MAX:
         raise Invalid(f"limit: a preview has 1 to {PREVIEW_MAX} rows, not {size}")
-    picked_split, picked_dedup = _training(
+    picked_split, picked_dedup = training_options(
         split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
         dedup_threshold=dedup_threshold, dedup_on=dedup_on,
     )  # fmt: skip
     followed = await corpus(svc, org, project, source)
-    at = await _at(svc, org, project, source, version)
+    at = await version_at(svc, org, project, source, version)
     items: list[dict[str, Any]] = []
     counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
     # The index holds no metadata, only the latest view and every row: read the corpus.
@@ -438,8 +312,8 @@ async def get_records(
             mask=mask, scrub=scrub, counts=counts, chat=chat, completion=pairing,
         )  # fmt: skip
     if raw:
-        await _audit(svc, caller, "records", filters, kinds, rows=len(items))
-    _count(svc, response.headers, counts)
+        await audit_read(svc, caller, "records", filters, kinds, rows=len(items))
+    count_redactions(svc, response.headers, counts)
     return RecordsOut(
         items=items,
         columns=[c.header for c in picked] if picked is not None else None,
@@ -458,21 +332,11 @@ def _empty_note(fmt: str) -> str:
     return f"no matching record has a {fmt} row (or none matches the filters)"
 
 
-def _disposition(name: str) -> str:
-    return f"attachment; filename=\"{name}\"; filename*=UTF-8''{quote(name)}"
-
-
-_EXPORT_CONTENT: dict[str, dict[str, Any]] = {
-    "application/x-ndjson": {}, "text/csv": {}, "application/json": {}, "application/zip": {},
-    "application/vnd.apache.parquet": {},
-}  # fmt: skip
-
-
 @router.get(
     "/export",
     summary="Stream an export (JSON Lines, CSV, JSON, Parquet or zip)",
     response_class=StreamingResponse,
-    responses={200: {"content": _EXPORT_CONTENT, "description": "The export's file."}},
+    responses={200: {"content": EXPORT_CONTENT, "description": "The export's file."}},
 )
 async def get_export(
     *,
@@ -486,18 +350,20 @@ async def get_export(
     dedup: DedupQuery = None, dedup_threshold: ThresholdQuery = None,
     dedup_on: DedupOnQuery = None, version: VersionQuery = None,
 ) -> StreamingResponse:  # fmt: skip
-    mask = _mask(format, mask_failed_turns, mask_types)
-    chat, pairing = _chat(format, chat_style, system, completion)
-    asked = _kinds(svc, redact)
+    mask = turn_mask(format, mask_failed_turns, mask_types)
+    chat, pairing = chat_options(format, chat_style, system, completion)
+    asked = asked_kinds(svc, redact)
     kinds = ",".join(asked) or "none"
-    _checked(format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing)
-    picked_split, picked_dedup = _training(
+    checked_export(
+        format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing
+    )
+    picked_split, picked_dedup = training_options(
         split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
         dedup_threshold=dedup_threshold, dedup_on=dedup_on,
     )  # fmt: skip
-    raw = _raw(svc, caller, asked)
+    raw = needs_raw(svc, caller, asked)
     ref = source_ref(org, project, source)
-    at = await _at(svc, org, project, source, version)
+    at = await version_at(svc, org, project, source, version)
     summary = ExportSummary()
 
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
@@ -523,7 +389,7 @@ async def get_export(
         stream.close()
         raise
 
-    headers = {"Content-Disposition": _disposition(file_name(ref, format, file))}
+    headers = {"Content-Disposition": disposition(file_name(ref, format, file))}
     # A dedup groups the rows before the first chunk: its count is known now.
     if picked_dedup is not None:
         headers[DUPLICATES_HEADER] = str(summary.duplicates_removed)
@@ -533,12 +399,12 @@ async def get_export(
         spool = await _unless_gone(request, spooled(stream, first))
         if raw:
             try:
-                await _audit(svc, caller, "export", filters, asked, rows=summary.records)
+                await audit_read(svc, caller, "export", filters, asked, rows=summary.records)
             except BaseException:
                 spool.close()
                 raise
         if kinds != "none":
-            _count(svc, headers, summary.redactions)
+            count_redactions(svc, headers, summary.redactions)
         media = content_type(format, file)
         return StreamingResponse(read_spool(spool), media_type=media, headers=headers)
 
@@ -575,99 +441,3 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
                 await doing
             raise ClientGone("the client went away before the export was sent")
     return doing.result()
-
-
-def _job_out(status: JobStatus) -> JobOut:
-    download = None
-    if status.status == "ready":
-        download = f"/api/v1/{status.org}/{status.project}/exports/{status.id}/download"
-    return JobOut(
-        id=status.id, status=status.status, progress=status.progress, records=status.records,
-        error=status.error, file_name=status.file_name, download=download,
-        turns_outside=status.turns_outside, redactions=status.redactions, note=status.note,
-        duplicates_removed=status.duplicates_removed, split_left_out=status.split_left_out,
-    )  # fmt: skip
-
-
-@router.post("/exports", status_code=202, summary="Start an export as a background job")
-async def post_exports(
-    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, body: ExportIn
-) -> JobOut:
-    columns = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
-    mask_types = ",".join(body.mask_types) if isinstance(body.mask_types, list) else (
-        body.mask_types)  # fmt: skip
-    mask = _mask(body.format, body.mask_failed_turns, mask_types)
-    chat, pairing = _chat(body.format, body.chat_style, body.system, body.completion)
-    asked = _kinds(svc, body.redact)
-    redact = ",".join(asked) or "none"
-    _checked(body.format, columns, mask=mask, file=body.file, redact=redact, chat=chat,
-             completion=pairing)  # fmt: skip
-    try:
-        parsed = parse_filters(body.filters)
-    except FilterError as exc:
-        raise Invalid(str(exc)) from None
-    threshold = None if body.dedup_threshold is None else repr(body.dedup_threshold)
-    _training(split=body.split, splits=body.splits, split_by=body.split_by,
-              split_salt=body.split_salt, dedup=body.dedup, dedup_threshold=threshold,
-              dedup_on=body.dedup_on)  # fmt: skip
-    raw = _raw(svc, caller, asked)
-    await _at(svc, org, project, body.source, body.version)  # 404 for an unknown version now
-    request = JobRequest(
-        source=body.source, format=body.format, filters=body.filters, columns=columns,
-        mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
-        redact=redact, chat_style=body.chat_style, system=body.system,
-        completion=body.completion, split=body.split, splits=body.splits,
-        split_by=body.split_by, split_salt=body.split_salt, dedup=body.dedup,
-        dedup_threshold=threshold, dedup_on=body.dedup_on, version=body.version,
-    )  # fmt: skip
-
-    async def audit() -> None:  # once the job has its place; its status counts the rows
-        await _audit(svc, caller, "exports", parsed, asked, rows=None)
-
-    started = await svc.jobs.start(org, project, request, caller.subject,
-                                   before=audit if raw else None)  # fmt: skip
-    return _job_out(started)
-
-
-async def _job(svc: Services, org: str, project: str, job_id: str) -> JobStatus:
-    status = await svc.jobs.get(org, project, job_id)
-    if status is None:
-        raise NotFound(f"no export job {job_id!r} in {org}/{project} (or it has expired)")
-    return status
-
-
-@router.get("/exports/{job_id}", summary="A background export's status and progress")
-async def get_job(
-    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, job_id: JobPath
-) -> JobOut:
-    return _job_out(await _job(svc, org, project, job_id))
-
-
-@router.get(
-    "/exports/{job_id}/download",
-    summary="A finished background export's file",
-    response_class=StreamingResponse,
-    responses={200: {"content": _EXPORT_CONTENT, "description": "The export's file."}},
-)
-async def get_job_download(
-    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, job_id: JobPath
-) -> StreamingResponse:
-    status = await _job(svc, org, project, job_id)
-    if status.status != "ready":
-        raise NotFound(f"export job {job_id} is {status.status}: it has no file to download")
-    chunks = svc.store.chunks(file_key(status))
-    try:
-        first = await anext(chunks, b"")
-    except ObjectNotFoundError:
-        raise NotFound(f"the file of export job {job_id} is gone (expired?)") from None
-
-    async def body() -> AsyncIterator[bytes]:
-        yield first
-        async for chunk in chunks:
-            yield chunk
-
-    return StreamingResponse(
-        body(),
-        media_type=status.content_type,
-        headers={"Content-Disposition": _disposition(status.file_name)},
-    )

@@ -22,14 +22,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 
-from rl_export.common.codec import dumps
-from rl_export.common.errors import FilterError
-from rl_export.common.filters import parse_bool
-from rl_export.common.redact import parse_kinds, redactor
+from rl_export.formats.filters import parse_bool
+from rl_export.index import labelqueries
+from rl_export.index.follower import Followed
+from rl_export.index.labelqueries import QueueFilter
 from rl_export.labeling.blind import queue_item
 from rl_export.labeling.queue import target
 from rl_export.labeling.settings import LabelingSettings, SettingsInvalid
-from rl_export.web import labelindex
+from rl_export.model.codec import dumps
+from rl_export.model.errors import FilterError
+from rl_export.privacy.kinds import parse_kinds
+from rl_export.privacy.redact import redactor
 from rl_export.web.api.deps import (
     AdminCaller,
     LabelCaller,
@@ -42,8 +45,6 @@ from rl_export.web.api.deps import (
     stamp,
 )
 from rl_export.web.errors import Conflict, Invalid, NotFound, Unavailable
-from rl_export.web.follower import Followed
-from rl_export.web.labelindex import QueueFilter
 from rl_export.web.labels import LabelEvent, label_retracted, label_skipped, label_submitted
 from rl_export.web.models import (
     TRACE_ID_PATTERN,
@@ -279,7 +280,7 @@ async def _publish(svc: Services, event: LabelEvent) -> AcceptedOut:
 
 
 async def _current(svc: Services, team: Team, corpus_id: int, trace_id: str) -> dict[str, Any]:
-    row = await query(labelindex.trace_labels, svc.index, corpus_id, trace_id)
+    row = await query(labelqueries.trace_labels, svc.index, corpus_id, trace_id)
     if row is None:
         return {}
     return dict(team.labels(row).sums)

@@ -8,11 +8,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from rl_export.common.errors import NoDataError, VersionError
-from rl_export.common.specs import check_name
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.versions import delete_version, list_versions, project_versions
 from rl_export.export.versions import pin
+from rl_export.formats.specs import check_name
+from rl_export.model.errors import NoDataError, VersionError
 from rl_export.web.api.deps import AdminCaller, ExportCaller, OrgPath, ProjectPath, Svc
 from rl_export.web.errors import Conflict, Invalid, NotFound
 from rl_export.web.models import VersionIn, VersionOut, VersionsOut
