@@ -55,7 +55,8 @@ def machine_cpu() -> tuple[float, float]:
 def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
     """The share (0 to 1) of all the machine's cores that was busy between two readings."""
     span = after[1] - before[1]
-    return (after[0] - before[0]) / span if span > 0 else 0.0
+    # Seconds come from integer ticks: the two differences may round apart by a hair.
+    return min(1.0, (after[0] - before[0]) / span) if span > 0 else 0.0
 
 
 def worker_cpu(pid: int) -> dict[str, float]:

@@ -199,5 +199,5 @@ def test_machine_cpu_counts_a_busy_loop_as_busy() -> None:
     after = machine_cpu()
     busy, total = after[0] - before[0], after[1] - before[1]
     assert busy >= 0.4
-    assert busy <= total
+    assert busy <= total + 1e-6  # seconds from ticks: the two differences round apart
     assert 0 < busy_share(before, after) <= 1
