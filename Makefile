@@ -25,8 +25,13 @@ PROMTOOL := .cache/promtool/promtool
 # `npm pack` (no node_modules, no install scripts): a version bump is a new path.
 AXE_VERSION := 4.14.1
 AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
+# The peers of `make bench-peers`: Quix Streams (the `peers` dependency group of pyproject.toml)
+# in a virtualenv of its own, as its releases pin pydantic and confluent-kafka below .venv's;
+# the Kafka Streams peer is built with Maven by the bench itself, into .cache/peers/.
+PEERS_VENV := .cache/peers/venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-eos bench-isolation bench-tenants profile soak bench-restart bench-scaling
+.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -177,6 +182,17 @@ bench-tenants: install ## object writes per event and per second, and freshness,
 
 bench-eos: install ## the exactly-once loop (consume, transform, produce, offsets in the transaction) in aiokafka and in confluent-kafka side by side, small events (BATCH=records per transaction)
 	$(BIN)/python -m tests.perf.bench_eos $(if $(BATCH),--batch $(BATCH))
+
+# pip installs a dependency group (PEP 735: `--group`) from 25.1 on: the venv's own pip is
+# upgraded first.
+$(PEERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet --group peers
+	@touch $(PEERS_STAMP)
+
+bench-peers: install $(PEERS_STAMP) ## the worker beside the peers a user would pick (Quix Streams, Kafka Streams: a join of the same topics, exactly-once, RocksDB) and a bare consumer: events/s, CPU per event, peak RSS (ROUNDS=n)
+	$(BIN)/python -m tests.perf.bench_peers --peers-python $(PEERS_VENV)/bin/python $(if $(ROUNDS),--rounds $(ROUNDS))
 
 bench-isolation: install ## p99 of stats, queue, claim and /readyz, and memory, while every export slot is held by a slow export (20,000 traces)
 	$(BIN)/python -m tests.perf.bench_isolation
