@@ -230,7 +230,7 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 redact=request.redact if request.redact is not None else settings.redact,
                 chat=parse_chat_style(request.format, request.chat_style, request.system),
                 completion=parse_completion(request.format, request.completion),
-                split=split, dedup=dedup, manifest=True,
+                split=split, dedup=dedup,
                 attachments=AttachmentPolicy.from_settings(settings), at=at,
             )  # fmt: skip
             beating.cancel()
