@@ -157,8 +157,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     elif at is not None:
         note += f"; read at the position of {args.from_manifest}"
     if summary.erased:
-        note += (f"; {summary.erased} records of traces deleted since the version "
-                 "left out (deletion wins)")  # fmt: skip
+        note += (f"; {summary.erased} records of deleted traces left out (deletion "
+                 "wins)")  # fmt: skip
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:
