@@ -125,7 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
                     redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-                    at=at, manifest=args.card, attachments=AttachmentPolicy.from_settings(settings),
+                    at=at, attachments=AttachmentPolicy.from_settings(settings),
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
                     progress=position_callback(progress),
                 )  # fmt: skip
@@ -148,16 +148,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     if mask is not None:
         note += (f"; {summary.turns_outside} failing outcomes named a turn outside their "
                  f"conversation (they mask nothing)")  # fmt: skip
+    if not to_stdout:
+        note += f"; lineage {args.output}.manifest.json"
     if args.card:
-        note += f"; dataset card {Path(args.output).parent / 'README.md'}, lineage "
-        note += f"{args.output}.manifest.json"
+        note += f", dataset card {Path(args.output).parent / 'README.md'}"
     if version is not None:
         note += f"; read at version {version.name}"
     elif at is not None:
         note += f"; read at the position of {args.from_manifest}"
     if summary.erased:
-        note += (f"; {summary.erased} records of traces deleted since the version "
-                 "left out (deletion wins)")  # fmt: skip
+        note += (f"; {summary.erased} records of deleted traces left out (deletion "
+                 "wins)")  # fmt: skip
     if summary.redactions:
         note += "; redacted: " + ", ".join(f"{k} {n}" for k, n in summary.redactions.items())
     else:

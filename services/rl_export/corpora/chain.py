@@ -236,8 +236,12 @@ class ChainWriter:
         holds none, or only a tombstone, changes nothing; where it holds a record, no record
         means a tombstone. A deleted trace (``erased``) gets its tombstone even where the
         corpus holds nothing: an older revision replayed later, on another chain, must find
-        the deletion and not bring the trace back.
+        the deletion and not bring the trace back. A record of a trace the erasure log names
+        is never written again (:class:`~rl_export.corpora.chainstate.ChainState`).
         """
+        if not deleted and trace_id in state.erased:
+            self.metrics.repeats.inc()
+            return False
         code = state.held.get(trace_id)  # revision * 2 + deleted (ChainState)
         if code is not None and revision <= code >> 1:
             self.metrics.repeats.inc()

@@ -9,12 +9,17 @@ partitioned the same way). A writer learns it when it starts (:func:`load_chain_
    or, when there is no index for this partitioning, its parts; and its *tombstones*
    (deletions the parts leave out, kept until the tombstone retention ends, so that a
    deleted trace stays deleted whichever chain its older revisions are in);
-2. then every chain of the writer's partition number from the compaction's positions on.
+2. then every chain of the writer's partition number from the compaction's positions on;
+3. and the project's erasure log (:mod:`rl_export.corpora.erasures`, kept for good): the
+   partition's traces that were deleted (``erased``), of which the corpus never takes a
+   record again, whatever its revision and whoever sends it (a later backfill of the same
+   trace, a stream whose join state for it expired).
 
 So a replay over events already streamed, and a stream over events already replayed, write
-no ``(trace_id, revision)`` the corpus holds. Two writers of one partition running at once
-on different chains (a replay while the stream writes the same traces) do not see each
-other's new commits; ``shards verify`` reports the repeats that may then appear.
+no ``(trace_id, revision)`` the corpus holds, and no record of a deleted trace. Two writers
+of one partition running at once on different chains (a replay while the stream writes the
+same traces) do not see each other's new commits; ``shards verify`` reports the repeats that
+may then appear.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from rl_export.corpora.compacted import (
     read_holdings,
     read_tombstones,
 )
+from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import CorpusRef, parse_stream
 from rl_export.corpora.store import ObjectStore
 
@@ -44,6 +50,7 @@ class ChainState:
 
     head: int = 0
     held: dict[str, int] = field(default_factory=dict)
+    erased: frozenset[str] = frozenset()  # deleted traces (the erasure log): no record again
 
     def hold(self, trace_id: str, revision: int, deleted: bool) -> None:
         self.held[trace_id] = revision * 2 + deleted
@@ -93,6 +100,8 @@ async def load_chain_state(
             state.apply(r for r in base if belongs is None or belongs(r["trace_id"]))
         tombstones = await read_tombstones(store, ref, compaction)
         state.apply(r for r in tombstones if belongs is None or belongs(r["trace_id"]))
+    erased = await erased_traces(store, ref.org, ref.project)
+    state.erased = frozenset(t for t in erased if belongs is None or belongs(t))
     for chain in await store.folders(ref.manifest_root()):
         try:
             if parse_stream(chain)[1] != partition:

@@ -7,7 +7,9 @@ How a generation is made (:func:`compact`):
    its records and the tombstones it keeps.
 2. For every chain of the corpus, follow the commits from the base position and read their
    shards (checksums verified). A later revision of a trace replaces an earlier one; on equal
-   revisions the one read later wins; a tombstone hides the trace.
+   revisions the one read later wins; a tombstone hides the trace, and so does the project's
+   erasure log (:mod:`rl_export.corpora.erasures`: a deleted trace, whichever chain its
+   records are on, and whatever was written while a writer did not know of the deletion).
 3. Nothing new since the base: stop, no new generation.
 4. Write the surviving records, sorted by ``trace_id``, as part objects under
    ``_compacted/<g+1>/``, named by content hash so two compactors never overwrite each
@@ -46,6 +48,7 @@ from rl_export.corpora.compacted import (
     read_compaction,
     read_tombstones,
 )
+from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import (
     OFFSET_WIDTH,
     SCHEMA_VERSION,
@@ -210,6 +213,9 @@ async def compact(
 
     # 4. Parts first, tombstones and holdings beside them ...
     records = await asyncio.to_thread(latest.records)
+    erased = await erased_traces(store, ref.org, ref.project)
+    if erased:
+        records = [r for r in records if r["trace_id"] not in erased]
     parts: list[dict[str, Any]] = []
     for n, part_rows in enumerate(split(records, max_part_records)):
         shard = await asyncio.to_thread(encode_shard, part_rows, compression)

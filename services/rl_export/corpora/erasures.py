@@ -11,10 +11,19 @@ deletion's snapshot; ``<id>`` the trace id in unpadded base64url), ``{"trace_id"
 "project", "revision"}``. Every corpus of the partition writes the same bytes under the same
 key, so the first write is the record and the others change nothing; written before the
 commit that holds the tombstone, so a committed deletion always has its entry. The entries
-are small and kept (deletions are rare). A pinned read lists the project's at its start:
-the ids are in the keys, so a thousand deletions cost one listing request, not a thousand
-reads. An id too long for a key (over :data:`ID_IN_KEY` characters) has an entry
-``<offset>.json`` without it, read for its body, as every entry of an older log is.
+are small and kept for good (deletions are rare), so the deletion stays in force after
+the tombstones are gone, wherever the trace's records come from. Who reads the log:
+
+- a read (:class:`~rl_export.export.latest.LatestView`, and the reader at a pinned
+  version) leaves the traces it names out, at a past position and at the latest alike;
+- a chain writer (:func:`~rl_export.corpora.chainstate.load_chain_state`) never takes a
+  record of them again: a later backfill (``replay``) of a deleted trace writes nothing;
+- compaction drops them, whatever a writer wrote while it did not yet know.
+
+Each lists the project's entries once: the ids are in the keys, so a thousand deletions
+cost one listing request, not a thousand reads. An id too long for a key (over
+:data:`ID_IN_KEY` characters) has an entry ``<offset>.json`` without it, read for its body,
+as every entry of an older log is.
 """
 
 from __future__ import annotations
@@ -36,9 +45,8 @@ READ_AT_ONCE = 32  # entries without the id in their key fetched concurrently
 ID_IN_KEY = 300
 """The longest trace id (in characters) named in its entry's key (keys stay well under the
 1,024 bytes S3 allows)."""
-ERASED_REVISION = 1 << 62
-"""The revision of an erased trace's virtual tombstone in a view at a past position
-(:class:`~rl_export.export.latest.LatestView`): newer than any line's."""
+# ERASED_REVISION (rl_export.model.records) is also the revision of an erased trace's
+# virtual tombstone in a view at a past position (rl_export.export.latest.LatestView).
 
 
 def erasures_prefix(org: str, project: str) -> str:

@@ -28,7 +28,10 @@ in the format. The card holds no clock time: the same export of the same corpus 
 same card, byte for byte.
 
 The header is written as YAML flow style that is also JSON (each value one JSON text), so
-no YAML library is needed to write it and any YAML parser reads it.
+no YAML library is needed to write it and any YAML parser reads it, and so
+:func:`card_describes` reads back which data file a card of ours describes (an export
+writes over a ``README.md`` only when it is the card of the same output:
+:mod:`rl_export.export.targets`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from pydantic import BaseModel
 
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
@@ -205,6 +209,28 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
 def _yaml(header: dict[str, Any]) -> str:
     """Top-level keys in block style, each value one JSON text (valid YAML flow style)."""
     return "".join(f"{key}: {dumps(value).decode()}\n" for key, value in header.items())
+
+
+def card_describes(text: str) -> str | None:
+    """The data file a card written by :func:`dataset_card` describes (its ``configs``'
+    path); None when ``text`` is not such a card (no header, no ``rl_export`` in it)."""
+    lines = text.split("\n")
+    if not lines or lines[0] != "---" or "---" not in lines[1:]:
+        return None
+    header: dict[str, Any] = {}
+    for line in lines[1 : lines.index("---", 1)]:
+        key, sep, value = line.partition(": ")
+        try:
+            header[key] = orjson.loads(value) if sep else None
+        except orjson.JSONDecodeError:
+            return None
+    try:
+        path = header["configs"][0]["data_files"][0]["path"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(header.get("rl_export"), dict) or not isinstance(path, str):
+        return None
+    return path
 
 
 def _redaction_line(facts: CardFacts) -> str:

@@ -61,8 +61,10 @@ How an export travels:
    it, text ones redacted like the rows and others counted as ``unscanned``, then adds the
    data file, ``files/manifest.json`` (every attachment with its status) and ``README.md``
    (the dataset card).
-5. With ``card``, the card is written once the data file has its name: ``README.md``
-   beside it, replaced atomically.
+5. To a path, the lineage manifest ``<file>.manifest.json`` and, with ``card``, the card
+   ``README.md`` are written beside it once the data file has its name, each replaced
+   atomically; none of the three is written over unless an export to the same file made
+   it (:mod:`rl_export.export.targets`, checked before anything is written).
 6. Redaction (docs/guides/exports.md) applies to what is written, after the limit: a
    ``trajectory`` line no gate of :mod:`rl_export.privacy.redact` opens for is copied without
    being parsed; other rows are redacted as they are written; ``preference`` redacts the
@@ -102,6 +104,7 @@ from rl_export.export.tabular import (
     parquet_schema,
     rl_prompts_schema,
 )
+from rl_export.export.targets import check_targets
 from rl_export.export.writers import row_groups, tabular_chunks, zip_archive
 from rl_export.formats.chat import HF, Chat
 from rl_export.formats.filters import Filters
@@ -382,14 +385,15 @@ async def write_export(
     split: Split | None = None,
     dedup: Dedup | None = None,
     at: ViewPosition | None = None,
-    manifest: bool = False,
     progress: Progress | None = None,
     attachments: AttachmentPolicy | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
 
-    With ``card`` (a path only) the dataset card is written beside the file as
-    ``README.md`` once the file has its name."""
+    A path gets its lineage manifest beside it (``<file>.manifest.json``) and, with
+    ``card``, the dataset card ``README.md``, once the file has its name; none of the three
+    is written over unless an export to the same file made it
+    (:func:`~rl_export.export.targets.check_targets`, before anything is written)."""
     summary = ExportSummary()
     filters = filters or Filters()
     chunks = _export_chunks(
@@ -405,7 +409,7 @@ async def write_export(
         completion=completion,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
-        if card or manifest:
+        if card:
             await chunks.aclose()
             raise ExportError("card", "a dataset card goes beside a file, not into a stream")
         await _write_chunks(chunks, out)
@@ -413,9 +417,13 @@ async def write_export(
         return summary
     target = Path(out)
     directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
+    try:
+        if not directory.is_dir():
+            raise ExportError("output", f"no such directory: {directory}")
+        check_targets(target, card=card)  # a user's file is never written over
+    except ExportError:
         await chunks.aclose()
-        raise ExportError("output", f"no such directory: {directory}")
+        raise
     digest = hashlib.sha256()
     await _write_atomically(target, lambda fh: _write_chunks(chunks, fh, digest))
     summary.sha256 = digest.hexdigest()
@@ -431,18 +439,18 @@ async def write_export(
             await asyncio.to_thread(fh.write, text.encode())
 
         await _write_atomically(directory / CARD_NAME, write_card)
-    if manifest:
-        made = export_manifest(
-            summary, ref, format, file=file, filters=filters, columns=columns, pair_by=pair_by,
-            margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, split=split,
-            dedup=dedup, kinds=parse_kinds(redact), chat=chat, completion=completion,
-        )  # fmt: skip
-        lineage = encode_manifest(made)
+    made = export_manifest(
+        summary, ref, format, file=file, filters=filters, columns=columns, pair_by=pair_by,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, split=split,
+        dedup=dedup, kinds=parse_kinds(redact), chat=chat, completion=completion,
+        output=target.name,
+    )  # fmt: skip
+    lineage = encode_manifest(made)
 
-        async def write_manifest(fh: BinaryIO) -> None:
-            await asyncio.to_thread(fh.write, lineage)
+    async def write_manifest(fh: BinaryIO) -> None:
+        await asyncio.to_thread(fh.write, lineage)
 
-        await _write_atomically(manifest_path(target), write_manifest)
+    await _write_atomically(manifest_path(target), write_manifest)
     return summary
 
 

@@ -82,7 +82,7 @@ from rl_export.corpora.commits import (
     read_commit,
 )
 from rl_export.corpora.compacted import Compaction, compaction_part, latest_compaction
-from rl_export.corpora.erasures import ERASED_REVISION, erased_traces, note_erased
+from rl_export.corpora.erasures import erased_traces, note_erased
 from rl_export.corpora.identity import NotARecordError, key_of
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.reader import list_streams
@@ -108,6 +108,7 @@ from rl_export.export.settling import LOOKUP_SHARE, Settler, UnsortedError
 from rl_export.formats.filters import Filters
 from rl_export.model.codec import loads
 from rl_export.model.errors import NoDataError, ObjectNotFoundError
+from rl_export.model.records import ERASED_REVISION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -185,9 +186,11 @@ class LatestView:
         self.total = 0  # lines the view yields
         self.at = at
         self.position = ViewPosition(None)  # where the view is, once found (step 1)
-        # A view at a past position leaves out the traces deleted since (the erasure log, or
-        # ``erased_keys``: another view's of the same read), and keeps the best (revision,
-        # tombstone) of each seen, to count the records it left out (:attr:`erased`).
+        # A view leaves out every trace the erasure log names (or ``erased_keys``: another
+        # view's of the same read): at a past position those deleted since; at the latest, a
+        # record a writer wrote while it did not know of the deletion (a replay that began
+        # before it), until a compaction drops it. It keeps the best (revision, tombstone)
+        # of each seen, to count the records it left out (:attr:`erased`).
         self.erased_keys: frozenset[bytes] = erased_keys or frozenset()
         self._erased_given = erased_keys is not None
         self._erased_best: dict[bytes, tuple[int, bool]] = {}
@@ -255,9 +258,9 @@ class LatestView:
             self.compaction = await latest_compaction(self.store, self.ref)
         else:
             self.compaction = await self._pinned_compaction(self.at.generation)
-            if not self._erased_given:
-                erased = await erased_traces(self.store, self.ref.org, self.ref.project)
-                self.erased_keys = frozenset(key_of(trace_id) for trace_id in erased)
+        if not self._erased_given:
+            erased = await erased_traces(self.store, self.ref.org, self.ref.project)
+            self.erased_keys = frozenset(key_of(trace_id) for trace_id in erased)
         positions: dict[str, int] = {}
         if self.compaction is not None:
             positions = dict(self.compaction.positions)

@@ -1,6 +1,7 @@
 """Lineage: the ``<file>.manifest.json`` beside an export (docs/guides/exports.md; pure).
 
-An export made with ``--card``, and every export job, says exactly what it is: the position
+Every export to a file, and every export job, says exactly what it is: the file it describes
+(``output``, its name), the position
 of the corpus it read (the compaction generation and every chain's end:
 :class:`~rl_export.export.latest.ViewPosition`), every option that shaped its rows (format,
 filters, split, dedup, masks, columns, pairing, chat style, redaction and what it
@@ -66,6 +67,8 @@ class Manifest(BaseModel):
     rows: int
     bytes: int
     sha256: str
+    # The name of the file it describes (None: a manifest written before it was kept).
+    output: str | None = None
 
     def view_position(self) -> ViewPosition:
         return ViewPosition.from_json(self.position)
@@ -177,4 +180,5 @@ def export_manifest(summary: Any, ref: Any, fmt: str, **options: Any) -> Manifes
         duplicates_removed=None if dedup is None else summary.duplicates_removed,
         split_left_out=None if split is None else summary.split_left_out,
         rows=summary.records, bytes=summary.bytes, sha256=summary.sha256,
+        output=options.get("output"),
     )  # fmt: skip

@@ -20,9 +20,10 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from rl_export.corpora.commits import Block
-from rl_export.corpora.erasures import ERASED_REVISION, note_erased
+from rl_export.corpora.erasures import note_erased
 from rl_export.corpora.identity import TOMBSTONE_END, line_key
 from rl_export.export.runs import FLAG, SHIFT, Cursor, Identities, clear_bit, row_of
+from rl_export.model.records import ERASED_REVISION
 
 LOOKUP_SHARE = 16
 """A compaction block with more than one tail trace in its range per this many lines has

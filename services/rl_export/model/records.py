@@ -18,6 +18,11 @@ from rl_export.model.events import EvaluatorResult, Report, UtcDatetime
 RULES_VERSION = 1
 """Bumped whenever a join or reward rule changes meaning, so records say which rules made them."""
 
+ERASED_REVISION = 1 << 62
+"""The revision of a deleted trace's tombstone (``trace.deleted``): newer than any record's,
+on whichever chain it is (a replay's, another run's), so the deletion wins over every
+revision of the trace wherever it came from (docs/concepts/join-rules.md)."""
+
 RewardSource = Literal["human", "evaluator"]
 
 

@@ -10,9 +10,9 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec, check_name
@@ -20,6 +20,7 @@ from rl_export.model.errors import ConfigError
 from rl_export.model.partitioning import Partitioner
 from rl_export.privacy.attachment_sources import AttachmentSource, parse_sources
 from rl_export.privacy.kinds import RedactError, parse_kinds
+from rl_export.runtime.net import checked_networks
 from rl_export.runtime.storeurl import parse_store_url
 
 ENV_PREFIX = "RL_EXPORT_"
@@ -342,8 +343,14 @@ class Settings(BaseSettings):
         30,
         ge=1,
         le=100_000,
-        description="401s one client address may get per minute; over that, a token that "
-        "would need a store read gets 429 with Retry-After until the minute ends.",
+        description="Unknown tokens one client address may send per minute; over that, they get "
+        "429 with Retry-After until the minute ends (a token that verifies is always served).",
+    )
+    web_trusted_proxies: Annotated[str, AfterValidator(checked_networks)] = Field(
+        "",
+        description="Addresses and CIDRs (comma list) of the proxies in front of the web service: "
+        "only from them are X-Forwarded-For and Forwarded read for the client's address. "
+        "Empty (the default): the client is the connection's peer, whatever the headers say.",
     )
     web_max_body_bytes: int = Field(MIB, ge=1024, description="Larger request bodies get 413.")
     web_publish_timeout_s: float = Field(
@@ -542,13 +549,8 @@ class Settings(BaseSettings):
     @property
     def all_topics(self) -> tuple[str, ...]:
         """Every topic the service creates and checks at start."""
-        return (
-            *self.input_topics,
-            self.topic_trajectories,
-            self.topic_dead_letter,
-            self.topic_changelog,
-            self.topic_claims,
-        )
+        return (*self.input_topics, self.topic_trajectories, self.topic_dead_letter,
+                self.topic_changelog, self.topic_claims)  # fmt: skip
 
     @property
     def topic_changelog(self) -> str:

@@ -17,7 +17,14 @@ The rules, in one place:
 * Events that come before their trace wait in ``pending`` (with their original bytes); when
   the trace arrives, those whose org/project differ are rejected and never count.
 * Once a ``trace.deleted`` is accepted the state keeps only a tombstone: later events count
-  in ``revision`` but change nothing and emit nothing.
+  in ``revision`` but change nothing and emit nothing. A tombstone's revision is
+  :data:`~rl_export.model.records.ERASED_REVISION`, greater than any record's, so it hides
+  the trace on every chain, a replay's or another run's included.
+* A ``trace.deleted`` of a trace the join has no trace for (backfilled by ``replay``, seeded,
+  expired from the table, written by another run) does not wait in silence: it emits the
+  tombstone of the deletion's org/project at once, and waits like any early event, so the
+  trace, if it comes, arrives deleted (and the deletion, if its org/project is not the
+  trace's, is rejected then, as any early event of another org).
 * Rewards are computed from integer sums (human) and in evaluator-name order (evaluator), so
   the result does not depend on arrival order.
 """
@@ -38,7 +45,7 @@ from rl_export.model.events import (
     format_micros,
 )
 from rl_export.model.eventview import EventView, reread_event, view_of
-from rl_export.model.records import RULES_VERSION, Headers, encode_snapshot
+from rl_export.model.records import ERASED_REVISION, RULES_VERSION, Headers, encode_snapshot
 
 RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
 
@@ -221,14 +228,16 @@ def _merge(state: TraceState | None, event: EventView, raw: Origin, *, now: floa
 
     event_id = event.event_id
     if event_id in st.seen or (st.pending and any(p.event_id == event_id for p in st.pending)):
-        return MergeResult(st, "duplicate", emits=st.trace is not None or st.deleted)
+        emits = st.trace is not None or st.deleted or waiting_deletion(st) is not None
+        return MergeResult(st, "duplicate", emits=emits)
 
     if st.trace is None and not st.deleted:
         if event.event_type != "trace.completed":
             st.pending.append(Pending(event.event_id, raw))
             if st.first_pending_at is None:
                 st.first_pending_at = now
-            return MergeResult(st, "pending")
+            # A deletion does not wait in silence: its tombstone goes out now (see above).
+            return MergeResult(st, "pending", emits=event.event_type == "trace.deleted")
         return _arrive(st, event, raw, now=now)
 
     if (event.org, event.project) != (st.org, st.project):
@@ -276,9 +285,21 @@ def _arrive(st: TraceState, trace: EventView, raw: Origin, *, now: float) -> Mer
 
 
 def _settle_tombstone(st: TraceState) -> None:
-    """Fix the revision a deleted trace's tombstone carries: the one it was deleted at."""
+    """Note the revision the trace was deleted at (kept in the state, for the record; its
+    tombstone carries :data:`ERASED_REVISION`)."""
     if st.deleted and st.deleted_revision == 0:
         st.deleted_revision = st.revision
+
+
+def waiting_deletion(st: TraceState) -> EventView | None:
+    """The latest ``trace.deleted`` waiting for a trace that has not come (None: none)."""
+    if st.trace is not None or st.deleted:
+        return None
+    for item in reversed(st.pending):
+        decoded = reread_event(item.raw.value)
+        if not isinstance(decoded, EventRejection) and decoded.event_type == "trace.deleted":
+            return decoded
+    return None
 
 
 def _count(st: TraceState, event: EventView) -> None:
@@ -398,10 +419,11 @@ def label_details(labels: dict[str, LabelView]) -> list[dict[str, Any]]:
 
 
 def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | None:
-    """Return the snapshot to emit for ``st``: None before the trace exists.
+    """Return the snapshot to emit for ``st``: None before the trace exists (unless a
+    deletion waits for it: then its tombstone).
 
-    A deleted trace's snapshot is its tombstone, with the revision it was deleted at. The
-    values are plain (what JSON gives back), but for the messages (:class:`RawJson`).
+    A deleted trace's snapshot is its tombstone, at :data:`ERASED_REVISION`. The values are
+    plain (what JSON gives back), but for the messages (:class:`RawJson`).
     """
     return _snapshot(st, config, _parsed)
 
@@ -457,16 +479,13 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
     record of one corpus.
     """
     if st.deleted:
-        return {
-            "trace_id": st.trace_id,
-            "org": st.org,
-            "project": st.project,
-            "revision": st.deleted_revision,
-            "deleted": True,
-        }
+        return _tombstone(st.trace_id, st.org, st.project)
     trace = st.trace
     if trace is None:
-        return None
+        deletion = waiting_deletion(st)
+        if deletion is None:
+            return None
+        return _tombstone(st.trace_id, deletion.org, deletion.project)
     human = human_reward(st.labels, config.human_pass_threshold)
     evaluation = st.evaluation
     scored = evaluation is not None and evaluation.scores is not None
@@ -497,6 +516,12 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "human_labels": label_details(st.labels),
         **({} if trace.metadata is None else {"metadata": json(trace.metadata)}),
     }
+
+
+def _tombstone(trace_id: str, org: str | None, project: str | None) -> dict[str, Any]:
+    """A deleted trace's snapshot: wins over any revision of the trace (see the module)."""
+    return {"trace_id": trace_id, "org": org, "project": project, "revision": ERASED_REVISION,
+            "deleted": True}  # fmt: skip
 
 
 def expired(

@@ -298,7 +298,7 @@ class JoinProcessor:
                 self._schedule(key, mark, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
                 encoded = encode_current(entry.state, self.config)
-                assert encoded is not None  # emits only once the trace exists or is deleted
+                assert encoded is not None  # emits once the trace exists, or a deletion came
                 value, headers = encoded
                 result.snapshots[key] = value
                 # trajectories is co-partitioned with the inputs: the same partition.

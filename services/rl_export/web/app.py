@@ -27,11 +27,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rl_export import __version__
 from rl_export.model.errors import ConfigError, StoreError
 from rl_export.runtime.metrics import WebMetrics
+from rl_export.runtime.net import parse_networks
 from rl_export.web.api.routes import agreement, caller, export, jobs, label, versions
 from rl_export.web.errors import ApiError, Invalid, TooMany
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
 from rl_export.web.pages import static_files
+from rl_export.web.proxies import TrustedProxies
 from rl_export.web.services import Services
 
 log = logging.getLogger(__name__)
@@ -286,4 +288,7 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(BodyLimit, limit=services.settings.web_max_body_bytes)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(RequestMetrics, metrics=services.metrics)
+    # Outermost: every layer, and the access log, sees the client behind a listed proxy.
+    trusted = parse_networks(services.settings.web_trusted_proxies)
+    app.add_middleware(TrustedProxies, trusted=trusted)
     return app

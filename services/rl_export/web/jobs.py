@@ -15,6 +15,10 @@ to ``_exports/<org>/<project>/<id>/status.json`` before the API answers 202. The
    crash) and is reported, and recorded, as failed. Finished jobs are deleted after
    ``web_export_retention_s`` (a sweep every few minutes on every instance; a job past its
    retention is not found even before the sweep).
+
+A job belongs to the subject that made it (its status names them): :func:`may_see` is the
+rule every route applies, and a job that reads with a redaction weaker than the project's
+default (``raw``) is never shown to another subject, admins included (docs/guides/security.md).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ log = logging.getLogger(__name__)
 PREFIX = "_exports/"
 JobState = Literal["processing", "ready", "failed"]
 _ID = r"^[0-9a-f]{32}$"
+_READ_AT_ONCE = 16  # status objects a listing reads concurrently
 
 
 class JobRequest(BaseModel):
@@ -99,6 +104,10 @@ class JobStatus(BaseModel):
     id: str = Field(pattern=_ID)
     org: str
     project: str
+    # Who made the job (a token's subject); None: a job made before jobs had owners, which
+    # only an admin sees. ``raw``: it reads with a redaction weaker than the default.
+    subject: str | None = None
+    raw: bool = False
     status: JobState
     progress: float = Field(ge=0, le=1)
     records: int | None = None
@@ -149,15 +158,28 @@ async def read_status(store: ObjectStore, org: str, project: str, job_id: str) -
         return None
 
 
-def new_status(org: str, project: str, request: JobRequest, now: datetime) -> JobStatus:
-    """A fresh ``processing`` status (the request already checked)."""
+def new_status(
+    org: str, project: str, request: JobRequest, now: datetime, *, subject: str, raw: bool
+) -> JobStatus:
+    """A fresh ``processing`` status of ``subject``'s job (the request already checked)."""
     ref = source_ref(org, project, request.source)
     return JobStatus(
-        id=uuid.uuid4().hex, org=org, project=project, status="processing", progress=0.0,
-        request=request, file_name=file_name(ref, request.format, request.file),
+        id=uuid.uuid4().hex, org=org, project=project, subject=subject, raw=raw,
+        status="processing", progress=0.0, request=request,
+        file_name=file_name(ref, request.format, request.file),
         content_type=content_type(request.format, request.file), created_at=now,
         updated_at=now,
     )  # fmt: skip
+
+
+def may_see(status: JobStatus, subject: str, *, admin: bool, raw: bool) -> bool:
+    """Whether a caller (``subject``, holding the ``admin`` scope or not) may see a job and
+    download its file: the subject that made it may; an admin of the project may see
+    another subject's job unless it is ``raw`` (it reads with a redaction weaker than the
+    project's default). Anyone else is told there is no such job."""
+    if status.subject is not None and status.subject == subject:
+        return True
+    return admin and not raw
 
 
 # --- in the export process ------------------------------------------------------------------
@@ -208,7 +230,7 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
                 redact=request.redact if request.redact is not None else settings.redact,
                 chat=parse_chat_style(request.format, request.chat_style, request.system),
                 completion=parse_completion(request.format, request.completion),
-                split=split, dedup=dedup, manifest=True,
+                split=split, dedup=dedup,
                 attachments=AttachmentPolicy.from_settings(settings), at=at,
             )  # fmt: skip
             beating.cancel()
@@ -272,18 +294,18 @@ class Jobs:
         return self._pool
 
     async def start(
-        self, org: str, project: str, request: JobRequest, subject: str,
-        before: Callable[[], Awaitable[None]] | None = None,
+        self, org: str, project: str, request: JobRequest, subject: str, *, raw: bool = False,
+        before: Callable[[str], Awaitable[None]] | None = None,
     ) -> JobStatus:  # fmt: skip
-        """Record the job as processing, then run it in an export process. TooMany when
-        ``subject`` has ``web_jobs_per_subject`` jobs queued or running here already;
-        ``before`` (a raw read's audit entry) runs once the job has its place, before it is
-        recorded, and a failure there starts nothing."""
+        """Record ``subject``'s job as processing, then run it in an export process. TooMany
+        when ``subject`` has ``web_jobs_per_subject`` jobs queued or running here already;
+        ``before(job_id)`` (a raw read's audit entry) runs once the job has its place, before
+        it is recorded, and a failure there starts nothing."""
         slot = self.limit.acquire((org, project, subject))
-        status = new_status(org, project, request, datetime.now(UTC))
+        status = new_status(org, project, request, datetime.now(UTC), subject=subject, raw=raw)
         try:
             if before is not None:
-                await before()
+                await before(status.id)
             await write_status(self.store, status)
         except BaseException:
             slot.release()
@@ -343,6 +365,20 @@ class Jobs:
             with contextlib.suppress(StoreError):
                 await write_status(self.store, status)
         return status
+
+    async def of_project(self, org: str, project: str) -> list[JobStatus]:
+        """The project's jobs any instance sees (expired ones left out), newest first."""
+        prefix = f"{PREFIX}{org}/{project}/"
+        ids = sorted({
+            parts[0] for key in await self.store.list(prefix)
+            if len(parts := key[len(prefix):].split("/")) == 2 and parts[1] == "status.json"
+        })  # fmt: skip
+        found: list[JobStatus] = []
+        for start in range(0, len(ids), _READ_AT_ONCE):
+            batch = ids[start : start + _READ_AT_ONCE]
+            found += [s for s in await asyncio.gather(*(self.get(org, project, i) for i in batch))
+                      if s is not None]  # fmt: skip
+        return sorted(found, key=lambda s: (s.created_at, s.id), reverse=True)
 
     async def _delete(self, status: JobStatus) -> None:
         with contextlib.suppress(StoreError):

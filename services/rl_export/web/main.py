@@ -55,6 +55,11 @@ def run_web(settings: Settings) -> int:
         access_log=settings.log_level in ("info", "debug"),
         timeout_graceful_shutdown=10,
         server_header=False,
+        # uvicorn believes X-Forwarded-For from any loopback peer by default: a header is
+        # not an address. Only RL_EXPORT_WEB_TRUSTED_PROXIES's peers are believed, by the
+        # app itself (rl_export.web.proxies).
+        proxy_headers=False,
+        forwarded_allow_ips="",
     )
     print(
         f"rl-export web: http://{settings.web_host}:{settings.web_port}  (metrics "

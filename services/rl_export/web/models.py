@@ -273,6 +273,15 @@ class ExportIn(_In):
 
 class JobOut(BaseModel):
     id: str
+    subject: str | None = Field(
+        None, description="Who made the job (null: a job made before jobs had owners)."
+    )
+    raw: bool = Field(
+        False,
+        description="It reads with a redaction weaker than the project's default: only its "
+        "subject sees it, and its download needs the raw scope.",
+    )
+    created_at: str | None = None
     status: Literal["processing", "ready", "failed"]
     progress: float = Field(ge=0, le=1)
     records: int | None = None
@@ -296,3 +305,7 @@ class JobOut(BaseModel):
     split_left_out: int | None = Field(
         None, description="With a split, once ready: matching rows of the other splits."
     )
+
+
+class JobsOut(BaseModel):
+    items: list[JobOut] = Field(description="The jobs the caller may see, newest first.")

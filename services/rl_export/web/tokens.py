@@ -8,12 +8,17 @@ for 256 random bits (nothing to guess), and a stolen store does not give working
 
 Checking a token (:class:`TokenVerifier`): split it (a malformed token is refused without
 any I/O), read the record (cached for ``web_token_cache_s`` in a bounded cache, an unknown id
-too, and concurrent checks of one id share one read: an id costs at most one store read per
-cache period), compare the secret's hash in constant time (``hmac.compare_digest``), and
-refuse a revoked or expired record. A revocation rewrites the record; every instance stops
-accepting the token within the cache time. A token expires ``expires_at`` (``tokens create
---expires-in``, default 90 days; ``never``: no expiry). Tokens are never logged: errors name
-the token's id at most.
+in another, so a flood of made-up ids never pushes out the records of real tokens, and
+concurrent checks of one id share one read: an id costs at most one store read per cache
+period), compare the secret's hash in constant time (``hmac.compare_digest``), and refuse a
+revoked or expired record. Whether an id names a token at all can also be asked of the
+listing of the records' keys (:meth:`TokenVerifier.listed`: at most one listing a second,
+shared by every request), which costs no read per id: the web service asks it for the
+requests of an address over its limit of unknown tokens, so that their made-up ids cost
+nothing while a real token from the same address is still served. A revocation rewrites
+the record; every instance stops accepting the token within the cache time. A token expires
+``expires_at`` (``tokens create --expires-in``, default 90 days; ``never``: no expiry).
+Tokens are never logged: errors name the token's id at most.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -37,9 +42,11 @@ from rl_export.model.codec import dumps, loads
 from rl_export.model.errors import ObjectNotFoundError
 from rl_export.model.events import UtcDatetime
 
+T = TypeVar("T")
 Scope = Literal["label", "export", "admin", "raw"]
 SCOPES: tuple[Scope, ...] = ("label", "export", "admin", "raw")
 PREFIX = "_tokens/"
+LIST_EVERY_S = 1.0  # the least time between two listings of the token ids (TokenVerifier.listed)
 _TOKEN = re.compile(r"^rlx_([0-9a-f]{12})_([A-Za-z0-9_\-]{43})$")
 _SUBJECT = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 
@@ -176,6 +183,15 @@ class TokenStore:
         except (ValueError, ValidationError):
             return None
 
+    async def ids(self) -> list[str]:
+        """Every token id the store holds a record for (one listing, no record read)."""
+        out = []
+        for key in await self.store.list(PREFIX):
+            name = key[len(PREFIX) :]
+            if name.endswith(".json") and "/" not in name:
+                out.append(name[: -len(".json")])
+        return out
+
     async def list(self) -> list[TokenRecord]:
         out = []
         for key in await self.store.list(PREFIX):
@@ -195,6 +211,13 @@ class TokenStore:
             record = record.model_copy(update={"revoked_at": now})
             await self.store.put(self.key(token_id), dumps(record.model_dump(mode="json")))
         return record
+
+
+def _remember(cache: OrderedDict[str, T], key: str, value: T, most: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > most:
+        cache.popitem(last=False)
 
 
 class TokenRejected(Exception):
@@ -217,28 +240,77 @@ class TokenVerifier:
         *,
         max_entries: int = 10_000,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.tokens = tokens
         self.cache_s = cache_s
         self.clock = clock
         self.wall = wall
+        self.sleep = sleep
         self.max_entries = max_entries
-        self._cache: OrderedDict[str, tuple[float, TokenRecord | None]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[float, TokenRecord]] = OrderedDict()
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # ids with no record: when read
         self._reading: dict[str, asyncio.Future[TokenRecord | None]] = {}
+        self._ids: frozenset[str] = frozenset()  # every token id, as last listed
+        self._listed_at: float | None = None
+        self._listing: asyncio.Future[None] | None = None
 
-    def cached(self, token: str) -> bool:
-        """Whether checking ``token`` needs no store read now (malformed, or its id cached)."""
+    def known(self, token: str) -> bool:
+        """Whether checking ``token`` needs no store read now (malformed, or its id cached,
+        with a record or without)."""
         parts = split_token(token)
         if parts is None:
             return True
+        now = self.clock()
         found = self._cache.get(parts[0])
-        return found is not None and self.clock() - found[0] < self.cache_s
+        if found is not None and now - found[0] < self.cache_s:
+            return True
+        unknown = self._unknown.get(parts[0])
+        return unknown is not None and now - unknown < self.cache_s
+
+    async def listed(self, token: str) -> bool:
+        """Whether the token's id names a token record, from the listing of the records'
+        keys: listed again when the id is not in the last listing, at most once every
+        :data:`LIST_EVERY_S` (a request waits for the next one), and one listing answers
+        every request waiting for it. So ids made up at any rate cost one listing a
+        second, and a token made since the last listing is found."""
+        parts = split_token(token)
+        if parts is None:
+            return False
+        if parts[0] not in self._ids:
+            await self._list_ids()
+        return parts[0] in self._ids
+
+    async def _list_ids(self) -> None:
+        if self._listing is not None:  # another request lists now: share its listing
+            await asyncio.shield(self._listing)
+            return
+        listing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._listing = listing
+        try:
+            if self._listed_at is not None:
+                wait = self._listed_at + LIST_EVERY_S - self.clock()
+                if wait > 0:
+                    await self.sleep(wait)
+            ids = await self.tokens.ids()  # StoreError goes up: the API answers 503
+            self._ids, self._listed_at = frozenset(ids), self.clock()
+        except BaseException as exc:
+            listing.set_exception(exc)
+            listing.exception()  # retrieved: nobody else may be waiting
+            raise
+        else:
+            listing.set_result(None)
+        finally:
+            self._listing = None
 
     async def _record(self, token_id: str) -> TokenRecord | None:
         now = self.clock()
         cached = self._cache.get(token_id)
         if cached is not None and now - cached[0] < self.cache_s:
             return cached[1]
+        unknown = self._unknown.get(token_id)
+        if unknown is not None and now - unknown < self.cache_s:
+            return None
         pending = self._reading.get(token_id)
         if pending is not None:  # another request reads this id now: share its answer
             return await asyncio.shield(pending)
@@ -254,10 +326,13 @@ class TokenVerifier:
             reading.set_result(record)
         finally:
             del self._reading[token_id]
-        self._cache[token_id] = (now, record)
-        self._cache.move_to_end(token_id)
-        while len(self._cache) > self.max_entries:  # bounded: the oldest read goes first
-            self._cache.popitem(last=False)
+        # Bounded, each cache on its own: the oldest read goes first.
+        if record is None:
+            self._cache.pop(token_id, None)
+            _remember(self._unknown, token_id, now, self.max_entries)
+        else:
+            self._unknown.pop(token_id, None)
+            _remember(self._cache, token_id, (now, record), self.max_entries)
         return record
 
     async def verify(self, token: str) -> Caller:

@@ -53,7 +53,8 @@ def test_export_to_a_file_and_to_stdout(store_dir: Path, tmp_path: Path) -> None
     rows = [json.loads(line) for line in out.read_bytes().splitlines()]
     assert len(rows) == 3
     assert all(list(r) == ["messages"] for r in rows)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.jsonl"]  # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # no temporary left
+        "sft.jsonl", "sft.jsonl.manifest.json"]  # fmt: skip
     result = rl_export(*base(store_dir), "--format", "messages", "--passed", "true", "-o", "-")
     assert result.returncode == 0, result.stderr
     assert result.stdout == out.read_bytes()

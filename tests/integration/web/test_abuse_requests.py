@@ -1,13 +1,16 @@
 """Abuse: unauthenticated and odd requests (DESIGN.md section 10). A flood of made-up tokens
-is throttled per address without reaching the store; a retraction without a label is a 404
-that publishes nothing; absurd numbers are 422s, never 500s; an expired token is a 401
-``token_expired``; ``/readyz`` tells no internal error; ``tokens create --expires-in``."""
+is throttled per address without reaching the store, and never refuses a token that
+verifies, one made during the flood included; a forged ``X-Forwarded-For`` is not an address
+unless it comes from a listed proxy; a retraction without a label is a 404 that publishes
+nothing; absurd numbers are 422s, never 500s; an expired token is a 401 ``token_expired``;
+``/readyz`` tells no internal error; ``tokens create --expires-in``."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,7 +19,7 @@ import httpx
 import pytest
 
 from rl_export.corpora.store import open_store
-from rl_export.web.tokens import TokenStore
+from rl_export.web.tokens import TokenStore, split_token
 from tests.harness.workers import settings_env
 from tests.integration.web.conftest import Stack
 from tests.integration.webproc import WebProcess
@@ -68,6 +71,110 @@ def test_a_401_flood_is_throttled_per_address_and_known_tokens_still_work(
     assert throttled == 3 * FLOOD_LIMIT
     with flood_web.client(stack.tokens["export"]) as known:  # its check needs no store read
         assert known.get("stats", params={"source": "traces"}).status_code == 200
+
+
+def new_token(stack: Stack, subject: str) -> str:
+    """A fresh export token of acme/bot (no instance has seen it)."""
+
+    async def create() -> str:
+        store = open_store(stack.settings.store_url)
+        try:
+            _, token = await TokenStore(store).create(
+                "acme", "bot", subject, ("export",), datetime.now(UTC)
+            )
+        finally:
+            await store.close()
+        return token
+
+    return asyncio.run(create())
+
+
+async def revoke(stack: Stack, token: str) -> None:
+    parts = split_token(token)
+    assert parts is not None
+    store = open_store(stack.settings.store_url)
+    try:
+        await TokenStore(store).revoke(parts[0], datetime.now(UTC))
+    finally:
+        await store.close()
+
+
+def ask(web: WebProcess, token: str, forwarded_for: str | None = None) -> httpx.Response:
+    headers = {} if forwarded_for is None else {"X-Forwarded-For": forwarded_for}
+    with web.client(token) as client:
+        return client.get("stats", params={"source": "traces"}, headers=headers)
+
+
+def made_up(n: int) -> str:
+    return f"rlx_{n:012x}_" + "B" * 43
+
+
+@pytest.fixture
+def web_of_its_own(stack: Stack, request: pytest.FixtureRequest) -> Iterator[WebProcess]:
+    """A fresh instance with a low limit (each test floods 127.0.0.1 on its own); tokens are
+    trusted for half a second, so a token checked before the flood needs a read after it.
+    ``@pytest.mark.parametrize("web_of_its_own", [{...}], indirect=True)`` adds settings."""
+    extra: dict[str, str] = getattr(request, "param", {})
+    web = WebProcess(stack.settings, f"web-flood-{len(extra)}-{time.monotonic_ns()}",
+                     RL_EXPORT_WEB_AUTH_FAILURES_PER_MINUTE=str(FLOOD_LIMIT),
+                     RL_EXPORT_WEB_TOKEN_CACHE_S="0.5", **extra).start()  # fmt: skip
+    try:
+        yield web
+    finally:
+        web.stop()
+
+
+def test_a_bad_token_flood_from_one_address_never_refuses_a_token_that_verifies(
+    stack: Stack, web_of_its_own: WebProcess
+) -> None:
+    web = web_of_its_own
+    before = new_token(stack, "flood-ana")
+    assert ask(web, before).status_code == 200  # checked once, before the flood
+    statuses = [ask(web, made_up(n)).status_code for n in range(4 * FLOOD_LIMIT)]
+    assert statuses == [401] * FLOOD_LIMIT + [429] * (3 * FLOOD_LIMIT)
+    during = new_token(stack, "flood-bo")  # made while the address is over its limit
+    time.sleep(1.0)  # the instance's cache of ``before`` has expired: it is read again
+    for n in range(3):
+        for token in (before, during):
+            answer = ask(web, token)
+            assert answer.status_code == 200, (n, answer.text)
+        assert ask(web, made_up(1000 + n)).status_code == 429  # the flood stays throttled
+    # A revoked token is a known one: its own 401, never a 429.
+    gone = new_token(stack, "flood-cy")
+    asyncio.run(revoke(stack, gone))
+    refused = ask(web, gone)
+    assert refused.status_code == 401, refused.text
+    assert "revoked" in refused.json()["detail"]
+    assert metric(web, 'rl_export_web_auth_failures_total{reason="throttled"}') >= 3 * FLOOD_LIMIT
+
+
+def test_a_forged_x_forwarded_for_is_not_an_address(
+    stack: Stack, web_of_its_own: WebProcess
+) -> None:
+    """No proxy is listed: each request says it comes from elsewhere, all come from here."""
+    statuses = [ask(web_of_its_own, made_up(n), forwarded_for=f"203.0.113.{n}").status_code
+                for n in range(2 * FLOOD_LIMIT)]  # fmt: skip
+    assert statuses == [401] * FLOOD_LIMIT + [429] * FLOOD_LIMIT
+    forwarded = {"Forwarded": "for=198.51.100.1"}
+    with web_of_its_own.client(made_up(99)) as client:
+        again = client.get("stats", params={"source": "traces"}, headers=forwarded)
+    assert again.status_code == 429
+
+
+@pytest.mark.parametrize(
+    "web_of_its_own", [{"RL_EXPORT_WEB_TRUSTED_PROXIES": "127.0.0.1"}], indirect=True
+)
+def test_a_listed_proxys_x_forwarded_for_names_the_client(
+    stack: Stack, web_of_its_own: WebProcess
+) -> None:
+    """127.0.0.1 is a listed proxy: the address is the hop it appended, so one client's flood
+    throttles that client alone, and what a client wrote before its proxy's hop is ignored."""
+    web = web_of_its_own
+    flood = [ask(web, made_up(n), forwarded_for=f"6.6.6.{n}, 203.0.113.1").status_code
+             for n in range(2 * FLOOD_LIMIT)]  # fmt: skip
+    assert flood == [401] * FLOOD_LIMIT + [429] * FLOOD_LIMIT
+    assert ask(web, made_up(500), forwarded_for="203.0.113.2").status_code == 401  # another
+    assert ask(web, new_token(stack, "proxied"), forwarded_for="203.0.113.1").status_code == 200
 
 
 def test_a_retraction_without_a_label_is_404_and_publishes_nothing(stack: Stack) -> None:

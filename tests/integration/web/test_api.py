@@ -103,7 +103,8 @@ def test_openapi_document_needs_no_token_and_describes_every_route(stack: Stack)
     base = "/api/v1/{org}/{project}/"
     expected = {
         ("get", "stats"), ("get", "records"), ("get", "export"), ("post", "exports"),
-        ("get", "exports/{job_id}"), ("get", "exports/{job_id}/download"), ("get", "queue"),
+        ("get", "exports"), ("get", "exports/{job_id}"), ("get", "exports/{job_id}/download"),
+        ("get", "queue"),
         ("post", "labels"), ("post", "skips"), ("delete", "labels/{trace_id}"),
         ("put", "queue/claims/{trace_id}"), ("get", "whoami"),
     }  # fmt: skip

@@ -19,7 +19,8 @@ BASE = "/api/v1/{org}/{project}/"
 EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 OPERATIONS = [
     ("GET", "stats"), ("GET", "records"), ("GET", "export"), ("POST", "exports"),
-    ("GET", "exports/{job_id}"), ("GET", "exports/{job_id}/download"), ("GET", "queue"),
+    ("GET", "exports"), ("GET", "exports/{job_id}"), ("GET", "exports/{job_id}/download"),
+    ("GET", "queue"),
     ("POST", "queue/claim"), ("DELETE", "queue/claims/{trace_id}"), ("GET", "labeling"),
     ("PUT", "labeling"), ("POST", "labels"), ("POST", "skips"), ("DELETE", "labels/{trace_id}"),
     ("GET", "agreement"), ("GET", "whoami"), ("PUT", "queue/claims/{trace_id}"),

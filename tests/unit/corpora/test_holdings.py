@@ -10,8 +10,10 @@ the parts, keeps hiding older revisions that arrive on another chain.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry
 
 from rl_export.corpora.chain import SinkConfig
@@ -24,6 +26,7 @@ from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import MemoryStore
 from rl_export.corpora.verify import verify
+from rl_export.export import write_export
 from rl_export.formats.specs import DEFAULT_CORPORA
 from rl_export.model.partitioning import partition_for
 from rl_export.runtime.metrics import SinkMetrics
@@ -124,8 +127,9 @@ async def test_a_deletion_hides_older_revisions_on_another_chain_after_compactio
     assert report.ok, report.problems
 
 
-async def test_without_the_tombstones_the_older_revision_would_come_back() -> None:
-    """The case above with the tombstone past its retention: what it protects against."""
+async def test_past_the_tombstones_retention_the_erasure_log_keeps_the_trace_deleted() -> None:
+    """The case above with the tombstone past its retention: the erasure log (kept for good)
+    still refuses the older revision; without it, it would come back."""
     store = MemoryStore()
     [gone] = ids_in(PARTITION, 1)
     old = Trace(gone)
@@ -137,7 +141,41 @@ async def test_without_the_tombstones_the_older_revision_would_come_back() -> No
     assert compaction is not None
     assert compaction.tombstones is None
     await write(store, "replay-late-1", older)
+    assert gone not in await latest(store, TRACES)
+    # What the log protects against: the same without it.
+    for key in [k for k in store.objects if k.startswith("_erasures/")]:
+        del store.objects[key]
+    await write(store, "replay-late-2", older)
     assert gone in await latest(store, TRACES)  # the join would accept it again too
+
+
+async def test_a_record_written_by_a_writer_that_did_not_know_is_left_out_then_dropped() -> None:
+    """A replay that began before a deletion (its writers loaded what the corpus held then)
+    writes a newer revision of the deleted trace after the compaction dropped its tombstone:
+    exports leave it out (the erasure log), and the next compaction drops it."""
+    store = MemoryStore()
+    gone, kept = ids_in(PARTITION, 2)
+    old, other = Trace(gone), Trace(kept)
+    await write(store, "trajectories", [old.completed(), other.completed()])
+    early, _ = sink(store, "replay-early")
+    await feed(early, [(0, other.evaluated())])  # its writers load the corpus now
+    await write(store, "stream-2", [old.deleted()])  # another run's chain deletes it
+    await compact(store, TRACES, writer="c", tombstone_retention_s=0.001)
+    late = Trace(gone)  # the replay's own join: it never saw the deletion
+    await feed(early, [(1, late.completed()), (2, late.evaluated())])
+    await early.flush()
+    assert gone in await latest(store, TRACES)  # on its chain, newer than anything held
+
+    async def exported() -> set[str]:
+        out = io.BytesIO()
+        await write_export(store, TRACES, format="trajectory", out=out, redact="none")
+        return {orjson.loads(line)["trace_id"] for line in out.getvalue().splitlines()}
+
+    assert await exported() == {kept}
+    made = await compact(store, TRACES, writer="c")
+    assert made is not None
+    assert made.records == 1
+    assert await exported() == {kept}
 
 
 async def test_the_holdings_index_gives_what_reading_the_parts_gives() -> None:

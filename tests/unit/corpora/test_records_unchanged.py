@@ -26,6 +26,13 @@ A fourth (issue 44, records carry the trace's ``metadata``): every record ends w
 ``"metadata": {...}``, the trace's object as received. Compared line by line when the digest
 was updated: each of the 1,097 records is the line before with that field added before its
 closing brace; the 5 tombstones are unchanged.
+
+A fifth (issue 53, deletion wins wherever the trace came from: DESIGN.md section 3): a
+deleted trace's tombstone has the revision 2**62 (``ERASED_REVISION``), greater than any
+record's on any chain. Compared line by line when the digest was updated: the shards hold
+the same lines at the same places but for ``tr-deleted``'s three tombstones (one per
+corpus), whose revision went from 3 (the revision it was deleted at) to 2**62; the two
+tombstones of trajectories that stopped being ready are unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from rl_export.local.synthetic import SHAPES, generate
 from rl_export.runtime.settings import Settings
 from tests.factories import event
 
-EXPECTED = "5536ce93b4876c7e6d546731100c2b2b8efd7dcc8570f299b3bea719b0b90cf0"
+EXPECTED = "06f289ea13aeaf4629e8aad5d350a4e24165de175aafb28004c60e1fe81168a0"
 
 
 def special_events() -> list[dict[str, Any]]:

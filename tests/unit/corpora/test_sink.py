@@ -41,6 +41,7 @@ from rl_export.model.codec import RawJson, dumps, dumps_line, iter_lines, loads
 from rl_export.model.errors import StoreError
 from rl_export.model.events import EventRejection, decode_event
 from rl_export.model.records import (
+    ERASED_REVISION,
     HEADER_RECORD_AT,
     CorpusSource,
     SnapshotLines,
@@ -386,7 +387,7 @@ async def test_a_deleted_trace_gets_a_tombstone_in_every_corpus_held_or_not() ->
 
     gone_one, gone_two = one.deleted(), two.deleted()
     assert gone_one["deleted"] is True
-    assert gone_one["revision"] == 3
+    assert gone_one["revision"] == ERASED_REVISION  # wins over any revision, on any chain
     await feed(sink, [(3, gone_one), (4, gone_two)])
     await sink.flush()
     human = await chain(store, HUMAN)  # never held either trace
@@ -1246,7 +1247,7 @@ async def test_more_lines_or_a_deletion_end_the_wait_and_everything_flushes_all(
     assert sink.pending_records == 3  # its tombstone, in every corpus
     assert await sink.flush(everything=False) == 4
     assert sink.pending_records == 0
-    assert ids((await chain(store, QUIET))[-1][1]) == [("tr-q0", 2, True)]
+    assert ids((await chain(store, QUIET))[-1][1]) == [("tr-q0", ERASED_REVISION, True)]
     # A flush of everything (the buffer's budget, a replay) holds nothing back.
     await feed(sink, [(4, Trace("tr-q9").completed(project="quiet"))])
     assert await sink.flush() == 5

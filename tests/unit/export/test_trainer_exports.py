@@ -228,7 +228,7 @@ async def test_a_card_beside_a_json_lines_export(story: MemoryStore, tmp_path: P
         story, EVALUATOR, format="messages", out=path, mask=TurnMask(frozenset({"tone"})),
         filters=parse_filters({"passed": "true", "min-reward": "0.5"}), card=True,
     )  # fmt: skip
-    assert names(tmp_path) == ["README.md", "sft.jsonl"]
+    assert names(tmp_path) == ["README.md", "sft.jsonl", "sft.jsonl.manifest.json"]
     card = (tmp_path / "README.md").read_text()
     meta = header(card)
     assert meta["configs"] == [
@@ -304,7 +304,7 @@ async def test_a_zip_export_carries_its_card(story: MemoryStore, tmp_path: Path)
     with zipfile.ZipFile(path) as archive:
         assert "README.md" in archive.namelist()
         meta = header(archive.read("README.md").decode())
-    assert names(tmp_path) == ["out.zip"]  # nothing beside it
+    assert names(tmp_path) == ["out.zip", "out.zip.manifest.json"]  # no card beside it
     assert meta["configs"][0]["data_files"] == [{"split": "train", "path": "data.csv"}]
     assert meta["rl_export"]["format"] == "zip"
     assert meta["rl_export"]["file"] == "csv"
@@ -334,9 +334,11 @@ async def test_a_card_tells_the_redaction_and_chat_style_asked(
     assert set(summary.redactions) == {"secrets", "email"}
     assert ours["chat_style"] == {"style": "openai", "system": "merge"}
     assert "system messages folded into the first user message" in card
-    await write_export(story, EVALUATOR, format="trajectory", out=tmp_path / "t.jsonl",
+    other = tmp_path / "other"  # a folder of its own: README.md above is pc.jsonl's card
+    other.mkdir()
+    await write_export(story, EVALUATOR, format="trajectory", out=other / "t.jsonl",
                        card=True, redact="none")  # fmt: skip
-    card = (tmp_path / "README.md").read_text()
+    card = (other / "README.md").read_text()
     ours = header(card)["rl_export"]
     assert ours["redaction"] == {"kinds": [], "replaced": {}}
     assert ours["chat_style"] is None

@@ -294,7 +294,7 @@ async def test_a_manifest_reproduces_the_export_byte_for_byte(tmp_path: Any) -> 
         "redact": "pii",
     }
     summary = await write_export(store, EVALUATOR, format="messages", out=out, card=True,
-                                 manifest=True, **options)  # fmt: skip
+                                 **options)  # fmt: skip
     manifest = read_manifest(manifest_path(out))
     import hashlib
 

@@ -26,6 +26,7 @@ from rl_export.model.events import (
     parse_rfc3339,
 )
 from rl_export.model.records import (
+    ERASED_REVISION,
     RULES_VERSION,
     Tombstone,
     TrajectoryRecord,
@@ -792,8 +793,11 @@ def test_deletion_turns_the_snapshot_into_a_tombstone() -> None:
     j = joined(trace(), label("l-1"), evaluation(results=[result("j", 0.5)]))
     res = j.send(delete("d-1", T2))
     assert res.outcome == "accepted"
-    tomb = {"trace_id": "tr-1", "org": "acme", "project": "bot", "revision": 4, "deleted": True}
+    # The tombstone wins over any revision of the trace, on whichever chain it is.
+    tomb = {"trace_id": "tr-1", "org": "acme", "project": "bot", "revision": ERASED_REVISION,
+            "deleted": True}  # fmt: skip
     assert res.snapshot == tomb
+    assert j.st.deleted_revision == 4  # the revision it was deleted at, kept in the state
     for source in SOURCES:
         rec = render(tomb, source)  # type: ignore[arg-type]
         assert rec == {**tomb, "reward_source": source}
@@ -825,7 +829,7 @@ def test_events_after_deletion_are_counted_but_change_and_emit_nothing() -> None
         assert res.snapshot is None
         assert res.accepted == 1
         assert j.st.revision == n
-        assert j.snap == tomb  # the tombstone keeps the revision it was deleted at
+        assert j.snap == tomb  # the tombstone as it was
     st = j.st
     assert (st.trace, st.evaluation, st.labels, st.skipped_by) == (None, None, {}, set())
     # Another org is still dead-lettered after deletion.
@@ -833,35 +837,56 @@ def test_events_after_deletion_are_counted_but_change_and_emit_nothing() -> None
     assert j.st.revision == 8
 
 
-def test_duplicate_after_deletion_reemits_the_tombstone_at_its_revision() -> None:
+def test_duplicate_after_deletion_reemits_the_tombstone() -> None:
     j = joined(trace("t-1"), label("l-1"), delete("d-1", T2), label("l-2", "bob", T3))
     assert j.st.revision == 4
-    expected = {"trace_id": "tr-1", "org": "acme", "project": "bot", "revision": 3, "deleted": True}
+    expected = {"trace_id": "tr-1", "org": "acme", "project": "bot",
+                "revision": ERASED_REVISION, "deleted": True}  # fmt: skip
     for ev in [delete("d-1", T2), trace("t-1"), label("l-2", "bob", T3)]:
         res = j.send(ev)
         assert (res.outcome, res.snapshot) == ("duplicate", expected)
     assert j.st.revision == 4
 
 
-def test_deletion_before_the_trace_yields_a_tombstone_when_it_arrives() -> None:
+TOMB = {"trace_id": "tr-1", "org": "acme", "project": "bot", "revision": ERASED_REVISION,
+        "deleted": True}  # fmt: skip
+
+
+def test_a_deletion_before_the_trace_emits_its_tombstone_at_once_and_again_when_it_arrives(
+) -> None:  # fmt: skip
+    """The join has no trace for it (backfilled by replay, expired, another run's): the
+    deletion's tombstone goes out now, and the trace, when it comes, arrives deleted."""
     j = Join()
     assert j.send(label("l-1")).outcome == "pending"
-    assert j.send(delete("d-1", T2)).outcome == "pending"
-    assert j.send(skip("s-1", "bob", T3)).outcome == "pending"
+    res = j.send(delete("d-1", T2))
+    assert (res.outcome, res.snapshot) == ("pending", TOMB)
+    res = j.send(skip("s-1", "bob", T3))
+    assert (res.outcome, res.snapshot) == ("pending", None)
+    assert j.send(delete("d-1", T2)).snapshot == TOMB  # a redelivery: the same tombstone
+    assert j.send(label("l-1")).snapshot == TOMB  # any duplicate re-emits it
     res = j.send(trace("t-1", T0))
     assert res.outcome == "accepted"
     assert res.accepted == 4
-    assert res.snapshot == {
-        "trace_id": "tr-1",
-        "org": "acme",
-        "project": "bot",
-        "revision": 4,
-        "deleted": True,
-    }
+    assert res.snapshot == TOMB
     assert j.st.pending == []
+    assert j.st.deleted
     res = j.send(trace("t-2", T3))
     assert (res.outcome, res.snapshot, j.st.revision) == ("ignored", None, 5)
-    assert j.send(delete("d-1", T2)).snapshot == {**j.snap, "revision": 4}
+    assert j.send(delete("d-1", T2)).snapshot == TOMB
+
+
+def test_a_deletion_of_another_org_before_the_trace_erases_there_not_here() -> None:
+    """An early deletion names its org/project's tombstone; when the trace comes and is
+    another's, the deletion is rejected like any early event of another org: the trace
+    lives in its own project."""
+    j = Join()
+    res = j.send(delete("d-9", T2) | {"org": "other"})
+    assert res.snapshot == {**TOMB, "org": "other"}
+    res = j.send(trace("t-1", T0))
+    assert [orjson.loads(r.value)["event_id"] for r, _ in res.rejected] == ["d-9"]
+    assert res.snapshot is not None
+    assert not res.snapshot["deleted"]
+    assert (res.snapshot["org"], res.snapshot["revision"]) == ("acme", 1)
 
 
 # --- updated_at and completed_at -----------------------------------------------------------
@@ -1248,7 +1273,6 @@ def fold(order: list[dict[str, Any]], decoded: dict[str, BaseEvent]) -> dict[str
     seen_ids: set[str] = set()
     rejected: list[str] = []
     last_revision = 0
-    deleted_at_revision: int | None = None
     for offset, ev in enumerate(order):
         data = raw(ev)
         res = merge(
@@ -1262,7 +1286,10 @@ def fold(order: list[dict[str, Any]], decoded: dict[str, BaseEvent]) -> dict[str
         if res.outcome == "duplicate":
             assert eid in seen_ids
             assert res.snapshot == current_snapshot(state, CONFIG)
-        if res.outcome in {"pending", "ignored", "rejected"}:
+        if res.outcome == "pending" and ev["event_type"] == "trace.deleted":
+            assert res.snapshot is not None  # a deletion's tombstone does not wait
+            assert res.snapshot["deleted"]
+        elif res.outcome in {"pending", "ignored", "rejected"}:
             assert res.snapshot is None
         if res.outcome == "accepted":
             assert res.snapshot is not None
@@ -1275,10 +1302,8 @@ def fold(order: list[dict[str, Any]], decoded: dict[str, BaseEvent]) -> dict[str
         check_snapshot(res.snapshot)
         if res.snapshot is not None and not res.snapshot["deleted"]:
             assert res.snapshot["revision"] == state.revision
-        if state.deleted and deleted_at_revision is None:
-            deleted_at_revision = state.revision
         if res.snapshot is not None and res.snapshot["deleted"]:
-            assert res.snapshot["revision"] == deleted_at_revision
+            assert res.snapshot["revision"] == ERASED_REVISION
     assert state is not None
     return {
         "state": state,
@@ -1366,15 +1391,9 @@ def test_join_does_not_depend_on_arrival_order(
         assert run["rejected"] == []
         assert state.deleted is deleted
         if deleted:
-            # The tombstone carries the revision the trace was deleted at, which depends on
-            # when the deletion arrived (later events emit nothing); everything else must not.
-            assert run["snapshot"] == {
-                "trace_id": "tr-1",
-                "org": "acme",
-                "project": "bot",
-                "revision": state.deleted_revision,
-                "deleted": True,
-            }
+            # The tombstone, whenever the deletion came (the revision the trace was deleted
+            # at, kept in the state, depends on that; nothing else does).
+            assert run["snapshot"] == TOMB
             assert 1 <= state.deleted_revision <= len(own)
         else:
             check_against_oracle(run["snapshot"], own)

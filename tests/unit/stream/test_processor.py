@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from rl_export.model.events import EventFamily, EventRejection, RejectReason, format_utc
 from rl_export.model.partitioning import partition_for
-from rl_export.model.records import Headers, decode_snapshot
+from rl_export.model.records import ERASED_REVISION, Headers, decode_snapshot
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream.join import TraceState
@@ -488,6 +488,18 @@ async def test_a_state_of_an_older_version_is_read_and_rewritten(layout: str) ->
     assert last == first
 
 
+async def test_a_deletion_of_a_trace_the_join_never_saw_emits_its_tombstone_at_once() -> None:
+    """Backfilled by replay (or expired, or another run's): the join has no trace for it."""
+    h = Harness()
+    done = await h.run(event("trace.deleted", "d-1", trace_id="tr-9"))
+    assert [decode_snapshot(v) for v in done.snapshots.values()] == [
+        {"trace_id": "tr-9", "org": "acme", "project": "bot", "revision": ERASED_REVISION,
+         "deleted": True}]  # fmt: skip
+    later = await h.run(trace("t-9", "tr-9"))  # the trace, re-sent: it stays deleted
+    assert [decode_snapshot(v)["deleted"] for v in later.snapshots.values()] == [True]
+    assert h.state("tr-9").deleted
+
+
 async def test_a_deleted_trace_emits_one_tombstone_then_nothing() -> None:
     h = Harness()
     await h.run(trace(), label())
@@ -495,9 +507,8 @@ async def test_a_deleted_trace_emits_one_tombstone_then_nothing() -> None:
     later = await h.run(evaluation(), label("l-2", labeler="bob"))
 
     tombstones = [s for _, v, _ in h.emitter.snapshots if (s := decode_snapshot(v))["deleted"]]
-    assert tombstones == [
-        {"trace_id": "tr-1", "org": "acme", "project": "bot", "revision": 3, "deleted": True}
-    ]
+    assert tombstones == [{"trace_id": "tr-1", "org": "acme", "project": "bot",
+                           "revision": ERASED_REVISION, "deleted": True}]  # fmt: skip
     assert len(h.emitter.snapshots) == 2  # the live snapshot, then the tombstone; nothing after
     assert later.snapshots == {}
     state = h.state("tr-1")

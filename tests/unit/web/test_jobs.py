@@ -14,11 +14,17 @@ from rl_export.corpora.store import LocalStore, MemoryStore, open_store
 from rl_export.model.codec import dumps_line
 from rl_export.runtime.metrics import WebMetrics
 from rl_export.runtime.settings import Settings
+from rl_export.web import jobs as jobs_module
 from rl_export.web.errors import TooMany
-from rl_export.web.jobs import JobRequest, Jobs, _run, file_key, new_status, write_status
+from rl_export.web.jobs import JobRequest, Jobs, JobStatus, _run, file_key, may_see, write_status
 from tests.records import record
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def new_status(org: str, project: str, request: JobRequest, now: datetime) -> JobStatus:
+    """A job of ana's, not raw."""
+    return jobs_module.new_status(org, project, request, now, subject="ana", raw=False)
 
 
 async def seed(store: LocalStore, n: int) -> None:
@@ -103,10 +109,10 @@ async def test_a_raw_jobs_audit_runs_only_once_the_job_has_its_place(tmp_path: P
     request = JobRequest(source="evaluator", format="trajectory")
     audited: list[str] = []
 
-    async def audit() -> None:
-        audited.append("entry")
+    async def audit(job_id: str) -> None:
+        audited.append(job_id)
 
-    async def refused() -> None:
+    async def refused(job_id: str) -> None:
         raise OSError("the store did not take the entry")
 
     with pytest.raises(OSError, match="did not take"):
@@ -117,3 +123,39 @@ async def test_a_raw_jobs_audit_runs_only_once_the_job_has_its_place(tmp_path: P
         await jobs.start("acme", "bot", request, "ana", before=audit)
     assert audited == []  # no entry for a job that never started
     held.release()
+
+
+async def test_a_raw_jobs_audit_entry_names_the_job(tmp_path: Path) -> None:
+    settings = Settings(store_url=str(tmp_path / "store"))
+    jobs = Jobs(settings, open_store(settings.store_url), WebMetrics(CollectorRegistry()))
+    audited: list[str] = []
+
+    async def audit(job_id: str) -> None:
+        audited.append(job_id)
+
+    request = JobRequest(source="evaluator", format="trajectory", redact="none")
+    try:
+        started = await jobs.start("acme", "bot", request, "rae", raw=True, before=audit)
+        assert audited == [started.id]
+        stored = await jobs.get("acme", "bot", started.id)
+        assert stored is not None
+        assert (stored.subject, stored.raw) == ("rae", True)
+        assert [s.id for s in await jobs.of_project("acme", "bot")] == [started.id]
+        assert await jobs.of_project("acme", "other") == []
+    finally:
+        await jobs.close()
+
+
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("admin", [False, True])
+@pytest.mark.parametrize("owner", ["ana", None])
+def test_a_job_is_seen_by_its_subject_and_by_admins_unless_raw(
+    owner: str | None, admin: bool, raw: bool
+) -> None:
+    status = new_status("acme", "bot", JobRequest(source="human", format="trajectory"), NOW)
+    status = status.model_copy(update={"subject": owner, "raw": raw})
+    # Its subject always (whatever the scopes: the download asks for raw again) ...
+    assert may_see(status, "ana", admin=admin, raw=raw) is (owner == "ana" or (admin and not raw))
+    # ... another subject only as an admin, and never a raw job; a job of no subject (made
+    # before jobs had owners) likewise.
+    assert may_see(status, "bo", admin=admin, raw=raw) is (admin and not raw)

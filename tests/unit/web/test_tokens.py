@@ -137,36 +137,65 @@ async def test_a_malformed_token_is_refused_without_reading_the_store() -> None:
     store = CountingStore()
     verifier = TokenVerifier(TokenStore(store), 60)
     for bad in ("", "Bearer", "rlx_", "rlx_zzzzzzzzzzzz_" + "a" * 43, "x" * 10_000):
-        assert verifier.cached(bad)
+        assert verifier.known(bad)
         with pytest.raises(TokenRejected) as refused:
             await verifier.verify(bad)
         assert refused.value.reason == "malformed"
     assert store.gets == 0
 
 
-async def test_the_cache_of_unknown_ids_is_bounded() -> None:
+async def test_the_cache_of_unknown_ids_is_bounded_and_never_pushes_out_real_tokens() -> None:
     store = CountingStore()
-    verifier = TokenVerifier(TokenStore(store), 60, Clock(), max_entries=100)
+    tokens = TokenStore(store)
+    _, real = await tokens.create("acme", "bot", "ana", ("label",), NOW)
+    verifier = TokenVerifier(tokens, 60, Clock(), max_entries=100)
+    await verifier.verify(real)
     for n in range(1_000):
         with pytest.raises(TokenRejected):
             await verifier.verify(f"rlx_{n:012x}_" + "a" * 43)
-    assert len(verifier._cache) == 100
-    assert store.gets == 1_000
+    assert len(verifier._unknown) == 100
+    assert store.gets == 1_001
+    assert verifier.known(real)  # the flood did not push the real token's record out
+    await verifier.verify(real)
+    assert store.gets == 1_001
 
 
-async def test_concurrent_checks_of_one_unknown_id_share_one_read() -> None:
-    class SlowStore(CountingStore):
-        async def get(self, key: str) -> bytes:
+async def test_listed_asks_the_listing_not_the_records_at_most_once_a_second() -> None:
+    class SlowListing(CountingStore):
+        async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
             await asyncio.sleep(0.01)
-            return await super().get(key)
+            return await super().list(prefix, start_after)
 
-    store = SlowStore()
-    verifier = TokenVerifier(TokenStore(store), 60, Clock())
-    token = "rlx_0123456789ab_" + "a" * 43
-    answers = await asyncio.gather(*(verifier.verify(token) for _ in range(50)),
-                                   return_exceptions=True)  # fmt: skip
-    assert all(isinstance(a, TokenRejected) for a in answers)
-    assert store.gets == 1
+    store = SlowListing()
+    tokens = TokenStore(store)
+    clock = Clock()
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # the clock moves as a real sleep would
+        slept.append(seconds)
+        clock.now += seconds
+
+    verifier = TokenVerifier(tokens, 5, clock, sleep=sleep)
+    made_up = [f"rlx_{n:012x}_" + "b" * 43 for n in range(50)]
+    # At once: one listing answers them all, and no record is read.
+    assert not any(await asyncio.gather(*(verifier.listed(t) for t in made_up)))
+    assert (store.lists, store.gets) == (1, 0)
+    # A token made since the last listing is found by the next, a second after it.
+    _, real = await tokens.create("acme", "bot", "bo", ("label",), NOW)
+    clock.now += 0.25
+    assert await verifier.listed(real)
+    assert store.lists == 2
+    assert slept == [pytest.approx(0.75)]
+    assert await verifier.listed(real)  # in the listing: none more
+    assert store.lists == 2
+    # One after another, made-up ids list again, never twice within a second.
+    started = clock.now
+    for token in made_up[:10]:
+        assert not await verifier.listed(token)
+    assert store.lists == 12
+    assert clock.now - started >= 10 * 1.0 - 1e-9
+    assert store.gets == 0
+    assert not await verifier.listed("nope")
 
 
 @pytest.mark.parametrize(

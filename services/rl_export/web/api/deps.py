@@ -59,28 +59,41 @@ async def caller(
     svc: Svc,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> Caller:
-    """The token's caller, for this org/project; 401 or 403 otherwise, and 429 for an
-    address with too many 401s whose token would need a store read."""
+    """The token's caller, for this org/project; 401 or 403 otherwise.
+
+    A token that verifies is served whatever its address did. Only unknown ones (an id with
+    no record, a wrong secret, a malformed token, none at all) count against the client's
+    address (``RL_EXPORT_WEB_TRUSTED_PROXIES`` says when it is not the peer); over its
+    limit, its unknown tokens get 429, and whether an id is a token at all is then asked of
+    the listing of token ids (one a second for every address together), never of the
+    token's record, so a flood costs the store nothing per token and another address's
+    tokens are not touched."""
     failures = svc.metrics.auth_failures
+    limit = svc.auth_limit
     address = request.client.host if request.client is not None else "unknown"
     if credentials is None:
         failures.labels("missing").inc()
-        svc.auth_limit.note(address)
+        limit.note(address)
         raise Unauthorized("a bearer token is required (Authorization: Bearer rlx_...)")
-    wait_s = svc.auth_limit.retry_after(address)
-    if wait_s and not svc.tokens.cached(credentials.credentials):
-        failures.labels("throttled").inc()
-        raise TooMany(
-            f"too many requests with a missing or invalid token from your address; retry in "
-            f"{wait_s} s",
-            wait_s,
-            "auth",
-        )
+    token = credentials.credentials
     try:
-        found = await svc.tokens.verify(credentials.credentials)
+        wait_s = limit.retry_after(address)
+        if wait_s and not svc.tokens.known(token) and not await svc.tokens.listed(token):
+            raise TokenRejected("unknown", "unknown token")
+        found = await svc.tokens.verify(token)
     except TokenRejected as exc:
+        if exc.reason in THROTTLED:
+            wait_s = limit.retry_after(address)
+            if wait_s:
+                failures.labels("throttled").inc()
+                raise TooMany(
+                    f"too many requests with a missing or invalid token from your address; "
+                    f"retry in {wait_s} s",
+                    wait_s,
+                    "auth",
+                ) from None
+            limit.note(address)
         failures.labels(exc.reason).inc()
-        svc.auth_limit.note(address)
         if exc.reason == "expired":
             raise TokenExpired(exc.detail) from None
         raise Unauthorized(exc.detail) from None
@@ -90,6 +103,11 @@ async def caller(
         failures.labels("project").inc()
         raise Forbidden(f"this token is for {found.org}/{found.project}, not {org}/{project}")
     return found
+
+
+THROTTLED = frozenset({"unknown", "malformed"})
+"""The reasons a token is refused that count against its address's limit: it names no
+token. A revoked or expired token is a known one: always its own 401."""
 
 
 def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:

@@ -115,19 +115,31 @@ def asked_kinds(svc: Services, redact: str | list[str] | None) -> tuple[str, ...
         raise Invalid(str(exc)) from None
 
 
+def weaker_than_default(svc: Services, kinds: tuple[str, ...]) -> bool:
+    """Whether redacting ``kinds`` redacts less than the project's default
+    (``RL_EXPORT_REDACT``)."""
+    return not set(parse_kinds(svc.settings.redact)) <= set(kinds)
+
+
+def require_raw(svc: Services, caller: Caller, kinds: tuple[str, ...]) -> None:
+    """403 ``raw_required`` unless the caller holds the ``raw`` scope."""
+    if caller.allows("raw"):
+        return
+    svc.metrics.auth_failures.labels("scope").inc()
+    asked = ",".join(kinds) or "none"
+    default = ",".join(parse_kinds(svc.settings.redact))
+    raise RawRequired(
+        f"redact={asked} redacts less than this project's default ({default}): that needs a "
+        "token with the raw scope"
+    )
+
+
 def needs_raw(svc: Services, caller: Caller, kinds: tuple[str, ...]) -> bool:
     """Whether a read redacts less than the project's default (``RL_EXPORT_REDACT``): then
     it needs the ``raw`` scope (403 ``raw_required`` without it) and is audited."""
-    default = parse_kinds(svc.settings.redact)
-    if set(default) <= set(kinds):
+    if not weaker_than_default(svc, kinds):
         return False
-    if not caller.allows("raw"):
-        svc.metrics.auth_failures.labels("scope").inc()
-        asked = ",".join(kinds) or "none"
-        raise RawRequired(
-            f"redact={asked} redacts less than this project's default "
-            f"({','.join(default)}): that needs a token with the raw scope"
-        )
+    require_raw(svc, caller, kinds)
     return True
 
 

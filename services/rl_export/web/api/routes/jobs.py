@@ -1,8 +1,15 @@
-"""Background export jobs' routes (scope ``export``): start one, ask how it goes, download it.
+"""Background export jobs' routes (scope ``export``): start one, list them, ask how one goes,
+download it.
 
 A job (:mod:`rl_export.web.jobs`) is checked like a direct export, then runs in the
 instance's process pool; its status and file live in the object store, so any instance
 answers for any job.
+
+A job belongs to the subject that made it (:func:`~rl_export.web.jobs.may_see`): another
+subject is told there is no such job (404), but an admin of the project sees and downloads
+jobs that are not raw. A raw job (a redaction weaker than the project's default) needs the
+``raw`` scope again at download, and each download is audited with the job's id, before the
+first byte leaves.
 """
 
 from __future__ import annotations
@@ -32,17 +39,21 @@ from rl_export.web.api.exportparams import (
     checked_export,
     disposition,
     needs_raw,
+    require_raw,
     training_options,
     turn_mask,
     version_at,
+    weaker_than_default,
 )
 from rl_export.web.errors import Invalid, NotFound
-from rl_export.web.jobs import JobRequest, JobStatus, file_key
+from rl_export.web.jobs import JobRequest, JobStatus, file_key, may_see
 from rl_export.web.models import (
     ExportIn,
     JobOut,
+    JobsOut,
 )
 from rl_export.web.services import Services
+from rl_export.web.tokens import Caller
 
 router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["export"])
 
@@ -54,11 +65,16 @@ def _job_out(status: JobStatus) -> JobOut:
     if status.status == "ready":
         download = f"/api/v1/{status.org}/{status.project}/exports/{status.id}/download"
     return JobOut(
-        id=status.id, status=status.status, progress=status.progress, records=status.records,
+        id=status.id, subject=status.subject, raw=status.raw, created_at=stamp(status),
+        status=status.status, progress=status.progress, records=status.records,
         error=status.error, file_name=status.file_name, download=download,
         turns_outside=status.turns_outside, redactions=status.redactions, note=status.note,
         duplicates_removed=status.duplicates_removed, split_left_out=status.split_left_out,
     )  # fmt: skip
+
+
+def stamp(status: JobStatus) -> str:
+    return status.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @router.post("/exports", status_code=202, summary="Start an export as a background job")
@@ -93,17 +109,39 @@ async def post_exports(
         dedup_threshold=threshold, dedup_on=body.dedup_on, version=body.version,
     )  # fmt: skip
 
-    async def audit() -> None:  # once the job has its place; its status counts the rows
-        await audit_read(svc, caller, "exports", parsed, asked, rows=None)
+    async def audit(job_id: str) -> None:  # once the job has its place; its status counts rows
+        await audit_read(svc, caller, "exports", parsed, asked, rows=None, job=job_id)
 
-    started = await svc.jobs.start(org, project, request, caller.subject,
+    started = await svc.jobs.start(org, project, request, caller.subject, raw=raw,
                                    before=audit if raw else None)  # fmt: skip
     return _job_out(started)
 
 
-async def _job(svc: Services, org: str, project: str, job_id: str) -> JobStatus:
+@router.get(
+    "/exports",
+    summary="The caller's background exports, newest first (an admin's: every job of the "
+    "project but other subjects' raw ones)",
+)
+async def get_jobs(
+    *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc
+) -> JobsOut:
+    jobs = await svc.jobs.of_project(org, project)
+    return JobsOut(items=[_job_out(s) for s in jobs if _sees(svc, caller, s)])
+
+
+def _raw(svc: Services, status: JobStatus) -> bool:
+    """Whether a job is raw: made so, or redacting less than the project's default now."""
+    return status.raw or weaker_than_default(svc, asked_kinds(svc, status.request.redact))
+
+
+def _sees(svc: Services, caller: Caller, status: JobStatus) -> bool:
+    return may_see(status, caller.subject, admin=caller.allows("admin"), raw=_raw(svc, status))
+
+
+async def _job(svc: Services, caller: Caller, org: str, project: str, job_id: str) -> JobStatus:
+    """The job, when the caller may see it; 404 otherwise (whether it exists or not)."""
     status = await svc.jobs.get(org, project, job_id)
-    if status is None:
+    if status is None or not _sees(svc, caller, status):
         raise NotFound(f"no export job {job_id!r} in {org}/{project} (or it has expired)")
     return status
 
@@ -112,7 +150,7 @@ async def _job(svc: Services, org: str, project: str, job_id: str) -> JobStatus:
 async def get_job(
     *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, job_id: JobPath
 ) -> JobOut:
-    return _job_out(await _job(svc, org, project, job_id))
+    return _job_out(await _job(svc, caller, org, project, job_id))
 
 
 @router.get(
@@ -124,14 +162,22 @@ async def get_job(
 async def get_job_download(
     *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, job_id: JobPath
 ) -> StreamingResponse:
-    status = await _job(svc, org, project, job_id)
+    status = await _job(svc, caller, org, project, job_id)
     if status.status != "ready":
         raise NotFound(f"export job {job_id} is {status.status}: it has no file to download")
+    kinds = asked_kinds(svc, status.request.redact)
+    raw = _raw(svc, status)
+    if raw:
+        require_raw(svc, caller, kinds)
     chunks = svc.store.chunks(file_key(status))
     try:
         first = await anext(chunks, b"")
     except ObjectNotFoundError:
         raise NotFound(f"the file of export job {job_id} is gone (expired?)") from None
+    if raw:  # before any byte leaves: 503 when the entry is not written
+        filters = parse_filters(status.request.filters)
+        await audit_read(svc, caller, "exports/download", filters, kinds,
+                         rows=status.records, job=status.id)  # fmt: skip
 
     async def body() -> AsyncIterator[bytes]:
         yield first
