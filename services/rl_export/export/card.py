@@ -44,7 +44,8 @@ from rl_export.export.columns import Column
 from rl_export.export.tabular import arrow_type
 from rl_export.formats.chat import Chat
 from rl_export.formats.filters import Filters
-from rl_export.formats.render import ROW_MODELS, TABULAR_FORMATS
+from rl_export.formats.render import TABULAR_FORMATS
+from rl_export.formats.rowmodels import ROW_MODELS
 from rl_export.formats.turns import TurnMask
 from rl_export.model.codec import dumps
 from rl_export.model.records import TrajectoryRecord
