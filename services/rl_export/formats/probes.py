@@ -215,6 +215,18 @@ def _parallel_calls(prober: _Prober, req: Requirements) -> Requirements:
     return req
 
 
+def conversations() -> list[list[dict[str, Any]]]:
+    """The probes' conversations (in the hf chat style, calls beside their text): what
+    ``rl-export template mark`` renders when it is given no rows."""
+    return [
+        [{"role": "user", "content": U1}, {"role": "assistant", "content": A1}],
+        [{"role": "system", "content": S}, {"role": "user", "content": U1},
+         {"role": "assistant", "content": A1}, {"role": "user", "content": U2},
+         {"role": "assistant", "content": A2}],
+        _called(), _called(text=TEXT), _parallel(),
+    ]  # fmt: skip
+
+
 STEPS: tuple[Callable[[_Prober, Requirements], Requirements], ...] = (
     _system, _call_ids, _tool_names,
 )  # fmt: skip
