@@ -32,6 +32,7 @@ Public interface::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,14 +59,21 @@ def raises(exc: BaseException) -> str:
     return f"raises: {text}"
 
 
-def _present(text: str, rendered: str) -> bool:
-    """``text`` is in the output as written, or escaped as JSON or as a Python string."""
-    if text in rendered:
-        return True
-    for form in (json.dumps(text, ensure_ascii=False), json.dumps(text), repr(text)):
-        if form[1:-1] in rendered:
-            return True
-    return False
+_ESCAPED = re.compile("[\x00-\x1f\"'\\\\\x7f-\U0010ffff]")
+"""A character that JSON or Python escapes (a text without any is its own escaped form)."""
+
+
+def _found(text: str, rendered: str, start: int) -> int:
+    """Where ``text`` ends in the output, at its first place from ``start``: as written, or
+    escaped as JSON or as a Python string; -1 when it is not there."""
+    found = rendered.find(text, start)
+    length = len(text)
+    if _ESCAPED.search(text) is not None:
+        for form in (json.dumps(text, ensure_ascii=False), json.dumps(text), repr(text)):
+            at = rendered.find(form[1:-1], start, found if found >= 0 else len(rendered))
+            if at >= 0:
+                found, length = at, len(form) - 2
+    return found + length if found >= 0 else -1
 
 
 def _leaves(value: Any) -> list[str]:
@@ -96,47 +104,42 @@ def _arguments(function: dict[str, Any]) -> Any:
     return arguments
 
 
-class _Finder:
-    """Looks for texts in a rendered conversation, from where the last one was found first
-    (texts come in order: each search reads a little of the output, not all of it)."""
-
-    __slots__ = ("at", "rendered")
-
-    def __init__(self, rendered: str) -> None:
-        self.rendered = rendered
-        self.at = 0
-
-    def __call__(self, text: str) -> bool:
-        found = self.rendered.find(text, self.at)
-        if found >= 0:
-            self.at = found + len(text)
-            return True
-        return _present(text, self.rendered)
+def _pieces(message: dict[str, Any]) -> list[tuple[str, str]]:
+    """What of a message must be in the output, and the reason when it is not: its text, and
+    each tool call's function name and its arguments' keys and values."""
+    pieces = []
+    content = message.get("content")
+    if type(content) is str and content.strip():
+        pieces.append((content.strip(), DROPS_TEXT))
+    for call in message.get("tool_calls") or ():
+        if type(call) is not dict:
+            continue
+        function = call.get("function")
+        function = function if type(function) is dict else call
+        name = function.get("name")
+        if type(name) is str and name:
+            pieces.append((name, DROPS_CALLS))
+        pieces += [(leaf, DROPS_CALLS) for leaf in _leaves(_arguments(function))]
+    return pieces
 
 
 def missing(messages: Sequence[Any], rendered: str) -> str | None:
     """The first thing of the messages the output lacks (``drops text``, ``drops tool
-    calls``), or None when every text is there."""
-    find = _Finder(rendered)
+    calls``), or None when every text is there. A message's pieces are looked for after
+    where the pieces of the messages before it were found (in any order within it): a tool
+    name or an argument shown only in the tool definitions, or a text shown only before its
+    place, does not count."""
+    start = 0
     for message in messages:
         if type(message) is not dict:
             continue
-        content = message.get("content")
-        if type(content) is str:
-            text = content.strip()
-            if text and not find(text):
-                return DROPS_TEXT
-        for call in message.get("tool_calls") or ():
-            if type(call) is not dict:
-                continue
-            function = call.get("function")
-            function = function if type(function) is dict else call
-            name = function.get("name")
-            if type(name) is str and name and not find(name):
-                return DROPS_CALLS
-            for leaf in _leaves(_arguments(function)):
-                if not find(leaf):
-                    return DROPS_CALLS
+        end = start
+        for text, reason in _pieces(message):
+            found = _found(text, rendered, start)
+            if found < 0:
+                return reason
+            end = max(end, found)
+        start = end
     return None
 
 

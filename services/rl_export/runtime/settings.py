@@ -492,10 +492,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _default_redaction(self) -> Settings:
-        """Corpus specs without a ``redact`` of their own take this setting's."""
+        """Corpus specs without a ``redact`` of their own take this setting's; a spec's
+        ``chat_template`` is loaded (from ``chat_templates`` or the built-ins) and probed."""
         kinds = parse_kinds(self.redact)
-        corpora = tuple(spec.with_redact_default(kinds) for spec in self.corpora)
-        object.__setattr__(self, "corpora", corpora)
+        corpora = []
+        for spec in self.corpora:
+            try:
+                corpora.append(spec.with_redact_default(kinds).with_template(self.chat_templates))
+            except ConfigError as exc:
+                raise ValueError(f"{env_name('corpora')}: corpus {spec.name}: {exc}") from None
+        object.__setattr__(self, "corpora", tuple(corpora))
         return self
 
     @field_validator("store_url")
