@@ -44,6 +44,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from rl_export.export.scan import ExportSummary, Scan, limited
 from rl_export.export.tabular import MessagesParquetEncoder
 from rl_export.formats.adapt import Reading
@@ -112,9 +114,12 @@ def _fitted(
     return kept, refused
 
 
-def _pooled(fmt: str, rows: list[dict[str, Any]], encode: bool) -> Any:
+def _pooled(fmt: str, batch: bytes, encode: bool) -> Any:
+    """A batch of rows (JSON: cheaper to send than pickles of the same dicts) made for the
+    pool's template: the kept rows' lines (or, for a Parquet file, the rows as JSON)."""
     assert _FIT is not None, "the pool's initializer sets the fit"
-    return _fitted(_FIT, fmt, rows, encode)
+    kept, refused = _fitted(_FIT, fmt, orjson.loads(batch), encode)
+    return (kept if encode else orjson.dumps(kept)), refused
 
 
 # --- in the export's process ----------------------------------------------------------------
@@ -151,6 +156,7 @@ class Fitting:
                 initializer=_start, initargs=(self.fit,),
             )  # fmt: skip
         self.depth = 2 * workers
+        self._encode = True
 
     def _refused(self, reason: str, trace_id: Any) -> None:
         if self.choice.on_unrenderable == "fail":
@@ -183,10 +189,12 @@ class Fitting:
                 yield kept
             return
         loop = asyncio.get_running_loop()
+        self._encode = encode
         pending: deque[tuple[asyncio.Future[Any], list[Any]]] = deque()
         try:
             async for rows, ids in batches:
-                future = loop.run_in_executor(self.pool, _pooled, self.fmt, rows, encode)
+                batch = orjson.dumps(rows)
+                future = loop.run_in_executor(self.pool, _pooled, self.fmt, batch, encode)
                 pending.append((future, ids))
                 while pending and (len(pending) > self.depth or pending[0][0].done()):
                     done, done_ids = pending.popleft()
@@ -202,7 +210,7 @@ class Fitting:
         kept, refused = result
         for n, reason in refused:
             self._refused(reason, ids[n])
-        return list(kept)
+        return list(kept) if self._encode else list(orjson.loads(kept))
 
     def lines(
         self, batches: AsyncIterator[tuple[list[dict[str, Any]], list[Any]]]

@@ -32,7 +32,6 @@ Public interface::
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,20 +58,19 @@ def raises(exc: BaseException) -> str:
     return f"raises: {text}"
 
 
-_ESCAPED = re.compile("[\x00-\x1f\"'\\\\\x7f-\U0010ffff]")
-"""A character that JSON or Python escapes (a text without any is its own escaped form)."""
-
-
 def _found(text: str, rendered: str, start: int) -> int:
     """Where ``text`` ends in the output, at its first place from ``start``: as written, or
     escaped as JSON or as a Python string; -1 when it is not there."""
     found = rendered.find(text, start)
     length = len(text)
-    if _ESCAPED.search(text) is not None:
+    # An escaped form is at least as long as the text: it can come first only with room.
+    if found < 0 or found - start >= length:
+        end = found if found >= 0 else len(rendered)
         for form in (json.dumps(text, ensure_ascii=False), json.dumps(text), repr(text)):
-            at = rendered.find(form[1:-1], start, found if found >= 0 else len(rendered))
-            if at >= 0:
-                found, length = at, len(form) - 2
+            if form[1:-1] != text:
+                at = rendered.find(form[1:-1], start, end)
+                if at >= 0:
+                    found, length, end = at, len(form) - 2, at
     return found + length if found >= 0 else -1
 
 
