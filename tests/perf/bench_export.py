@@ -92,7 +92,7 @@ CASES: dict[str, list[str]] = {
         "llama3_1_json_tools",
         "--redact",
         "none",
-    ],  # fmt: skip
+    ],
     "csv (8 columns)": ["--format", "csv", "--columns", CSV_COLUMNS, "--redact", "none"],
     # Training sets (issue 44's goals on 1M records: exact >= 20,000 records/s, near >= 5,000,
     # peak RSS <= 1 GiB).
