@@ -17,7 +17,7 @@ message's characters are found in the render:
   (:func:`~rl_export.formats.masks.prefix_spans`), each checked to be preserved as the
   beginning of the whole render; a row for which one is not is a ValueError that says so.
 
-The mask is 1 on the tokens that start inside the spans of weight-1 messages.
+The mask is 1 on the tokens that overlap the spans of weight-1 messages (transformers' rule).
 ``transformers`` is an optional dependency, needed only for the tokenizer.
 """
 
@@ -90,10 +90,11 @@ def learned_spans(
 
 
 def span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """1 for each token (its character offsets) that starts inside one of ``spans``."""
+    """1 for each token (its character offsets) that overlaps one of ``spans`` (transformers'
+    rule for ``return_assistant_tokens_mask``: a token cut by a span's edge is learned)."""
     mask = []
     for start, end in offsets:
-        inside = end > start and any(lo <= start < hi for lo, hi in spans)
+        inside = end > start and any(start < hi and end > lo for lo, hi in spans)
         mask.append(1 if inside else 0)
     return mask
 

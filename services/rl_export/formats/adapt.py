@@ -322,11 +322,13 @@ def verl_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def verl_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+def verl_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]]:
     """A tools list as verl's Parquet holds it: ``{type, function: {name, description,
-    parameters}}``, ``parameters`` as JSON text (a JSON Schema has no one Arrow type)."""
+    parameters}}``, ``parameters`` as JSON text (a JSON Schema has no one Arrow type); ``[]``
+    for a row without tools (a null would reach the template as pandas' ``NA``, which
+    transformers cannot iterate)."""
     if not tools:
-        return None
+        return []
     out = []
     for tool in tools:
         if not isinstance(tool, dict):

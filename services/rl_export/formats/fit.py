@@ -285,13 +285,16 @@ class TemplateFit:
     def _verl(self, messages: list[Any], tools: Any, whole: str) -> str | None:
         """verl's MultiTurnSFTDataset renders each message alone (the first with the tools),
         cuts the system prompt off all but the first, and refuses a row whose pieces do not
-        make the whole render (its ``sanity_check``; compared here as text)."""
+        make the whole render (its ``sanity_check``; compared here as text). It learns an
+        assistant message's piece but for its first tokens, as many as the generation
+        prompt has: a piece that does not start with it would lose some of the reply."""
+        empty = [{"role": "user", "content": ""}]
         try:
             if self._verl_parts is None:
-                one = self._render([{"role": "user", "content": ""}], None)
-                two = self._render([{"role": "user", "content": ""}] * 2, None)
-                self._verl_parts = (one[: len(one) - (len(two) - len(one))], "")
-            system_prompt = self._verl_parts[0]
+                one, two = self._render(empty, None), self._render(empty * 2, None)
+                asking = self._render(empty, None, prompt=True)
+                self._verl_parts = (one[: len(one) - (len(two) - len(one))], asking[len(one) :])
+            system_prompt, generation_prompt = self._verl_parts
             pieces = []
             for n, message in enumerate(messages):
                 piece = self._verl_apply([message], tools if n == 0 else None)
@@ -299,6 +302,8 @@ class TemplateFit:
                     if not piece.startswith(system_prompt):
                         return VERL_SPLIT
                     piece = piece[len(system_prompt) :]
+                if message.get("role") == "assistant" and not piece.startswith(generation_prompt):
+                    return VERL_SPLIT
                 pieces.append(piece)
         except Exception as exc:  # verl would raise on this row
             return raises(exc)

@@ -118,10 +118,13 @@ async def test_the_process_pool_writes_the_same_bytes(store: MemoryStore) -> Non
 
 async def test_verl_parquet_renders_as_verl_reads_it(store: MemoryStore, tmp_path: Path) -> None:
     """Every key of a message present (null where it had none), arguments as JSON text: the
-    rows kept render that way, and one at a time as verl renders them. Qwen 2.5's template
-    encodes string arguments again (``tojson``): its rows with calls are left out, said so."""
+    rows kept render that way, and one at a time as verl renders them (ChatML's: it shows no
+    tool call, so the rows with calls are left out, said so). Qwen 2.5's template renders a
+    message alone with the empty reasoning it gives the generation prompt: verl would cut
+    the first tokens of every reply, and every row is left out."""
     out = tmp_path / "sft.parquet"
-    chosen = choice("qwq_32b")
+    _, qwen_summary = await export(store, "messages", template=choice("qwq_32b"), file="parquet")
+    chosen = choice("chatml")
     summary = await write_export(store, EVALUATOR, format="messages", out=out, file="parquet",
                                  template=chosen)  # fmt: skip
     table = pq.read_table(out).to_pylist()
@@ -136,7 +139,10 @@ async def test_verl_parquet_renders_as_verl_reads_it(store: MemoryStore, tmp_pat
         rendered = chosen.loaded.template.render(row["messages"], row["tools"])
         assert missing(row["messages"], rendered) is None
         assert fit._verl(row["messages"], row["tools"], rendered) is None
-    assert summary.unrenderable == {"garbles arguments": 16}  # the rows with tool calls
+    assert summary.unrenderable == {"drops tool calls": 16}  # the rows with tool calls
+    assert qwen_summary.records == 0
+    assert set(qwen_summary.unrenderable) == {"garbles arguments",
+                                              "renders differently one message at a time"}  # fmt: skip
     plain = tmp_path / "plain.parquet"
     await write_export(store, EVALUATOR, format="messages", out=plain, file="parquet")
     assert pq.read_table(plain).num_rows > 0  # without a template too
