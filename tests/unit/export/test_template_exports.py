@@ -141,8 +141,8 @@ async def test_verl_parquet_renders_as_verl_reads_it(store: MemoryStore, tmp_pat
         assert fit._verl(row["messages"], row["tools"], rendered) is None
     assert summary.unrenderable == {"drops tool calls": 16}  # the rows with tool calls
     assert qwen_summary.records == 0
-    assert set(qwen_summary.unrenderable) == {"garbles arguments",
-                                              "renders differently one message at a time"}  # fmt: skip
+    left = {"garbles arguments", "renders differently one message at a time"}
+    assert set(qwen_summary.unrenderable) == left
     plain = tmp_path / "plain.parquet"
     await write_export(store, EVALUATOR, format="messages", out=plain, file="parquet")
     assert pq.read_table(plain).num_rows > 0  # without a template too
