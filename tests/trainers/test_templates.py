@@ -19,7 +19,9 @@ sources in its SOURCES.md). Then:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import re
 import subprocess
@@ -30,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from rl_export.cli import main
 from rl_export.formats.fit import DROPS_CALLS, missing
 from rl_export.formats.templates import BUILTIN_DIR
 from rl_export.hf import tokenize_row
@@ -46,6 +49,8 @@ FROM_TESTS = ("qwq_32b", "qwen3_coder", "gemma3_pythonic_tools", "mistral_nemo_2
 TEMPLATES = BUILTIN + FROM_TESTS
 FORMATS = ("messages", "prompt_completion", "preference", "kto")
 TRAINED = ("qwq_32b", "gemma3_pythonic_tools")  # SFT (assistant-only loss), DPO and KTO
+# The exports of the fixture below (about 60) take minutes on a busy machine.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def given(name: str) -> str:
@@ -97,10 +102,17 @@ def agent_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "store"
 
 
-def export(store: Path, out: Path, fmt: str, *flags: str) -> subprocess.CompletedProcess[str]:
+def export(store: Path, out: Path, fmt: str, *flags: str) -> str:
+    """``rl-export export`` in this process (the command line's own code, without starting
+    an interpreter for each of the fixture's exports); its stderr, exit 0 required."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return rl_export("export", "--store", str(store), "--org", ORG, "--project", PROJECT,
-                     "--source", "evaluator", "--format", fmt, *flags, "-o", str(out))  # fmt: skip
+    argv = ["export", "--store", str(store), "--org", ORG, "--project", PROJECT, "--source",
+            "evaluator", "--format", fmt, *flags, "-o", str(out)]  # fmt: skip
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        code = main(argv)
+    assert code == 0, said.getvalue()
+    return said.getvalue()
 
 
 @pytest.fixture(scope="session")
@@ -115,9 +127,9 @@ def made(agent_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[An
         out[None, fmt] = Made(path, "", {})
         for name in TEMPLATES:
             path = root / name / fmt / f"{fmt}.jsonl"
-            done = export(agent_store, path, fmt, "--chat-template", given(name), "--card")
+            note = export(agent_store, path, fmt, "--chat-template", given(name), "--card")
             manifest = json.loads(path.with_name(path.name + ".manifest.json").read_text())
-            out[name, fmt] = Made(path, done.stderr, manifest)
+            out[name, fmt] = Made(path, note, manifest)
     return out
 
 
@@ -268,9 +280,9 @@ def test_verl_reads_the_parquet_made_for_a_template_and_takes_a_step(
     from verl.workers.utils.losses import sft_loss
 
     path = tmp_path / "sft.parquet"
-    done = export(agent_store, path, "messages", "--chat-template", "chatml", "--card")
+    note = export(agent_store, path, "messages", "--chat-template", "chatml", "--card")
     table = pq.read_table(path).to_pylist()
-    assert table, done.stderr
+    assert table, note
     tok = with_template(tokenizer, text_of("chatml"))
     config = OmegaConf.create({"pad_mode": "right", "max_length": 2048, "truncation": "error",
                                "messages_key": "messages", "tools_key": "tools"})  # fmt: skip

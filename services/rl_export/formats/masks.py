@@ -11,7 +11,9 @@ For the *n*-th message, an assistant one:
    prompt: a template may add to the generation prompt what a finished turn lacks, Qwen's
    empty ``<think></think>``);
 3. the conversation up to and including it, trailing whitespace aside, is preserved too, and
-   ends where the message ends (its end-of-turn token included).
+   ends where the message ends (its end-of-turn token included); for the last message, it
+   is the beginning of the conversation with one more user message (a template that
+   appends a header after every render would otherwise have it learned).
 
 :func:`prefix_spans` raises :class:`MaskError` when a prefix is not preserved (a template that
 appends a turn after the last message, or renders earlier turns differently as the
@@ -87,8 +89,28 @@ def prefix_spans(
                 "(an assistant one) differently from the beginning of the whole "
                 "conversation: its masks cannot be found from prefixes"
             )
+        if n == len(messages) - 1 and not _continued(template, messages, tools, upto):
+            raise MaskError(
+                f"{template.name} renders something after the last message that another "
+                "message would not follow: its masks cannot be found from prefixes"
+            )
         spans.append((start, len(upto)))
     return whole, spans
+
+
+_NEXT = {"role": "user", "content": "rl-export: the next message"}
+
+
+def _continued(
+    template: ChatTemplate, messages: Sequence[Any], tools: Sequence[Any] | None, upto: str
+) -> bool:
+    """The render up to the last message begins the render with one more user message (a
+    template that refuses that one is not held to it)."""
+    try:
+        longer = template.render([*messages, _NEXT], tools)
+    except Exception:  # a template with rules on what may follow: not checked
+        return True
+    return longer.startswith(upto)
 
 
 def _common(prompt: str, whole: str, at: int) -> int:

@@ -48,6 +48,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from rl_export.formats.chat import HF, Chat, ChatStyle, SystemMode
 from rl_export.formats.filters import FILTER_NAMES, Filters, canonical_name, filters_from_json
@@ -121,7 +122,7 @@ class CorpusSpec(BaseModel):
     everything: bool = Field(default=True, exclude=True, repr=False)
     mask: TurnMask | None = Field(default=None, exclude=True, repr=False)
     chat: Chat = Field(default=HF, exclude=True, repr=False)
-    fit: TemplateFit | None = Field(default=None, exclude=True, repr=False)
+    fit: SkipJsonSchema[TemplateFit | None] = Field(default=None, exclude=True, repr=False)
 
     @model_validator(mode="before")
     @classmethod
