@@ -5,10 +5,11 @@ The corpus (an ``RL_EXPORT_CORPORA`` spec such as ``{"name": "sft-masked", "sour
 assistant message: 0 in a turn an evaluator failed, else 1 (OpenAI's convention). TRL does
 not read ``weight``; its ``SFTTrainer`` takes pre-tokenised rows and builds its labels from
 their ``assistant_masks`` (-100 where the mask is 0). :func:`rl_export.hf.tokenize_for_sft`
-turns one into the other: it renders each conversation once with a chat template that marks
-assistant output with ``{% generation %}`` blocks (TRL ships one per model family in
-``trl/chat_templates/``, e.g. ``qwen3_training.jinja``) and sets the mask to 1 on exactly the
-tokens of assistant messages with weight 1. ``tests/unit/test_example_trl.py`` runs
+turns one into the other: it renders each conversation with the chat template, finds each
+assistant message in the render (from the template's ``{% generation %}`` blocks, as TRL's
+``trl/chat_templates/qwen3_training.jinja`` has them, or from prefixes of the conversation
+for a template without them) and sets the mask to 1 on exactly the tokens of assistant
+messages with weight 1. ``tests/unit/test_example_trl.py`` runs
 :func:`sft_rows` on a real corpus; ``tests/trainers/test_masks.py`` trains on such rows.
 
 Run it (a CPU is enough for a tiny model; ``trl`` brings ``torch`` and ``transformers``)::
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - needs
     parser.add_argument(
         "--chat-template",
         required=True,
-        help="a template with {% generation %} blocks: a file, or the name of one in "
+        help="a chat template (with {% generation %} blocks or not): a file, or the name of one in "
         "trl/chat_templates/ (qwen3_training, llama3_training, ...)",
     )
     parser.add_argument("--max-steps", type=int, default=100)

@@ -130,6 +130,7 @@ def trace_events(
     attachments: list[dict[str, Any]] | None = None,
     deleted: bool = False,
     retract: bool = False,
+    metadata: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The events of one trace ``tr-<n>``: completed, evaluated, labels, maybe deleted."""
     trace_id = f"tr-{n:03d}"
@@ -138,7 +139,7 @@ def trace_events(
         event(
             "trace.completed", f"{trace_id}-c", f"{at}:00Z", trace_id=trace_id,
             messages=messages if messages is not None else conversation(n), scenario=scenario,
-            attachments=attachments or [],
+            attachments=attachments or [], **({"metadata": metadata} if metadata else {}),
         ),
         event(
             "evaluation.finished", f"{trace_id}-e", f"{at}:01Z", trace_id=trace_id,

@@ -486,6 +486,7 @@ def corpus_dataset(
     split_by: str | None = None,
     split_salt: str | None = None,
     version: str | None = None,
+    chat_template: str | None = None,
 ) -> datasets.IterableDataset:
     """The corpus as a ``datasets.IterableDataset`` (see the module).
 
@@ -507,6 +508,11 @@ def corpus_dataset(
     rendered by the export's own code, and records without a row are left out. ValueError
     for an unknown value, and, when iterated, for a corpus of another format.
 
+    ``chat_template``: the export's ``--chat-template`` (a file, or a name in
+    ``RL_EXPORT_CHAT_TEMPLATES`` or a built-in) on a chat format: each row made for the
+    template, with the trace's ``tools`` (JSON text) when it has them, and a row the template
+    cannot render with every message's text left out (docs/guides/trainers.md).
+
     ``split`` / ``splits`` / ``split_by`` / ``split_salt``: the export's ``--split``
     (:mod:`rl_export.export.splits`): only the records of split ``split`` of ``splits``
     (``"train=0.9,eval=0.1"`` or ``{"train": 0.9, "eval": 0.1}``), hashed on ``split_by``
@@ -520,7 +526,7 @@ def corpus_dataset(
     options = row_options(
         format, chat_style=chat_style, system=system, mask_failed_turns=mask_failed_turns,
         mask_types=mask_types, redact=redact, filters=filters, split=split, splits=splits,
-        split_by=split_by, split_salt=split_salt,
+        split_by=split_by, split_salt=split_salt, chat_template=chat_template,
     )  # fmt: skip
     if poll_interval_s <= 0:
         raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
@@ -551,7 +557,7 @@ def corpus_dataset(
         stored = _stored_format(corpus)
         features = row_features(stored, corpus_row=True) if stored in ROW_FORMATS else None
     else:
-        features = row_features(options.format)
+        features = row_features(options.format, tools=options.fit is not None)
     plan = replace(plan, options=options, features=features)
     examples = _examples_class()(
         plan, tuple(range(len(plan.shards))), tuple(range(len(plan.follow)))

@@ -83,9 +83,36 @@ def test_a_template_that_rewrites_history_is_masked_as_it_renders(tokenizer: Any
     assert "question" not in text
 
 
-def test_a_template_without_generation_blocks_is_refused(exports: Exports, tokenizer: Any) -> None:
-    with pytest.raises(ValueError, match=r"\{% generation %\}"):
-        tokenize_for_sft(load(exports.files["messages"]), tokenizer)  # Qwen 2.5's: no blocks
+def test_a_template_without_generation_blocks_is_masked_from_its_prefixes(
+    exports: Exports, tokenizer: Any
+) -> None:
+    """Qwen 2.5's template (the tokenizer's: no blocks) gives, from prefixes of each
+    conversation, the tokens TRL's training copy of it gives from its blocks, but for the
+    newlines around them (TRL's blocks also hold the header's newline and the one after
+    <|im_end|>, which the model never writes)."""
+    dataset = load(exports.files["messages"])
+    plain = list(tokenize_for_sft(dataset, tokenizer))
+    blocks = list(tokenize_for_sft(dataset, tokenizer,
+                                   chat_template=chat_template("qwen2_5_training")))  # fmt: skip
+    assert len(plain) == len(blocks) == len(dataset)
+    for ours, theirs in zip(plain, blocks, strict=True):
+        assert ours["input_ids"] == theirs["input_ids"]
+        assert "".join(learned(tokenizer, ours).split()) == "".join(
+            learned(tokenizer, theirs).split()
+        )
+    assert any(0 in row["assistant_masks"] and 1 in row["assistant_masks"] for row in plain)
+
+
+def test_a_template_that_appends_a_turn_cannot_be_masked_from_prefixes(
+    tokenizer: Any,
+) -> None:
+    appends = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    with pytest.raises(ValueError, match="cannot be found from prefixes"):
+        tokenize_row({"messages": messages}, tokenizer, chat_template=appends)
 
 
 def test_sft_trainer_honours_the_masks(

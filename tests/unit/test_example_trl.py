@@ -105,8 +105,24 @@ async def test_masked_corpus_rows_become_trls_assistant_masks(
     assert '"status"' not in learned(tokenizer, passed)  # nor tool results
 
 
-def test_a_template_without_generation_blocks_is_refused(
+def test_a_template_without_generation_blocks_is_masked_from_its_prefixes(
     example: ModuleType, tokenizer: Any
 ) -> None:
-    with pytest.raises(ValueError, match="generation"):
-        example.sft_rows([], tokenizer, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    """The same ChatML without its blocks (and with a generation prompt, which says where a
+    reply starts): each reply's span found from prefixes of the render, the same tokens
+    learned (issue 55)."""
+    plain = CHATML.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    plain += "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    messages = [
+        {"role": "user", "content": "Refund order 7?"},
+        {"role": "assistant", "content": "Done.", "weight": 1},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "Anything else?", "weight": 0},
+    ]
+    from datasets import Dataset
+
+    dataset = Dataset.from_list([{"messages": messages}])
+    (marked,) = example.sft_rows(dataset, tokenizer, CHATML)
+    (found,) = example.sft_rows(dataset, tokenizer, plain)
+    assert found == marked
+    assert learned(tokenizer, found) == "Done.<|im_end|>"

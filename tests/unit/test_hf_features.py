@@ -209,3 +209,35 @@ def test_a_mapping_of_splits_is_the_same_split(store: Path) -> None:
 def test_bad_split_options_say_what_is_wrong(store: Path, kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         corpus_dataset(str(store), ORG, PROJECT, "evaluator", **kw)
+
+
+def test_a_chat_template_makes_the_rows_the_export_makes(store: Path, tmp_path: Path) -> None:
+    """``chat_template=`` (issue 55): each row made for the template, the rows it cannot
+    render left out, exactly the rows of the export with ``--chat-template``."""
+    ds = corpus_dataset(str(store), ORG, PROJECT, "evaluator", format="messages",
+                        chat_template="mistral_v03_tools")  # fmt: skip
+    assert ds.features == row_features("messages", tools=True)
+    rows = list(ds)
+    assert rows
+    ids = [c["id"] for r in rows for m in r["messages"] for c in m.get("tool_calls", [])]
+    assert ids
+    assert all(len(i) == 9 for i in ids)
+    assert not any(m["role"] == "system" for r in rows for m in r["messages"])
+    out = tmp_path / "rows.jsonl"
+    from rl_export.export.templated import TemplateChoice
+    from rl_export.formats.templates import load_template
+
+    asyncio.run(write_export(LocalStore(store), EVALUATOR, format="messages", out=out,
+                             redact="none", template=TemplateChoice(
+                                 load_template("mistral_v03_tools"))))  # fmt: skip
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+
+    def key(row: dict[str, Any]) -> bytes:  # a declared column a row lacks is null here
+        return orjson.dumps({k: v for k, v in row.items() if v is not None},
+                            option=orjson.OPT_SORT_KEYS)  # fmt: skip
+
+    assert sorted(map(key, rows)) == sorted(map(key, exported))
+    with pytest.raises(ValueError, match="chat_template: only applies to --format messages"):
+        corpus_dataset(str(store), ORG, PROJECT, "evaluator", chat_template="chatml")
+    with pytest.raises(ValueError, match="chat_template: no chat template 'nope'"):
+        corpus_dataset(str(store), ORG, PROJECT, "evaluator", format="kto", chat_template="nope")

@@ -38,6 +38,7 @@ from rl_export.cli.processes import (
     cmd_web,
     cmd_worker,
 )
+from rl_export.cli.templates import cmd_template
 from rl_export.model.errors import ConfigError, RlExportError
 
 __all__ = ["build_parser", "main"]
@@ -169,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(templates without a system role); default keep",
     )  # fmt: skip
     p.add_argument(
+        "--chat-template", metavar="FILE|NAME",
+        help="with a chat format: make every row for this chat template (a .jinja file, a "
+        "tokenizer_config.json, or a name: RL_EXPORT_CHAT_TEMPLATES' or a built-in) and "
+        "write only rows that render with every message's text",
+    )  # fmt: skip
+    p.add_argument(
+        "--on-unrenderable", metavar="skip|fail",
+        help="with --chat-template: leave out a row the template cannot render, counted by "
+        "reason (skip, the default), or stop with exit 2 (fail)",
+    )  # fmt: skip
+    p.add_argument(
         "--mask-failed-turns", action="store_true",
         help="messages, prompt_completion: weight 0 on the assistant messages of turns with a "
         "failing outcome, 1 on the others",
@@ -216,6 +228,22 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "create":
             a.add_argument("--note", metavar="TEXT", help="what the version is for")
         a.set_defaults(func=cmd_versions, name=None, note=None)
+
+    p = sub.add_parser(
+        "template", help="chat templates: add {% generation %} markers for assistant-only loss",
+        description="mark FILE -o OUT writes a copy of a chat template whose {% generation %} "
+        "blocks hold each assistant message (TRL's assistant_only_loss), checked by rendering "
+        "conversations with both (probes, and the rows of --rows FILE.jsonl).",
+    )  # fmt: skip
+    p.add_argument("action", choices=["mark"])
+    p.add_argument("template", metavar="FILE|NAME", help="the chat template")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the marked copy")
+    p.add_argument(
+        "--rows", metavar="FILE.jsonl", action="append",
+        help="an export (messages, prompt_completion, preference, kto) whose every row is "
+        "rendered both ways too (repeatable)",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_template)
 
     p = sub.add_parser("stats", help="print {records, avg_reward, pass_rate, human_labeled}")
     _add_source(p)

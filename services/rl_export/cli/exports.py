@@ -38,7 +38,7 @@ def _export_ref(args: argparse.Namespace) -> CorpusRef:
 _MANIFEST_FLAGS = (
     "org", "project", "source", "format", "columns", "pair_by", "margin", "mask_types",
     "redact", "split", "splits", "split_by", "split_salt", "dedup", "dedup_threshold",
-    "dedup_on", "chat_style", "system", "completion",
+    "dedup_on", "chat_style", "system", "completion", "chat_template", "on_unrenderable",
 )  # fmt: skip
 """What ``--from-manifest`` takes from the manifest: not to be given with it."""
 
@@ -63,6 +63,26 @@ def _from_manifest(args: argparse.Namespace) -> Any:
     for name, value in manifest_options(manifest).items():
         setattr(args, name, value)
     return manifest.view_position()
+
+
+def _template(args: argparse.Namespace, settings: Any, fmt: str, chat: Any) -> Any:
+    """``--chat-template`` and ``--on-unrenderable`` as a TemplateChoice (None without a
+    template); from a manifest, the template must still be the one it was made with."""
+    from rl_export.export.requests import check_template, parse_on_unrenderable
+    from rl_export.export.templated import TemplateChoice
+    from rl_export.formats.templates import load_template
+
+    on_unrenderable = parse_on_unrenderable(args.on_unrenderable, args.chat_template is not None)
+    if args.chat_template is None:
+        return None
+    check_template(fmt, chat)
+    loaded = load_template(args.chat_template, folder=settings.chat_templates)
+    expected = getattr(args, "template_sha256", None)
+    if expected is not None and loaded.template.sha256 != expected:
+        raise ConfigError("--from-manifest", f"the chat template {args.chat_template} is not the "
+                          f"one the export was made with (sha256 {loaded.template.sha256[:12]}, "
+                          f"not {expected[:12]}): its rows may differ")  # fmt: skip
+    return TemplateChoice(loaded, on_unrenderable)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -100,12 +120,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     mask = parse_mask(args.format, args.mask_failed_turns, args.mask_types)
     chat = parse_chat_style(args.format, args.chat_style, args.system)
     completion = parse_completion(args.format, args.completion)
+    template = _template(args, settings, args.format, chat)
     to_stdout = args.output == "-"
     file = file_for(args.format, None if to_stdout else args.output)
     check_export(
         args.format, columns=args.columns, pair_by=pair_by, margin=margin,
         max_pairs=args.max_pairs, zip_data=args.zip_data, mask=mask, file=file, card=args.card,
-        redact=redact, chat=chat, completion=completion,
+        redact=redact, chat=chat, completion=completion, template=template is not None,
     )  # fmt: skip
     split, dedup = _training_set(args)
     if to_stdout and args.card:
@@ -127,7 +148,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
                     at=at, attachments=AttachmentPolicy.from_settings(settings),
                     out=sys.stdout.buffer if to_stdout else Path(args.output),
-                    progress=position_callback(progress),
+                    progress=position_callback(progress), template=template,
                 )  # fmt: skip
         finally:
             await store.close()
@@ -150,6 +171,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                  f"conversation (they mask nothing)")  # fmt: skip
     if not to_stdout:
         note += f"; lineage {args.output}.manifest.json"
+    if template is not None:
+        note += f"; {template_note(template, summary)}"
     if args.card:
         note += f", dataset card {Path(args.output).parent / 'README.md'}"
     if version is not None:
@@ -167,6 +190,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     if (why := summary.why_empty()) is not None:
         print(f"no {args.format} row: {why}", file=sys.stderr)
     return 0
+
+
+def template_note(template: Any, summary: Any) -> str:
+    """What the summary says of a chat template: which, what every row got, what it left
+    out and why."""
+    adapted = "; ".join(summary.adaptations) or "none"
+    left = sum(summary.unrenderable.values())
+    why = ", ".join(f"{reason} ({n})" for reason, n in summary.unrenderable.items())
+    note = f"chat template {template.loaded.describe()}: adaptations: {adapted}; "
+    return note + (f"{left} rows left out: {why}" if left else "no row left out")
 
 
 def _add_version(p: argparse.ArgumentParser) -> None:

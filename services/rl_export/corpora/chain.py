@@ -186,7 +186,7 @@ class ChainWriter:
         erased = snapshot.deleted
         line = None
         if holds and spec.format != "trajectory":  # a row only if the format has one
-            line = spec.held_line(snapshot)
+            line = spec.held_line(snapshot, self._left_out)
             holds = line is not None
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
                       erased=erased):  # fmt: skip
@@ -203,6 +203,11 @@ class ChainWriter:
                     updated_at, event_ms, self._index_row(snapshot, line, holds),
                 )
             )  # fmt: skip
+
+    def _left_out(self, reason: str) -> None:
+        """A row the corpus's chat template cannot render: counted by its kind of reason."""
+        kind = "raises" if reason.startswith("raises:") else reason.replace(" ", "_")
+        self.metrics.left_out.labels(self.spec.name, kind).inc()
 
     def _index_row(self, snapshot: SnapshotLines, line: bytes, holds: bool) -> Any:
         """The line's sidecar row: from the snapshot's fields (read once for all the corpora,

@@ -11,8 +11,8 @@ its own provenance::
     dataset_info: {features: [...] (Parquet files: their exact Arrow types),
                    splits: [{name: train, num_examples: <records>}]}
     rl_export: {format, file, records, counts, corpus, source, reward_source, filters,
-                masks, chat_style, features, rules_versions, schema_version, row_schema,
-                redaction}
+                masks, chat_style, chat_template, features, rules_versions,
+                schema_version, row_schema, redaction}
     ---
 
 ``features`` (under ``rl_export``) names every column with its JSON type, from the format's
@@ -21,7 +21,10 @@ own ``dataset_info.features``, from the file's Arrow schema, so ``datasets`` and
 them as the loader would. ``rules_versions`` are the join rules versions of the records
 exported; ``schema_version`` the corpus layout's. ``redaction`` is what the export redacted:
 ``{kinds, replaced: {kind: substrings replaced}}`` (``kinds`` empty with ``--redact none``).
-``chat_style`` is ``{style, system}`` for the chat formats (null for the others), ``masks``
+``chat_style`` is ``{style, system}`` for the chat formats (null for the others);
+``chat_template`` the template the rows were made for (``--chat-template``: its name, origin
+and sha256, how it is read, the adaptations every row got and the rows left out by reason;
+null without one); ``masks``
 the turn masks with how many failing outcomes named a turn outside their conversation, and
 ``counts`` how the rows came to be: latest records read, matching the filters, without a row
 in the format. The card holds no clock time: the same export of the same corpus gives the
@@ -45,10 +48,14 @@ from pydantic import BaseModel
 
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef
 from rl_export.export.columns import Column
-from rl_export.export.tabular import arrow_type
+from rl_export.export.dedup import Dedup
+from rl_export.export.scan import ExportSummary
+from rl_export.export.splits import Split
+from rl_export.export.tabular import arrow_type, parquet_schema, rl_prompts_schema
 from rl_export.formats.chat import Chat
 from rl_export.formats.filters import Filters
-from rl_export.formats.render import ROW_MODELS, TABULAR_FORMATS
+from rl_export.formats.render import TABULAR_FORMATS
+from rl_export.formats.rowmodels import ROW_MODELS
 from rl_export.formats.turns import TurnMask
 from rl_export.model.codec import dumps
 from rl_export.model.records import TrajectoryRecord
@@ -81,6 +88,9 @@ class CardFacts:
     matched: int = 0  # of them, matching the filters
     skipped: int = 0  # of those, without a row in the format
     turns_outside: int = 0  # with masks: failing outcomes outside their conversation
+    template: dict[str, Any] | None = None  # --chat-template: which, read how
+    adaptations: Sequence[str] = ()  # what every row got for it
+    unrenderable: dict[str, int] = field(default_factory=dict)  # rows left out, by reason
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -168,6 +178,12 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
     chat = None
     if facts.chat is not None:
         chat = {"style": facts.chat.style, "system": facts.chat.system}
+    template = None
+    if facts.template is not None:
+        template = {**facts.template, "adaptations": list(facts.adaptations),
+                    "left_out": dict(facts.unrenderable)}  # fmt: skip
+    features = [f for f in features_of(fmt, facts.columns)
+                if f["name"] != "tools" or facts.template is not None]  # fmt: skip
     return {
         "pretty_name": f"{facts.ref.org}/{facts.ref.project} {facts.ref.corpus} corpus, {fmt}",
         "tags": ["rl-export"],
@@ -193,7 +209,8 @@ def card_header(facts: CardFacts) -> dict[str, Any]:
             "filters": facts.filters.to_params(sep="-"),
             "masks": mask,
             "chat_style": chat,
-            "features": features_of(fmt, facts.columns),
+            "chat_template": template,
+            "features": features,
             "rules_versions": sorted(facts.rules_versions),
             "schema_version": SCHEMA_VERSION,
             "row_schema": f"format.{row_format}.schema.json" if row_format else None,
@@ -244,6 +261,22 @@ def _redaction_line(facts: CardFacts) -> str:
             f"untrusted.")  # fmt: skip
 
 
+def _template_line(facts: CardFacts) -> str:
+    """What the card says of the chat template the rows were made for."""
+    template = facts.template or {}
+    reader = "as verl reads this Parquet file" if template.get("reading") == "verl_parquet" \
+        else "as TRL renders it"  # fmt: skip
+    adapted = "; ".join(facts.adaptations) or "none: the rows keep the hf chat style's shape"
+    left = sum(facts.unrenderable.values())
+    why = ", ".join(f"{reason} ({n})" for reason, n in facts.unrenderable.items())
+    return (
+        f"- Chat template: `{template.get('given')}` ({template.get('origin')}, sha256 "
+        f"`{template.get('sha256')}`): every row renders with it {reader}, with every "
+        f"message's text in the output. Adaptations: {adapted}. "
+        + (f"{left} rows left out: {why}." if left else "No row left out.")
+    )
+
+
 def dataset_card(facts: CardFacts) -> str:
     """The whole ``README.md``: the YAML header, then a few lines for people."""
     header = card_header(facts)
@@ -271,6 +304,8 @@ def dataset_card(facts: CardFacts) -> str:
         merged = "; system messages folded into the first user message" if (
             facts.chat.system == "merge") else ""  # fmt: skip
         lines.append(f"- Chat style: `{facts.chat.style}`{merged}.")
+    if facts.template is not None:
+        lines.append(_template_line(facts))
     if facts.mask is not None:
         types = ", ".join(sorted(facts.mask.types)) if facts.mask.types else "any type"
         lines.append(
@@ -308,3 +343,41 @@ def dataset_card(facts: CardFacts) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def card_facts(
+    ref: CorpusRef,
+    fmt: str,
+    name: str,
+    file: str,
+    *,
+    filters: Filters,
+    summary: ExportSummary,
+    mask: TurnMask | None = None,
+    columns: Sequence[Column] | None = None,
+    redaction: Sequence[str] = (),
+    chat: Chat | None = None,
+    split: Split | None = None,
+    dedup: Dedup | None = None,
+) -> CardFacts:
+    """What the dataset card of an export says (:mod:`rl_export.export.card`): ``redaction``
+    the kinds redacted (the summary counts what was replaced), ``chat`` a chat format's
+    style."""
+    extra: dict[str, Any] = {}
+    if split is not None:
+        extra["split"] = {**split.as_dict(), "left_out": summary.split_left_out}
+    if dedup is not None:
+        extra["dedup"] = {**dedup.as_dict(), "removed": summary.duplicates_removed}
+    schema = None
+    if file == "parquet":
+        schema = rl_prompts_schema() if fmt == "rl_prompts" else parquet_schema(columns or [])
+    return CardFacts(
+        ref=ref, format=fmt, file_name=name, file=file, records=summary.records,
+        filters=filters, mask=mask,
+        rules_versions=sorted(summary.rules_versions), columns=columns, arrow_schema=schema,
+        redaction=tuple(redaction), redactions=dict(summary.redactions), chat=chat,
+        scanned=summary.scanned, matched=summary.matched, skipped=summary.skipped,
+        turns_outside=summary.turns_outside, template=summary.template,
+        adaptations=tuple(summary.adaptations), unrenderable=dict(summary.unrenderable),
+        extra=extra,
+    )  # fmt: skip

@@ -78,16 +78,17 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
+from rl_export.export.atomic import Chunk, write_atomically, write_chunks
 from rl_export.export.attachments import (
     AttachmentPolicy,
 )
-from rl_export.export.card import CARD_NAME, CardFacts, dataset_card
+from rl_export.export.card import CARD_NAME, card_facts, dataset_card
 from rl_export.export.columns import Column
 from rl_export.export.dedup import Dedup
 from rl_export.export.latest import ViewPosition
@@ -99,12 +100,12 @@ from rl_export.export.scan import ExportSummary, Progress, Scan, limited, open_v
 from rl_export.export.selection import selector
 from rl_export.export.splits import Split
 from rl_export.export.tabular import (
+    MessagesParquetEncoder,
     ParquetEncoder,
     PromptsParquetEncoder,
-    parquet_schema,
-    rl_prompts_schema,
 )
 from rl_export.export.targets import check_targets
+from rl_export.export.templated import Fitting, TemplateChoice, template_lines, template_parquet
 from rl_export.export.writers import row_groups, tabular_chunks, zip_archive
 from rl_export.formats.chat import HF, Chat
 from rl_export.formats.filters import Filters
@@ -119,7 +120,7 @@ from rl_export.formats.turns import TurnMask, outside_turns, report_of
 from rl_export.model.codec import RawJson, dumps_line, loads
 from rl_export.model.errors import ExportError
 from rl_export.privacy.kinds import parse_kinds
-from rl_export.privacy.redact import redactor
+from rl_export.privacy.redact import Redactor, redactor
 
 _CHUNK = 1 << 20  # bytes gathered before a chunk is yielded
 
@@ -203,21 +204,27 @@ async def _parquet(
     await row_groups(scan, ParquetEncoder(columns, sink), rows, limit, summary)
 
 
-async def _prompts_parquet(
-    scan: Scan, limit: int | None, summary: ExportSummary, sink: IO[bytes]
+async def _rows_parquet(
+    scan: Scan,
+    fmt: str,
+    limit: int | None,
+    summary: ExportSummary,
+    sink: IO[bytes],
+    *,
+    mask: TurnMask | None = None,
+    chat: Chat = HF,
 ) -> None:
-    """``rl_prompts`` as a Parquet file (:class:`~rl_export.export.tabular.
-    PromptsParquetEncoder`)."""
+    """``rl_prompts`` (verl's RL files: :class:`~rl_export.export.tabular.
+    PromptsParquetEncoder`) or ``messages`` (its multi-turn SFT files:
+    :class:`~rl_export.export.tabular.MessagesParquetEncoder`) as a Parquet file."""
 
     def rows(batch: list[tuple[bytes, dict[str, Any]]]) -> list[dict[str, Any]]:
-        made = _rows("rl_prompts", [record for _, record in batch], None, summary, limit)
+        made = _rows(fmt, [record for _, record in batch], mask, summary, limit, chat=chat)
         return limited([row for _, row in scan.redact([(b"", r) for r in made])],
                        summary, limit)  # fmt: skip
 
-    await row_groups(scan, PromptsParquetEncoder(sink), rows, limit, summary)
-
-
-Chunk = bytes | memoryview
+    encoder = PromptsParquetEncoder(sink) if fmt == "rl_prompts" else MessagesParquetEncoder(sink)
+    await row_groups(scan, encoder, rows, limit, summary)
 
 
 async def iter_export(
@@ -242,13 +249,14 @@ async def iter_export(
     summary: ExportSummary | None = None,
     attachments: AttachmentPolicy | None = None,
     at: ViewPosition | None = None,
+    template: TemplateChoice | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The export's bytes, in chunks (see the module docstring); ``at``: of that position."""
     chunks = _export_chunks(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=False, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-        progress=progress, summary=summary, attachments=attachments, at=at,
+        progress=progress, summary=summary, attachments=attachments, at=at, template=template,
     )  # fmt: skip
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
@@ -278,6 +286,7 @@ async def _export_chunks(
     progress: Progress | None,
     summary: ExportSummary | None,
     attachments: AttachmentPolicy | None,
+    template: TemplateChoice | None = None,
 ) -> AsyncGenerator[Chunk, None]:
     """:func:`iter_export`'s chunks; large ones may be views of what was read (no copy).
     ``card``: the rules versions are collected for a card (a zip carries one anyway)."""
@@ -285,7 +294,7 @@ async def _export_chunks(
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
         zip_data=zip_data, mask=mask, file=file, card=card, redact=redact, chat=chat,
-        completion=completion,
+        completion=completion, template=template is not None,
     )  # fmt: skip
     kinds = parse_kinds(redact)
     scrub = redactor(kinds) if kinds else None
@@ -296,7 +305,7 @@ async def _export_chunks(
     summary.erased = view.erased
     card = card or format == "zip"
     fields = export_fields(format, filters, picked, pair_by, mask=mask is not None, card=card,
-                           chat=chat)  # fmt: skip
+                           chat=chat, template=template is not None)  # fmt: skip
     select = await selector(view, filters, summary, split, dedup)
     if select is not None and fields is not None:
         read = {"trace_id"} | ({split.field} if split is not None else set())
@@ -306,11 +315,56 @@ async def _export_chunks(
         redactor=None if format == "preference" else scrub, collect_rules=card,
         select=select,
     )  # fmt: skip
-    limit = filters.limit
+    fitting = None
+    if template is not None:  # a chat format (check_export): probed once, here
+        fitting = Fitting(template, format, file, chat, summary, records=view.total)
+    chunks = _chunks(
+        store, ref, scan, picked, fitting, format=format, filters=filters, pair_by=pair_by,
+        margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
+        kinds=kinds, scrub=scrub, chat=chat, completion=completion, split=split, dedup=dedup,
+        attachments=attachments,
+    )  # fmt: skip
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        if fitting is not None:
+            fitting.close()
+
+
+async def _chunks(
+    store: ObjectStore,
+    ref: CorpusRef,
+    scan: Scan,
+    picked: list[Column] | None,
+    fitting: Fitting | None,
+    *,
+    format: str,
+    filters: Filters,
+    pair_by: Sequence[str],
+    margin: float,
+    max_pairs: int,
+    zip_data: str,
+    mask: TurnMask | None,
+    file: str,
+    kinds: Sequence[str],
+    scrub: Redactor | None,
+    chat: Chat,
+    completion: Completion,
+    split: Split | None,
+    dedup: Dedup | None,
+    attachments: AttachmentPolicy | None,
+) -> AsyncGenerator[Chunk, None]:
+    """The chunks of an export whose view is open and scan ready (:func:`_export_chunks`)."""
+    summary, limit = scan.summary, filters.limit
     if format in ("parquet", "zip") or file == "parquet":
         with tempfile.TemporaryFile() as built:
-            if file == "parquet":
-                await _prompts_parquet(scan, limit, summary, built)
+            if fitting is not None and file == "parquet":
+                encoder = MessagesParquetEncoder(built)
+                await template_parquet(fitting, scan, mask, limit, chat, encoder=encoder)
+            elif file == "parquet":
+                await _rows_parquet(scan, format, limit, summary, built, mask=mask, chat=chat)
             elif format == "parquet":
                 assert picked is not None
                 await _parquet(scan, picked, limit, summary, built)
@@ -336,10 +390,13 @@ async def _export_chunks(
         chunks = preference_chunks(
             store, ref, scan, pair_by=tuple(pair_by), margin=margin, max_pairs=max_pairs,
             limit=limit, summary=summary, redactor=scrub, completion=completion, chat=chat,
+            fitting=fitting,
         )  # fmt: skip
     elif format in TABULAR_FORMATS:
         assert picked is not None
         chunks = tabular_chunks(scan, format, picked, limit, summary)
+    elif fitting is not None:
+        chunks = template_lines(fitting, scan, mask, limit, chat)
     else:
         chunks = _jsonl(scan, format, limit, summary, mask, chat=chat)
     pending: list[Chunk] = []
@@ -387,6 +444,7 @@ async def write_export(
     at: ViewPosition | None = None,
     progress: Progress | None = None,
     attachments: AttachmentPolicy | None = None,
+    template: TemplateChoice | None = None,
 ) -> ExportSummary:
     """Write the export to a path (atomically) or a binary file object; return its summary.
 
@@ -400,19 +458,19 @@ async def write_export(
         store, ref, format=format, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,
         card=card, redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
-        progress=progress, summary=summary, at=at, attachments=attachments,
+        progress=progress, summary=summary, at=at, attachments=attachments, template=template,
     )  # fmt: skip
     # Check everything that can be checked before a temporary file exists.
     picked = check_export(
         format, columns=columns, pair_by=pair_by, margin=margin, max_pairs=max_pairs,
         zip_data=zip_data, mask=mask, file=file, card=card, redact=redact, chat=chat,
-        completion=completion,
+        completion=completion, template=template is not None,
     )  # fmt: skip
     if not isinstance(out, str | os.PathLike):
         if card:
             await chunks.aclose()
             raise ExportError("card", "a dataset card goes beside a file, not into a stream")
-        await _write_chunks(chunks, out)
+        await write_chunks(chunks, out)
         out.flush()
         return summary
     target = Path(out)
@@ -425,7 +483,7 @@ async def write_export(
         await chunks.aclose()
         raise
     digest = hashlib.sha256()
-    await _write_atomically(target, lambda fh: _write_chunks(chunks, fh, digest))
+    await write_atomically(target, lambda fh: write_chunks(chunks, fh, digest))
     summary.sha256 = digest.hexdigest()
     if card and format != "zip":
         text = dataset_card(card_facts(
@@ -438,96 +496,20 @@ async def write_export(
         async def write_card(fh: BinaryIO) -> None:
             await asyncio.to_thread(fh.write, text.encode())
 
-        await _write_atomically(directory / CARD_NAME, write_card)
+        await write_atomically(directory / CARD_NAME, write_card)
     made = export_manifest(
         summary, ref, format, file=file, filters=filters, columns=columns, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, split=split,
         dedup=dedup, kinds=parse_kinds(redact), chat=chat, completion=completion,
-        output=target.name,
+        output=target.name, template=template,
     )  # fmt: skip
     lineage = encode_manifest(made)
 
     async def write_manifest(fh: BinaryIO) -> None:
         await asyncio.to_thread(fh.write, lineage)
 
-    await _write_atomically(manifest_path(target), write_manifest)
+    await write_atomically(manifest_path(target), write_manifest)
     return summary
-
-
-async def _write_atomically(target: Path, write: Callable[[BinaryIO], Awaitable[None]]) -> None:
-    """Write a file under a temporary name beside ``target``, fsync it, rename it: never a
-    partial file under the name (the temporary one is removed on any error)."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                     dir=target.parent)  # fmt: skip
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            await write(fh)
-            fh.flush()
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600
-            os.fsync(fh.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
-def card_facts(
-    ref: CorpusRef,
-    fmt: str,
-    name: str,
-    file: str,
-    *,
-    filters: Filters,
-    summary: ExportSummary,
-    mask: TurnMask | None = None,
-    columns: Sequence[Column] | None = None,
-    redaction: Sequence[str] = (),
-    chat: Chat | None = None,
-    split: Split | None = None,
-    dedup: Dedup | None = None,
-) -> CardFacts:
-    """What the dataset card of an export says (:mod:`rl_export.export.card`): ``redaction``
-    the kinds redacted (the summary counts what was replaced), ``chat`` a chat format's
-    style."""
-    extra: dict[str, Any] = {}
-    if split is not None:
-        extra["split"] = {**split.as_dict(), "left_out": summary.split_left_out}
-    if dedup is not None:
-        extra["dedup"] = {**dedup.as_dict(), "removed": summary.duplicates_removed}
-    schema = None
-    if file == "parquet":
-        schema = rl_prompts_schema() if fmt == "rl_prompts" else parquet_schema(columns or [])
-    return CardFacts(
-        ref=ref, format=fmt, file_name=name, file=file, records=summary.records,
-        filters=filters, mask=mask,
-        rules_versions=sorted(summary.rules_versions), columns=columns, arrow_schema=schema,
-        redaction=tuple(redaction), redactions=dict(summary.redactions), chat=chat,
-        scanned=summary.scanned, matched=summary.matched, skipped=summary.skipped,
-        turns_outside=summary.turns_outside,
-        extra=extra,
-    )  # fmt: skip
-
-
-async def _write_chunks(
-    chunks: AsyncGenerator[Chunk, None], out: IO[bytes] | BinaryIO, digest: Any = None
-) -> None:
-    """Write every chunk, each in a thread while the next one is made (one at a time, in
-    order): on two cores reading and writing overlap. ``run_in_executor`` hands the write
-    to the thread at once (a ``to_thread`` task would start only at the next await)."""
-    loop = asyncio.get_running_loop()
-    writing: asyncio.Future[int] | None = None
-    try:
-        async with contextlib.aclosing(chunks):
-            async for chunk in chunks:
-                if writing is not None:
-                    await writing
-                if digest is not None:
-                    digest.update(chunk)  # the output's sha256 (lineage)
-                writing = loop.run_in_executor(None, out.write, chunk)
-    finally:
-        if writing is not None:
-            await writing
 
 
 async def preview(
@@ -548,6 +530,7 @@ async def preview(
     dedup: Dedup | None = None,
     summary: ExportSummary | None = None,
     at: ViewPosition | None = None,
+    template: TemplateChoice | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``; at
     ``at``: of the view of that position)."""
@@ -560,12 +543,6 @@ async def preview(
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
                                       mask=mask, redact=redact, chat=chat,
                                       completion=completion, split=split, dedup=dedup,
-                                      summary=summary, at=at)]
+                                      summary=summary, at=at, template=template)]
     )  # fmt: skip
     return [loads(line) for line in data.splitlines()]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

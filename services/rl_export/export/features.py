@@ -8,7 +8,7 @@ features are asked for.
 Public interface::
 
     FEATURE_FORMATS                                  # the formats that have features
-    def row_features(fmt, *, corpus_row=False) -> datasets.Features
+    def row_features(fmt, *, corpus_row=False, tools=False) -> datasets.Features
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _datasets() -> Any:
     return datasets
 
 
-def row_features(fmt: str, *, corpus_row: bool = False) -> datasets.Features:
+def row_features(fmt: str, *, corpus_row: bool = False, tools: bool = False) -> datasets.Features:
     """The ``datasets.Features`` of the rows of a per-record format (``corpus_row``: as a
     streaming corpus of that format holds them, ``trace_id`` and ``revision`` first).
 
@@ -98,6 +98,8 @@ def row_features(fmt: str, *, corpus_row: bool = False) -> datasets.Features:
     else:
         raise ValueError(f"unknown format {fmt!r} (formats with features: "
                          f"{', '.join(FEATURE_FORMATS)})")  # fmt: skip
+    if tools and fmt in ("messages", "prompt_completion", "kto"):
+        columns["tools"] = string  # rows made for a chat template: the trace's tools, as JSON
     if corpus_row and fmt != "trajectory":
         columns = {"trace_id": string, "revision": integer, **columns}
     return ds.Features(columns)

@@ -72,11 +72,13 @@ def export_fields(
     mask: bool = False,
     card: bool = False,
     chat: Chat = HF,
+    template: bool = False,
 ) -> tuple[frozenset[str], frozenset[str]] | None:
     """``(parsed, raw)`` top-level fields an export of ``fmt`` reads (``raw``: copied as
     stored), or None when it reads whole records. ``mask``: turn masks (the messages and
     the evaluation parsed); ``card``: a dataset card (``rules_version`` read too);
-    ``chat``: the chat style (one that changes the messages parses them)."""
+    ``chat``: the chat style (one that changes the messages parses them); ``template``: rows
+    made for a chat template (the trace's tools, in its metadata, and its id)."""
     wanted = filters.fields() | ({"rules_version"} if card else set())
     if fmt in TABULAR_FORMATS:
         if fmt == "zip" or columns is None:
@@ -84,8 +86,10 @@ def export_fields(
         return wanted | {c.path[0] for c in columns}, frozenset()
     if fmt == "stats":
         return wanted | STATS_FIELDS, frozenset()
-    found = row_fields(fmt, pair_by, mask=mask, chat=chat)
+    found = row_fields(fmt, pair_by, mask=mask, chat=chat, tools=template)
     if found is None:
         return None
     parsed, raw = found
+    if template:
+        parsed = parsed | {"trace_id"}
     return wanted | parsed, raw - wanted - parsed

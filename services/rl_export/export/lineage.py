@@ -4,8 +4,9 @@ Every export to a file, and every export job, says exactly what it is: the file 
 (``output``, its name), the position
 of the corpus it read (the compaction generation and every chain's end:
 :class:`~rl_export.export.latest.ViewPosition`), every option that shaped its rows (format,
-filters, split, dedup, masks, columns, pairing, chat style, redaction and what it
-replaced), how many rows it holds, the sha256 of its bytes and the rl-export version.
+filters, split, dedup, masks, columns, pairing, chat style, chat template with the
+adaptations it needed and the rows it left out, redaction and what it replaced), how many
+rows it holds, the sha256 of its bytes and the rl-export version.
 ``rl-export export --from-manifest FILE -o OUT`` reads the same position with the same
 options, so it writes the same bytes again for as long as the objects of that position
 exist (compaction and shard retention may remove them; a pinned version keeps them).
@@ -59,6 +60,11 @@ class Manifest(BaseModel):
     dedup: dict[str, Any] | None = None  # {mode, on[, threshold]}
     chat_style: str | None = None  # the chat formats' style and system mode; else None
     system: str | None = None
+    # --chat-template: {given, origin, name, sha256, on_unrenderable, reading}; what every
+    # row got for it; the rows it left out, by reason.
+    chat_template: dict[str, Any] | None = None
+    adaptations: list[str] = []
+    unrenderable: dict[str, int] = {}
     completion: str | None = None  # preference only
     redact: list[str] = []  # the kinds redacted ([]: none)
     redactions: dict[str, int] = {}
@@ -145,6 +151,10 @@ def manifest_options(manifest: Manifest) -> dict[str, Any]:
     for name in ("chat_style", "system", "completion"):
         if getattr(manifest, name) is not None:
             options[name] = getattr(manifest, name)
+    if manifest.chat_template is not None:
+        options["chat_template"] = manifest.chat_template["given"]
+        options["on_unrenderable"] = manifest.chat_template["on_unrenderable"]
+        options["template_sha256"] = manifest.chat_template["sha256"]
     for name, value in manifest.filters.items():
         options["f_" + name.replace("-", "_")] = value
     if split is not None:
@@ -176,6 +186,8 @@ def export_manifest(summary: Any, ref: Any, fmt: str, **options: Any) -> Manifes
         chat_style=None if chat is None else chat.style,
         system=None if chat is None else chat.system,
         completion=options["completion"] if fmt == "preference" else None,
+        chat_template=summary.template, adaptations=list(summary.adaptations),
+        unrenderable=dict(summary.unrenderable),
         redact=list(options["kinds"]), redactions=summary.redactions,
         duplicates_removed=None if dedup is None else summary.duplicates_removed,
         split_left_out=None if split is None else summary.split_left_out,

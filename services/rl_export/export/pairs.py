@@ -21,6 +21,7 @@ from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.export.latest import LatestView
 from rl_export.export.scan import ExportSummary, Scan
+from rl_export.export.templated import Fitting, template_chat
 from rl_export.formats.chat import HF, Chat
 from rl_export.formats.render import (
     Candidate,
@@ -28,6 +29,7 @@ from rl_export.formats.render import (
     pair_candidates,
     preference_group,
     preference_row,
+    trace_tools,
 )
 from rl_export.model.codec import dumps, dumps_line, loads
 from rl_export.privacy.kinds import add_counts
@@ -94,16 +96,22 @@ async def preference_chunks(
     redactor: Redactor | None = None,
     completion: Completion = "turn",
     chat: Chat = HF,
+    fitting: Fitting | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The pairs of the records ``scan`` yields, as JSON Lines chunks (the module docstring):
-    memory holds one run of candidates or one group, and two integers per record."""
+    memory holds one run of candidates or one group, and two integers per record. With
+    ``fitting`` (a chat template), pairs are made among trajectories whose agents had the
+    same tools, and each pair is made for the template, or left out (counted)."""
+    tools = fitting is not None
+    if fitting is not None:
+        chat = template_chat(chat)
     runs = CandidateRuns()
     position = 0
     if redactor is not None:
         summary.redactions = dict.fromkeys(redactor.kinds, 0)
     async for batch in scan.lines():  # pass 1: each record's group and reward
         for _, record in batch:
-            grouped = preference_group(record, pair_by, completion)
+            grouped = preference_group(record, pair_by, completion, tools=tools)
             if grouped is None:
                 summary.skipped += 1
             else:
@@ -118,7 +126,7 @@ async def preference_chunks(
                 for chosen, rejected in pair_candidates(
                     members, margin=margin, max_pairs=max_pairs
                 ):
-                    if limit is not None and pairs >= limit:
+                    if limit is not None and pairs >= limit and fitting is None:
                         break
                     pair_file.write(dumps([
                         [chosen.reward, chosen.trace_id, chosen.position],
@@ -146,9 +154,11 @@ async def preference_chunks(
                     if redactor is not None:  # pairs were made on the prompts as stored
                         record, counts = redactor.record(stored)
                         add_counts(summary.redactions, counts)
-                    grouped = preference_group(record, pair_by, completion)
+                    grouped = preference_group(record, pair_by, completion, tools=tools)
                     if grouped is not None:
-                        data = dumps([grouped[1], grouped[2]])
+                        data = dumps(
+                            [grouped[1], grouped[2], trace_tools(record) if tools else None]
+                        )
                         offsets[2 * n], offsets[2 * n + 1] = spill.tell(), len(data)
                         spill.write(data)
                 n += 1
@@ -161,13 +171,22 @@ async def preference_chunks(
         pair_file.seek(0)
         out: list[bytes] = []
         for line in pair_file:
+            if limit is not None and summary.records >= limit:
+                break
             (c_reward, c_id, c_at), (r_reward, r_id, r_at) = loads(line)
-            prompt, chosen_rest = halves(c_at)
-            _, rejected_rest = halves(r_at)
+            prompt, chosen_rest, pair_tools = halves(c_at)
+            _, rejected_rest, _ = halves(r_at)
             chosen = Candidate(b"", c_reward, c_id, c_at)
             rejected = Candidate(b"", r_reward, r_id, r_at)
-            out.append(dumps_line(preference_row(prompt, chosen, chosen_rest, rejected,
-                                                 rejected_rest, chat=chat)))  # fmt: skip
+            row: dict[str, Any] | None = preference_row(
+                prompt, chosen, chosen_rest, rejected, rejected_rest, chat=chat,
+                tools=pair_tools,
+            )  # fmt: skip
+            if fitting is not None:
+                row = fitting.row(row, f"{c_id}, {r_id}") if row is not None else None
+                if row is None:
+                    continue
+            out.append(dumps_line(row))
             summary.records += 1
             if len(out) >= 1000:
                 yield b"".join(out)

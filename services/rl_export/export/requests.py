@@ -13,6 +13,7 @@ from typing import Literal, cast
 
 from rl_export.corpora.layout import CorpusRef
 from rl_export.export.columns import RECORD_FIELDS, Column, parse_columns
+from rl_export.export.templated import ON_UNRENDERABLE, OnUnrenderable
 from rl_export.formats.chat import HF, Chat, parse_chat
 from rl_export.formats.render import (
     CHAT_FORMATS,
@@ -69,12 +70,40 @@ def file_name(ref: CorpusRef, fmt: str, file: str = "jsonl") -> str:
     return f"{ref.org}-{ref.project}-{ref.corpus}-{fmt}{extension}"
 
 
+PARQUET_FORMATS: tuple[str, ...] = ("rl_prompts", "messages")
+"""The JSON Lines formats that also go to Parquet: verl's RL prompts and multi-turn SFT."""
+
+
 def file_for(fmt: str, path: str | os.PathLike[str] | None) -> str:
-    """How the rows of ``fmt`` go to the output ``path``: Parquet for ``rl_prompts`` into a
-    file whose name ends in ``.parquet`` (verl refuses ``.jsonl``), else JSON Lines."""
-    if fmt == "rl_prompts" and path is not None and str(path).endswith(".parquet"):
+    """How the rows of ``fmt`` go to the output ``path``: Parquet for ``rl_prompts`` and
+    ``messages`` into a file whose name ends in ``.parquet`` (verl reads those), else JSON
+    Lines."""
+    if fmt in PARQUET_FORMATS and path is not None and str(path).endswith(".parquet"):
         return "parquet"
     return "jsonl"
+
+
+def check_template(fmt: str, chat: Chat) -> None:
+    """``--chat-template`` applies to the chat formats, whose messages it shapes itself (in
+    the ``hf`` style): ExportError naming the flag otherwise."""
+    if fmt not in CHAT_FORMATS:
+        raise ExportError("chat-template", f"only applies to --format {', '.join(CHAT_FORMATS)}, "
+                          f"not {fmt}")  # fmt: skip
+    if chat.style != "hf":
+        raise ExportError("chat-template", "makes the messages the template needs (in the hf "
+                          f"chat style): give no --chat-style {chat.style}")  # fmt: skip
+
+
+def parse_on_unrenderable(text: str | None, template: bool) -> OnUnrenderable:
+    """``--on-unrenderable skip|fail`` (None: ``skip``); ExportError otherwise, or without a
+    chat template."""
+    if text is None:
+        return "skip"
+    if not template:
+        raise ExportError("on-unrenderable", "only applies with --chat-template")
+    if text not in ON_UNRENDERABLE:
+        raise ExportError("on-unrenderable", f"{text!r} is not skip or fail")
+    return cast(OnUnrenderable, text)
 
 
 def parse_mask(
@@ -170,11 +199,15 @@ def check_export(
     redact: str | Sequence[str] | None = None,
     chat: Chat = HF,
     completion: str = "turn",
+    template: bool = False,
 ) -> list[Column] | None:
-    """Check an export's parameters; return its columns (None for JSON Lines formats)."""
+    """Check an export's parameters; return its columns (None for JSON Lines formats).
+    ``template``: the rows are made for a chat template (``--chat-template``)."""
     parse_kinds(redact)
     if chat != HF and fmt not in CHAT_FORMATS:
         raise ExportError("chat-style", f"only applies to --format {', '.join(CHAT_FORMATS)}")
+    if template:
+        check_template(fmt, chat)
     if completion != "turn":
         parse_completion(fmt, completion)
     if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS:
@@ -188,10 +221,12 @@ def check_export(
         )
     if file not in FILES:
         raise ExportError("file", f"{file!r} is not jsonl or parquet")
-    if file == "parquet" and fmt != "rl_prompts":
-        raise ExportError(
-            "file", f"parquet files are for rl_prompts (and --format parquet), not {fmt}"
-        )
+    if file == "parquet" and fmt not in PARQUET_FORMATS:
+        raise ExportError("file", "parquet files are for rl_prompts and messages (verl's), and "
+                          f"--format parquet, not {fmt}")  # fmt: skip
+    if file == "parquet" and mask is not None:
+        raise ExportError("mask-failed-turns", "verl's Parquet messages have no weight: write "
+                          "the masked rows as JSON Lines")  # fmt: skip
     if card and fmt in ("csv", "json"):
         raise ExportError("card", "a dataset card goes with JSON Lines, Parquet or zip exports")
     if fmt != "preference":

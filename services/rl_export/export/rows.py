@@ -1,7 +1,8 @@
 """A dataset's rows (:func:`rl_export.hf.corpus_dataset`): the export's row options (format,
-chat style, masks, redaction, filters, split) checked as the export checks them and applied
-to a trajectory corpus's records with the export's own code: filters, split, redaction, then
-:func:`~rl_export.formats.render.render_row`."""
+chat style, masks, redaction, filters, split, chat template) checked as the export checks
+them and applied to a trajectory corpus's records with the export's own code: filters, split,
+redaction, then :func:`~rl_export.formats.render.render_row`, then, with a chat template,
+the row made for it (:mod:`rl_export.formats.fit`: a row it cannot render is left out)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_export.export.requests import check_template
 from rl_export.export.splits import Split, parse_split
 from rl_export.formats.chat import HF, Chat, parse_chat
 from rl_export.formats.filters import Filters
+from rl_export.formats.fit import TemplateFit
 from rl_export.formats.render import JSONL_FORMATS, MASK_FORMATS, render_row
+from rl_export.formats.templates import load_template
 from rl_export.formats.turns import TurnMask
 from rl_export.model.errors import ExportError
 from rl_export.privacy.kinds import RedactError, parse_kinds
 from rl_export.privacy.redact import redactor
+from rl_export.runtime.settings import load_settings
 
 ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
 """The formats ``corpus_dataset(format=...)`` renders a trajectory corpus's records in
@@ -36,6 +41,7 @@ class RowOptions:
     redact: tuple[str, ...] = ()
     filters: Filters = field(default_factory=Filters)
     split: Split | None = None
+    fit: TemplateFit | None = None  # rows made for a chat template (those it renders)
 
     @property
     def as_stored(self) -> bool:
@@ -58,7 +64,10 @@ class RowOptions:
             if self.split is not None and not self.split.matches(record):
                 continue  # the export's order: filters, split, then redaction
             redacted = redactor(self.redact).record(record)[0] if self.redact else record
-            row = render_row(self.format, redacted, mask=self.mask, chat=self.chat)
+            row = render_row(self.format, redacted, mask=self.mask, chat=self.chat,
+                             tools=self.fit is not None)  # fmt: skip
+            if row is not None and self.fit is not None:
+                row, _ = self.fit.row(self.format, row)
             if row is not None:
                 out.append(row)
         return out
@@ -77,9 +86,12 @@ def row_options(
     splits: str | Mapping[str, float] | None = None,
     split_by: str | None = None,
     split_salt: str | None = None,
+    chat_template: str | None = None,
 ) -> RowOptions:
     """The options checked as the export checks them (ValueError naming what is wrong).
-    ``splits`` is the export's ``--splits`` text or a mapping ``{"train": 0.9, ...}``."""
+    ``splits`` is the export's ``--splits`` text or a mapping ``{"train": 0.9, ...}``;
+    ``chat_template`` a file or a name (``RL_EXPORT_CHAT_TEMPLATES``' or a built-in), probed
+    here, once."""
     if fmt not in ROW_FORMATS:
         raise ValueError(f"unknown format {fmt!r} (corpus_dataset formats: "
                          f"{', '.join(ROW_FORMATS)})")  # fmt: skip
@@ -103,6 +115,14 @@ def row_options(
         keyword = e.setting.replace("-", "_")  # the keyword, not the export's flag
         detail = re.sub(r"--([a-z-]+)", lambda m: m[1].replace("-", "_") + "=", e.detail)
         raise ValueError(f"{keyword}: {detail}") from None
-    return RowOptions(
-        fmt, parse_chat(chat_style, system), mask, kinds, filters or Filters(), chosen
-    )
+    chat = parse_chat(chat_style, system)
+    fit = None
+    if chat_template is not None:
+        try:
+            check_template(fmt, chat)
+            loaded = load_template(chat_template, folder=load_settings().chat_templates)
+        except ExportError as exc:
+            raise ValueError(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
+        fit = TemplateFit.probed(loaded.template, merge_system=chat.system == "merge")
+        chat = Chat("hf", chat.system, split=False)
+    return RowOptions(fmt, chat, mask, kinds, filters or Filters(), chosen, fit)

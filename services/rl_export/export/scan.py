@@ -51,6 +51,10 @@ class ExportSummary:
     erased: int = 0
     sha256: str | None = None  # of the bytes written to a file (lineage)
     rules_versions: set[int] = field(default_factory=set)  # of the records read (cards)
+    # --chat-template: the template, what every row got, and the rows left out by reason.
+    template: dict[str, Any] | None = None
+    adaptations: list[str] = field(default_factory=list)
+    unrenderable: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -78,6 +82,10 @@ class ExportSummary:
         if self.skipped >= self.matched:
             need = _ROW_NEEDS.get(self.format, "what the format needs")
             return f"none of the {self.matched} matching records has a {self.format} row ({need})"
+        if self.unrenderable:
+            left = sum(self.unrenderable.values())
+            return (f"the chat template left out all {left} rows it was given (see why in "
+                    "the summary): try another template of the model's family")  # fmt: skip
         return None
 
 

@@ -3,27 +3,39 @@
 
 A masked ``messages`` row gives each assistant message a ``weight`` (0: a failed turn). TRL's
 ``SFTTrainer`` takes pre-tokenised rows and builds its labels from ``assistant_masks``;
-:func:`tokenize_for_sft` makes those rows: it renders each conversation once, whole, with a
-chat template whose ``{% generation %}`` blocks mark assistant output (TRL ships one per
-model family in ``trl/chat_templates/``), takes the n-th block as the n-th assistant message,
-and sets the mask to 1 on the tokens of the blocks of weight-1 messages. No prefix is
-rendered on its own, so templates that render history differently as a conversation grows
-(Qwen 3 drops earlier reasoning) are masked as they render the whole conversation.
-``transformers`` is an optional dependency, imported only when a row is tokenised.
+:func:`tokenize_for_sft` makes those rows. The conversation is rendered with the chat
+template as transformers renders it (:mod:`rl_export.formats.templating`: the same sandbox
+and variables, the tokenizer's special tokens, the row's ``tools``), and each assistant
+message's characters are found in the render:
+
+- a template with ``{% generation %}`` blocks (TRL ships one per model family in
+  ``trl/chat_templates/``, ``rl-export template mark`` makes one from any other) marks them:
+  the *n*-th block is the *n*-th assistant message. The whole conversation is rendered once,
+  so a template that renders earlier messages differently as the conversation grows (Qwen 3
+  drops earlier reasoning) is masked as it renders the whole conversation;
+- a template without blocks is rendered for each assistant message's prefixes
+  (:func:`~rl_export.formats.masks.prefix_spans`), each checked to be preserved as the
+  beginning of the whole render; a row for which one is not is a ValueError that says so.
+
+The mask is 1 on the tokens that overlap the spans of weight-1 messages (transformers' rule).
+``transformers`` is an optional dependency, needed only for the tokenizer.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
+
+import orjson
+
+from rl_export.formats.masks import prefix_spans
+from rl_export.formats.templating import ChatTemplate, without_nulls
 
 SFT_COLUMNS = ("input_ids", "attention_mask", "assistant_masks")
 """What :func:`tokenize_for_sft` yields: TRL's ``SFTTrainer`` takes a dataset with
 ``input_ids`` as pre-tokenised, and always builds its labels from ``assistant_masks`` (-100
 where the mask is 0), with or without ``assistant_only_loss``."""
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def _conversation(row: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -38,15 +50,31 @@ def _conversation(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     )
 
 
+def _tools(row: Mapping[str, Any]) -> Any:
+    """A row's ``tools``: a list, or JSON text (an export made for a chat template)."""
+    tools = row.get("tools")
+    return orjson.loads(tools) if isinstance(tools, str) else tools
+
+
+def assistant_spans(
+    template: ChatTemplate, messages: list[Any], tools: Any = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation rendered, and the character span of each assistant message in it,
+    in order (the module: from the ``{% generation %}`` blocks, else from prefixes)."""
+    if template.has_generation:
+        return template.render_blocks(messages, tools)
+    return prefix_spans(template, messages, tools)
+
+
 def learned_spans(
     messages: list[dict[str, Any]],
     blocks: list[tuple[int, int]],
     *,
     mask_failed_turns: bool,
 ) -> list[tuple[int, int]]:
-    """The character spans of the rendered conversation the loss counts: the ``{% generation
-    %}`` blocks of the assistant messages, in order, less those of weight 0 (with
-    ``mask_failed_turns``). ValueError when the blocks are not one per assistant message."""
+    """The character spans of the rendered conversation the loss counts: the assistant
+    messages' spans, in order, less those of weight 0 (with ``mask_failed_turns``).
+    ValueError when the spans are not one per assistant message."""
     assistants = [m for m in messages if m.get("role") == "assistant"]
     if len(blocks) != len(assistants):
         raise ValueError(
@@ -62,34 +90,36 @@ def learned_spans(
 
 
 def span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """1 for each token (its character offsets) that starts inside one of ``spans``."""
+    """1 for each token (its character offsets) that overlaps one of ``spans`` (transformers'
+    rule for ``return_assistant_tokens_mask``: a token cut by a span's edge is learned)."""
     mask = []
     for start, end in offsets:
-        inside = end > start and any(lo <= start < hi for lo, hi in spans)
+        inside = end > start and any(start < hi and end > lo for lo, hi in spans)
         mask.append(1 if inside else 0)
     return mask
+
+
+def _template(chat_template: str | ChatTemplate, tokenizer: Any) -> ChatTemplate:
+    if isinstance(chat_template, ChatTemplate):
+        return chat_template
+    return ChatTemplate(chat_template, "chat_template", tokenizer.special_tokens_map)
 
 
 def tokenize_row(
     row: Mapping[str, Any],
     tokenizer: Any,
     *,
-    chat_template: str,
+    chat_template: str | ChatTemplate,
     mask_failed_turns: bool = True,
 ) -> dict[str, list[int]]:
     """One conversational row as ``input_ids``, ``attention_mask`` and ``assistant_masks``
     (see :func:`tokenize_for_sft`)."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    messages = _conversation(row)
-    # Annotated as returning the text, it returns (texts, generation blocks per text) here.
-    result: Any = render_jinja_template(
-        conversations=[messages], chat_template=chat_template,
-        return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
-    )  # fmt: skip
-    rendered, indices = result
-    text = rendered[0]
-    spans = learned_spans(messages, indices[0], mask_failed_turns=mask_failed_turns)
+    template = _template(chat_template, tokenizer)
+    # What transformers >= 5.25 does (a dataset's Arrow rows have a null for each key a
+    # message lacks).
+    messages = without_nulls(_conversation(row))
+    text, found = assistant_spans(template, messages, _tools(row))
+    spans = learned_spans(messages, found, mask_failed_turns=mask_failed_turns)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(encoded["input_ids"])
     return {
@@ -112,21 +142,16 @@ def tokenize_for_sft(
     with ``weight`` 0 when ``mask_failed_turns`` (``--mask-failed-turns`` exports and
     corpora); every other column is dropped. A lazy ``map`` for an ``IterableDataset``.
 
-    How the tokens of each assistant message are found: the whole conversation is rendered
-    once, with a chat template that marks assistant output with ``{% generation %}`` blocks
-    (TRL ships one per model family, e.g. ``trl/chat_templates/qwen3_training.jinja``), and
-    the n-th block is the n-th assistant message. Nothing is rendered twice, so a template
-    that renders earlier messages differently as the conversation grows (Qwen 3 drops earlier
-    reasoning) is tokenised exactly as it renders the whole conversation. ``chat_template``
-    defaults to the tokenizer's; a template without ``{% generation %}`` is a ValueError.
+    How the characters of each assistant message are found (the module): from the
+    template's ``{% generation %}`` blocks, else from prefixes of the conversation, each
+    checked to render as the beginning of the whole (a row for which one does not is a
+    ValueError when it is tokenised). ``chat_template`` defaults to the tokenizer's.
     """
-    template = chat_template if chat_template is not None else tokenizer.chat_template
-    if not isinstance(template, str) or not _GENERATION.search(template):
-        raise ValueError(
-            "tokenize_for_sft needs a chat template that marks assistant output with "
-            "{% generation %} blocks: pass chat_template= (TRL ships one for each model family "
-            "in trl/chat_templates/, e.g. qwen3_training.jinja, llama3_training.jinja)"
-        )
+    given = chat_template if chat_template is not None else tokenizer.chat_template
+    if not isinstance(given, str):
+        raise ValueError("tokenize_for_sft needs a chat template: pass chat_template= (or "
+                         "give the tokenizer one)")  # fmt: skip
+    template = _template(given, tokenizer)
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("tokenize_for_sft needs a fast tokenizer (character offsets)")
     tokenized = dataset.map(

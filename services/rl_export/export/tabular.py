@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 from rl_export.export.columns import Column, csv_cell
+from rl_export.formats.adapt import verl_messages, verl_tools
 from rl_export.model.codec import dumps
 
 _STRING_FIELDS = frozenset(
@@ -218,6 +219,58 @@ class PromptsParquetEncoder:
             if isinstance(reward, int) and not isinstance(reward, bool):
                 row["extra_info"]["reward"] = float(reward)
         self.writer.write_table(self.pa.Table.from_pylist(rows, schema=self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+# --- messages as Parquet (verl's multi-turn SFT files) --------------------------------------
+
+
+def messages_schema() -> pa.Schema:
+    """The Arrow schema of a ``messages`` Parquet file, what verl's ``MultiTurnSFTDataset``
+    reads (``messages`` and ``tools``; :func:`~rl_export.formats.adapt.verl_messages`)."""
+    import pyarrow as pa
+
+    string = pa.string()
+    call = pa.struct([
+        pa.field("id", string), pa.field("type", string),
+        pa.field("function", pa.struct([pa.field("name", string),
+                                        pa.field("arguments", string)])),
+    ])  # fmt: skip
+    message = pa.struct([
+        pa.field("role", string), pa.field("content", string),
+        pa.field("tool_calls", pa.list_(call)), pa.field("tool_call_id", string),
+        pa.field("name", string),
+    ])  # fmt: skip
+    tool = pa.struct([
+        pa.field("type", string),
+        pa.field("function", pa.struct([pa.field("name", string),
+                                        pa.field("description", string),
+                                        pa.field("parameters", string)])),
+    ])  # fmt: skip
+    return pa.schema([pa.field("messages", pa.list_(message)), pa.field("tools", pa.list_(tool))])
+
+
+class MessagesParquetEncoder:
+    """``messages`` rows into a Parquet file, one row group per :meth:`write` call: every
+    message with the same keys (null where it had none), arguments and tool parameters as
+    JSON text, a row's ``tools`` (a chat template's rows) or null."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa = pa
+        self.schema = messages_schema()
+        self.writer = pq.ParquetWriter(sink, self.schema, compression="zstd")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        table = [{"messages": verl_messages(row["messages"]),
+                  "tools": verl_tools(row.get("tools"))} for row in rows]  # fmt: skip
+        self.writer.write_table(self.pa.Table.from_pylist(table, schema=self.schema))
 
     def close(self) -> None:
         self.writer.close()

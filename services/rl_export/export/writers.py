@@ -27,6 +27,7 @@ from rl_export.export.scan import ExportSummary, Scan, limited
 from rl_export.export.tabular import (
     CsvEncoder,
     JsonEncoder,
+    MessagesParquetEncoder,
     ParquetEncoder,
     PromptsParquetEncoder,
 )
@@ -55,7 +56,7 @@ async def tabular_chunks(
 
 async def row_groups(
     scan: Scan,
-    encoder: ParquetEncoder | PromptsParquetEncoder,
+    encoder: ParquetEncoder | PromptsParquetEncoder | MessagesParquetEncoder,
     rows_of: Callable[[list[tuple[bytes, dict[str, Any]]]], list[dict[str, Any]]],
     limit: int | None,
     summary: ExportSummary,

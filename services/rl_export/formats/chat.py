@@ -33,7 +33,7 @@ Public interface::
     SystemMode = Literal["keep", "merge"];        SYSTEM_MODES
     def restyle(messages, style="hf", system="keep") -> list[dict]
     def content_text(content) -> str               # a content as the hf/openai string
-    class Chat(style="hf", system="keep")          # both, as one value; .apply(messages)
+    class Chat(style="hf", system="keep", split=True)   # as one value; .apply(messages)
     HF = Chat()                                    # the default
     def parse_chat(style, system) -> Chat          # ValueError naming what is wrong
 """
@@ -196,10 +196,16 @@ def _merge_system(messages: list[Any]) -> list[Any]:
 
 
 def restyle(
-    messages: Sequence[Mapping[str, Any]], style: ChatStyle = "hf", system: SystemMode = "keep"
+    messages: Sequence[Mapping[str, Any]],
+    style: ChatStyle = "hf",
+    system: SystemMode = "keep",
+    *,
+    split: bool = True,
 ) -> list[dict[str, Any]]:
     """The messages in a chat style, with the system messages kept or merged (see the
-    module). Raises ValueError for an unknown style or system mode."""
+    module); ``split=False`` keeps an ``hf`` assistant message's text and calls in one message
+    (a chat template's fit places them: :mod:`rl_export.formats.adapt`). Raises ValueError
+    for an unknown style or system mode."""
     if style not in CHAT_STYLES:
         raise ValueError(f"unknown chat style {style!r} (styles: {', '.join(CHAT_STYLES)})")
     if system not in SYSTEM_MODES:
@@ -207,7 +213,7 @@ def restyle(
     out: list[Any] = [
         _styled(message, style) if isinstance(message, Mapping) else message for message in messages
     ]
-    if style == "hf":
+    if style == "hf" and split:
         out = [part for m in out for part in (_split_calls(m) if isinstance(m, dict) else [m])]
     if system == "merge":
         out = _merge_system(out)
@@ -220,6 +226,7 @@ class Chat:
 
     style: ChatStyle = "hf"
     system: SystemMode = "keep"
+    split: bool = True  # hf: an assistant's text and each call in messages of their own
 
     @property
     def as_received(self) -> bool:
@@ -228,7 +235,7 @@ class Chat:
 
     def apply(self, messages: Sequence[Any]) -> list[Any]:
         """The messages in this style (:func:`restyle`)."""
-        return restyle(messages, self.style, self.system)
+        return restyle(messages, self.style, self.system, split=self.split)
 
     def describe(self) -> str:
         """``hf``, or ``hf, system merged``: how a card or a summary names it."""

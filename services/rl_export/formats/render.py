@@ -11,13 +11,14 @@ Public interface (the export, the sink and the web service rely on these names):
     CHAT_FORMATS = ("messages", "prompt_completion", "preference", "kto")   # --chat-style
     COMPLETIONS = ("turn", "rest")                        # preference --completion
     FORMAT_COLUMNS      # format -> the columns of its rows, in order (trajectory: the record)
-    def render_row(fmt: str, record: dict, *, mask=None, chat=HF) -> dict | None
+    def render_row(fmt: str, record: dict, *, mask=None, chat=HF, tools=False) -> dict | None
+    def trace_tools(record) -> list | None   # metadata.tools, when a list of objects
     def trace_index(trace_id: str) -> int    # rl_prompts extra_info.index
-    def corpus_row(fmt: str, record: dict, *, mask=None, chat=HF) -> dict | None
-    def row_fields(fmt: str, pair_by=(), *, mask=False, chat=HF)
+    def corpus_row(fmt: str, record: dict, *, mask=None, chat=HF, tools=False) -> dict | None
+    def row_fields(fmt: str, pair_by=(), *, mask=False, chat=HF, tools=False)
         -> tuple[frozenset, frozenset] | None
     def preference_pairs(records: Iterable[dict], *, pair_by=(), margin=0.0, max_pairs=1,
-                         completion="turn", chat=HF) -> Iterator[dict]
+                         completion="turn", chat=HF, tools=False) -> Iterator[dict]
     def prompt_split(messages, *, at="last") -> tuple[list, list] | None
     def first_reply(messages) -> list      # the messages before the next user message
 
@@ -52,8 +53,6 @@ import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from rl_export.formats.chat import HF, Chat
 from rl_export.formats.turns import TurnMask, report_of, weigh
@@ -183,18 +182,36 @@ def _chat_messages(record: dict[str, Any], mask: TurnMask | None, chat: Chat) ->
     return messages if chat.as_received else chat.apply(messages)
 
 
+def trace_tools(record: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools a trace's agent had: its ``metadata.tools`` when that is a non-empty list
+    of objects (tool schemas, OpenAI's shape), else None."""
+    metadata = record.get("metadata")
+    tools = metadata.get("tools") if isinstance(metadata, dict) else None
+    if isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools):
+        return tools
+    return None
+
+
+def _with_tools(row: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    tools = trace_tools(record)
+    return row if tools is None else {**row, "tools": tools}
+
+
 def render_row(
     fmt: str,
     record: dict[str, Any],
     *,
     mask: TurnMask | None = None,
     chat: Chat = HF,
+    tools: bool = False,
 ) -> dict[str, Any] | None:
     """A live trajectory record's row in a per-record format, or None when it has none.
 
     ``mask`` weighs the assistant messages of ``messages`` and ``prompt_completion`` rows
     (ValueError for another format); ``chat`` is the chat style of the
-    :data:`CHAT_FORMATS` (other formats ignore it).
+    :data:`CHAT_FORMATS` (other formats ignore it); ``tools`` adds the trace's tools
+    (:func:`trace_tools`, a list) to a chat format's row as ``tools`` when it has any (what
+    a chat template renders it with).
     Raises ValueError for ``preference`` (pairs: :func:`preference_pairs`) and for a format
     that does not exist.
     """
@@ -203,7 +220,8 @@ def render_row(
     if fmt == "trajectory":
         return record
     if fmt == "messages":
-        return {"messages": _chat_messages(record, mask, chat)}
+        row = {"messages": _chat_messages(record, mask, chat)}
+        return _with_tools(row, record) if tools else row
     if fmt == "rl_prompts":
         return rl_prompts_row(record)
     if fmt == "executions":
@@ -239,14 +257,16 @@ def render_row(
             passed = record.get("passed")
             if not isinstance(passed, bool):
                 return None  # the traces corpus has no verdict
-            return {"prompt": prompt, "completion": completion, "label": passed}
-        return {
-            "prompt": prompt,
-            "completion": completion,
-            "reward": record.get("reward"),
-            "passed": record.get("passed"),
-            "trace_id": record["trace_id"],
-        }
+            row = {"prompt": prompt, "completion": completion, "label": passed}
+        else:
+            row = {
+                "prompt": prompt,
+                "completion": completion,
+                "reward": record.get("reward"),
+                "passed": record.get("passed"),
+                "trace_id": record["trace_id"],
+            }
+        return _with_tools(row, record) if tools else row
     if fmt == "preference":
         raise ValueError("preference pairs records: use preference_pairs, not render_row")
     raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS)})")
@@ -300,17 +320,25 @@ _ROW_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 
 
 def row_fields(
-    fmt: str, pair_by: Sequence[str] = (), *, mask: bool = False, chat: Chat = HF
+    fmt: str,
+    pair_by: Sequence[str] = (),
+    *,
+    mask: bool = False,
+    chat: Chat = HF,
+    tools: bool = False,
 ) -> tuple[frozenset[str], frozenset[str]] | None:
     """The top-level record fields a format's rows are made of, as ``(parsed, raw)``: a
     record holding only these (``raw`` ones as :class:`~rl_export.model.codec.RawJson`,
     copied as stored) renders as the whole record does. None for a format not listed.
     With ``mask`` (turn masks) the messages and the evaluation are parsed; with a chat
-    style that changes them (a chat format), the messages."""
+    style that changes them (a chat format), the messages; with ``tools`` (a chat
+    format's rows with the trace's tools), the metadata."""
     found = _ROW_FIELDS.get(fmt)
     if found is None:
         return None
     parsed, raw = found
+    if tools and fmt in CHAT_FORMATS:
+        parsed = parsed | {"metadata"}
     if fmt == "preference":
         parsed = parsed | set(pair_by)
     if mask:
@@ -321,7 +349,12 @@ def row_fields(
 
 
 def corpus_row(
-    fmt: str, record: dict[str, Any], *, mask: TurnMask | None = None, chat: Chat = HF
+    fmt: str,
+    record: dict[str, Any],
+    *,
+    mask: TurnMask | None = None,
+    chat: Chat = HF,
+    tools: bool = False,
 ) -> dict[str, Any] | None:
     """The row a streaming corpus of ``fmt`` holds for a live record (None: no row).
 
@@ -330,7 +363,7 @@ def corpus_row(
     """
     if fmt == "trajectory" and mask is None:
         return record
-    row = render_row(fmt, record, mask=mask, chat=chat)
+    row = render_row(fmt, record, mask=mask, chat=chat, tools=tools)
     if row is None:
         return None
     return {"trace_id": record["trace_id"], "revision": record["revision"], **row}
@@ -357,7 +390,11 @@ class Candidate:
 
 
 def preference_group(
-    record: dict[str, Any], pair_by: Sequence[str] = (), completion: Completion = "turn"
+    record: dict[str, Any],
+    pair_by: Sequence[str] = (),
+    completion: Completion = "turn",
+    *,
+    tools: bool = False,
 ) -> tuple[bytes, list[Any], list[Any]] | None:
     """(group digest, prompt, completion) of a record for ``preference``; None when it
     cannot pair: no reward, no user turn, or no completion after the first user turn.
@@ -366,7 +403,8 @@ def preference_group(
     included), compared exactly: two prompts are the same when their JSON is byte for byte
     the same. ``pair_by`` fields narrow the group further. The completion is the agent's
     reply to that user message (``turn``: up to the next user message) or everything after
-    the prompt (``rest``), as stored.
+    the prompt (``rest``), as stored. With ``tools`` (rows for a chat template) the trace's
+    tools are part of the prompt: trajectories pair only when their agents had the same.
     """
     reward = record.get("reward")
     if not isinstance(reward, int | float) or isinstance(reward, bool):
@@ -382,6 +420,8 @@ def preference_group(
     digest = hashlib.sha256(dumps(prompt))
     for field in pair_by:
         digest.update(b"\0" + dumps(record.get(field)))
+    if tools and (given := trace_tools(record)) is not None:
+        digest.update(b"\0tools\0" + dumps(given))
     return digest.digest()[:16], prompt, rest
 
 
@@ -434,17 +474,21 @@ def preference_pairs(
     max_pairs: int = 1,
     completion: Completion = "turn",
     chat: Chat = HF,
+    tools: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """``preference`` rows from live trajectory records (held in memory: the export streams
-    large corpora through :func:`pair_candidates` and a second pass instead)."""
+    large corpora through :func:`pair_candidates` and a second pass instead); ``tools``:
+    rows for a chat template (:func:`preference_group`, and ``tools`` on the rows)."""
     split: dict[str, tuple[list[Any], list[Any]]] = {}
+    kept_tools: dict[str, list[dict[str, Any]] | None] = {}
     candidates = []
     for record in records:
-        grouped = preference_group(record, pair_by, completion)
+        grouped = preference_group(record, pair_by, completion, tools=tools)
         if grouped is None:
             continue
         group, prompt, rest = grouped
         split[record["trace_id"]] = (prompt, rest)
+        kept_tools[record["trace_id"]] = trace_tools(record) if tools else None
         candidates.append(Candidate(group, float(record["reward"]), record["trace_id"]))
     for chosen, rejected in pair_candidates(candidates, margin=margin, max_pairs=max_pairs):
         yield preference_row(
@@ -454,6 +498,7 @@ def preference_pairs(
             rejected,
             split[rejected.trace_id][1],
             chat=chat,
+            tools=kept_tools[chosen.trace_id],
         )
 
 
@@ -465,11 +510,13 @@ def preference_row(
     rejected_rest: list[Any],
     *,
     chat: Chat = HF,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One ``preference`` row, its messages in the chat style (the system mode applies to
-    the prompt; a completion's system messages, if any, stay as they are)."""
+    the prompt; a completion's system messages, if any, stay as they are); ``tools``: the
+    pair's (its trajectories had the same), as ``tools``."""
     if not chat.as_received:
-        keep = Chat(chat.style)
+        keep = Chat(chat.style, split=chat.split)
         prompt = chat.apply(prompt)
         chosen_rest, rejected_rest = keep.apply(chosen_rest), keep.apply(rejected_rest)
     return {
@@ -480,116 +527,4 @@ def preference_row(
         "score_rejected": rejected.reward,
         "trace_chosen": chosen.trace_id,
         "trace_rejected": rejected.trace_id,
-    }
-
-
-# --- schemas of the rows (``schemas/format.<name>.schema.json``) -----------------------------
-
-Messages = list[dict[str, Any]]
-
-
-class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PromptCompletionRow(_Row):
-    """TRL conversational prompt/completion: the prompt ends with the last user turn."""
-
-    prompt: Messages = Field(min_length=1)
-    completion: Messages = Field(min_length=1)
-    reward: float | None
-    passed: bool | None
-    trace_id: str
-
-
-class MessagesRow(_Row):
-    """Chat SFT: the conversation in the export's chat style (``hf`` by default)."""
-
-    messages: Messages
-
-
-class KtoRow(_Row):
-    """TRL unpaired preference: ``label`` is the trajectory's ``passed``."""
-
-    prompt: Messages = Field(min_length=1)
-    completion: Messages = Field(min_length=1)
-    label: bool
-
-
-class PreferenceRow(_Row):
-    """TRL conversational preference: two trajectories with the same prompt (messages up to
-    and including the first user turn); ``score_chosen > score_rejected``."""
-
-    prompt: Messages = Field(min_length=1)
-    chosen: Messages = Field(min_length=1)
-    rejected: Messages = Field(min_length=1)
-    score_chosen: float
-    score_rejected: float
-    trace_chosen: str
-    trace_rejected: str
-
-
-class ExecutionsRow(_Row):
-    """Compatible with AgentHub's ``executions.jsonl``: ``id``, ``conversation``, ``report``."""
-
-    id: str
-    conversation: Messages
-    report: dict[str, Any]
-    results: list[dict[str, Any]]
-    reward: float | None
-    passed: bool | None
-    reward_source: str | None
-    evaluator_scores: dict[str, float] | None
-    rubric: dict[str, float] | None
-    labels_count: int
-    scenario: str
-    agent_version: str
-    org: str
-    project: str
-    revision: int
-    completed_at: str
-    updated_at: str
-
-
-class VerlRewardModel(_Row):
-    """How verl scores the rollouts of a prompt: a reward model, no ground truth."""
-
-    style: Literal["model"]
-    ground_truth: None
-
-
-class RlPromptsExtra(_Row):
-    """Where the prompt came from: its trace, and how that run did."""
-
-    trace_id: str
-    agent_version: str
-    reward: float | None
-    passed: bool | None
-    index: int = Field(
-        ge=0,
-        lt=2**63,
-        description="Derived from the trace id (the first 63 bits of its SHA-256): the same "
-        "in every file, unique per trace.",
-    )
-
-
-class RlPromptsRow(_Row):
-    """verl's RL data row: ``prompt`` is the messages up to and including the first user
-    message; ``data_source`` the trace's scenario."""
-
-    data_source: str
-    prompt: Messages = Field(min_length=1)
-    ability: Literal["agent"]
-    reward_model: VerlRewardModel
-    extra_info: RlPromptsExtra
-
-
-ROW_MODELS: dict[str, type[BaseModel]] = {
-    "prompt_completion": PromptCompletionRow,
-    "messages": MessagesRow,
-    "kto": KtoRow,
-    "preference": PreferenceRow,
-    "executions": ExecutionsRow,
-    "rl_prompts": RlPromptsRow,
-}
-"""The row model of each format but ``trajectory`` (whose model is the record's)."""
+    } | ({} if tools is None else {"tools": tools})

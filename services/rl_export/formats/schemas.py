@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rl_export.formats.render import ROW_MODELS
+from rl_export.formats.rowmodels import ROW_MODELS
 from rl_export.model.events import EVENT_ADAPTER, EVENT_MODELS
 from rl_export.model.records import Tombstone, TrajectoryRecord
 

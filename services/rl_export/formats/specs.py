@@ -11,7 +11,10 @@ export) and ``rl_prompts`` (verl's files: an export). A ``messages`` or
 ``"mask_failed_turns": true``, optionally ``"mask_types": ["goal_met", ...]``. A
 ``messages``, ``prompt_completion`` or ``kto`` corpus writes its messages in a chat style
 (:mod:`rl_export.formats.chat`): ``"chat_style": "hf"`` (the default), ``"openai"`` or
-``"raw"``, and ``"system": "merge"`` folds system messages into the first user message.
+``"raw"``, and ``"system": "merge"`` folds system messages into the first user message;
+``"chat_template": "NAME"`` (or a file) makes every row for that template and leaves out the
+rows it cannot render (:mod:`rl_export.formats.fit`; counted by the sink's metric
+``rl_export_sink_template_left_out_total``).
 ``filter``
 takes every filter of docs/guides/exports.md by name (``min-reward`` or ``min_reward``;
 ``limit`` aside, which a stream has no use for), JSON values or their text.
@@ -33,7 +36,8 @@ spec that names one of them with kinds to redact is an error.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -44,10 +48,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from rl_export.formats.chat import HF, Chat, ChatStyle, SystemMode
 from rl_export.formats.filters import FILTER_NAMES, Filters, canonical_name, filters_from_json
+from rl_export.formats.fit import TemplateFit
 from rl_export.formats.render import CHAT_FORMATS, CORPUS_FORMATS, MASK_FORMATS, corpus_row
+from rl_export.formats.templates import load_template
 from rl_export.formats.turns import TurnMask, parse_mask_types
 from rl_export.model.codec import dumps_line
 from rl_export.model.errors import FilterError
@@ -95,7 +102,7 @@ class _RecordView(Mapping[str, Any]):
 class CorpusSpec(BaseModel):
     """One continuous export: its name, reward source, format and filter."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     name: str = Field(pattern=SAFE_NAME.pattern)
     source: Literal["human", "evaluator"] | None
@@ -107,6 +114,7 @@ class CorpusSpec(BaseModel):
     mask_types: tuple[str, ...] | None = None
     chat_style: ChatStyle | None = None  # the chat formats; None: hf
     system: SystemMode | None = None  # None: keep
+    chat_template: str | None = None  # FILE or NAME: rows made for it (with_template)
     equals: dict[str, Any] = Field(default_factory=dict, exclude=True)
     # Derived (no filter at all); a plain field, not a private attribute: the sink reads it
     # for every snapshot and corpus, and pydantic serves private attributes through
@@ -114,6 +122,7 @@ class CorpusSpec(BaseModel):
     everything: bool = Field(default=True, exclude=True, repr=False)
     mask: TurnMask | None = Field(default=None, exclude=True, repr=False)
     chat: Chat = Field(default=HF, exclude=True, repr=False)
+    fit: SkipJsonSchema[TemplateFit | None] = Field(default=None, exclude=True, repr=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -185,13 +194,27 @@ class CorpusSpec(BaseModel):
                 )
             mask = TurnMask(frozenset(self.mask_types) if self.mask_types else None)
             object.__setattr__(self, "mask", mask)
-        for key in ("chat_style", "system"):
+        if self.chat_template is not None and self.chat_style not in (None, "hf"):
+            raise ValueError("chat_template makes the messages the template needs (in the hf "
+                             "chat style): give no chat_style")  # fmt: skip
+        for key in ("chat_style", "system", "chat_template"):
             if getattr(self, key) is not None and self.format not in CHAT_FORMATS:
                 raise ValueError(
                     f"{key} applies to the formats {', '.join(CHAT_FORMATS)}, not {self.format!r}"
                 )
         object.__setattr__(self, "chat", Chat(self.chat_style or "hf", self.system or "keep"))
         return self
+
+    def with_template(self, folder: Path | None) -> CorpusSpec:
+        """This spec with its ``chat_template`` loaded (a file, a name in ``folder`` or a
+        built-in) and probed, once: its rows are then made for it, and those it cannot render
+        are not in the corpus. ExportError for a template that cannot be loaded."""
+        if self.chat_template is None or self.fit is not None:
+            return self
+        loaded = load_template(self.chat_template, folder=folder)
+        fit = TemplateFit.probed(loaded.template, merge_system=self.system == "merge")
+        chat = Chat("hf", self.system or "keep", split=False)
+        return self.model_copy(update={"fit": fit, "chat": chat})
 
     def with_redact_default(self, kinds: tuple[str, ...]) -> CorpusSpec:
         """This spec, with ``kinds`` as its ``redact`` if it names none (the default corpora
@@ -234,7 +257,16 @@ class CorpusSpec(BaseModel):
             return record
         if not self.matches(record):
             return None
-        return corpus_row(self.format, record, mask=self.mask, chat=self.chat)
+        return self._row(record)[0]
+
+    def _row(self, record: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """The corpus's row of a live record that matches (None: no row), and, with a chat
+        template, why it has none."""
+        row = corpus_row(self.format, record, mask=self.mask, chat=self.chat,
+                         tools=self.fit is not None)  # fmt: skip
+        if row is None or self.fit is None:
+            return row, None
+        return self.fit.row(self.format, row)
 
     def holds(self, snapshot: SnapshotLines) -> bool:
         """True when the record is ready and passes the filter (the format aside).
@@ -254,16 +286,19 @@ class CorpusSpec(BaseModel):
         """
         return self.held_line(snapshot) if self.holds(snapshot) else None
 
-    def held_line(self, snapshot: SnapshotLines) -> bytes | None:
-        """:meth:`line` of a snapshot this corpus :meth:`holds`."""
+    def held_line(
+        self, snapshot: SnapshotLines, left_out: Callable[[str], None] | None = None
+    ) -> bytes | None:
+        """:meth:`line` of a snapshot this corpus :meth:`holds`; ``left_out`` is told why a
+        chat template leaves its row out."""
         if self.format == "trajectory":
             return snapshot.line(self.source)
         record = render(snapshot.snapshot, self.source)
-        row = (
-            None
-            if record is None
-            else corpus_row(self.format, record, mask=self.mask, chat=self.chat)
-        )
+        if record is None:
+            return None
+        row, reason = self._row(record)
+        if reason is not None and left_out is not None:
+            left_out(reason)
         return None if row is None else dumps_line(row)
 
 

@@ -247,6 +247,13 @@ class SinkMetrics:
             "because the store refuses commits.",
             registry=registry,
         )
+        self.left_out = Counter(
+            "rl_export_sink_template_left_out_total",
+            "Rows a corpus made for a chat template left out, by corpus and reason (raises, "
+            "drops_text, drops_tool_calls, garbles_arguments).",
+            ["corpus", "reason"],
+            registry=registry,
+        )
         self.bad_snapshots = Counter(
             "rl_export_sink_bad_snapshots_total",
             "Messages on the trajectories topic that are not snapshots (skipped).",

@@ -20,6 +20,7 @@ from rl_export.model.errors import ConfigError
 from rl_export.model.partitioning import Partitioner
 from rl_export.privacy.attachment_sources import AttachmentSource, parse_sources
 from rl_export.privacy.kinds import RedactError, parse_kinds
+from rl_export.runtime.kafkasettings import check_kafka_security
 from rl_export.runtime.net import checked_networks
 from rl_export.runtime.storeurl import parse_store_url
 
@@ -392,6 +393,12 @@ class Settings(BaseSettings):
     web_export_heartbeat_s: float = Field(
         2.0, gt=0, description="How often a running export job writes its progress."
     )
+    chat_templates: Path | None = Field(
+        None,
+        description="A folder of chat templates (NAME.jinja) that exports, the API, jobs and "
+        "corpus specs name with --chat-template NAME / chat_template=NAME (before the "
+        "built-in ones; the API reads no other file).",
+    )
     redact: str = Field(
         "secrets",
         description="What exports redact unless asked otherwise, and corpus specs without a "
@@ -458,34 +465,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_kafka_security(self) -> Settings:
-        """Refuse combinations that cannot connect; each message starts with the variable."""
-        protocol, mechanism = self.kafka_security_protocol, self.kafka_sasl_mechanism
-        sasl = protocol.startswith("SASL_")
-        password = env_name("kafka_sasl_password")
-        problems = [
-            (sasl and mechanism is None, "kafka_sasl_mechanism",
-             f"needed with {env_name('kafka_security_protocol')}={protocol}"),
-            (not sasl and mechanism is not None, "kafka_sasl_mechanism",
-             f"needs {env_name('kafka_security_protocol')}=SASL_SSL or SASL_PLAINTEXT"),
-            (self.kafka_sasl_password is not None and self.kafka_sasl_password_file is not None,
-             "kafka_sasl_password_file", f"set it or {password}, not both"),
-            (sasl and mechanism != "AWS_MSK_IAM" and self.kafka_sasl_password is None
-             and self.kafka_sasl_password_file is None,
-             "kafka_sasl_password_file", f"(or {password}) needed with "
-             f"{env_name('kafka_sasl_mechanism')}={mechanism}"),
-            (mechanism == "AWS_MSK_IAM" and protocol != "SASL_SSL", "kafka_security_protocol",
-             f"must be SASL_SSL with {env_name('kafka_sasl_mechanism')}=AWS_MSK_IAM"),
-            (mechanism == "AWS_MSK_IAM" and self.kafka_msk_region is None, "kafka_msk_region",
-             f"needed with {env_name('kafka_sasl_mechanism')}=AWS_MSK_IAM"),
-            (sasl and mechanism not in ("OAUTHBEARER", "AWS_MSK_IAM")
-             and not self.kafka_sasl_username,
-             "kafka_sasl_username", f"needed with {env_name('kafka_sasl_mechanism')}={mechanism}"),
-            ((self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None),
-             "kafka_ssl_cert_file", f"mutual TLS needs it and {env_name('kafka_ssl_key_file')}"),
-        ]  # fmt: skip
-        for wrong, field, detail in problems:
-            if wrong:
-                raise ValueError(f"{env_name(field)}: {detail}")
+        """Refuse combinations that cannot connect (:func:`~rl_export.runtime.
+        kafkasettings.check_kafka_security`)."""
+        check_kafka_security(self)
         return self
 
     @field_validator("web_warm")
@@ -517,10 +499,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _default_redaction(self) -> Settings:
-        """Corpus specs without a ``redact`` of their own take this setting's."""
+        """Corpus specs without a ``redact`` of their own take this setting's; a spec's
+        ``chat_template`` is loaded (from ``chat_templates`` or the built-ins) and probed."""
         kinds = parse_kinds(self.redact)
-        corpora = tuple(spec.with_redact_default(kinds) for spec in self.corpora)
-        object.__setattr__(self, "corpora", corpora)
+        corpora = []
+        for spec in self.corpora:
+            try:
+                corpora.append(spec.with_redact_default(kinds).with_template(self.chat_templates))
+            except ConfigError as exc:
+                raise ValueError(f"{env_name('corpora')}: corpus {spec.name}: {exc}") from None
+        object.__setattr__(self, "corpora", tuple(corpora))
         return self
 
     @field_validator("store_url")

@@ -52,8 +52,11 @@ from rl_export.export import (
 )
 from rl_export.export.attachments import AttachmentPolicy
 from rl_export.export.lineage import MANIFEST_SUFFIX, manifest_path
+from rl_export.export.requests import parse_on_unrenderable
+from rl_export.export.templated import TemplateChoice
 from rl_export.export.versions import pinned
 from rl_export.formats.filters import parse_filters
+from rl_export.formats.templates import load_template
 from rl_export.model.codec import dumps, loads
 from rl_export.model.errors import ObjectNotFoundError, StoreError
 from rl_export.model.events import UtcDatetime
@@ -84,6 +87,8 @@ class JobRequest(BaseModel):
     redact: str | None = None  # kinds, "none"; None (older jobs): the service's default
     chat_style: str | None = None  # None: hf (the chat formats)
     system: str | None = None  # None: keep
+    chat_template: str | None = None  # a registered or built-in template's name
+    on_unrenderable: str | None = None  # with a chat template; None: skip
     completion: str | None = None  # preference; None: turn
     # Training sets (docs/guides/exports.md), as the flags' text: None when not asked.
     split: str | None = None
@@ -121,6 +126,8 @@ class JobStatus(BaseModel):
     note: str | None = None  # once ready: why the export has no row
     duplicates_removed: int | None = None  # with dedup, once ready
     split_left_out: int | None = None  # with a split, once ready: rows of other splits
+    unrenderable: dict[str, int] | None = None  # with a chat template, once ready
+    adaptations: list[str] | None = None  # with a chat template, once ready
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
@@ -223,15 +230,21 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
             ref = source_ref(status.org, status.project, request.source)
             at = None if request.version is None else (
                 await pinned(store, ref, request.version, None)).at  # fmt: skip
+            chat = parse_chat_style(request.format, request.chat_style, request.system)
+            template = None
+            if request.chat_template is not None:  # checked when the job was asked for
+                loaded = load_template(request.chat_template, folder=settings.chat_templates,
+                                       files=False)  # fmt: skip
+                template = TemplateChoice(loaded, parse_on_unrenderable(
+                    request.on_unrenderable, True))  # fmt: skip
             summary = await write_export(
                 store, ref,
                 format=request.format, out=out, filters=parse_filters(request.filters),
                 columns=request.columns, mask=mask, file=request.file, progress=note,
                 redact=request.redact if request.redact is not None else settings.redact,
-                chat=parse_chat_style(request.format, request.chat_style, request.system),
-                completion=parse_completion(request.format, request.completion),
+                chat=chat, completion=parse_completion(request.format, request.completion),
                 split=split, dedup=dedup,
-                attachments=AttachmentPolicy.from_settings(settings), at=at,
+                attachments=AttachmentPolicy.from_settings(settings), at=at, template=template,
             )  # fmt: skip
             beating.cancel()
             await store.put_file(file_key(status), out)
@@ -246,6 +259,8 @@ async def _run(settings: Settings, status: JobStatus) -> tuple[JobState, dict[st
             "note": summary.why_empty(),
             "duplicates_removed": summary.duplicates_removed if dedup is not None else None,
             "split_left_out": summary.split_left_out if split is not None else None,
+            "unrenderable": summary.unrenderable if template is not None else None,
+            "adaptations": summary.adaptations if template is not None else None,
         })  # fmt: skip
     except Exception as exc:  # any failure of the job is the job's status
         log.warning("export job %s failed: %s", status.id, exc)

@@ -84,6 +84,15 @@ CHAT_STYLE_HELP = (
     "arguments as objects), openai (arguments as JSON strings) or raw (as received)"
 )
 SYSTEM_HELP = "With a chat format: keep (default) or merge (system into the first user message)"
+CHAT_TEMPLATE_HELP = (
+    "messages, prompt_completion, preference, kto: make every row for this chat template, "
+    "named (the service's RL_EXPORT_CHAT_TEMPLATES folder, or a built-in), and write only "
+    "rows that render with every message's text (docs/guides/trainers.md)"
+)
+ON_UNRENDERABLE_HELP = (
+    "With chat_template: skip (default; rows the template cannot render left out, counted "
+    "by reason in X-RL-Export-Skipped or the job's status) or fail (422 at the first)"
+)
 COMPLETION_HELP = (
     "preference: turn (default; the agent's reply to the prompt, up to the next user message) "
     "or rest (everything after the prompt)"
@@ -238,7 +247,9 @@ class ExportIn(_In):
     mask_types: str | list[str] | None = Field(
         None, description="With mask_failed_turns: only outcomes of these types mask."
     )
-    file: File = Field("jsonl", description="rl_prompts: jsonl or parquet (verl's files).")
+    file: File = Field(
+        "jsonl", description="rl_prompts, messages: jsonl or parquet (verl's files)."
+    )
     redact: str | list[str] | None = Field(
         None,
         description="Kinds to replace with [REDACTED:KIND] (secrets, email, phone, credit_card, "
@@ -246,6 +257,8 @@ class ExportIn(_In):
     )
     chat_style: ChatStyle | None = Field(None, description=CHAT_STYLE_HELP)
     system: SystemMode | None = Field(None, description=SYSTEM_HELP)
+    chat_template: str | None = Field(None, description=CHAT_TEMPLATE_HELP)
+    on_unrenderable: Literal["skip", "fail"] | None = Field(None, description=ON_UNRENDERABLE_HELP)
     completion: Completion | None = Field(None, description=COMPLETION_HELP)
     split: str | None = Field(None, description="Keep the rows of this split (with splits).")
     splits: str | None = Field(
@@ -304,6 +317,14 @@ class JobOut(BaseModel):
     )
     split_left_out: int | None = Field(
         None, description="With a split, once ready: matching rows of the other splits."
+    )
+    unrenderable: dict[str, int] | None = Field(
+        None,
+        description="With a chat template, once ready: the rows it left out, by reason "
+        "(raises: <message>, drops text, drops tool calls, garbles arguments).",
+    )
+    adaptations: list[str] | None = Field(
+        None, description="With a chat template, once ready: what every row got for it."
     )
 
 

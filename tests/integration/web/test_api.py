@@ -548,7 +548,11 @@ def test_turn_masks_and_rl_prompts_in_exports_previews_and_jobs(admin: httpx.Cli
         ({"format": "kto"}, "mask_failed_turns: only applies"),
         ({"mask_failed_turns": "maybe"}, "mask_failed_turns"),
         ({"mask_failed_turns": "false", "mask_types": "tone"}, "mask_types: only applies"),
-        ({"file": "parquet"}, "file: parquet files are for rl_prompts"),
+        ({"file": "parquet"}, "mask-failed-turns: verl's Parquet messages have no weight"),
+        (
+            {"format": "kto", "file": "parquet", "mask_failed_turns": "false"},
+            "file: parquet files are for rl_prompts and messages",
+        ),
         ({"format": "rl_prompts", "file": "xml"}, "file"),
     ):
         for route in ("export", "records"):
@@ -589,6 +593,51 @@ def test_turn_masks_and_rl_prompts_in_exports_previews_and_jobs(admin: httpx.Cli
     assert_error(admin.post("exports", json={"source": "evaluator", "format": "kto",
                                              "mask_failed_turns": True}),
                  422, "invalid", "mask_failed_turns")  # fmt: skip
+
+
+def test_chat_templates_in_exports_previews_and_jobs(admin: httpx.Client) -> None:
+    """chat_template= names a built-in (or registered) template: the rows made for it, the
+    ones it leaves out counted in X-RL-Export-Skipped and the job's status; a path, an
+    unknown name or a format without messages is a 422 naming the parameter."""
+    params = {"source": "evaluator", "format": "messages", "chat_template": "mistral_v03_tools"}
+    response = admin.get("export", params=params)
+    assert response.status_code == 200, response.text
+    assert orjson.loads(response.headers["X-RL-Export-Skipped"]) == {}
+    rows = jsonl(response.content)
+    assert len(rows) == TRACES
+    ids = [c["id"] for row in rows for m in row["messages"] for c in m.get("tool_calls") or []]
+    assert ids
+    assert all(len(i) == 9 and i.isalnum() for i in ids)  # what Mistral's template accepts
+    assert not any(m["role"] == "system" for row in rows for m in row["messages"])  # merged
+    dropping = admin.get("export", params=params | {"chat_template": "chatml"})
+    assert dropping.status_code == 200, dropping.text
+    left = orjson.loads(dropping.headers["X-RL-Export-Skipped"])
+    assert left == {"drops tool calls": TRACES - len(jsonl(dropping.content))}
+    preview = admin.get("records", params=params | {"format": "kto", "limit": 5})
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["items"]
+    assert "X-RL-Export-Skipped" in preview.headers
+    for bad, needle in (
+        ({"chat_template": "/etc/passwd"}, "chat_template: '/etc/passwd' is not a template name"),
+        ({"chat_template": "nope"}, "chat_template: no chat template 'nope'"),
+        ({"format": "trajectory"}, "chat_template: only applies to --format messages"),
+        ({"chat_style": "openai"}, "chat_template: makes the messages"),
+        ({"chat_template": "chatml", "on_unrenderable": "fail"}, "on-unrenderable: a messages row"),
+    ):
+        assert_error(admin.get("export", params=params | bad), 422, "invalid", needle)
+    response = admin.post("exports", json={"source": "evaluator", "format": "prompt_completion",
+                                           "chat_template": "chatml"})  # fmt: skip
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+
+    def done() -> dict[str, Any] | None:
+        status = admin.get(f"exports/{job_id}").json()
+        return status if status["status"] != "processing" else None
+
+    status: dict[str, Any] = wait_for("the job to finish", done, every_s=0.1)
+    assert status["status"] == "ready", status
+    assert status["adaptations"] == []
+    assert status["unrenderable"] == {"drops tool calls": TRACES - status["records"]}
 
 
 # --- instances share nothing but Kafka and the store --------------------------------------

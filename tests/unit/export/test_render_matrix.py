@@ -3,11 +3,16 @@ format, from ordinary and hostile conversations, renders with the chat templates
 open models as TRL ships them (``trl/chat_templates/*.jinja``, read as package data: trl is
 installed without its dependencies, so without torch), through transformers' own
 ``apply_chat_template`` on a tiny local tokenizer: every assistant text visible, every tool
-call's arguments encoded once, no Python representation of parts, no ``None``."""
+call's arguments encoded once, no Python representation of parts, no ``None``.
+
+And (issue 55, "Chat template"): rows made for each of 23 templates TRL does not ship
+(``--chat-template``) render through ``apply_chat_template`` with every message's text, and
+a template that drops tool calls without an error is caught."""
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from functools import cache
 from importlib import resources
@@ -18,8 +23,14 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
+from rl_export.export.templated import template_chat
 from rl_export.formats.chat import HF, Chat
+from rl_export.formats.fit import DROPS_CALLS, DROPS_TEXT, GARBLES, TemplateFit, missing
 from rl_export.formats.render import CHAT_FORMATS, preference_pairs, render_row
+from tests.chattemplates import TEMPLATES as AGENT_TEMPLATES
+from tests.chattemplates import records as agent_records
+from tests.chattemplates import template as agent_template
+from tests.chattemplates import template_paths
 
 TEMPLATES = (
     "qwen2_5", "qwen3", "llama3_1", "llama3_2", "phi3_5", "gptoss", "glm4moe",
@@ -238,3 +249,74 @@ def test_the_checks_catch_the_raw_shape() -> None:
     rendered = render("llama3_1", [one_call[0], hf_call])
     assert any("encoded twice" in p for p in problems(rendered, [one_call[0], {
         **hf_call, "tool_calls": [call(1, "track_parcel", {"parcel_ref": "7"})]}]))  # fmt: skip
+
+
+# --- rows made for a chat template TRL does not ship (issue 55) ------------------------------
+
+
+def made_rows(tools: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """(format, row) for every row of every chat format of the agent conversations of
+    tests/chattemplates.py, in the shape a template's rows start from."""
+    shaped = template_chat(HF)
+    recs = agent_records()
+    out = [(fmt, row) for fmt in ("messages", "prompt_completion", "kto") for record in recs
+           if (row := render_row(fmt, record, chat=shaped, tools=tools)) is not None]  # fmt: skip
+    out += [("preference", row) for completion in ("turn", "rest")
+            for row in preference_pairs(recs, completion=completion, chat=shaped,  # type: ignore[arg-type]  # a Literal
+                                        tools=tools)]  # fmt: skip
+    return out
+
+
+def conversations_of(fmt: str, row: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    if fmt == "messages":
+        return [row["messages"]]
+    if fmt == "preference":
+        return [row["prompt"] + row["chosen"], row["prompt"] + row["rejected"]]
+    return [row["prompt"] + row["completion"]]
+
+
+@cache
+def agent_tokenizer(name: str) -> PreTrainedTokenizerFast:
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")),
+        bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+    )  # fmt: skip
+    tok.chat_template = template_paths()[name].read_text()
+    return tok
+
+
+@pytest.mark.parametrize("name", AGENT_TEMPLATES)
+def test_rows_made_for_a_template_render_through_apply_chat_template(name: str) -> None:
+    """23 templates TRL does not ship, every chat format: each row the fit keeps renders
+    through transformers' own apply_chat_template (with the row's tools) showing every
+    message's text; each row it leaves out says why."""
+    fit = TemplateFit.probed(agent_template(name))
+    rows = made_rows()
+    assert {fmt for fmt, _ in rows} == set(CHAT_FORMATS)
+    kept, reasons = 0, set()
+    for fmt, row in rows:
+        made, reason = fit.row(fmt, row)
+        if made is None:
+            assert reason is not None
+            reasons.add(reason.split(":")[0])
+            continue
+        kept += 1
+        tools = json.loads(made["tools"]) if "tools" in made else None
+        for conversation in conversations_of(fmt, made):
+            text = agent_tokenizer(name).apply_chat_template(
+                copy.deepcopy(conversation), tools=tools, tokenize=False
+            )
+            assert isinstance(text, str)
+            assert missing(conversation, text) is None, (name, fmt)
+    assert reasons <= {"raises", DROPS_TEXT, DROPS_CALLS, GARBLES}
+    assert kept or name == "firefunction_v2"  # it reads a `functions` variable nobody passes
+
+
+def test_a_template_that_drops_tool_calls_silently_is_caught() -> None:
+    """Granite 3.3's official template never reads tool_calls, and raises nothing: every row
+    with a call is left out as dropping it, every other row kept."""
+    fit = TemplateFit.probed(agent_template("granite_3_3"))
+    for fmt, row in made_rows():
+        called = any(m.get("tool_calls") for c in conversations_of(fmt, row) for m in c)
+        made, reason = fit.row(fmt, row)
+        assert (made is None, reason) == ((True, DROPS_CALLS) if called else (False, None))

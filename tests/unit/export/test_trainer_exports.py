@@ -123,8 +123,10 @@ def test_bad_mask_file_and_card_requests_name_their_flag() -> None:
         parse_mask("messages", True, "tone,")
     assert parse_mask("messages", False) is None
     assert parse_mask("messages", True, "a,b") == TurnMask(frozenset({"a", "b"}))
-    with pytest.raises(ExportError, match="file: parquet files are for rl_prompts"):
-        check_export("messages", file="parquet")
+    with pytest.raises(ExportError, match="file: parquet files are for rl_prompts and messages"):
+        check_export("kto", file="parquet")
+    with pytest.raises(ExportError, match="mask-failed-turns: verl's Parquet messages have no"):
+        check_export("messages", file="parquet", mask=TurnMask(None))
     with pytest.raises(ExportError, match="file: 'xml' is not jsonl or parquet"):
         check_export("rl_prompts", file="xml")
     for fmt in ("csv", "json"):
@@ -132,7 +134,8 @@ def test_bad_mask_file_and_card_requests_name_their_flag() -> None:
             check_export(fmt, card=True)
     assert file_for("rl_prompts", "prompts.parquet") == "parquet"
     assert file_for("rl_prompts", "prompts.jsonl") == "jsonl"
-    assert file_for("messages", "rows.parquet") == "jsonl"
+    assert file_for("messages", "rows.parquet") == "parquet"  # verl's multi-turn SFT
+    assert file_for("kto", "rows.parquet") == "jsonl"
     assert file_for("rl_prompts", None) == "jsonl"
 
 

@@ -13,8 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+import orjson
+
 from rl_export.export import (
     Dedup,
+    ExportSummary,
     Split,
     check_export,
     parse_chat_style,
@@ -24,10 +27,13 @@ from rl_export.export import (
     parse_split,
     source_ref,
 )
+from rl_export.export.requests import check_template, parse_on_unrenderable
+from rl_export.export.templated import TemplateChoice
 from rl_export.export.versions import pinned
 from rl_export.formats.chat import HF, Chat
 from rl_export.formats.filters import Filters
 from rl_export.formats.render import Completion
+from rl_export.formats.templates import load_template
 from rl_export.formats.turns import TurnMask
 from rl_export.model.errors import (
     ExportError,
@@ -44,6 +50,8 @@ from rl_export.web.tokens import Caller
 
 REDACTIONS_HEADER = "X-RL-Export-Redactions"
 DUPLICATES_HEADER = "X-RL-Export-Duplicates-Removed"
+SKIPPED_HEADER = "X-RL-Export-Skipped"
+"""A chat template's rows left out, by reason, as JSON."""
 
 
 def checked_export(
@@ -55,12 +63,30 @@ def checked_export(
     redact: str | None = None,
     chat: Chat = HF,
     completion: Completion = "turn",
+    template: bool = False,
 ) -> Any:
     try:
         return check_export(fmt, columns=columns, mask=mask, file=file, redact=redact,
-                            chat=chat, completion=completion)  # fmt: skip
+                            chat=chat, completion=completion, template=template)  # fmt: skip
     except ExportError as exc:
         raise Invalid(str(exc)) from None
+
+
+def template_choice(
+    svc: Services, fmt: str, chat: Chat, chat_template: str | None, on_unrenderable: str | None
+) -> TemplateChoice | None:
+    """The chat template a request names (a registered one or a built-in: never a path),
+    loaded and compiled; 422 naming the parameter for anything wrong."""
+    try:
+        action = parse_on_unrenderable(on_unrenderable, chat_template is not None)
+        if chat_template is None:
+            return None
+        check_template(fmt, chat)
+        loaded = load_template(chat_template, folder=svc.settings.chat_templates, files=False)
+    except ExportError as exc:
+        raise Invalid(f"{exc.setting.replace('-', '_')}: {exc.detail}") from None
+    # Rendered here, in threads, for a direct export or a preview: no pool of processes.
+    return TemplateChoice(loaded, action, processes=1)
 
 
 def chat_options(
@@ -165,6 +191,12 @@ async def audit_read(
     except StoreError:
         raise Unavailable("the audit log could not be written, so nothing was read") from None
     svc.metrics.raw_reads.labels(route).inc()
+
+
+def count_skipped(headers: Any, summary: ExportSummary | None) -> None:
+    """Say which rows a chat template left out, by reason (JSON): with a template only."""
+    if summary is not None and summary.template is not None:
+        headers[SKIPPED_HEADER] = orjson.dumps(summary.unrenderable).decode()
 
 
 def count_redactions(svc: Services, headers: Any, counts: dict[str, int]) -> None:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
@@ -40,6 +40,7 @@ from rl_export.export import (
 from rl_export.export import preview as export_preview
 from rl_export.export import stats as export_stats
 from rl_export.export.attachments import AttachmentPolicy
+from rl_export.export.templated import Fitting, template_chat
 from rl_export.formats.chat import HF, Chat, ChatStyle, SystemMode
 from rl_export.formats.filters import Filters
 from rl_export.formats.render import TABULAR_FORMATS, Completion, preference_pairs, render_row
@@ -70,8 +71,10 @@ from rl_export.web.api.exportparams import (
     chat_options,
     checked_export,
     count_redactions,
+    count_skipped,
     disposition,
     needs_raw,
+    template_choice,
     training_options,
     turn_mask,
     version_at,
@@ -79,7 +82,9 @@ from rl_export.web.api.exportparams import (
 from rl_export.web.errors import ClientGone, Invalid, NotFound
 from rl_export.web.models import (
     CHAT_STYLE_HELP,
+    CHAT_TEMPLATE_HELP,
     COMPLETION_HELP,
+    ON_UNRENDERABLE_HELP,
     SYSTEM_HELP,
     File,
     Format,
@@ -121,6 +126,10 @@ RedactQuery = Annotated[
 ChatStyleQuery = Annotated[ChatStyle | None, Query(description=CHAT_STYLE_HELP)]
 SystemQuery = Annotated[SystemMode | None, Query(description=SYSTEM_HELP)]
 CompletionQuery = Annotated[Completion | None, Query(description=COMPLETION_HELP)]
+TemplateQuery = Annotated[str | None, Query(description=CHAT_TEMPLATE_HELP)]
+OnUnrenderableQuery = Annotated[
+    Literal["skip", "fail"] | None, Query(description=ON_UNRENDERABLE_HELP)
+]
 SplitQuery = Annotated[str | None, Query(description="Keep the rows of this split")]
 SplitsQuery = Annotated[
     str | None, Query(description="NAME=FRACTION,... summing to 1 (train=0.9,eval=0.1)")
@@ -229,15 +238,27 @@ async def _preview(
     counts: dict[str, int] | None = None,
     chat: Chat = HF,
     completion: Completion = "turn",
+    fitting: Fitting | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``size`` rows of the format over the matching records, in read order,
-    redacted by ``scrub`` (what it replaced added to ``counts``)."""
+    redacted by ``scrub`` (what it replaced added to ``counts``); with ``fitting``, made for
+    its chat template (the rows it leaves out counted in its summary)."""
     counts = {} if counts is None else counts
+    tools = fitting is not None
+    shaped = template_chat(chat) if tools else chat
     if fmt == "preference":
         sample = _records(await query(index.preview, corpus_id, filters, PAIRING_SAMPLE))
         # Made on the prompts as stored.
-        pairs = list(preference_pairs(sample, completion=completion, chat=chat))[:size]
-        return [_scrubbed(scrub, row, counts) for row in pairs]
+        out = []
+        for pair in preference_pairs(sample, completion=completion, chat=shaped, tools=tools):
+            made = _scrubbed(scrub, pair, counts)
+            if fitting is not None:
+                made = fitting.row(made, f"{pair['trace_chosen']}, {pair['trace_rejected']}")
+            if made is not None:
+                out.append(made)
+            if len(out) >= size:
+                break
+        return out
     rows: list[dict[str, Any]] = []
     offset = 0
     while len(rows) < size and offset < PREVIEW_SCAN:
@@ -252,9 +273,13 @@ async def _preview(
                 scrubbed = _scrubbed(scrub, record, counts)
                 rows.append({c.header: c.value(scrubbed) for c in columns})
             else:
-                row = render_row(fmt, record, mask=mask, chat=chat)
+                row = render_row(fmt, record, mask=mask, chat=shaped, tools=tools)
                 if row is not None:
-                    rows.append(_scrubbed(scrub, row, counts))
+                    row = _scrubbed(scrub, row, counts)
+                if row is not None and fitting is not None:
+                    row = fitting.row(row, record.get("trace_id"))
+                if row is not None:
+                    rows.append(row)
             if len(rows) >= size:
                 break
     return rows
@@ -272,10 +297,13 @@ async def get_records(
     split: SplitQuery = None, splits: SplitsQuery = None, split_by: SplitByQuery = None,
     split_salt: SaltQuery = None, dedup: DedupQuery = None,
     dedup_threshold: ThresholdQuery = None, dedup_on: DedupOnQuery = None,
+    chat_template: TemplateQuery = None, on_unrenderable: OnUnrenderableQuery = None,
 ) -> RecordsOut:  # fmt: skip
     mask = turn_mask(format, mask_failed_turns, mask_types)
     chat, pairing = chat_options(format, chat_style, system, completion)
-    picked = checked_export(format, columns, mask=mask, chat=chat, completion=pairing)
+    template = template_choice(svc, format, chat, chat_template, on_unrenderable)
+    picked = checked_export(format, columns, mask=mask, chat=chat, completion=pairing,
+                            template=template is not None)  # fmt: skip
     kinds = asked_kinds(svc, redact)
     raw = needs_raw(svc, caller, kinds)
     scrub = redactor(kinds) if kinds else None
@@ -290,30 +318,41 @@ async def get_records(
     at = await version_at(svc, org, project, source, version)
     items: list[dict[str, Any]] = []
     counts = dict.fromkeys(scrub.kinds, 0) if scrub is not None else {}
+    summary = ExportSummary()
     # The index holds no metadata, only the latest view and every row: read the corpus.
     if filters.metadata or at is not None or picked_split or picked_dedup:
         try:
-            summary = ExportSummary()
             tabular = format in TABULAR_FORMATS
             items = await export_preview(
                 svc.store, source_ref(org, project, source),
                 format="trajectory" if tabular else format, filters=filters, limit=size,
                 mask=mask, redact=",".join(kinds) or "none", summary=summary,
                 chat=chat, completion=pairing, at=at, split=picked_split, dedup=picked_dedup,
+                template=template,
             )  # fmt: skip
             if tabular:
                 items = [{c.header: c.value(item) for c in picked} for item in items]
             add_counts(counts, summary.redactions)
         except NoDataError:
             items = []
+        except ExportError as exc:  # on_unrenderable=fail
+            raise Invalid(str(exc)) from None
     elif followed.corpus_id is not None:
-        items = await _preview(
-            svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
-            mask=mask, scrub=scrub, counts=counts, chat=chat, completion=pairing,
-        )  # fmt: skip
+        fitting = None
+        if template is not None:
+            fitting = Fitting(template, format, "jsonl", chat, summary)
+        try:
+            items = await _preview(
+                svc.index, followed.corpus_id, filters, fmt=format, columns=picked, size=size,
+                mask=mask, scrub=scrub, counts=counts, chat=chat, completion=pairing,
+                fitting=fitting,
+            )  # fmt: skip
+        except ExportError as exc:  # on_unrenderable=fail
+            raise Invalid(str(exc)) from None
     if raw:
         await audit_read(svc, caller, "records", filters, kinds, rows=len(items))
     count_redactions(svc, response.headers, counts)
+    count_skipped(response.headers, summary)
     return RecordsOut(
         items=items,
         columns=[c.header for c in picked] if picked is not None else None,
@@ -349,13 +388,22 @@ async def get_export(
     splits: SplitsQuery = None, split_by: SplitByQuery = None, split_salt: SaltQuery = None,
     dedup: DedupQuery = None, dedup_threshold: ThresholdQuery = None,
     dedup_on: DedupOnQuery = None, version: VersionQuery = None,
+    chat_template: TemplateQuery = None, on_unrenderable: OnUnrenderableQuery = None,
 ) -> StreamingResponse:  # fmt: skip
     mask = turn_mask(format, mask_failed_turns, mask_types)
     chat, pairing = chat_options(format, chat_style, system, completion)
+    template = template_choice(svc, format, chat, chat_template, on_unrenderable)
     asked = asked_kinds(svc, redact)
     kinds = ",".join(asked) or "none"
     checked_export(
-        format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing
+        format,
+        columns,
+        mask=mask,
+        file=file,
+        redact=kinds,
+        chat=chat,
+        completion=pairing,
+        template=template is not None,
     )
     picked_split, picked_dedup = training_options(
         split=split, splits=splits, split_by=split_by, split_salt=split_salt, dedup=dedup,
@@ -371,6 +419,7 @@ async def get_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
             redact=kinds, summary=summary, chat=chat, completion=pairing, split=picked_split,
             dedup=picked_dedup, attachments=AttachmentPolicy.from_settings(svc.settings), at=at,
+            template=template,
         )  # fmt: skip
 
     # On the export pool, within the subject's share (429 over it: docs/guides/security.md).
@@ -393,10 +442,13 @@ async def get_export(
     # A dedup groups the rows before the first chunk: its count is known now.
     if picked_dedup is not None:
         headers[DUPLICATES_HEADER] = str(summary.duplicates_removed)
-    if kinds != "none" or raw:
+    if kinds != "none" or raw or template is not None:
         # The counts are known at the end, and a header goes first: the export is made whole.
         # So is a raw read, whose audit entry (with its rows) is written before it leaves.
-        spool = await _unless_gone(request, spooled(stream, first))
+        try:
+            spool = await _unless_gone(request, spooled(stream, first))
+        except ExportError as exc:  # on_unrenderable=fail, past the first chunk
+            raise Invalid(str(exc)) from None
         if raw:
             try:
                 await audit_read(svc, caller, "export", filters, asked, rows=summary.records)
@@ -405,6 +457,7 @@ async def get_export(
                 raise
         if kinds != "none":
             count_redactions(svc, headers, summary.redactions)
+        count_skipped(headers, summary)
         media = content_type(format, file)
         return StreamingResponse(read_spool(spool), media_type=media, headers=headers)
 

@@ -40,6 +40,7 @@ from rl_export.web.api.exportparams import (
     disposition,
     needs_raw,
     require_raw,
+    template_choice,
     training_options,
     turn_mask,
     version_at,
@@ -70,6 +71,7 @@ def _job_out(status: JobStatus) -> JobOut:
         error=status.error, file_name=status.file_name, download=download,
         turns_outside=status.turns_outside, redactions=status.redactions, note=status.note,
         duplicates_removed=status.duplicates_removed, split_left_out=status.split_left_out,
+        unrenderable=status.unrenderable, adaptations=status.adaptations,
     )  # fmt: skip
 
 
@@ -86,10 +88,11 @@ async def post_exports(
         body.mask_types)  # fmt: skip
     mask = turn_mask(body.format, body.mask_failed_turns, mask_types)
     chat, pairing = chat_options(body.format, body.chat_style, body.system, body.completion)
+    template = template_choice(svc, body.format, chat, body.chat_template, body.on_unrenderable)
     asked = asked_kinds(svc, body.redact)
     redact = ",".join(asked) or "none"
     checked_export(body.format, columns, mask=mask, file=body.file, redact=redact, chat=chat,
-             completion=pairing)  # fmt: skip
+                   completion=pairing, template=template is not None)  # fmt: skip
     try:
         parsed = parse_filters(body.filters)
     except FilterError as exc:
@@ -105,6 +108,7 @@ async def post_exports(
         mask_failed_turns=body.mask_failed_turns, mask_types=mask_types, file=body.file,
         redact=redact, chat_style=body.chat_style, system=body.system,
         completion=body.completion, split=body.split, splits=body.splits,
+        chat_template=body.chat_template, on_unrenderable=body.on_unrenderable,
         split_by=body.split_by, split_salt=body.split_salt, dedup=body.dedup,
         dedup_threshold=threshold, dedup_on=body.dedup_on, version=body.version,
     )  # fmt: skip

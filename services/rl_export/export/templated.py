@@ -1,0 +1,289 @@
+"""Rows made for a chat template in an export (``--chat-template``, DESIGN.md section 4).
+
+An export of a chat format with a template:
+
+1. loads the template (:func:`~rl_export.formats.templates.load_template`) when its request
+   is checked, and probes it once, when the export starts
+   (:meth:`~rl_export.formats.fit.TemplateFit.probed`): what the template requires, for the
+   reader of the file (JSON Lines as written; verl's Parquet as verl reads it);
+2. renders its rows with the trace's tools (:func:`~rl_export.formats.render.render_row`'s
+   ``tools``), in the ``hf`` chat style with an assistant's text and calls in one message,
+   and redacts them;
+3. adapts and checks each row (:meth:`~rl_export.formats.fit.TemplateFit.row`): the rows that
+   pass are written, the others counted by reason in the summary (at most
+   :data:`MAX_REASONS` distinct reasons, the rest as one), or, with ``--on-unrenderable
+   fail``, the export stops at the first with an ExportError naming the trace and the reason.
+
+Rendering is the cost of such an export. A large one (at least :data:`POOL_RECORDS` records
+in the view, more than one CPU) renders its batches in a pool of processes, each holding
+the template compiled once, while this process reads the next batches; the rows come back
+in order.
+
+Public interface::
+
+    TemplateChoice(loaded, on_unrenderable="skip", processes=None)
+    class Fitting(choice, fmt, file, chat, summary, *, records=0)
+        .row(row, trace_id) -> dict | None                   # one row, here
+        async .lines(batches) -> AsyncIterator[list[bytes]]  # JSON Lines, in order
+        async .rows(batches) -> AsyncIterator[list[dict]]    # rows (Parquet), in order
+        .close()
+    def template_chat(chat) -> Chat                          # the chat style rows are made in
+    async def template_lines(fitting, scan, mask, limit, chat) -> AsyncIterator[bytes]
+    async def template_parquet(fitting, scan, mask, limit, chat, *, encoder)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from rl_export.export.scan import ExportSummary, Scan, limited
+from rl_export.export.tabular import MessagesParquetEncoder
+from rl_export.formats.adapt import Reading
+from rl_export.formats.chat import Chat
+from rl_export.formats.fit import TemplateFit
+from rl_export.formats.render import render_row
+from rl_export.formats.templates import LoadedTemplate
+from rl_export.formats.turns import TurnMask, outside_turns, report_of
+from rl_export.model.codec import RawJson, dumps_line
+from rl_export.model.errors import ExportError
+
+OnUnrenderable = Literal["skip", "fail"]
+ON_UNRENDERABLE: tuple[str, ...] = ("skip", "fail")
+POOL_RECORDS = 20_000
+"""The size of a view from which an export renders in a process pool."""
+MAX_REASONS = 20
+OTHER = "raises: (other messages)"
+"""Where the reasons past the first :data:`MAX_REASONS` distinct ones are counted."""
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    """The template an export's rows are made for, and what to do with a row it refuses."""
+
+    loaded: LoadedTemplate
+    on_unrenderable: OnUnrenderable = "skip"
+    processes: int | None = None  # the pool's size; None: the CPUs, for a large view
+
+    def as_dict(self) -> dict[str, Any]:
+        """How the summary, the card and the manifest name it."""
+        template = self.loaded.template
+        return {"given": self.loaded.given, "origin": self.loaded.origin,
+                "name": template.name, "sha256": template.sha256,
+                "on_unrenderable": self.on_unrenderable}  # fmt: skip
+
+
+def template_chat(chat: Chat) -> Chat:
+    """The chat style rows for a template are made in: ``hf``, the system mode asked, an
+    assistant's text and calls in one message (the fit places them)."""
+    return Chat("hf", chat.system, split=False)
+
+
+# --- in a pool's processes ------------------------------------------------------------------
+
+_FIT: TemplateFit | None = None
+
+
+def _start(fit: TemplateFit) -> None:
+    global _FIT  # noqa: PLW0603 - one fit per pool process, compiled once
+    _FIT = fit
+
+
+def _fitted(
+    fit: TemplateFit, fmt: str, rows: list[dict[str, Any]], encode: bool
+) -> tuple[list[Any], list[tuple[int, str]]]:
+    """The rows a template keeps (encoded as lines when ``encode``), and the others' index
+    and reason."""
+    kept: list[Any] = []
+    refused: list[tuple[int, str]] = []
+    for n, row in enumerate(rows):
+        made, reason = fit.row(fmt, row)
+        if made is None:
+            refused.append((n, reason or "unrenderable"))
+        else:
+            kept.append(dumps_line(made) if encode else made)
+    return kept, refused
+
+
+def _pooled(fmt: str, batch: bytes, encode: bool) -> Any:
+    """A batch of rows (JSON: cheaper to send than pickles of the same dicts) made for the
+    pool's template: the kept rows' lines (or, for a Parquet file, the rows as JSON)."""
+    assert _FIT is not None, "the pool's initializer sets the fit"
+    kept, refused = _fitted(_FIT, fmt, orjson.loads(batch), encode)
+    return (kept if encode else orjson.dumps(kept)), refused
+
+
+# --- in the export's process ----------------------------------------------------------------
+
+
+class Fitting:
+    """One export's rows made for a template (the module)."""
+
+    def __init__(
+        self,
+        choice: TemplateChoice,
+        fmt: str,
+        file: str,
+        chat: Chat,
+        summary: ExportSummary,
+        *,
+        records: int = 0,
+    ) -> None:
+        self.choice = choice
+        self.fmt = fmt
+        self.summary = summary
+        reading = Reading("verl_parquet" if file == "parquet" else "jsonl")
+        self.fit = TemplateFit.probed(
+            choice.loaded.template, reading, merge_system=chat.system == "merge"
+        )
+        summary.template = {**choice.as_dict(), "reading": reading.kind}
+        summary.adaptations = self.fit.adaptations()
+        processes = choice.processes
+        workers = processes if processes is not None else (os.cpu_count() or 1)
+        self.pool: ProcessPoolExecutor | None = None
+        if workers > 1 and (processes is not None or records >= POOL_RECORDS):
+            self.pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start, initargs=(self.fit,),
+            )  # fmt: skip
+        self.depth = 2 * workers
+        self._encode = True
+
+    def _refused(self, reason: str, trace_id: Any) -> None:
+        if self.choice.on_unrenderable == "fail":
+            raise ExportError(
+                "on-unrenderable", f"a {self.fmt} row (trace {trace_id}) cannot be rendered "
+                f"with chat template {self.choice.loaded.given}: {reason}",
+            )  # fmt: skip
+        counts = self.summary.unrenderable
+        if reason not in counts and len(counts) >= MAX_REASONS:
+            reason = OTHER
+        counts[reason] = counts.get(reason, 0) + 1
+
+    def row(self, row: dict[str, Any], trace_id: Any = None) -> dict[str, Any] | None:
+        """One row made for the template here, or None (counted, or the export stopped)."""
+        made, reason = self.fit.row(self.fmt, row)
+        if made is None:
+            self._refused(reason or "unrenderable", trace_id)
+        return made
+
+    async def _batches(
+        self, batches: AsyncIterator[tuple[list[dict[str, Any]], list[Any]]], encode: bool
+    ) -> AsyncIterator[list[Any]]:
+        """Each batch's kept rows, in order: here, or in the pool with up to ``depth``
+        batches in flight while the next ones are read."""
+        if self.pool is None:
+            async for rows, ids in batches:
+                kept, refused = _fitted(self.fit, self.fmt, rows, encode)
+                for n, reason in refused:
+                    self._refused(reason, ids[n])
+                yield kept
+            return
+        loop = asyncio.get_running_loop()
+        self._encode = encode
+        pending: deque[tuple[asyncio.Future[Any], list[Any]]] = deque()
+        try:
+            async for rows, ids in batches:
+                batch = orjson.dumps(rows)
+                future = loop.run_in_executor(self.pool, _pooled, self.fmt, batch, encode)
+                pending.append((future, ids))
+                while pending and (len(pending) > self.depth or pending[0][0].done()):
+                    done, done_ids = pending.popleft()
+                    yield self._taken(done_ids, await done)
+            while pending:
+                done, done_ids = pending.popleft()
+                yield self._taken(done_ids, await done)
+        finally:
+            for future, _ in pending:
+                future.cancel()
+
+    def _taken(self, ids: list[Any], result: Any) -> list[Any]:
+        kept, refused = result
+        for n, reason in refused:
+            self._refused(reason, ids[n])
+        return list(kept) if self._encode else list(orjson.loads(kept))
+
+    def lines(
+        self, batches: AsyncIterator[tuple[list[dict[str, Any]], list[Any]]]
+    ) -> AsyncIterator[list[bytes]]:
+        """JSON Lines of each batch's kept rows (batches of rows and their trace ids)."""
+        return self._batches(batches, True)
+
+    def rows(
+        self, batches: AsyncIterator[tuple[list[dict[str, Any]], list[Any]]]
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Each batch's kept rows, as rows (a Parquet file's)."""
+        return self._batches(batches, False)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+
+# --- an export's rows -----------------------------------------------------------------------
+
+
+async def template_batches(
+    scan: Scan, fmt: str, mask: TurnMask | None, summary: ExportSummary, chat: Chat
+) -> AsyncIterator[tuple[list[dict[str, Any]], list[Any]]]:
+    """Each batch's rows with the trace's tools, redacted, and their trace ids (step 2)."""
+    async for batch in scan.lines():
+        rows: list[dict[str, Any]] = []
+        ids: list[Any] = []
+        for _, record in batch:
+            row = render_row(fmt, record, mask=mask, chat=template_chat(chat), tools=True)
+            if row is None:
+                summary.skipped += 1
+                continue
+            rows.append(row)
+            ids.append(record.get("trace_id"))
+            if mask is not None:
+                messages = record["messages"]
+                messages = messages.value() if isinstance(messages, RawJson) else messages
+                summary.turns_outside += outside_turns(messages, report_of(record), mask)
+        yield [r for _, r in scan.redact([(b"", r) for r in rows])], ids
+
+
+async def template_lines(
+    fitting: Fitting, scan: Scan, mask: TurnMask | None, limit: int | None, chat: Chat
+) -> AsyncGenerator[bytes | memoryview, None]:
+    """The export's JSON Lines, the rows the template keeps (step 3), up to the limit."""
+    summary = fitting.summary
+    batches = fitting.lines(template_batches(scan, fitting.fmt, mask, summary, chat))
+    async with contextlib.aclosing(batches):  # type: ignore[type-var]  # an async generator
+        async for lines in batches:
+            yield b"".join(limited(lines, summary, limit))
+            if limit is not None and summary.records >= limit:
+                return
+
+
+async def template_parquet(
+    fitting: Fitting,
+    scan: Scan,
+    mask: TurnMask | None,
+    limit: int | None,
+    chat: Chat,
+    *,
+    encoder: MessagesParquetEncoder,
+) -> None:
+    """The rows the template keeps into a Parquet file (verl's), a row group per batch."""
+    summary = fitting.summary
+    batches = fitting.rows(template_batches(scan, fitting.fmt, mask, summary, chat))
+    try:
+        async with contextlib.aclosing(batches):  # type: ignore[type-var]  # an async generator
+            async for rows in batches:
+                encoder.write(limited(rows, summary, limit))
+                if limit is not None and summary.records >= limit:
+                    return
+    finally:
+        encoder.close()
