@@ -20,8 +20,8 @@ from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
 from rl_export.labeling.queue import TraceLabels, order_terms, place, target_sql
 from rl_export.labeling.settings import LabelingSettings
 
-# A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
-# record written before ``labels``), skips.
+# A trace's labels and skips for the queue's rules: labelers, their rewards in twentieths (a
+# version-0 label's rating sum; NULL for a record written before ``labels``), skips.
 _LABELS_OF = (
     f"trace_id, labelers, list_transform(labels, lambda x: {{'labeler': x.labeler, "
     f"'sum': {LABEL_SUM}}}), skipped_by"
@@ -31,8 +31,8 @@ _LABELS_OF = (
 def _trace_labels(
     trace_id: str, labelers: list[str], sums: list[dict[str, Any]] | None, skipped: list[str]
 ) -> TraceLabels:
-    known: dict[str, int | None] = (
-        dict.fromkeys(labelers) if sums is None else {x["labeler"]: int(x["sum"]) for x in sums}
+    known: dict[str, float | None] = (
+        dict.fromkeys(labelers) if sums is None else {x["labeler"]: x["sum"] for x in sums}
     )
     return TraceLabels(trace_id, known, frozenset(skipped))
 
@@ -378,7 +378,8 @@ def _agreement_input(db: Any, traces: int) -> AgreementInput:
         "SELECT a.t, l.n, "
         + ", ".join(f"a.label.rubric.{d} AS {d}" for d in DIMENSIONS)
         + " FROM (SELECT t, unnest(labels) AS label FROM agreement_traces) a "
-        "JOIN agreement_labelers l ON l.name = a.label.labeler ORDER BY a.t, l.n"
+        "JOIN agreement_labelers l ON l.name = a.label.labeler "
+        "WHERE a.label.rubric_version IS NULL ORDER BY a.t, l.n"
     ).fetchnumpy()
     skips = db.execute(
         "SELECT l.n, count(*) FROM (SELECT unnest(skipped_by) AS name FROM agreement_traces) s "
