@@ -38,6 +38,7 @@ from rl_export.cli.processes import (
     cmd_web,
     cmd_worker,
 )
+from rl_export.cli.rubric import cmd_rubric
 from rl_export.model.errors import ConfigError, RlExportError
 
 __all__ = ["build_parser", "main"]
@@ -91,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subject", help="create: who the token speaks for (the labeler)")
     p.add_argument(
         "--scopes",
-        metavar="label,export[,admin][,raw]",
+        metavar="label,export[,admin][,raw][,review]",
         help="create: what it may do (raw: read with less redaction than the default; "
-        "admin does not imply it)",
+        "review: decide disputed traces; admin implies neither)",
     )
     p.add_argument(
         "--expires-in", metavar="DURATION", default="90d",
@@ -235,6 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filters(p)
     _add_version(p)  # a version of the project's traces corpus
     p.set_defaults(func=cmd_agreement)
+
+    p = sub.add_parser(
+        "rubric", help="a project's rubric as JSON: get the newest (or --version N), or set FILE",
+        description="The project's rubric (docs/guides/rubrics.md): get prints a version as "
+        "JSON; set FILE makes the next version from the file's guidelines and questions.",
+    )  # fmt: skip
+    p.add_argument("action", choices=["get", "set"])
+    p.add_argument("file", nargs="?", metavar="FILE", help="set: the rubric's JSON ('-': stdin)")
+    p.add_argument("--org", required=True)
+    p.add_argument("--project", required=True)
+    p.add_argument("--version", type=int, metavar="N", help="get: this version, not the newest")
+    p.add_argument("--by", default="rl-export cli", help="set: who made the version (recorded)")
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.set_defaults(func=cmd_rubric)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from rl_export.labeling.evaluations import hide_evaluations
 from rl_export.privacy.kinds import Counts
 from rl_export.privacy.redact import Redactor
 
@@ -44,15 +45,20 @@ def blind(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, **hidden} if hidden else record
 
 
-def queue_item(line: bytes, *, blinded: bool, scrub: Redactor | None) -> tuple[bytes, Counts]:
-    """A corpus line as a queue or claim item: blinded when asked, redacted by ``scrub``
-    (None: the project redacts nothing); with what was replaced, per kind."""
+def queue_item(
+    line: bytes, *, blinded: bool, scrub: Redactor | None, evaluations: bool = True
+) -> tuple[bytes, Counts]:
+    """A corpus line as a queue or claim item: blinded when asked, without the evaluators'
+    verdict unless ``evaluations`` (:mod:`rl_export.labeling.evaluations`), redacted by
+    ``scrub`` (None: the project redacts nothing); with what was replaced, per kind."""
     record = orjson.loads(line)
     if not isinstance(record, dict):
         raise ValueError("a corpus line is not a JSON object")
     counts: Counts = {}
     if blinded:
         record = blind(record)
+    if not evaluations:
+        record = hide_evaluations(record)
     if scrub is not None:
         record, counts = scrub.record(record)
     return orjson.dumps(record), counts

@@ -27,7 +27,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rl_export import __version__
 from rl_export.model.errors import ConfigError, StoreError
 from rl_export.runtime.metrics import WebMetrics
-from rl_export.web.api.routes import agreement, caller, export, jobs, label, versions
+from rl_export.web.api.routes import (
+    agreement,
+    caller,
+    export,
+    jobs,
+    label,
+    review,
+    rubric,
+    versions,
+    workspace,
+)
 from rl_export.web.errors import ApiError, Invalid, TooMany
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
@@ -249,6 +259,9 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(agreement.router)
     app.include_router(caller.router)
     app.include_router(versions.router)
+    app.include_router(rubric.router)
+    app.include_router(workspace.router)
+    app.include_router(review.router)
     app.include_router(pages_router)
     app.mount("/static", static_files(), name="static")
 
