@@ -233,6 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
     p.add_argument("--org", required=True)
     p.add_argument("--project", required=True)
+    p.add_argument(
+        "--rubric-version", type=int, metavar="N",
+        help="by_question compares the labels of this rubric version (default: the newest "
+        "version two labels of a trace share)",
+    )  # fmt: skip
     _add_filters(p)
     _add_version(p)  # a version of the project's traces corpus
     p.set_defaults(func=cmd_agreement)

@@ -362,9 +362,13 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
 def _agreement_input(db: Any, traces: int) -> AgreementInput:
     """The input from ``agreement_traces``, the ``traces`` matching traces' rows with a label
     or a skip (the others are numbered after them, with nothing to add)."""
+    # Labels of other rubric versions than 0 count as labels whose ratings are unknown.
     kept, unrated, unrated_multi = db.execute(
-        "SELECT count(*), count(*) FILTER (WHERE labels IS NULL AND labels_count >= 1), "
-        "count(*) FILTER (WHERE labels IS NULL AND labels_count >= 2) FROM agreement_traces"
+        "SELECT count(*), count(*) FILTER (WHERE (labels IS NULL AND labels_count >= 1) OR "
+        "(rated = 0 AND len(labels) >= 1)), count(*) FILTER (WHERE (labels IS NULL AND "
+        "labels_count >= 2) OR (rated < 2 AND len(labels) >= 2)) FROM (SELECT *, "
+        "len(list_filter(labels, lambda x: x.rubric_version IS NULL)) AS rated "
+        "FROM agreement_traces)"
     ).fetchone()
     # Labelers: whoever labeled or skipped, numbered in name order.
     db.execute(

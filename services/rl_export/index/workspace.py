@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rl_export.formats.filters import Filters
 from rl_export.index.queryindex import QueryIndex
+from rl_export.index.sql import filter_sql
 from rl_export.labeling.review import ReviewScope
 
 _REWARD = (
@@ -128,3 +130,20 @@ def adjudicator(index: QueryIndex, corpus_id: int, trace_id: str) -> str | None:
         .fetchone()
     )
     return None if row is None else row[0]
+
+
+def shared_bodies(index: QueryIndex, corpus_id: int, filters: Filters) -> list[bytes]:
+    """The records matching ``filters`` (``limit`` as the agreement report reads it) that two
+    labels or more, or an adjudication, make worth a look for the agreement per question."""
+    where, params = filter_sql(filters)
+    limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
+    rows = (
+        index.connection()
+        .execute(
+            f"SELECT seg, off, len FROM (SELECT * FROM records WHERE corpus_id = ? AND {where}"
+            f"{limit}) WHERE coalesce(labels_count, 0) >= 2 OR adjudication IS NOT NULL",
+            [corpus_id, *params],
+        )
+        .fetchall()
+    )
+    return index.bodies_at([tuple(r) for r in rows])

@@ -16,6 +16,7 @@ from rl_export.formats.chat import ChatStyle, SystemMode
 from rl_export.formats.filters import filter_text
 from rl_export.formats.render import JSONL_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.labeling.agreement import AgreementReport
+from rl_export.labeling.questions import ByQuestion
 from rl_export.labeling.settings import Order, ShowEvaluations
 from rl_export.model.events import Answer, LabelKind
 from rl_export.model.rubrics import MAX_TEXT, Question
@@ -129,6 +130,13 @@ class AgreementOut(AgreementReport):
     """The agreement report (docs/guides/labeling.md), when it was computed, and how current
     the index is."""
 
+    adjudicated: int = Field(0, description="Traces a reviewer decided (the alphas are of the "
+                             "labels: agreement before review).")  # fmt: skip
+    by_question: ByQuestion | None = Field(
+        None,
+        description="Agreement per question within one rubric version (its kinds' "
+        "levels: ordinal ratings, nominal choices and booleans, none for text).",
+    )
     computed_at: str = Field(description="When the report's input was read (UTC).")
     updating: bool = Field(
         description="Labels changed the corpus since: a newer report is being computed "

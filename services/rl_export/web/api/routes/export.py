@@ -72,6 +72,7 @@ from rl_export.web.api.exportparams import (
     count_redactions,
     disposition,
     needs_raw,
+    question_columns_of,
     training_options,
     turn_mask,
     version_at,
@@ -275,6 +276,7 @@ async def get_records(
 ) -> RecordsOut:  # fmt: skip
     mask = turn_mask(format, mask_failed_turns, mask_types)
     chat, pairing = chat_options(format, chat_style, system, completion)
+    columns = await question_columns_of(svc, org, project, format, columns)
     picked = checked_export(format, columns, mask=mask, chat=chat, completion=pairing)
     kinds = asked_kinds(svc, redact)
     raw = needs_raw(svc, caller, kinds)
@@ -354,6 +356,7 @@ async def get_export(
     chat, pairing = chat_options(format, chat_style, system, completion)
     asked = asked_kinds(svc, redact)
     kinds = ",".join(asked) or "none"
+    columns = await question_columns_of(svc, org, project, format, columns)
     checked_export(
         format, columns, mask=mask, file=file, redact=kinds, chat=chat, completion=pairing
     )
