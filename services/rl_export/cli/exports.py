@@ -141,6 +141,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             await store.close()
 
     summary = asyncio.run(run())
+    if split is not None:  # an empty split, or too few split-by values, said on stderr
+        said = _split_warnings(args, settings, ref, split, filters=filters, at=at)
+        for warning in asyncio.run(said):
+            print(f"rl-export: warning: {warning}", file=sys.stderr)
     where = "stdout" if to_stdout else args.output
     note = f"exported {summary.records} {'pairs' if args.format == 'preference' else 'rows'} "
     note += f"({summary.format}, {summary.bytes} bytes) to {where}"
@@ -303,6 +307,18 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     report = agreement_report(asyncio.run(run())).model_dump(mode="json")
     print(dumps(with_questions(report, questions, specs, args.rubric_version)).decode())
     return 0
+
+
+async def _split_warnings(args: argparse.Namespace, settings: Any, ref: Any, split: Any, *,
+                          filters: Any, at: Any) -> list[str]:  # fmt: skip
+    """What ``--split`` should say about the splits (:mod:`rl_export.export.splitcounts`)."""
+    from rl_export.export.splitcounts import split_counts
+
+    store = _open(args.store, settings)
+    try:
+        return (await split_counts(store, ref, split, filters=filters, at=at)).warnings
+    finally:
+        await store.close()
 
 
 def _add_filters(p: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ from rl_export.web.api.routes import (
     label,
     review,
     rubric,
+    trainingset,
     versions,
     workspace,
 )
@@ -262,6 +263,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(rubric.router)
     app.include_router(workspace.router)
     app.include_router(review.router)
+    app.include_router(trainingset.router)
     app.include_router(pages_router)
     app.mount("/static", static_files(), name="static")
 

@@ -235,7 +235,11 @@ async def _preview(
     redacted by ``scrub`` (what it replaced added to ``counts``)."""
     counts = {} if counts is None else counts
     if fmt == "preference":
-        sample = _records(await query(index.preview, corpus_id, filters, PAIRING_SAMPLE))
+        # ``limit`` is the preview's rows, here pairs: the pairs are made among the first
+        # PAIRING_SAMPLE matching records, not among ``limit`` of them (issue 56: a preview
+        # of 5 pairs from 5 records was empty).
+        unlimited = filters.model_copy(update={"limit": None})
+        sample = _records(await query(index.preview, corpus_id, unlimited, PAIRING_SAMPLE))
         # Made on the prompts as stored.
         pairs = list(preference_pairs(sample, completion=completion, chat=chat))[:size]
         return [_scrubbed(scrub, row, counts) for row in pairs]
