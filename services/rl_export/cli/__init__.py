@@ -66,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dev", help="the embedded stack: Kafka, every stage, synthetic traffic")
     p.add_argument("--port", type=int, help="Kafka port on 127.0.0.1 (default 9092)")
-    p.add_argument("--data-dir", type=Path, help="where the stack keeps data (default var)")
+    p.add_argument(
+        "--data-dir", type=Path,
+        help="where the stack keeps its data, the store and its token included (default var)",
+    )  # fmt: skip
     p.add_argument(
         "--rate", type=float, default=5.0, help="synthetic traces per second (0 for none)"
     )

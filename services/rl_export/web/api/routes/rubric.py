@@ -5,14 +5,15 @@ changes the rubric makes the next version, and labels keep the version they were
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rl_export.corpora.rubrics import StoredRubric
 from rl_export.labeling.guidelines import render_guidelines
 from rl_export.model.errors import StoreError
-from rl_export.model.rubrics import RubricSpec
+from rl_export.model.rubrics import MAX_GUIDELINES, MAX_QUESTIONS, RubricSpec
 from rl_export.web.api.deps import AdminCaller, AnyCaller, OrgPath, ProjectPath, Svc
 from rl_export.web.errors import NotFound, Unavailable
 from rl_export.web.models import RubricOut
@@ -63,3 +64,30 @@ async def put_rubric(
     except StoreError as exc:
         raise Unavailable(f"the object store did not answer ({exc}); retry") from None
     return rubric_out(made, made.version, caller, created)
+
+
+class PreviewIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    guidelines: str = Field("", max_length=MAX_GUIDELINES)
+    questions: list[Any] = Field(default_factory=list, max_length=MAX_QUESTIONS)
+
+
+class PreviewOut(BaseModel):
+    guidelines_html: str = Field(description="The guidelines as labelers will see them.")
+    problem: str | None = Field(description="Why PUT rubric would refuse it (null: it would not).")
+
+
+@router.post("/rubric/preview", summary="A draft rubric as labelers would see it (admin)")
+async def post_rubric_preview(
+    *, org: OrgPath, project: ProjectPath, caller: AdminCaller, body: PreviewIn
+) -> PreviewOut:
+    """Renders the draft's guidelines and checks the draft as PUT rubric would; saves nothing."""
+    problem = None
+    try:
+        RubricSpec.model_validate(body.model_dump())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "rubric"
+        problem = f"{where}: {str(first['msg']).removeprefix('Value error, ')}"
+    return PreviewOut(guidelines_html=render_guidelines(body.guidelines), problem=problem)
