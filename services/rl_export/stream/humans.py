@@ -83,17 +83,22 @@ def _reward(view: LabelView, scope: Scope) -> Fraction | None:
     return label_reward(spec, view.answers)
 
 
+def plain(labels: dict[str, LabelView], adjudication: Adjudication | None) -> bool:
+    """Whether a trace's labels are all version-0 rating labels (or retractions), with no
+    adjudication: the join's hot path, scored exactly as before rubrics."""
+    return adjudication is None and not [1 for v in labels.values() if v.answers is not None]
+
+
 def human_reward(
     labels: dict[str, LabelView], adjudication: Adjudication | None, threshold: float,
-    scope: Scope,
+    scope: Scope | None,
 ) -> dict[str, Any] | None:  # fmt: skip
     """Human reward, rubric means, pass flag and labelers over the current labels (None: no
-    label and no adjudication)."""
-    current = [(labeler, v) for labeler, v in labels.items() if v.current]
-    if adjudication is None and all(v.rubric is not None for _, v in current):
-        if not current:
+    label and no adjudication). ``scope`` None: the labels are :func:`plain`."""
+    if scope is None:  # version-0 rating labels only: integer sums, as before rubrics
+        ratings = [v.rubric for v in labels.values() if v.rubric is not None]
+        if not ratings:
             return None
-        ratings = [v.rubric for _, v in current if v.rubric is not None]  # integer sums
         n = len(ratings)
         sums = [sum(r[i] for r in ratings) for i in range(4)]
         reward = sum(sums) / (20 * n)
@@ -101,8 +106,9 @@ def human_reward(
             "reward": reward,
             "passed": reward >= threshold,
             "rubric": {d: s / n for d, s in zip(RUBRIC_DIMENSIONS, sums, strict=True)},
-            "labelers": sorted(labeler for labeler, _ in current),
+            "labelers": sorted(k for k, v in labels.items() if v.rubric is not None),
         }
+    current = [(labeler, v) for labeler, v in labels.items() if v.current]
     rewards = [r for _, v in current if (r := _reward(v, scope)) is not None]
     decision = None if adjudication is None else _reward(adjudication[1], scope)
     if decision is not None:
@@ -145,10 +151,22 @@ def _means(current: list[LabelView], scope: Scope) -> dict[str, float | None] | 
 
 
 def label_details(
-    labels: dict[str, LabelView], adjudication: Adjudication | None, scope: Scope
+    labels: dict[str, LabelView], adjudication: Adjudication | None, scope: Scope | None
 ) -> list[dict[str, Any]]:
     """The records' ``human_labels``: each current label (and the adjudication) as
-    submitted, sorted by labeler (an adjudication before a label of the same person)."""
+    submitted, sorted by labeler (an adjudication before a label of the same person).
+    ``scope`` None: the labels are :func:`plain`."""
+    if scope is None:
+        return [  # version-0 rating labels only: the join's hot path, as before rubrics
+            {
+                "labeler": labeler,
+                "rubric": dict(zip(RUBRIC_DIMENSIONS, view.rubric, strict=True)),
+                "comment": view.comment,
+                "occurred_at": format_micros(view.key[0]),
+            }
+            for labeler, view in sorted(labels.items())
+            if view.rubric is not None
+        ]
     entries = [
         (labeler, "label", view) for labeler, view in labels.items() if view.current
     ]  # fmt: skip
@@ -181,7 +199,7 @@ def _detail(labeler: str, kind: str, view: LabelView, scope: Scope) -> dict[str,
 
 def versions_of(labels: dict[str, LabelView], adjudication: Adjudication | None) -> set[int]:
     """The rubric versions other than 0 that the current labels and adjudication name."""
-    found = {v.version for v in labels.values() if v.version and v.current}
+    found = {v.version for v in labels.values() if v.answers is not None and v.version}
     if adjudication is not None and adjudication[1].version:
         found.add(adjudication[1].version)
     return found

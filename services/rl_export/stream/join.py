@@ -49,6 +49,7 @@ from rl_export.stream.humans import (
     entries_reward,
     human_reward,
     label_details,
+    plain,
 )
 
 __all__ = ["RUBRIC_DIMENSIONS", "LabelView", "OrderKey"]  # kept here for their old importers
@@ -460,7 +461,10 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
     trace = st.trace
     if trace is None:
         return None
-    scope = Scope(st.org or "", st.project or "", config.rubrics)
+    # Labels of rubric versions other than 0, or an adjudication, are scored with the
+    # versions' rules (``scope``); version-0 rating labels as before rubrics (None).
+    scope = None if plain(st.labels, st.adjudication) else Scope(
+        st.org or "", st.project or "", config.rubrics)  # fmt: skip
     human = human_reward(st.labels, st.adjudication, config.human_pass_threshold, scope)
     evaluation = st.evaluation
     scored = evaluation is not None and evaluation.scores is not None

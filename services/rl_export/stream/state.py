@@ -158,7 +158,16 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
         first_pending_at=first_pending_at,
         trace=trace,
         evaluation=evaluation,
-        labels={item[0]: _label_view(item) for item in labels},
+        labels={
+            item[0]: LabelView(
+                (item[1], item[2]),
+                (item[3], item[4], item[5], item[6]) if len(item) > 3 else None,
+                item[7] if len(item) > 7 else None,
+            )
+            if len(item) < 4 or type(item[3]) is not dict
+            else _label_view(item)
+            for item in labels
+        },  # a version-0 label (or a retraction) made here: one call less per label
         skipped_by=set(skipped_by),
         updated_at=updated_at,
         deleted_at=deleted_at,
