@@ -386,6 +386,13 @@ def test_review_a_disputed_trace_and_the_reports_agree_with_the_answers(
                 assert math.isclose(found["alpha"], expected, abs_tol=1e-9), (name, found)
         assert by["questions"]["notes"]["level"] is None
 
+    # The Agreement tab shows the same, question by question, and says the decision is apart.
+    page.locator("#tab-agreement").click()
+    expect(page.locator("#agreement-questions-title")).to_contain_text("rubric version 1")
+    expect(page.locator("#agreement-questions tbody tr")).to_have_count(5)  # four and reward
+    expect(page.locator("#agreement-adjudicated")).to_contain_text("1 trace decided")
+    assert axe_violations(page) == []
+
 
 def test_the_keys_overlay_lists_every_key(
     stack: Stack, web: WebProcess, page: Page, tokens: dict[str, str]
