@@ -123,6 +123,7 @@ def test_an_admin_defines_a_rubric_of_every_kind(
     alerts: list[str] = []
     page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
     sign_in(page, web, tokens["lead"], PROJECT)
+    expect(page.locator("#who-text")).to_contain_text("lead")  # signed in: the page started
     page.locator("#tab-rubric").click()
     expect(page.locator("#rubric-version")).to_contain_text("version 0")
     page.locator("#rubric-guidelines").fill(GUIDELINES)
@@ -225,6 +226,8 @@ def test_label_with_the_rubric_by_keyboard_and_see_the_evaluators_after_saving(
         # The verdict of the trace just saved shows; the next trace's stays hidden.
         expect(page.locator("#last-evaluator")).to_contain_text(trace_id)
         expect(page.locator("#last-evaluator")).to_contain_text("judge")
+        expect(page.locator("#trace-meta .tag").first).not_to_have_text(trace_id)  # the next
+        expect(page.locator("#label-work")).not_to_have_attribute("aria-busy", "true")
     no_script_ran(page)
     with web.client(tokens["lead"], project=PROJECT) as api:
 

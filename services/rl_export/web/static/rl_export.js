@@ -987,6 +987,10 @@
       return;
     }
     if (!label.current || $("label-work").hidden) return;
+    if (label.busy && event.key !== "Tab") {  // a save or skip under way: the form is leaving
+      event.preventDefault();
+      return;
+    }
     const onTab = target.getAttribute && target.getAttribute("role") === "tab";
     if (label.form.key(event)) {  // from the tab list too: its keys are the arrows
       event.preventDefault();
@@ -1277,7 +1281,7 @@
   // Rubric tab: the project's questions and guidelines; an admin edits them, with a preview
   // =====================================================================================
   const KINDS = [["rating", "Rating"], ["choice", "Choice"], ["boolean", "Yes / no"], ["text", "Text"]];
-  const rubricDraft = { rubric: null, timer: null };
+  const rubricDraft = { rubric: null, version: null, timer: null };
   const preview = new QuestionForm($("rubric-preview-questions"), {
     prefix: "preview",
     onChange: () => {
@@ -1301,10 +1305,15 @@
     $("rubric-note").textContent = editable()
       ? "What labelers answer for each trace. Saving makes a new version; labels keep the version they were made with."
       : "What labelers answer for each trace. An admin of this project changes it.";
-    rubricDraft.rubric = copyRubric(rubric);
-    $("rubric-guidelines").value = rubricDraft.rubric.guidelines;
-    renderEditor();
-    showPreview(rubric.guidelines_html || "");
+    // The draft is kept while it edits the newest version: coming back to the tab (or a
+    // second look at the rubric) never throws away what the admin typed.
+    if (rubricDraft.version !== rubric.version) {
+      rubricDraft.rubric = copyRubric(rubric);
+      rubricDraft.version = rubric.version;
+      $("rubric-guidelines").value = rubricDraft.rubric.guidelines;
+      renderEditor();
+      showPreview(rubric.guidelines_html || "");
+    }
   }
 
   function field(labelText, input) {
@@ -1483,6 +1492,7 @@
       toast(saved.created ? `Rubric version ${saved.version} saved: new traces are labeled with it.`
         : `Nothing changed: version ${saved.version} is the same.`);
       label.rubric = null;
+      rubricDraft.version = null;  // a new version: the draft starts from it
       await showRubricTab();
     } catch (failure) {
       if (failure.status === 401) return;
