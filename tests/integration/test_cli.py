@@ -175,3 +175,71 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path: Path) -> None:
     proc.stderr.close()
     assert proc.wait(60) == 0, stderr
     assert stderr == ""
+
+
+RUBRIC_FILE = {
+    "guidelines": "Rate *fairly*.",
+    "questions": [
+        {"name": "quality", "title": "Quality", "kind": "rating", "min": 1, "max": 4},
+        {"name": "tone", "title": "Tone", "kind": "choice", "options": [
+            {"value": "rude", "title": "Rude"}, {"value": "warm", "title": "Warm"}]},
+    ],
+}  # fmt: skip
+
+
+def test_rubric_get_set_then_labels_of_it_in_records_exports_and_agreement(
+    tmp_path: Path,
+) -> None:
+    """``rubric get|set``, then labels of version 1 replayed: their answers in the records, a
+    CSV column per question, agreement per question, and a split by a field of few values
+    warned about (issue 56)."""
+    import orjson
+
+    from rl_export.local.synthetic import generate
+
+    store = tmp_path / "store"
+    where = ["--org", "acme", "--project", "support-bot", "--store", str(store)]
+    got = run_cli("rubric", "get", *where)
+    assert got.returncode == 0, got.stderr
+    assert orjson.loads(got.stdout)["version"] == 0
+    rubric = tmp_path / "rubric.json"
+    rubric.write_bytes(orjson.dumps(RUBRIC_FILE))
+    made = run_cli("rubric", "set", str(rubric), *where)
+    assert made.returncode == 0, made.stderr
+    assert "rubric version 1 made" in made.stdout
+    assert "unchanged" in run_cli("rubric", "set", str(rubric), *where).stdout
+    shown = orjson.loads(run_cli("rubric", "get", *where).stdout)
+    assert (shown["version"], [q["name"] for q in shown["questions"]]) == (1, ["quality", "tone"])
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(orjson.dumps({"questions": [{"name": "Bad Name", "title": "x"}]}))
+    assert_one_line_error(run_cli("rubric", "set", str(bad), *where), "FILE")
+
+    events = generate(30, seed=4)
+    first = next(e["trace_id"] for e in events if e["event_type"] == "trace.completed")
+    for n, (who, answers) in enumerate((("ana", {"quality": 3, "tone": "warm"}),
+                                        ("bo", {"quality": 1, "tone": "rude"}))):  # fmt: skip
+        events.append(event("label.submitted", f"v1-{n}", "2026-01-01T00:00:00Z", labeler=who,
+                            org="acme", project="support-bot", trace_id=first, rubric_version=1,
+                            rubric=answers))  # fmt: skip
+    lines = tmp_path / "events.jsonl"
+    lines.write_bytes(dumps_lines(events))
+    assert run_cli("replay", str(lines), "--store", str(store)).returncode == 0
+    csv_file = tmp_path / "out.csv"
+    result = run_cli("export", *where, "--source", "traces", "--format", "csv",
+                     "-o", str(csv_file))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    import csv
+    import io
+
+    rows = {r["trace_id"]: r for r in csv.DictReader(io.StringIO(csv_file.read_text()))}
+    assert rows[first]["answers.quality"] == "[3,1]"
+    assert rows[first]["answers.tone"] == '["warm","rude"]'
+    result = run_cli("export", *where, "--source", "traces", "--format", "trajectory",
+                     "--split", "train", "--splits", "train=0.9,eval=0.1", "--split-by",
+                     "scenario", "-o", str(tmp_path / "train.jsonl"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "rl-export: warning: --split-by scenario has" in result.stderr
+    report = orjson.loads(run_cli("agreement", *where, "--rubric-version", "1").stdout)
+    assert report["by_question"]["rubric_version"] == 1
+    assert report["by_question"]["questions"]["tone"]["level"] == "nominal"
+    assert report["by_question"]["multi_labeled"] == 1

@@ -133,6 +133,14 @@ def _invalid(
             key,
             _event_bytes(base | {"event_type": "label.submitted", "rubric": rubric}),
         )
+    if reason is RejectReason.INVALID_RUBRIC:  # a rubric version the project never made
+        answers = {"correctness": 3}
+        return (
+            EventFamily.LABELS,
+            key,
+            _event_bytes(base | {"event_type": "label.submitted", "rubric_version": 9999,
+                                 "rubric": answers}),  # fmt: skip
+        )
     if reason is RejectReason.OVERSIZED:  # under the topic's limit, over the event limit
         huge = base | {
             "event_type": "trace.completed", "trace_id": f"huge-{n}", "agent_version": "v4",

@@ -38,6 +38,7 @@ from rl_export.cli.processes import (
     cmd_web,
     cmd_worker,
 )
+from rl_export.cli.rubric import cmd_rubric
 from rl_export.cli.templates import cmd_template
 from rl_export.model.errors import ConfigError, RlExportError
 
@@ -66,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dev", help="the embedded stack: Kafka, every stage, synthetic traffic")
     p.add_argument("--port", type=int, help="Kafka port on 127.0.0.1 (default 9092)")
-    p.add_argument("--data-dir", type=Path, help="where the stack keeps data (default var)")
+    p.add_argument(
+        "--data-dir", type=Path,
+        help="where the stack keeps its data, the store and its token included (default var)",
+    )  # fmt: skip
     p.add_argument(
         "--rate", type=float, default=5.0, help="synthetic traces per second (0 for none)"
     )
@@ -92,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subject", help="create: who the token speaks for (the labeler)")
     p.add_argument(
         "--scopes",
-        metavar="label,export[,admin][,raw]",
+        metavar="label,export[,admin][,raw][,review]",
         help="create: what it may do (raw: read with less redaction than the default; "
-        "admin does not imply it)",
+        "review: decide disputed traces; admin implies neither)",
     )
     p.add_argument(
         "--expires-in", metavar="DURATION", default="90d",
@@ -260,9 +264,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
     p.add_argument("--org", required=True)
     p.add_argument("--project", required=True)
+    p.add_argument(
+        "--rubric-version", type=int, metavar="N",
+        help="by_question compares the labels of this rubric version (default: the newest "
+        "version two labels of a trace share)",
+    )  # fmt: skip
     _add_filters(p)
     _add_version(p)  # a version of the project's traces corpus
     p.set_defaults(func=cmd_agreement)
+
+    p = sub.add_parser(
+        "rubric", help="a project's rubric as JSON: get the newest (or --version N), or set FILE",
+        description="The project's rubric (docs/guides/rubrics.md): get prints a version as "
+        "JSON; set FILE makes the next version from the file's guidelines and questions.",
+    )  # fmt: skip
+    p.add_argument("action", choices=["get", "set"])
+    p.add_argument("file", nargs="?", metavar="FILE", help="set: the rubric's JSON ('-': stdin)")
+    p.add_argument("--org", required=True)
+    p.add_argument("--project", required=True)
+    p.add_argument("--version", type=int, metavar="N", help="get: this version, not the newest")
+    p.add_argument("--by", default="rl-export cli", help="set: who made the version (recorded)")
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.set_defaults(func=cmd_rubric)
 
     p = sub.add_parser("produce", help="publish event JSONL files to the input topics")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")

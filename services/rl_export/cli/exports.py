@@ -86,6 +86,7 @@ def _template(args: argparse.Namespace, settings: Any, fmt: str, chat: Any) -> A
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from rl_export.corpora.rubrics import RubricVersions
     from rl_export.export import (
         check_export,
         file_for,
@@ -97,7 +98,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         write_export,
     )
     from rl_export.export.attachments import AttachmentPolicy
+    from rl_export.export.columns import question_columns
     from rl_export.formats.filters import parse_filters
+    from rl_export.formats.render import TABULAR_FORMATS
     from rl_export.runtime.gctune import lean_allocators, tune_gc
     from rl_export.runtime.progressbar import bar, position_callback
 
@@ -140,9 +143,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     async def run() -> Any:
         store = _open(args.store, settings)
         try:
+            columns = args.columns
+            if columns is None and args.format in TABULAR_FORMATS:  # one per question
+                latest = await RubricVersions(store).latest(ref.org, ref.project)
+                if latest.version:
+                    columns = question_columns([q.name for q in latest.spec.questions])
             with bar(f"exporting {ref.root} as {args.format}", unit="records") as progress:
                 return await write_export(
-                    store, ref, format=args.format, filters=filters, columns=args.columns,
+                    store, ref, format=args.format, filters=filters, columns=columns,
                     pair_by=pair_by, margin=margin, max_pairs=args.max_pairs,
                     zip_data=args.zip_data, mask=mask, file=file, card=args.card,
                     redact=redact, chat=chat, completion=completion, split=split, dedup=dedup,
@@ -154,6 +162,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             await store.close()
 
     summary = asyncio.run(run())
+    if split is not None:  # an empty split, or too few split-by values, said on stderr
+        said = _split_warnings(args, settings, ref, split, filters=filters, at=at)
+        for warning in asyncio.run(said):
+            print(f"rl-export: warning: {warning}", file=sys.stderr)
     where = "stdout" if to_stdout else args.output
     note = f"exported {summary.records} {'pairs' if args.format == 'preference' else 'rows'} "
     note += f"({summary.format}, {summary.bytes} bytes) to {where}"
@@ -277,11 +289,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
+    from rl_export.corpora.rubrics import RubricVersions
     from rl_export.export import latest_records, source_ref
     from rl_export.formats.filters import parse_filters
     from rl_export.labeling.agreement import AgreementBuilder, AgreementInput, agreement_report
+    from rl_export.labeling.questions import QuestionsBuilder, with_questions
     from rl_export.model.codec import dumps
     from rl_export.model.errors import NoDataError
+    from rl_export.model.rubrics import RubricSpec
     from rl_export.runtime.gctune import tune_gc
 
     settings = _settings(args, store_url="store")
@@ -290,16 +305,29 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     version = _pinned(args, settings, ref)
     tune_gc()
 
+    questions = QuestionsBuilder()
+    specs: dict[int, RubricSpec] = {}
+
     async def run() -> AgreementInput:
         store = _open(args.store, settings)
         builder = AgreementBuilder()
         try:
+            versions = RubricVersions(store)
+            for n in range(await versions.latest_version(args.org, args.project) + 1):
+                found = await versions.get(args.org, args.project, n)
+                if found is not None:
+                    specs[n] = found.spec
+            if args.rubric_version is not None and args.rubric_version not in specs:
+                raise ConfigError("--rubric-version", f"{args.org}/{args.project} has no rubric "
+                                  f"version {args.rubric_version}")  # fmt: skip
             async for batch in latest_records(
-                store, ref, filters=filters, fields=AgreementBuilder.FIELDS,
+                store, ref, filters=filters,
+                fields=AgreementBuilder.FIELDS | QuestionsBuilder.FIELDS,
                 at=None if version is None else version.at,
             ):  # fmt: skip
                 for record in batch:
                     builder.add(record)
+                    questions.add(record)
         except NoDataError:  # its message names --source, which this command has not
             raise ConfigError(
                 "--org/--project",
@@ -310,9 +338,21 @@ def cmd_agreement(args: argparse.Namespace) -> int:
             await store.close()
         return builder.build()
 
-    report = agreement_report(asyncio.run(run()))
-    print(dumps(report.model_dump(mode="json")).decode())
+    report = agreement_report(asyncio.run(run())).model_dump(mode="json")
+    print(dumps(with_questions(report, questions, specs, args.rubric_version)).decode())
     return 0
+
+
+async def _split_warnings(args: argparse.Namespace, settings: Any, ref: Any, split: Any, *,
+                          filters: Any, at: Any) -> list[str]:  # fmt: skip
+    """What ``--split`` should say about the splits (:mod:`rl_export.export.splitcounts`)."""
+    from rl_export.export.splitcounts import split_counts
+
+    store = _open(args.store, settings)
+    try:
+        return (await split_counts(store, ref, split, filters=filters, at=at)).warnings
+    finally:
+        await store.close()
 
 
 def _add_filters(p: argparse.ArgumentParser) -> None:

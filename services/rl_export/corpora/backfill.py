@@ -54,12 +54,14 @@ from rl_export.corpora.commits import (
 from rl_export.corpora.compacted import latest_compaction
 from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import SCHEMA_VERSION, Compression, CorpusRef, parse_stream, utc_now
+from rl_export.corpora.rubrics import RubricVersions
 from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import CorpusSpec
 from rl_export.model.codec import dumps_line
 from rl_export.model.errors import ObjectExistsError
 from rl_export.model.records import tombstone
 from rl_export.runtime.metrics import SinkMetrics
+from rl_export.stream.humans import record_versions
 from rl_export.stream.join import snapshot_from_record
 
 log = logging.getLogger(__name__)
@@ -134,6 +136,7 @@ async def seed_chain(
             check_count(part, count)
 
     # 3. Each latest live record, as this corpus's row.
+    rubrics = RubricVersions(store)
     lines: list[bytes] = []
     stamps: list[str] = []
     for number, parts in enumerate(segments):
@@ -146,7 +149,9 @@ async def seed_chain(
                     if deleted or latest.get(trace_id) != (revision, False, number):
                         continue
                     record: dict[str, Any] = orjson.loads(line)
-                    snapshot = snapshot_from_record(record)
+                    for version in record_versions(record):  # labels of rubric versions > 0
+                        await rubrics.get(record["org"], record["project"], version)
+                    snapshot = snapshot_from_record(record, rubrics.known)
                     row = spec.record_for(snapshot)
                     if not keep(state, trace_id, revision, row is None):
                         continue

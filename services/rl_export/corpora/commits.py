@@ -27,7 +27,7 @@ from rl_export.corpora.store import ObjectStore
 from rl_export.model.codec import dumps, dumps_lines, iter_lines, loads
 from rl_export.model.errors import ObjectNotFoundError, StoreError
 
-SIDECAR_VERSION = "1"
+SIDECAR_VERSION = "2"  # 2: a label's time, comment, rubric version, kind and reward
 SIDECAR_SUFFIX = ".index.parquet"
 
 

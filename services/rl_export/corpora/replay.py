@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from rl_export.corpora.chain import SinkConfig, writer_id
 from rl_export.corpora.partition import PartitionSink
+from rl_export.corpora.rubrics import RubricVersions
 from rl_export.corpora.store import ObjectStore
 from rl_export.model.events import EventFamily, EventRejection
 from rl_export.model.partitioning import partition_for
@@ -120,7 +121,8 @@ async def replay(
     where: dict[tuple[str, int, int], str] = {}
     collector = _Collector(report, where)
     families = {topic_for(settings, f): f for f in EventFamily}
-    processor = JoinProcessor(settings, MemoryTable(), collector, Metrics(registry), families)
+    processor = JoinProcessor(settings, MemoryTable(), collector, Metrics(registry), families,
+                              rubrics=RubricVersions(store))  # fmt: skip
     input_offsets: Counter[tuple[str, int]] = Counter()
 
     async def run_batch(batch: list[InMessage]) -> None:

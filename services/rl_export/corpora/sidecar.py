@@ -52,39 +52,62 @@ _META_SHARD = b"rl_export.shard_sha256"
 _RUBRIC = pa.struct(
     [(d, pa.uint8()) for d in ("correctness", "helpfulness", "efficiency", "safety")]
 )
-_OUTCOME = pa.struct([("type", pa.string()), ("decision", pa.bool_()), ("severity", pa.int64())])
-_RESULT = pa.struct([("evaluator", pa.string()), ("score", pa.float64()), ("passed", pa.bool_())])
-SCHEMA = pa.schema(
+_LABEL_V1 = pa.struct([("labeler", pa.string()), ("rubric", _RUBRIC)])
+_LABEL = pa.struct(
     [
-        ("trace_id", pa.string()),
-        ("revision", pa.int64()),
-        ("deleted", pa.bool_()),
+        *_LABEL_V1,
+        ("occurred_at", pa.string()),
+        ("comment", pa.string()),
+        ("rubric_version", pa.int64()),
+        ("kind", pa.string()),
         ("reward", pa.float64()),
-        ("passed", pa.bool_()),
-        ("labels_count", pa.int64()),
-        ("agent_version", pa.string()),
-        ("scenario", pa.string()),
-        ("updated_at", pa.string()),
-        ("completed_at", pa.string()),
-        ("labelers", pa.list_(pa.string())),
-        ("skipped_by", pa.list_(pa.string())),
-        ("labels", pa.list_(pa.struct([("labeler", pa.string()), ("rubric", _RUBRIC)]))),
-        (
-            "evaluation",
-            pa.struct(
-                [
-                    ("report", pa.struct([("outcomes", pa.list_(_OUTCOME))])),
-                    ("results", pa.list_(_RESULT)),
-                ]
-            ),
-        ),
-        ("pass_threshold", pa.float64()),
-        ("line_offset", pa.int64()),
-        ("line_length", pa.int64()),
     ]
 )
+"""A ``human_labels`` entry's fields the readers use: version 2 added the label's time and
+comment (a labeler's own labels, searched), and a rubric-version label's version, kind and
+reward (its spread, its review; docs/guides/rubrics.md)."""
+_OUTCOME = pa.struct([("type", pa.string()), ("decision", pa.bool_()), ("severity", pa.int64())])
+_RESULT = pa.struct([("evaluator", pa.string()), ("score", pa.float64()), ("passed", pa.bool_())])
+
+
+def _schema(label: pa.DataType) -> pa.Schema:
+    return pa.schema(
+        [
+            ("trace_id", pa.string()),
+            ("revision", pa.int64()),
+            ("deleted", pa.bool_()),
+            ("reward", pa.float64()),
+            ("passed", pa.bool_()),
+            ("labels_count", pa.int64()),
+            ("agent_version", pa.string()),
+            ("scenario", pa.string()),
+            ("updated_at", pa.string()),
+            ("completed_at", pa.string()),
+            ("labelers", pa.list_(pa.string())),
+            ("skipped_by", pa.list_(pa.string())),
+            ("labels", pa.list_(label)),
+            (
+                "evaluation",
+                pa.struct(
+                    [
+                        ("report", pa.struct([("outcomes", pa.list_(_OUTCOME))])),
+                        ("results", pa.list_(_RESULT)),
+                    ]
+                ),
+            ),
+            ("pass_threshold", pa.float64()),
+            ("line_offset", pa.int64()),
+            ("line_length", pa.int64()),
+        ]
+    )
+
+
+SCHEMA = _schema(_LABEL)
 """A record's fields as written (absent: null; ``labels`` is null in a record written
 before records carried it, ``deleted`` is true only for a tombstone)."""
+SCHEMA_V1 = _schema(_LABEL_V1)
+"""Version 1's columns (its labels without time, comment, version, kind and reward): still
+read, its labels given the version-2 fields as nulls."""
 
 
 class SidecarError(ValueError):
@@ -161,9 +184,10 @@ def read_sidecar(data: bytes, ref: SidecarRef, *, shard_sha256: str, records: in
     must then end exactly there), None when it is not known. ``columns`` reads only those
     (and the line places, which are always checked); None reads them all.
     """
-    if ref.version != SIDECAR_VERSION:
+    expected = {SIDECAR_VERSION: SCHEMA, "1": SCHEMA_V1}.get(ref.version)
+    if expected is None:
         raise SidecarError(f"{ref.key}: sidecar version {ref.version!r}, this reader knows "
-                           f"{SIDECAR_VERSION!r}")  # fmt: skip
+                           f"{SIDECAR_VERSION!r} and 1")  # fmt: skip
     digest = hashlib.sha256(data).hexdigest()
     if digest != ref.sha256 or len(data) != ref.bytes:
         raise SidecarError(f"{ref.key}: sha256 {digest[:16]}… does not match its commit's")
@@ -174,8 +198,8 @@ def read_sidecar(data: bytes, ref: SidecarRef, *, shard_sha256: str, records: in
         if meta.get(_META_SHARD, b"").decode() != shard_sha256:
             raise SidecarError(f"{ref.key}: describes another object than its commit's "
                                f"(sha256 {shard_sha256[:16]}…)")  # fmt: skip
-        if not schema.remove_metadata().equals(SCHEMA):
-            raise SidecarError(f"{ref.key}: its columns are not version {SIDECAR_VERSION}'s")
+        if not schema.remove_metadata().equals(expected):
+            raise SidecarError(f"{ref.key}: its columns are not version {ref.version}'s")
         wanted = None
         if columns is not None:
             wanted = list(dict.fromkeys([*columns, "line_offset", "line_length"]))
@@ -185,7 +209,28 @@ def read_sidecar(data: bytes, ref: SidecarRef, *, shard_sha256: str, records: in
     if table.num_rows != records or ref.rows != records:
         raise SidecarError(f"{ref.key}: {table.num_rows} rows for {records} records")
     _check_tiling(ref.key, table, shard_bytes)
-    return table
+    return table if expected is SCHEMA else _upgrade_labels(table)
+
+
+def _upgrade_labels(table: pa.Table) -> pa.Table:
+    """A version-1 sidecar's table with version 2's label fields, null (its ``labels``
+    column's entries get them; no other column changes)."""
+    if "labels" not in table.column_names:
+        return table
+    at = table.column_names.index("labels")
+    column = table.column("labels").combine_chunks()
+    values = column.values
+    count = len(values)
+    children = [values.field(f.name) if values.type.get_field_index(f.name) >= 0
+                else pa.nulls(count, f.type) for f in _LABEL]  # fmt: skip
+    entries = pa.StructArray.from_arrays(children, fields=list(_LABEL))
+    offsets = column.offsets
+    if column.null_count:  # a null list: a null offset (from_arrays reads it so)
+        starts = offsets.to_pylist()
+        nulls = column.is_null().to_pylist()
+        offsets = pa.array([None if nulls[n] else starts[n] for n in range(len(column))]
+                           + [starts[-1]], pa.int32())  # fmt: skip
+    return table.set_column(at, "labels", pa.ListArray.from_arrays(offsets, entries))
 
 
 async def load_sidecar(store: ObjectStore, ref: CorpusRef, part: Part, *,

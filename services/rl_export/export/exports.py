@@ -537,7 +537,11 @@ async def preview(
     if format not in JSONL_FORMATS:
         raise ExportError("format", f"{format!r} is not a JSON Lines format (preview: "
                           f"{', '.join(JSONL_FORMATS)})")  # fmt: skip
-    filters = (filters or Filters()).model_copy(update={"limit": limit})
+    # ``limit`` is rows of the format: a preference row is a pair of records, made among
+    # every matching record (the filters' own limit, if any), the first ``limit`` pairs kept.
+    filters = (filters or Filters()).model_copy(
+        update={"limit": None if format == "preference" else limit}
+    )
     data = b"".join(
         [c async for c in iter_export(store, ref, format=format, filters=filters,
                                       pair_by=pair_by, margin=margin, max_pairs=max_pairs,
@@ -545,4 +549,4 @@ async def preview(
                                       completion=completion, split=split, dedup=dedup,
                                       summary=summary, at=at, template=template)]
     )  # fmt: skip
-    return [loads(line) for line in data.splitlines()]
+    return [loads(line) for line in data.splitlines()[:limit]]

@@ -45,7 +45,11 @@ class Split:
 
     def of(self, record: Mapping[str, Any]) -> str:
         """The split a record belongs to."""
-        point = split_point(self.salt, split_value(record, self.by))
+        return self.of_value(split_value(record, self.by))
+
+    def of_value(self, value: str) -> str:
+        """The split of the rows whose ``by`` value is ``value`` (its text)."""
+        point = split_point(self.salt, value)
         edge = 0.0
         for name, share in self.splits[:-1]:
             edge += share

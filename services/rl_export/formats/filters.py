@@ -208,20 +208,35 @@ _DIMENSIONS = tuple(Rubric.model_fields)  # correctness, helpfulness, efficiency
 
 
 def record_spread(record: Mapping[str, Any]) -> float | None:
-    """The largest difference between two current labelers' rewards (each labeler's four
-    ratings summed / 20): 0 with fewer than two labels; None when unknown (a record with two
-    or more labels written before records carried ``human_labels``).
+    """The largest difference between two current labelers' rewards (a version-0 label's four
+    ratings summed / 20, another rubric version's ``reward``; an adjudication is no label): 0
+    with fewer than two labels; None when unknown (a record with two or more labels written
+    before records carried ``human_labels``, or a label without a reward).
 
-    Computed as (greatest sum - least sum) / 20, one division of integers, so that it equals
-    the query index's SQL to the bit and a spread of exactly X passes ``max-spread X``.
+    Computed as (greatest - least) / 20 of each label's reward in twentieths (a version-0
+    label's sum, an integer; another's reward x 20), so that it equals the query index's SQL
+    to the bit and a spread of exactly X passes ``max-spread X``.
     """
     labels = record.get("human_labels")
     if not isinstance(labels, list):
         return 0.0 if (record.get("labels_count") or 0) < 2 else None
+    labels = [x for x in labels if x.get("kind", "label") == "label"]
     if len(labels) < 2:
         return 0.0
-    sums: list[int] = [sum(label["rubric"][d] for d in _DIMENSIONS) for label in labels]
-    return (max(sums) - min(sums)) / 20
+    sums = [label_twentieths(label) for label in labels]
+    known = [s for s in sums if s is not None]
+    if len(known) < len(sums):
+        return None
+    return (max(known) - min(known)) / 20
+
+
+def label_twentieths(label: Mapping[str, Any]) -> float | None:
+    """A ``human_labels`` entry's reward x 20: a version-0 label's ratings summed (an integer),
+    another version's ``reward`` x 20; None when it has no reward."""
+    if "answers" in label:
+        reward = label.get("reward")
+        return None if reward is None else reward * 20
+    return sum(label["rubric"][d] for d in _DIMENSIONS)  # type: ignore[no-any-return]
 
 
 def metadata_text(value: Any) -> str:

@@ -20,8 +20,8 @@ from rl_export.labeling.agreement import DIMENSIONS, AgreementInput
 from rl_export.labeling.queue import TraceLabels, order_terms, place, target_sql
 from rl_export.labeling.settings import LabelingSettings
 
-# A trace's labels and skips for the queue's rules: labelers, their rating sums (NULL for a
-# record written before ``labels``), skips.
+# A trace's labels and skips for the queue's rules: labelers, their rewards in twentieths (a
+# version-0 label's rating sum; NULL for a record written before ``labels``), skips.
 _LABELS_OF = (
     f"trace_id, labelers, list_transform(labels, lambda x: {{'labeler': x.labeler, "
     f"'sum': {LABEL_SUM}}}), skipped_by"
@@ -31,8 +31,8 @@ _LABELS_OF = (
 def _trace_labels(
     trace_id: str, labelers: list[str], sums: list[dict[str, Any]] | None, skipped: list[str]
 ) -> TraceLabels:
-    known: dict[str, int | None] = (
-        dict.fromkeys(labelers) if sums is None else {x["labeler"]: int(x["sum"]) for x in sums}
+    known: dict[str, float | None] = (
+        dict.fromkeys(labelers) if sums is None else {x["labeler"]: x["sum"] for x in sums}
     )
     return TraceLabels(trace_id, known, frozenset(skipped))
 
@@ -362,9 +362,13 @@ def agreement_input(index: QueryIndex, corpus_id: int, filters: Filters) -> Agre
 def _agreement_input(db: Any, traces: int) -> AgreementInput:
     """The input from ``agreement_traces``, the ``traces`` matching traces' rows with a label
     or a skip (the others are numbered after them, with nothing to add)."""
+    # Labels of other rubric versions than 0 count as labels whose ratings are unknown.
     kept, unrated, unrated_multi = db.execute(
-        "SELECT count(*), count(*) FILTER (WHERE labels IS NULL AND labels_count >= 1), "
-        "count(*) FILTER (WHERE labels IS NULL AND labels_count >= 2) FROM agreement_traces"
+        "SELECT count(*), count(*) FILTER (WHERE (labels IS NULL AND labels_count >= 1) OR "
+        "(rated = 0 AND len(labels) >= 1)), count(*) FILTER (WHERE (labels IS NULL AND "
+        "labels_count >= 2) OR (rated < 2 AND len(labels) >= 2)) FROM (SELECT *, "
+        "len(list_filter(labels, lambda x: x.rubric_version IS NULL)) AS rated "
+        "FROM agreement_traces)"
     ).fetchone()
     # Labelers: whoever labeled or skipped, numbered in name order.
     db.execute(
@@ -378,7 +382,8 @@ def _agreement_input(db: Any, traces: int) -> AgreementInput:
         "SELECT a.t, l.n, "
         + ", ".join(f"a.label.rubric.{d} AS {d}" for d in DIMENSIONS)
         + " FROM (SELECT t, unnest(labels) AS label FROM agreement_traces) a "
-        "JOIN agreement_labelers l ON l.name = a.label.labeler ORDER BY a.t, l.n"
+        "JOIN agreement_labelers l ON l.name = a.label.labeler "
+        "WHERE a.label.rubric_version IS NULL ORDER BY a.t, l.n"
     ).fetchnumpy()
     skips = db.execute(
         "SELECT l.n, count(*) FROM (SELECT unnest(skipped_by) AS name FROM agreement_traces) s "

@@ -66,7 +66,7 @@ from rl_export.model.codec import dumps, loads
 from rl_export.model.errors import ObjectNotFoundError
 from rl_export.model.records import upgrade_line
 
-SCHEMA_VERSION = "7"  # bumped when the index or its segments change: rebuilt from the corpora
+SCHEMA_VERSION = "8"  # bumped when the index or its segments change: rebuilt from the corpora
 
 SLICE = 20_000
 MEMO_ENTRIES = 256
@@ -387,7 +387,7 @@ class QueryIndex:
                 "labels_count, agent_version, scenario, updated_at, completed_at, max_severity, "
                 "pass_dims, labelers, skipped_by, _q, "
                 "CASE WHEN deleted THEN NULL ELSE _seg END, _o, _n, labeled, bucket, "
-                "completed_us, spread, labels, results, pass_threshold, eval_reward, "
+                "completed_us, spread, labels, adjudication, results, pass_threshold, eval_reward, "
                 "eval_passed, eval_split FROM batch" + where,
                 [corpus_id],
             )

@@ -13,6 +13,12 @@ BINS = 10  # the reward histogram's bins over 0..1 (the export package's stats u
 RUBRIC_TYPE = (
     "STRUCT(correctness UTINYINT, helpfulness UTINYINT, efficiency UTINYINT, safety UTINYINT)"
 )
+LABEL_TYPE = (
+    f"STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE}, occurred_at VARCHAR, comment VARCHAR, "
+    "rubric_version BIGINT, kind VARCHAR, reward DOUBLE)"
+)
+"""A ``human_labels`` entry as the index keeps it (the sidecars' ``labels`` entries): a version-0
+label's four ratings, another version's reward (docs/guides/rubrics.md)."""
 JSON_COLUMNS = {
     "trace_id": "VARCHAR",
     "revision": "BIGINT",
@@ -26,8 +32,8 @@ JSON_COLUMNS = {
     "completed_at": "VARCHAR",
     "labelers": "VARCHAR[]",
     "skipped_by": "VARCHAR[]",
-    "human_labels": f"STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE})[]",
-    "labels": f"STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE})[]",  # record schema 2's name
+    "human_labels": f"{LABEL_TYPE}[]",
+    "labels": f"{LABEL_TYPE}[]",  # record schema 2's name
     "evaluation": "STRUCT(report STRUCT(outcomes "
     "STRUCT(type VARCHAR, decision BOOLEAN, severity BIGINT)[]), "
     "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[])",
@@ -38,7 +44,15 @@ JSON_COLUMNS = {
 _OUTCOMES = "evaluation.report.outcomes"
 _RESULTS = "evaluation.results"
 _PASSES = f"list_transform({_RESULTS}, lambda r: r.passed)"
-LABEL_SUM = "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
+LABEL_SUM = (
+    "CASE WHEN x.rubric_version IS NULL THEN "
+    + "+".join(f"x.rubric.{d}" for d in Rubric.model_fields)
+    + " ELSE x.reward * 20 END"
+)
+"""A label's reward in twentieths: a version-0 label's ratings summed (4..20, exact), another
+version's reward x 20 (the queue's spread is their difference / 20: labeling/queue.py)."""
+_LABELS = "list_filter(labels, lambda x: coalesce(x.kind, 'label') = 'label')"
+"""A record's labels without its adjudication (a reviewer's decision is no label)."""
 EXTRACT = f"""
     trace_id, revision, coalesce(deleted, false) AS deleted, reward, passed,
     labels_count, agent_version, scenario,
@@ -59,11 +73,14 @@ EXTRACT = f"""
     epoch_us(try_cast(completed_at AS TIMESTAMPTZ)) AS completed_us,
     CASE WHEN labels IS NULL THEN
             CASE WHEN coalesce(labels_count, 0) < 2 THEN 0.0 END
-        WHEN len(labels) < 2 THEN 0.0
-        ELSE (list_max(list_transform(labels, lambda x: {LABEL_SUM}))
-              - list_min(list_transform(labels, lambda x: {LABEL_SUM}))) / 20.0
+        WHEN len({_LABELS}) < 2 THEN 0.0
+        WHEN list_bool_or(list_transform({_LABELS}, lambda x: ({LABEL_SUM}) IS NULL)) THEN NULL
+        ELSE (list_max(list_transform({_LABELS}, lambda x: {LABEL_SUM}))
+              - list_min(list_transform({_LABELS}, lambda x: {LABEL_SUM}))) / 20.0
     END AS spread,
-    labels, {_RESULTS} AS results, pass_threshold,
+    {_LABELS} AS labels,
+    list_filter(labels, lambda x: x.kind = 'adjudication')[1] AS adjudication,
+    {_RESULTS} AS results, pass_threshold,
     CASE WHEN len({_RESULTS}) > 0 THEN list_avg(list_transform({_RESULTS}, lambda r: r.score))
         END AS eval_reward,
     CASE WHEN len({_RESULTS}) > 0 THEN list_bool_and({_PASSES}) END AS eval_passed,
@@ -74,7 +91,9 @@ EXTRACT = f"""
 # computed once at ingest: as expressions in the stats query they cost it three times over.
 # ``spread`` is filters.record_spread: NULL (unknown) for a record written before records
 # carried ``labels`` that has two or more labels; (greatest - least sum) / 20 as a double.
-# ``labels`` (NULL for such a record), ``results`` and ``pass_threshold`` feed the agreement
+# A label without a reward (its rubric version unknown to the join) makes the spread unknown.
+# ``labels`` (the record's, less its adjudication: ``adjudication``; NULL for a record written
+# before records carried labels), ``results`` and ``pass_threshold`` feed the agreement
 # report; ``eval_reward``, ``eval_passed`` and ``eval_split`` (the current evaluation's mean
 # score, all passed, some passed and some not; NULL without results) the team's queue.
 RECORD_COLUMNS = (
@@ -84,7 +103,7 @@ RECORD_COLUMNS = (
     "pass_dims VARCHAR[], labelers VARCHAR[], skipped_by VARCHAR[], seq BIGINT, "
     "seg INTEGER, off BIGINT, len BIGINT, labeled BOOLEAN, bucket UTINYINT, "
     "completed_us BIGINT, spread DOUBLE, "
-    f"labels STRUCT(labeler VARCHAR, rubric {RUBRIC_TYPE})[], "
+    f"labels {LABEL_TYPE}[], adjudication {LABEL_TYPE}, "
     "results STRUCT(evaluator VARCHAR, score DOUBLE, passed BOOLEAN)[], pass_threshold DOUBLE, "
     "eval_reward DOUBLE, eval_passed BOOLEAN, eval_split BOOLEAN"
 )

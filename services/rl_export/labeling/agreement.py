@@ -227,7 +227,13 @@ class AgreementBuilder:
             self._unrated[0] += count >= 1
             self._unrated[1] += count >= 2
         else:
-            for label in labels:
+            # Version-0 rating labels enter the ratings; the others (another rubric version's,
+            # labeling/questions.py) only the counts, as labels whose ratings are unknown.
+            rated = [x for x in labels if "answers" not in x]
+            others = sum(x.get("kind", "label") == "label" for x in labels) - len(rated)
+            self._unrated[0] += others and not rated
+            self._unrated[1] += others and len(rated) < 2 <= len(rated) + others
+            for label in rated:
                 self._label_trace.append(trace)
                 self._label_labeler.append(self._labeler(label["labeler"]))
                 rubric = label["rubric"]
@@ -366,17 +372,19 @@ def alpha_with_interval(
     *,
     resamples: int = RESAMPLES,
     seed: int = SEED,
+    scale: FloatArray | None = None,
 ) -> Alpha:
     """Krippendorff's alpha of the pairable values ``values[i]`` (``0 .. domain - 1``,
-    equally spaced) of units ``units[i]`` (``0 .. U - 1``, each with at least two), and its
-    bootstrap 95 % interval over units."""
+    equally spaced, or standing for ``scale[values[i]]``) of units ``units[i]`` (``0 .. U -
+    1``, each with at least two), and its bootstrap 95 % interval over units."""
     counts = value_counts(units, values, domain)
     count = len(counts)
     if count < 2:
         return Alpha(alpha=None, ci95=None, units=count)
     rows, weights = patterns(counts)
     terms = coincidences(rows)
-    scale = np.arange(domain, dtype=np.float64)
+    if scale is None:
+        scale = np.arange(domain, dtype=np.float64)
     point = alphas(weights[None, :].astype(np.float64), terms, level, scale)[0]
     if not np.isfinite(point):
         return Alpha(alpha=None, ci95=None, units=count)

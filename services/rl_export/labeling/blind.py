@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from rl_export.labeling.evaluations import hide_evaluations
 from rl_export.privacy.kinds import Counts
 from rl_export.privacy.redact import Redactor
 
@@ -71,16 +72,21 @@ def handle(item: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(shown)).hexdigest()[:32]
 
 
-def queue_item(line: bytes, *, blinded: bool, scrub: Redactor | None) -> tuple[bytes, Counts]:
-    """A corpus line as a queue or claim item: blinded when asked, redacted by ``scrub``
-    (None: the project redacts nothing), with its :func:`handle` last; with what was
-    replaced, per kind."""
+def queue_item(
+    line: bytes, *, blinded: bool, scrub: Redactor | None, evaluations: bool = True
+) -> tuple[bytes, Counts]:
+    """A corpus line as a queue or claim item: blinded when asked, without the evaluators'
+    verdict unless ``evaluations`` (:mod:`rl_export.labeling.evaluations`), redacted by
+    ``scrub`` (None: the project redacts nothing), with its :func:`handle` last; with what
+    was replaced, per kind."""
     record = orjson.loads(line)
     if not isinstance(record, dict):
         raise ValueError("a corpus line is not a JSON object")
     counts: Counts = {}
     if blinded:
         record = blind(record)
+    if not evaluations:
+        record = hide_evaluations(record)
     if scrub is not None:
         record, counts = scrub.record(record)
     record[HANDLE] = handle(record)

@@ -20,16 +20,17 @@ from dataclasses import dataclass, field
 
 from rl_export.labeling.settings import LabelingSettings, Order
 
-RATING_SUM_SCALE = 20  # a labeler's reward is their four ratings summed / 20
+RATING_SUM_SCALE = 20  # a version-0 labeler's reward is their four ratings summed / 20
 
 
 @dataclass(frozen=True)
 class TraceLabels:
-    """What the queue needs of one trace: its current labels (labeler -> the sum of their
-    four ratings, None when the record did not say: written before ``labels``) and skips."""
+    """What the queue needs of one trace: its current labels (labeler -> their reward in
+    twentieths: a version-0 label's four ratings summed, another rubric version's reward x 20;
+    None when the record did not say: written before ``labels``) and skips."""
 
     trace_id: str
-    sums: Mapping[str, int | None] = field(default_factory=dict)
+    sums: Mapping[str, float | None] = field(default_factory=dict)
     skipped_by: frozenset[str] = frozenset()
 
     def with_fresh(self, fresh: Mapping[str, FreshAction]) -> TraceLabels:
@@ -53,14 +54,15 @@ class TraceLabels:
 @dataclass(frozen=True)
 class FreshAction:
     """A labeler's latest action on a trace that the corpora may not show yet: ``label``
-    True (labeled, ``sum`` of the ratings), False (retracted) or None (only skipped)."""
+    True (labeled, ``sum`` of the ratings of a version-0 label, else None until the corpora
+    show its reward), False (retracted) or None (only skipped)."""
 
     label: bool | None = None
-    sum: int | None = None
+    sum: float | None = None
     skipped: bool = False
 
 
-def spread(sums: Mapping[str, int | None]) -> float | None:
+def spread(sums: Mapping[str, float | None]) -> float | None:
     """The largest difference between two labelers' rewards (0 for fewer than two labels);
     None when a rating sum is unknown."""
     if len(sums) < 2:
@@ -72,7 +74,7 @@ def spread(sums: Mapping[str, int | None]) -> float | None:
     return (max(known) - min(known)) / RATING_SUM_SCALE
 
 
-def target(settings: LabelingSettings, sums: Mapping[str, int | None]) -> int:
+def target(settings: LabelingSettings, sums: Mapping[str, float | None]) -> int:
     """k, or k + 1 once the trace's first k labels (or more) disagree by the spread."""
     k = settings.labels_per_trace
     threshold = settings.adjudicate_spread

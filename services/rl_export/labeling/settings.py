@@ -23,6 +23,7 @@ from rl_export.model.events import UtcDatetime
 
 Order = Literal["oldest", "newest", "uncertain", "random"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "uncertain", "random")
+ShowEvaluations = Literal["after_label", "always", "never"]
 PREFIX = "_labeling/"
 
 
@@ -50,6 +51,11 @@ class LabelingSettings(BaseModel):
         True,
         description="Queue and claim items carry no other labeler's ratings, comments, names "
         "or human rewards (docs/guides/security.md); false shows them.",
+    )
+    show_evaluations: ShowEvaluations = Field(
+        "after_label",
+        description="When a labeler sees the evaluators' verdict, scores and reasoning: "
+        "after_label (once they saved a label on the trace: no anchoring), always, or never.",
     )
 
 
@@ -89,7 +95,7 @@ def merged(current: LabelingSettings, change: dict[str, Any]) -> LabelingSetting
         if first["type"] == "extra_forbidden":
             message = (
                 "is not a labeling setting (labels_per_trace, lease_s, order, "
-                "adjudicate_spread, blind)"
+                "adjudicate_spread, blind, show_evaluations)"
             )
         raise SettingsInvalid(field, message) from None
 

@@ -3,10 +3,13 @@
 1. start the local Kafka broker (data under ``<data_dir>/kafka``) and wait until its group
    coordinator answers (a fresh broker creates and loads its offsets topic on first use);
 2. create the topics;
-3. start every stage as its own process, pointed at that broker and the store: the worker
-   (join and sink) and the web service;
-4. create a development token with every scope for the synthetic org/project (with
-   ``rl-export tokens create``, as anyone would) and print where the page is;
+3. start every stage as its own process, pointed at that broker and the store (under
+   ``<data_dir>/store`` unless ``RL_EXPORT_STORE_URL`` names another): the worker (join and
+   sink) and the web service;
+4. reuse the development token of the last start (kept in ``<data_dir>/dev-token``, readable
+   by its owner only) while it is still valid, else create one with every scope for the
+   synthetic org/project (with ``rl-export tokens create``, as anyone would) and revoke the
+   one it replaces; print where the page is;
 5. publish synthetic traffic at a steady rate;
 6. on Ctrl-C, SIGTERM or SIGHUP (its terminal closed), stop everything in reverse order.
 
@@ -117,16 +120,62 @@ async def wait_for_coordinators(bootstrap: str, groups: list[str], timeout_s: fl
         await admin.close()
 
 
-def dev_token(env: dict[str, str]) -> str:
-    """A token with every scope for the synthetic org/project, from ``rl-export tokens``."""
+DEV_SCOPES = "admin,raw,review"
+TOKEN_FILE = "dev-token"
+
+
+def _tokens(env: dict[str, str], *args: str) -> str:
+    """``rl-export tokens ARGS``'s output (LocalStackError with its message when it fails)."""
     result = subprocess.run(
-        [sys.executable, "-m", "rl_export.cli", "tokens", "create", "--org", SYNTHETIC_ORG,
-         "--project", SYNTHETIC_PROJECT, "--subject", "dev", "--scopes", "admin,raw"],
+        [sys.executable, "-m", "rl_export.cli", "tokens", *args],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     if result.returncode != 0:
-        raise LocalStackError(f"could not create a development token: {result.stderr.strip()}")
-    return result.stdout.strip().splitlines()[-1]
+        raise LocalStackError(f"rl-export tokens {args[0]} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def token_id(token: str) -> str | None:
+    """The id of a token (``rlx_<id>_<secret>``), None for anything else."""
+    parts = token.split("_")
+    return parts[1] if len(parts) >= 3 and parts[0] == "rlx" and len(parts[1]) == 12 else None
+
+
+def _still_valid(env: dict[str, str], token: str) -> bool:
+    """Whether ``tokens list`` shows the token active, for the synthetic project, with every
+    scope the stack gives."""
+    found = token_id(token)
+    if found is None:
+        return False
+    for line in _tokens(env, "list").splitlines():
+        fields = line.split()
+        if fields[:1] == [found]:
+            return (fields[1] == f"{SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}" and fields[-1] == "active"
+                    and set(fields[3].split(",")) >= set(DEV_SCOPES.split(",")))  # fmt: skip
+    return False
+
+
+def dev_token(env: dict[str, str], data: Path) -> tuple[str, bool]:
+    """The development token (every scope for the synthetic org/project) and whether it is
+    new: the last start's, from ``<data>/dev-token``, while ``tokens list`` shows it active;
+    else a new one from ``rl-export tokens create``, and the one it replaces revoked."""
+    path = data / TOKEN_FILE
+    old = path.read_text().strip() if path.exists() else ""
+    if old and _still_valid(env, old):
+        return old, False
+    created = _tokens(env, "create", "--org", SYNTHETIC_ORG, "--project", SYNTHETIC_PROJECT,
+                      "--subject", "dev", "--scopes", DEV_SCOPES)  # fmt: skip
+    token = created.strip().splitlines()[-1]
+    replaced = token_id(old) if old else None
+    if replaced is not None:
+        with contextlib.suppress(LocalStackError):  # unknown, or revoked already
+            _tokens(env, "revoke", replaced)
+    data.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.replace(path.with_suffix(".tmp"), path)
+    return token, True
 
 
 async def _traffic(settings: Settings, rate: float, stop: asyncio.Event) -> None:
@@ -169,6 +218,14 @@ async def _serve(settings: Settings, rate: float) -> None:
         await traffic
 
 
+def dev_store_url(settings: Settings) -> str:
+    """The stack's store: ``RL_EXPORT_STORE_URL`` when set, else ``<data_dir>/store`` (so
+    ``--data-dir`` moves the store with the rest of the stack's data)."""
+    if "store_url" in settings.model_fields_set:
+        return settings.store_url
+    return str(settings.data_dir.resolve() / "store")
+
+
 def run_dev(settings: Settings, traffic_rate: float) -> int:
     """Run the embedded stack until interrupted; return the exit code."""
     # Until the event loop takes them over (and again after it): a closed terminal stops
@@ -185,15 +242,17 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
         local = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap} | {
             name: Settings.model_fields[name].default for name in SECURITY_SETTINGS})  # fmt: skip
         asyncio.run(_prepare(local))
-        store = parse_store_url(settings.store_url)
+        store_url = dev_store_url(settings)
+        store = parse_store_url(store_url)
         env = dict(os.environ)
         env[env_name("kafka_bootstrap")] = broker.bootstrap
         for name in SECURITY_SETTINGS:  # the embedded broker is plaintext on 127.0.0.1
             env.pop(env_name(name), None)
         env[env_name("data_dir")] = str(data)
+        env[env_name("store_url")] = store_url
         for name, argv in stages(settings):
             running.append(Stage(name, argv, data / "logs" / f"{name}.log", env).start())
-        token = dev_token(env)
+        token, fresh = dev_token(env, data)
         up = wait_until_up(web_url(settings) + "/readyz")
         _say("rl-export dev: the embedded stack is up")
         _say(f"  Kafka broker       {broker.bootstrap}  (data {broker.data_dir})")
@@ -212,8 +271,9 @@ def run_dev(settings: Settings, traffic_rate: float) -> int:
         )
         _say(f"  development token  {token}")
         _say(
-            f"                     (every scope, {SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}; the page "
-            "asks for it once)"
+            f"                     ({'new' if fresh else 'the last start'}: every scope, "
+            f"{SYNTHETIC_ORG}/{SYNTHETIC_PROJECT}; kept in {data / TOKEN_FILE}; the page asks "
+            "for it once)"
         )
         asyncio.run(_serve(local, traffic_rate))
     finally:

@@ -21,13 +21,19 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PlainSerializer,
+    PlainValidator,
     StrictBool,
     StrictInt,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
+from pydantic_core import InitErrorDetails
 from typing_extensions import TypedDict
+
+from rl_export.model.rubrics import NAME_PATTERN
 
 # RFC 3339 date-time: a full date, a time with seconds, optional fraction, and an offset.
 _RFC3339 = re.compile(
@@ -236,11 +242,78 @@ class EvaluationFinished(BaseEvent):
     report: Report = Field(default_factory=Report)
 
 
+def _answer(value: Any) -> bool | int | str:
+    if type(value) not in (bool, int, str):
+        raise ValueError("an answer is an integer, true or false, or a string")
+    return value  # type: ignore[no-any-return]
+
+
+AnswerName = Annotated[str, Field(pattern=NAME_PATTERN)]
+Answer = Annotated[
+    bool | int | str,
+    PlainValidator(_answer, json_schema_input_type=bool | int | str),
+]
+Answers = dict[AnswerName, Answer]
+"""A label's answers by question name (docs/guides/rubrics.md); their fit to the rubric version
+they name is checked by the join (reason ``invalid_rubric``), but for version 0's, here."""
+LabelKind = Literal["label", "adjudication"]
+
+_RUBRIC_0: TypeAdapter[Rubric] = TypeAdapter(Rubric)
+
+
+def _version_0_schema(schema: dict[str, Any]) -> None:
+    """In the JSON Schema: without ``rubric_version`` (or with 0) the answers are the four
+    ratings."""
+    ratings = Rubric.model_json_schema()
+    ratings.pop("title", None)
+    schema["if"] = {"properties": {"rubric_version": {"enum": [0, None]}}}
+    schema["then"] = {"properties": {"rubric": ratings}}
+
+
 class LabelSubmitted(BaseEvent):
+    """A label: answers to a version of the project's rubric (absent: version 0, the four
+    ratings, checked here), or with ``kind: adjudication`` a reviewer's decision."""
+
+    model_config = ConfigDict(json_schema_extra=_version_0_schema)
+
     event_type: Literal["label.submitted"]
     labeler: NonEmptyStr
-    rubric: Rubric
+    rubric: Answers
     comment: str | None = None
+    rubric_version: StrictInt | None = Field(None, ge=0, description="Absent: 0.")
+    kind: LabelKind | None = Field(None, description="Absent: label.")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _version_0(cls, data: Any, handler: ModelWrapValidatorHandler[LabelSubmitted]) -> Any:
+        """Version 0's answers are the four ratings: checked as :class:`Rubric` checks them,
+        with the same errors (``rubric.correctness: ...``)."""
+        event = handler(data)
+        if event.version == 0:
+            try:
+                _RUBRIC_0.validate_python(event.rubric)
+            except ValidationError as exc:
+                raise ValidationError.from_exception_data(cls.__name__, [
+                    InitErrorDetails(type=e["type"], loc=("rubric", *e["loc"]),
+                                     input=e["input"], ctx=e.get("ctx", {}))
+                    for e in exc.errors()
+                ]) from None  # fmt: skip
+        return event
+
+    @property
+    def version(self) -> int:
+        """The rubric version the answers are for (absent: 0)."""
+        return self.rubric_version or 0
+
+    @property
+    def adjudication(self) -> bool:
+        return self.kind == "adjudication"
+
+    def rating_sum(self) -> int | None:
+        """The sum of a version-0 label's four ratings (None for another version's)."""
+        if self.version != 0:
+            return None
+        return sum(int(self.rubric[name]) for name in Rubric.model_fields)
 
 
 class LabelSkipped(BaseEvent):
@@ -303,6 +376,7 @@ class RejectReason(enum.StrEnum):
     FUTURE = "future"
     KEY_MISMATCH = "key_mismatch"
     ORG_MISMATCH = "org_mismatch"
+    INVALID_RUBRIC = "invalid_rubric"
 
 
 @dataclass(frozen=True)

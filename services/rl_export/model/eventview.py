@@ -56,6 +56,8 @@ class EventView:
     written back once), ``metadata`` (the trace's object as compact JSON, its keys in the
     order received), ``attachments`` / ``results`` / ``report`` as the models dump them,
     ``rubric`` as (correctness, helpfulness, efficiency, safety) and the label's ``comment``.
+    A label of another rubric version than 0, or an adjudication, has ``rubric`` None and its
+    ``answers`` as given instead, with its ``rubric_version`` and ``kind``.
     """
 
     event_type: str
@@ -75,6 +77,9 @@ class EventView:
     labeler: str = ""
     rubric: tuple[int, int, int, int] | None = None
     comment: str | None = None
+    answers: dict[str, Any] | None = None
+    rubric_version: int = 0
+    kind: str = "label"
 
 
 def view_of(event: BaseEvent) -> EventView:
@@ -96,9 +101,14 @@ def view_of(event: BaseEvent) -> EventView:
         view.report = event.report.model_dump(mode="json")
     elif isinstance(event, LabelSubmitted):
         view.labeler = event.labeler
-        r = event.rubric
-        view.rubric = (r.correctness, r.helpfulness, r.efficiency, r.safety)
         view.comment = event.comment
+        view.rubric_version = event.version
+        view.kind = event.kind or "label"
+        r = event.rubric
+        if view.rubric_version == 0 and view.kind == "label":
+            view.rubric = (r["correctness"], r["helpfulness"], r["efficiency"], r["safety"])  # type: ignore[assignment]
+        else:
+            view.answers = dict(r)
     elif isinstance(event, LabelSkipped | LabelRetracted):
         view.labeler = event.labeler
     return view
@@ -162,6 +172,8 @@ class _LabelSubmitted(_Base, tag="label.submitted"):
     labeler: _NonEmpty
     rubric: _Rubric
     comment: str | None = None
+    rubric_version: int | None = None  # only a version-0 label is decoded here
+    kind: str | None = None  # only a label (not an adjudication)
 
 
 class _LabelSkipped(_Base, tag="label.skipped"):
@@ -326,6 +338,8 @@ def _fast(raw: bytes) -> tuple[EventView, datetime]:
         event.trace_id,
     )  # fmt: skip
     if isinstance(event, _LabelSubmitted):
+        if event.rubric_version or event.kind not in (None, "label"):
+            raise _Slow  # another rubric version, or an adjudication: the models decide
         view.labeler = event.labeler
         r = event.rubric
         view.rubric = (r.correctness, r.helpfulness, r.efficiency, r.safety)

@@ -10,10 +10,11 @@ import re
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from rl_export.model.codec import RawJson, dumps, dumps_line, escape_separators
 from rl_export.model.events import EvaluatorResult, Report, UtcDatetime
+from rl_export.model.rubrics import V0_NAMES
 
 RULES_VERSION = 1
 """Bumped whenever a join or reward rule changes meaning, so records say which rules made them."""
@@ -35,31 +36,45 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RubricMean(_Record):
-    """Per-dimension mean over the current labels (each 1.0..5.0)."""
-
-    correctness: float = Field(ge=1, le=5)
-    helpfulness: float = Field(ge=1, le=5)
-    efficiency: float = Field(ge=1, le=5)
-    safety: float = Field(ge=1, le=5)
-
-
-class LabelRubric(_Record):
-    """One labeler's ratings, each an integer 1..5."""
-
-    correctness: int = Field(ge=1, le=5)
-    helpfulness: int = Field(ge=1, le=5)
-    efficiency: int = Field(ge=1, le=5)
-    safety: int = Field(ge=1, le=5)
+RubricMean = dict[str, float | None]
+"""Per question, the mean of the numeric answers of the current labels of the newest label's
+rubric version (version 0: ``correctness``, ``helpfulness``, ``efficiency``, ``safety``, each
+1.0..5.0); null for a question none of them answered with a number (a text)."""
 
 
 class LabelDetail(_Record):
-    """One current human label as submitted: who, the four ratings, the comment, when."""
+    """One current human label as submitted: who, its answers as numbers (``rubric``: a
+    version-0 label's four ratings), the comment, when; for a label of another rubric version
+    than 0, or an adjudication, also its version, kind, answers as given, and reward."""
 
     labeler: str
-    rubric: LabelRubric
+    rubric: dict[str, float | None] | None = Field(
+        description="Each question's answer as a number (a rating's value, a boolean's 1 or "
+        "0, a scored choice's reward), null where it has none; version 0: the four ratings."
+    )
     comment: str | None
     occurred_at: UtcDatetime
+    rubric_version: int | None = Field(
+        None, ge=0, description="Absent for a version-0 rating label (docs/guides/rubrics.md)."
+    )
+    kind: Literal["label", "adjudication"] | None = Field(
+        None, description="adjudication: a reviewer's decision, which is the human reward."
+    )
+    answers: dict[str, bool | int | str] | None = Field(
+        None, description="The answers as given, by question name."
+    )
+    reward: float | None = Field(None, ge=0, le=1, description="This label's own reward.")
+
+    @model_validator(mode="after")
+    def _version_0(self) -> LabelDetail:
+        """A version-0 rating label's ``rubric`` holds the four ratings, integers 1..5."""
+        if self.answers is None:
+            ratings = self.rubric or {}
+            if sorted(ratings) != sorted(V0_NAMES) or not all(
+                v is not None and v == int(v) and 1 <= v <= 5 for v in ratings.values()
+            ):
+                raise ValueError("a version-0 label's rubric is its four ratings, 1..5")
+        return self
 
 
 class EvaluationView(_Record):

@@ -422,8 +422,9 @@ class Settings(BaseSettings):
     labeling_cache_s: float = Field(
         5.0,
         ge=0,
-        description="How long a web instance uses a project's labeling settings before it reads "
-        "them again: a change applies everywhere within this time.",
+        description="How long a web instance uses a project's labeling settings (and which "
+        "version of its rubric is the newest) before it reads them again: a change applies "
+        "everywhere within this time.",
     )
     web_sync_export_max_records: int = Field(
         10_000,

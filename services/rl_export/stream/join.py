@@ -46,11 +46,20 @@ from rl_export.model.events import (
 )
 from rl_export.model.eventview import EventView, reread_event, view_of
 from rl_export.model.records import ERASED_REVISION, RULES_VERSION, Headers, encode_snapshot
+from rl_export.model.rubrics import KnownRubrics
+from rl_export.stream.humans import (
+    RUBRIC_DIMENSIONS,
+    Adjudication,
+    LabelView,
+    OrderKey,
+    Scope,
+    entries_reward,
+    human_reward,
+    label_details,
+    plain,
+)
 
-RUBRIC_DIMENSIONS = ("correctness", "helpfulness", "efficiency", "safety")
-
-# (occurred_at in microseconds since the epoch, event_id): total order of "latest".
-OrderKey = tuple[int, str]
+__all__ = ["RUBRIC_DIMENSIONS", "LabelView", "OrderKey"]  # kept here for their old importers
 
 
 def order_key(event: EventView) -> OrderKey:
@@ -132,15 +141,6 @@ class EvaluationView:
 
 
 @dataclass(slots=True)
-class LabelView:
-    """A labeler's latest label event; ``rubric`` is None when it was a retraction."""
-
-    key: OrderKey
-    rubric: tuple[int, int, int, int] | None
-    comment: str | None = None
-
-
-@dataclass(slots=True)
 class TraceState:
     """Everything the table keeps for one ``trace_id``."""
 
@@ -157,6 +157,7 @@ class TraceState:
     updated_at: int = 0
     deleted_at: float | None = None
     deleted_revision: int = 0
+    adjudication: Adjudication | None = None  # the latest adjudication (any reviewer)
 
     @property
     def revision(self) -> int:
@@ -194,9 +195,12 @@ class MergeResult:
 
 @dataclass(frozen=True)
 class JoinConfig:
-    """The settings the rules depend on."""
+    """The settings the rules depend on, and the rubric versions known (labels of versions
+    other than 0 are scored by theirs: the batch processor reads them before it builds a
+    snapshot that needs them)."""
 
     human_pass_threshold: float = 0.7
+    rubrics: KnownRubrics = field(default_factory=KnownRubrics)
 
 
 def merge(
@@ -313,9 +317,16 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
     key = (event.micros, event.event_id)
     kind = event.event_type
     if kind in {"label.submitted", "label.retracted"}:
+        if event.kind == "adjudication":  # the trace's decision: the latest of any reviewer
+            if st.adjudication is None or key > st.adjudication[1].key:
+                st.adjudication = (event.labeler, LabelView(
+                    key, None, event.comment, event.answers, event.rubric_version))  # fmt: skip
+            return
         current = st.labels.get(event.labeler)
         if current is None or key > current.key:
-            st.labels[event.labeler] = LabelView(key, event.rubric, event.comment)
+            st.labels[event.labeler] = LabelView(
+                key, event.rubric, event.comment, event.answers, event.rubric_version
+            )
     elif kind == "label.skipped":
         st.skipped_by.add(event.labeler)
     elif kind == "trace.completed":
@@ -335,6 +346,7 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
         st.evaluation = None
         st.labels.clear()
         st.skipped_by.clear()
+        st.adjudication = None
 
 
 def trace_view(
@@ -388,36 +400,6 @@ def _json(value: Any) -> RawJson:
     return RawJson(dumps(value))
 
 
-def human_reward(labels: dict[str, LabelView], threshold: float) -> dict[str, Any] | None:
-    """Human reward, rubric means and pass flag over the current labels (None: no labels)."""
-    current = [v.rubric for v in labels.values() if v.rubric is not None]
-    if not current:
-        return None
-    n = len(current)
-    sums = [sum(r[i] for r in current) for i in range(4)]
-    reward = sum(sums) / (20 * n)
-    return {
-        "reward": reward,
-        "passed": reward >= threshold,
-        "rubric": {d: s / n for d, s in zip(RUBRIC_DIMENSIONS, sums, strict=True)},
-        "labelers": sorted(k for k, v in labels.items() if v.rubric is not None),
-    }
-
-
-def label_details(labels: dict[str, LabelView]) -> list[dict[str, Any]]:
-    """The records' ``labels``: each current label as submitted, sorted by labeler."""
-    return [
-        {
-            "labeler": labeler,
-            "rubric": dict(zip(RUBRIC_DIMENSIONS, view.rubric, strict=True)),
-            "comment": view.comment,
-            "occurred_at": format_micros(view.key[0]),
-        }
-        for labeler, view in sorted(labels.items())
-        if view.rubric is not None
-    ]
-
-
 def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | None:
     """Return the snapshot to emit for ``st``: None before the trace exists (unless a
     deletion waits for it: then its tombstone).
@@ -428,22 +410,34 @@ def current_snapshot(st: TraceState, config: JoinConfig) -> dict[str, Any] | Non
     return _snapshot(st, config, _parsed)
 
 
-def snapshot_from_record(record: dict[str, Any]) -> dict[str, Any]:
+def snapshot_from_record(
+    record: dict[str, Any], rubrics: KnownRubrics | None = None
+) -> dict[str, Any]:
     """The snapshot a ``traces`` corpus record was rendered from (a live one).
 
     A ``traces`` record has ``reward_source``, ``reward`` and ``passed`` null, but keeps what
-    they are computed from: the current labels' rubric means and count, the pass threshold
-    and the current evaluation's results. The rewards are computed again by the rules above
-    (integer sums, recovered from the means, for the human reward; the same function for the
-    evaluator's), so ``render(snapshot_from_record(r), source)`` is the record the stream
-    wrote for that source at that revision, byte for byte.
+    they are computed from: the current labels' rubric means and count (or, for labels of
+    other rubric versions than 0 and adjudications, each label's answers and version in
+    ``human_labels``: ``rubrics`` must know those versions,
+    :func:`~rl_export.stream.humans.record_versions`), the pass threshold and the current
+    evaluation's results. The rewards are computed again by the rules above (integer sums,
+    recovered from the means, for version-0 human rewards; the same functions for the
+    others), so ``render(snapshot_from_record(r), source)`` is the record the stream wrote
+    for that source at that revision, byte for byte.
     """
     snap = {k: v for k, v in record.items() if k not in ("reward_source", "reward", "passed")}
     snap["deleted"] = False
     snap["human"] = None
     count = record.get("labels_count") or 0
     rubric = record.get("rubric")
-    if count and isinstance(rubric, dict):
+    entries = record.get("human_labels")
+    if entries and any("answers" in e for e in entries):
+        scope = Scope(record["org"], record["project"], rubrics or KnownRubrics())
+        exact = entries_reward(entries, scope)
+        if exact is not None:
+            reward = float(exact)
+            snap["human"] = {"reward": reward, "passed": reward >= record["pass_threshold"]}
+    elif count and isinstance(rubric, dict):
         sums = [round(rubric[d] * count) for d in RUBRIC_DIMENSIONS]
         reward = sum(sums) / (20 * count)
         snap["human"] = {"reward": reward, "passed": reward >= record["pass_threshold"]}
@@ -486,7 +480,11 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         if deletion is None:
             return None
         return _tombstone(st.trace_id, deletion.org, deletion.project)
-    human = human_reward(st.labels, config.human_pass_threshold)
+    # Labels of rubric versions other than 0, or an adjudication, are scored with the
+    # versions' rules (``scope``); version-0 rating labels as before rubrics (None).
+    scope = None if plain(st.labels, st.adjudication) else Scope(
+        st.org or "", st.project or "", config.rubrics)  # fmt: skip
+    human = human_reward(st.labels, st.adjudication, config.human_pass_threshold, scope)
     evaluation = st.evaluation
     scored = evaluation is not None and evaluation.scores is not None
     return {
@@ -495,7 +493,9 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "project": st.project,
         "revision": st.revision,
         "deleted": False,
-        "human": None if human is None else {"reward": human["reward"], "passed": human["passed"]},
+        "human": None
+        if human is None or human["reward"] is None
+        else {"reward": human["reward"], "passed": human["passed"]},
         "evaluator": {"reward": evaluation.reward, "passed": evaluation.passed}  # type: ignore[union-attr]
         if scored
         else None,
@@ -513,7 +513,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "updated_at": format_micros(st.updated_at),
         "pass_threshold": config.human_pass_threshold,
         "rules_version": RULES_VERSION,
-        "human_labels": label_details(st.labels),
+        "human_labels": label_details(st.labels, st.adjudication, scope),
         **({} if trace.metadata is None else {"metadata": json(trace.metadata)}),
     }
 

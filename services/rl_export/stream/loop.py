@@ -57,6 +57,7 @@ from rl_export.runtime.settings import Settings
 from rl_export.stream.emitter import FlushError, KafkaEmitter
 from rl_export.stream.offsets import stable_committed
 from rl_export.stream.processor import InMessage, JoinProcessor, expiry_mark_of
+from rl_export.stream.rubriccheck import RubricSource
 from rl_export.stream.statestore import ChangelogTable, PartitionStore, StoreLockedError, restore
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ class JoinWorker:
     see :meth:`_restore`.
     """
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, rubrics: RubricSource | None = None
+    ) -> None:
         self.settings = settings
         self.table = ChangelogTable(
             settings.state_store,
@@ -91,7 +94,9 @@ class JoinWorker:
             settings.topic_evaluations: EventFamily.EVALUATIONS,
             settings.topic_labels: EventFamily.LABELS,
         }
-        self.processor = JoinProcessor(settings, self.table, self.emitter, metrics, families)
+        self.processor = JoinProcessor(
+            settings, self.table, self.emitter, metrics, families, rubrics=rubrics
+        )
         self.lock = asyncio.Lock()
         self.epoch = 0  # bumped by every rebalance
         self.to_restore: set[int] = set()  # assigned, not yet open and restored

@@ -23,8 +23,10 @@ from rl_export.model.partitioning import partition_function
 from rl_export.model.records import Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
+from rl_export.stream.humans import versions_of
 from rl_export.stream.join import JoinConfig, TraceState, encode_current, expired, merge
 from rl_export.stream.routing import MisrouteLog
+from rl_export.stream.rubriccheck import RubricCheck, RubricSource, VersionKey
 from rl_export.stream.state import dump_state_parts, expiry_since, load_state
 
 log = logging.getLogger(__name__)
@@ -201,6 +203,8 @@ class JoinProcessor:
         emitter: Emitter,
         metrics: Metrics,
         families: dict[str, EventFamily],
+        *,
+        rubrics: RubricSource | None = None,
     ) -> None:
         self.settings = settings
         self.table = table
@@ -208,6 +212,7 @@ class JoinProcessor:
         self.metrics = metrics
         self.families = families
         self.config = JoinConfig(human_pass_threshold=settings.human_pass_threshold)
+        self.rubrics = RubricCheck(rubrics, self.config.rubrics)
         # partition -> heap of (deadline, trace_id): states that may expire then.
         self._expiry: dict[int, list[tuple[float, bytes]]] = {}
         self._partitions: dict[str, int] = {}
@@ -246,6 +251,7 @@ class JoinProcessor:
         self.metrics.batch_size.observe(len(messages))
 
         checked = [self._check(message, wall) for message in messages]  # step 2
+        await self._check_answers(checked)
         self._prefetch(messages, checked)
         for message, decoded in zip(messages, checked, strict=True):  # step 3
             if isinstance(decoded, EventRejection):
@@ -288,6 +294,7 @@ class JoinProcessor:
                 entry.emit = True
                 entry.event_ms = message.timestamp_ms
 
+        await self._load_versions(touched.values())
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
             self._write(key, entry)
@@ -321,6 +328,37 @@ class JoinProcessor:
         await self.emitter.flush(consumed_offsets(messages))  # delivered before it is acked
         self.metrics.table_keys.set(len(self.table))
         return result
+
+    async def _check_answers(self, checked: list[EventView | EventRejection]) -> None:
+        """Labels of rubric versions other than 0, and adjudications, checked against their
+        version (read from the store once, :mod:`rl_export.stream.rubriccheck`); one that
+        does not fit becomes its rejection. Version-0 labels were checked by the decoder."""
+        answered = [
+            n for n, d in enumerate(checked) if type(d) is EventView and d.answers is not None
+        ]
+        if not answered:
+            return
+        await self.rubrics.load(
+            (v.org, v.project, v.rubric_version)
+            for v in (checked[n] for n in answered) if type(v) is EventView
+        )  # fmt: skip
+        for n in answered:
+            view = checked[n]
+            assert type(view) is EventView
+            rejection = self.rubrics.check(view)
+            if rejection is not None:
+                checked[n] = rejection
+
+    async def _load_versions(self, touched: Iterable[_Touched]) -> None:
+        """The rubric versions the snapshots about to be built score labels with."""
+        wanted: set[VersionKey] = set()
+        for entry in touched:
+            st = entry.state
+            if entry.emit and st.org is not None and st.project is not None:
+                for version in versions_of(st.labels, st.adjudication):
+                    wanted.add((st.org, st.project, version))
+        if wanted:
+            self.rubrics.note_missing(await self.rubrics.load(wanted))
 
     def _prefetch(
         self, messages: list[InMessage], checked: list[EventView | EventRejection]

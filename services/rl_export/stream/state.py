@@ -65,27 +65,44 @@ def dump_state_parts(st: TraceState) -> tuple[bytes, bytes]:
         raw = p.raw
         segments.append(raw.value)
         pending.append([p.event_id, raw.topic, raw.partition, raw.offset, raw.timestamp_ms])
-    head = orjson.dumps(
-        [
-            st.trace_id, st.org, st.project, sorted(st.seen), st.first_pending_at, trace_head,
-            evaluation_head,
-            [_label_item(k, v) for k, v in sorted(st.labels.items())],
-            sorted(st.skipped_by), st.updated_at, st.deleted_at, st.deleted_revision, pending,
-            [len(s) for s in segments],
-        ]
-    )  # fmt: skip
+    fields = [
+        st.trace_id, st.org, st.project, sorted(st.seen), st.first_pending_at, trace_head,
+        evaluation_head,
+        [_label_item(k, v) for k, v in sorted(st.labels.items())],
+        sorted(st.skipped_by), st.updated_at, st.deleted_at, st.deleted_revision, pending,
+        [len(s) for s in segments],
+    ]  # fmt: skip
+    if st.adjudication is not None:  # a fifteenth item, only then: other states keep their bytes
+        fields.append(_label_item(*st.adjudication))
+    head = orjson.dumps(fields)
     conversation = b"" if trace is None else trace.messages.data
     return b"".join([b"\x03", _HEAD_LENGTH.pack(len(head)), head, *segments]), conversation
 
 
 def _label_item(labeler: str, view: LabelView) -> list[Any]:
-    """A label in the head: ``[labeler, micros, event_id]``, then a label's four ratings and
-    its comment when it has one (a retraction has neither; states written before comments
-    were kept end after the ratings and load with none)."""
+    """A label in the head: ``[labeler, micros, event_id]``, then a version-0 rating label's
+    four ratings, or another label's ``{"v": version, "a": answers}``, and its comment when
+    it has one (a retraction has neither; states written before comments were kept end after
+    the ratings and load with none)."""
     item: list[Any] = [labeler, *view.key, *(view.rubric or ())]
+    if view.answers is not None:
+        item.append({"v": view.version, "a": view.answers})
     if view.comment is not None:
         item.append(view.comment)
     return item
+
+
+def _label_view(item: list[Any]) -> LabelView:
+    """Inverse of :func:`_label_item` (without the labeler)."""
+    key = (item[1], item[2])
+    if len(item) > 3 and isinstance(item[3], dict):
+        comment = item[4] if len(item) > 4 else None
+        return LabelView(key, None, comment, item[3]["a"], item[3]["v"])
+    return LabelView(
+        key,
+        (item[3], item[4], item[5], item[6]) if len(item) > 3 else None,
+        item[7] if len(item) > 7 else None,
+    )
 
 
 def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
@@ -102,7 +119,9 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
     start = 5 + length
     d = orjson.loads(data[5:start])
     (trace_id, org, project, seen, first_pending_at, trace_head, evaluation_head, labels,
-     skipped_by, updated_at, deleted_at, deleted_revision, pending_heads, sizes) = d  # fmt: skip
+     skipped_by, updated_at, deleted_at, deleted_revision, pending_heads,
+     sizes) = d[:14]  # fmt: skip
+    adjudication = None if len(d) < 15 else (d[14][0], _label_view(d[14]))
     segments = []
     for size in sizes:
         segments.append(data[start : start + size])
@@ -145,12 +164,15 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
                 (item[3], item[4], item[5], item[6]) if len(item) > 3 else None,
                 item[7] if len(item) > 7 else None,
             )
+            if len(item) < 4 or type(item[3]) is not dict
+            else _label_view(item)
             for item in labels
-        },
+        },  # a version-0 label (or a retraction) made here: one call less per label
         skipped_by=set(skipped_by),
         updated_at=updated_at,
         deleted_at=deleted_at,
         deleted_revision=deleted_revision,
+        adjudication=adjudication,
     )
 
 

@@ -28,7 +28,18 @@ from rl_export import __version__
 from rl_export.model.errors import ConfigError, StoreError
 from rl_export.runtime.metrics import WebMetrics
 from rl_export.runtime.net import parse_networks
-from rl_export.web.api.routes import agreement, caller, export, jobs, label, versions
+from rl_export.web.api.routes import (
+    agreement,
+    caller,
+    export,
+    jobs,
+    label,
+    review,
+    rubric,
+    trainingset,
+    versions,
+    workspace,
+)
 from rl_export.web.errors import ApiError, Invalid, TooMany
 from rl_export.web.models import ErrorOut
 from rl_export.web.pages import router as pages_router
@@ -251,6 +262,10 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(agreement.router)
     app.include_router(caller.router)
     app.include_router(versions.router)
+    app.include_router(rubric.router)
+    app.include_router(workspace.router)
+    app.include_router(review.router)
+    app.include_router(trainingset.router)
     app.include_router(pages_router)
     app.mount("/static", static_files(), name="static")
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from rl_export.model.codec import dumps
-from rl_export.model.events import LabelRetracted, LabelSkipped, LabelSubmitted, Rubric
+from rl_export.model.events import LabelKind, LabelRetracted, LabelSkipped, LabelSubmitted
 
 LabelEvent = LabelSubmitted | LabelSkipped | LabelRetracted
 
@@ -29,14 +30,20 @@ def _base(org: str, project: str, trace_id: str, labeler: str, now: datetime) ->
 
 
 def label_submitted(
-    org: str, project: str, trace_id: str, labeler: str, *, rubric: Rubric,
-    comment: str | None, now: datetime,
+    org: str, project: str, trace_id: str, labeler: str, *, rubric: dict[str, Any],
+    comment: str | None, now: datetime, rubric_version: int = 0, kind: LabelKind = "label",
 ) -> LabelSubmitted:  # fmt: skip
+    """A label: answers to ``rubric_version`` of the project's rubric (checked by the caller;
+    version 0 and ``kind: label`` are left out of the event, as before rubrics)."""
     fields = _base(org, project, trace_id, labeler, now)
     if comment:
         fields["comment"] = comment
+    if rubric_version:
+        fields["rubric_version"] = rubric_version
+    if kind != "label":
+        fields["kind"] = kind
     return LabelSubmitted.model_validate(
-        {**fields, "event_type": "label.submitted", "rubric": rubric.model_dump()}
+        {**fields, "event_type": "label.submitted", "rubric": dict(rubric)}
     )
 
 

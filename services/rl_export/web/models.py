@@ -16,8 +16,10 @@ from rl_export.formats.chat import ChatStyle, SystemMode
 from rl_export.formats.filters import filter_text
 from rl_export.formats.render import JSONL_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.labeling.agreement import AgreementReport
-from rl_export.labeling.settings import Order
-from rl_export.model.events import Rubric
+from rl_export.labeling.questions import ByQuestion
+from rl_export.labeling.settings import Order, ShowEvaluations
+from rl_export.model.events import Answer, LabelKind
+from rl_export.model.rubrics import MAX_TEXT, Question
 
 Source = Literal["human", "evaluator", "traces"]
 Format = Literal[
@@ -137,6 +139,13 @@ class AgreementOut(AgreementReport):
     """The agreement report (docs/guides/labeling.md), when it was computed, and how current
     the index is."""
 
+    adjudicated: int = Field(0, description="Traces a reviewer decided (the alphas are of the "
+                             "labels: agreement before review).")  # fmt: skip
+    by_question: ByQuestion | None = Field(
+        None,
+        description="Agreement per question within one rubric version (its kinds' "
+        "levels: ordinal ratings, nominal choices and booleans, none for text).",
+    )
     computed_at: str = Field(description="When the report's input was read (UTC).")
     updating: bool = Field(
         description="Labels changed the corpus since: a newer report is being computed "
@@ -155,6 +164,9 @@ class LabelingOut(BaseModel):
     blind: bool = Field(
         description="Queue and claim items hide other labelers' ratings, comments and names."
     )
+    show_evaluations: ShowEvaluations = Field(
+        description="When labelers see the evaluators' verdict: after_label, always or never."
+    )
     editable: bool = Field(False, description="Whether the caller may change them (admin).")
 
 
@@ -168,12 +180,80 @@ class LabelingIn(_In):
     blind: bool | None = Field(
         None, description="true (the default): labelers never see each other's labels"
     )
+    show_evaluations: str | None = Field(
+        None, description="after_label (the default), always or never"
+    )
 
 
 class LabelIn(_In):
     trace_id: str = TraceId
-    rubric: Rubric
-    comment: str | None = Field(None, max_length=10_000)
+    rubric: dict[str, Answer] = Field(
+        description="The answers by question name: of version 0 (absent rubric_version), the "
+        "four ratings correctness, helpfulness, efficiency and safety, each 1..5."
+    )
+    rubric_version: int = Field(0, ge=0, le=1_000_000, description="GET rubric's version.")
+    kind: LabelKind = Field(
+        "label", description="adjudication: a reviewer's decision (review scope)."
+    )
+    comment: str | None = Field(None, max_length=MAX_TEXT)
+
+
+class RubricOut(BaseModel):
+    """A version of the project's rubric (docs/guides/rubrics.md)."""
+
+    version: int = Field(description="0: the default four 1..5 ratings.")
+    guidelines: str = Field(description="Markdown, as the admin wrote it.")
+    guidelines_html: str = Field(
+        description="The guidelines rendered (no raw HTML, http(s) links)."
+    )
+    questions: list[Question]
+    created_by: str | None = None
+    created_at: str | None = None
+    latest: int = Field(description="The project's newest version.")
+    editable: bool = Field(False, description="Whether the caller may change it (admin).")
+    created: bool | None = Field(
+        None, description="PUT only: a new version was made (false: equal to the newest)."
+    )
+
+
+class MyLabelOut(BaseModel):
+    trace_id: str
+    scenario: str
+    agent_version: str
+    occurred_at: str | None
+    kind: LabelKind
+    rubric_version: int
+    reward: float | None
+    comment: str | None
+
+
+class MyLabelsOut(BaseModel):
+    items: list[MyLabelOut]
+    next_cursor: str | None = Field(description="Ask again with cursor= for the next page.")
+    index: IndexState
+
+
+class TraceOut(BaseModel):
+    """One trace as a labeler sees it (``GET traces/{trace_id}``)."""
+
+    item: dict[str, Any] = Field(description="The record: blind, redacted, evaluations hidden "
+                                 "unless the project's show_evaluations allows them.")  # fmt: skip
+    my_label: dict[str, Any] | None = Field(
+        description="The caller's current label as the corpora show it (its human_labels entry)."
+    )
+    labeled: bool = Field(description="The caller has a current label on the trace.")
+    evaluations_shown: bool
+    index: IndexState
+
+
+class ReviewOut(BaseModel):
+    """The review queue: traces whose labels disagree (docs/guides/rubrics.md)."""
+
+    items: list[dict[str, Any]] = Field(description="Records, every label with its labeler.")
+    remaining: int
+    claims: list[ClaimItem] = Field(default_factory=list)
+    lease_expires_at: str | None = None
+    index: IndexState
 
 
 class SkipIn(_In):
@@ -186,7 +266,7 @@ class WhoamiOut(BaseModel):
     subject: str = Field(description="The user: the labeler of the labels this token gives.")
     org: str
     project: str
-    scopes: list[str] = Field(description="label, export, admin (both and settings), raw.")
+    scopes: list[str] = Field(description="label, export, admin (both and settings), raw, review.")
 
 
 class AcceptedOut(BaseModel):

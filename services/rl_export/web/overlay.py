@@ -49,6 +49,8 @@ class Overlay:
 
     def note(self, event: LabelSubmitted | LabelSkipped | LabelRetracted) -> None:
         """Remember a label event (a repeated or older one changes nothing)."""
+        if isinstance(event, LabelSubmitted) and event.adjudication:
+            return  # a reviewer's decision: no label of theirs, no place in anyone's queue
         per_trace = self._known.setdefault((event.org, event.project, event.labeler), {})
         known = per_trace.setdefault(event.trace_id, Known())
         known.noted_at = self.clock()
@@ -59,8 +61,7 @@ class Overlay:
         if known.label is None or order > known.label[0]:
             known.label = (order, isinstance(event, LabelSubmitted))
             if isinstance(event, LabelSubmitted):
-                r = event.rubric
-                known.ratings_sum = r.correctness + r.helpfulness + r.efficiency + r.safety
+                known.ratings_sum = event.rating_sum()
 
     def fresh(self, org: str, project: str) -> dict[str, dict[str, FreshAction]]:
         """Every labeler's recent actions in a project, by trace then labeler: what the team's

@@ -19,7 +19,8 @@ from fastapi.templating import Jinja2Templates
 from rl_export import __version__
 from rl_export.export.columns import METADATA_COLUMNS, RECORD_FIELDS
 from rl_export.formats.specs import SAFE_NAME
-from rl_export.model.records import EvaluationView, RubricMean
+from rl_export.model.records import EvaluationView
+from rl_export.model.rubrics import V0_NAMES
 from rl_export.privacy.kinds import parse_kinds
 from rl_export.privacy.redact import KINDS
 from rl_export.web.services import Services
@@ -32,7 +33,7 @@ COLUMNS = {
     "fields": list(RECORD_FIELDS),
     "metadata_columns": list(METADATA_COLUMNS),
     "nested": {
-        "rubric": list(RubricMean.model_fields),
+        "rubric": list(V0_NAMES),
         "evaluation": list(EvaluationView.model_fields),
         "evaluation.report": ["outcomes", "classifications"],
     },

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from rl_export.corpora.rubrics import RubricVersions
 from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.formats.specs import SOURCE_CORPORA
 from rl_export.index.follower import Followed, Indexer
@@ -65,6 +66,7 @@ class Services:
     jobs: Jobs
     exports: ExportPool
     labeling: SettingsBook
+    rubrics: RubricVersions
     claim_book: ClaimBook
     claims: Claims
     store_health: StoreHealth
@@ -245,6 +247,7 @@ def build_services(
             metrics,
         ),
         labeling=SettingsBook(store, defaults, cache_s=settings.labeling_cache_s),
+        rubrics=RubricVersions(store, latest_cache_s=settings.labeling_cache_s),
         claim_book=claim_book,
         claims=Claims(store, claim_book, publisher.broadcast),
         store_health=StoreHealth(store),

@@ -43,8 +43,10 @@ from rl_export.model.errors import ObjectNotFoundError
 from rl_export.model.events import UtcDatetime
 
 T = TypeVar("T")
-Scope = Literal["label", "export", "admin", "raw"]
-SCOPES: tuple[Scope, ...] = ("label", "export", "admin", "raw")
+Scope = Literal["label", "export", "admin", "raw", "review"]
+SCOPES: tuple[Scope, ...] = ("label", "export", "admin", "raw", "review")
+EXPLICIT: tuple[Scope, ...] = ("raw", "review")
+"""Scopes ``admin`` does not imply: reading with less redaction, and deciding disputed traces."""
 PREFIX = "_tokens/"
 LIST_EVERY_S = 1.0  # the least time between two listings of the token ids (TokenVerifier.listed)
 _TOKEN = re.compile(r"^rlx_([0-9a-f]{12})_([A-Za-z0-9_\-]{43})$")
@@ -84,8 +86,9 @@ class Caller(BaseModel):
 
     def allows(self, scope: Scope) -> bool:
         """``admin`` holds both ``label`` and ``export``; ``raw`` (reading with a redaction
-        weaker than the project's default) is held only when given."""
-        return scope in self.scopes or ("admin" in self.scopes and scope != "raw")
+        weaker than the project's default) and ``review`` (the review queue and its
+        decisions) are held only when given."""
+        return scope in self.scopes or ("admin" in self.scopes and scope not in EXPLICIT)
 
 
 def parse_scopes(text: str) -> tuple[Scope, ...]:

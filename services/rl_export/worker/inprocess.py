@@ -12,6 +12,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from rl_export.corpora.rubrics import RubricVersions
+from rl_export.corpora.store import open_store
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream.loop import JoinWorker
@@ -26,14 +28,22 @@ class JoinStage(Protocol):
 
 
 class InProcessJoin:
-    """The join in this process: a join child's, or the worker's own (``join_processes=0``)."""
+    """The join in this process: a join child's, or the worker's own (``join_processes=0``).
+
+    The join reads the rubric versions its labels name from the worker's object store
+    (:mod:`rl_export.stream.rubriccheck`): the store is opened here, closed when it stops.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.registry = CollectorRegistry()
-        self.worker = JoinWorker(settings, Metrics(self.registry))
+        self.store = open_store(settings.store_url)
+        self.worker = JoinWorker(settings, Metrics(self.registry), RubricVersions(self.store))
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.worker.run(stop)
+        try:
+            await self.worker.run(stop)
+        finally:
+            await self.store.close()
 
     async def is_ready(self) -> bool:
         return self.worker.ready.is_set() and not self.worker.to_restore

@@ -18,7 +18,9 @@ from scipy import stats
 
 from rl_export.corpora.store import S3Store
 from rl_export.labeling.agreement import DIMENSIONS, AgreementInput, agreement_report
+from rl_export.labeling.questions import QuestionsBuilder, with_questions
 from rl_export.local.seaweed import LocalS3
+from rl_export.model.rubrics import V0_NAMES, VERSION_0
 from tests.exportdata import ORG, PROJECT, replay_events
 from tests.factories import event
 
@@ -96,7 +98,14 @@ def expected(keep: list[int]) -> dict[str, Any]:
         result_score=np.array(result_score), result_passed=np.array(result_passed, np.bool_),
     )  # fmt: skip
     report: dict[str, Any] = agreement_report(data).model_dump(mode="json")
-    return report
+    # Per question of version 0, the only version here (labeling/questions.py, whose alphas
+    # the unit tests hold to the krippendorff package's); nobody decided a trace.
+    builder = QuestionsBuilder()
+    for n in keep:
+        builder.add({"human_labels": [
+            {"labeler": who, "rubric": dict(zip(V0_NAMES, given, strict=True))}
+            for who, given in sorted(TRACES[n][0].items())]})  # fmt: skip
+    return with_questions(report, builder, {0: VERSION_0}, None)
 
 
 def reliability(keep: list[int], pick: Any) -> np.ndarray[Any, Any]:

@@ -25,10 +25,14 @@ OPERATIONS = [
     ("PUT", "labeling"), ("POST", "labels"), ("POST", "skips"), ("DELETE", "labels/{trace_id}"),
     ("GET", "agreement"), ("GET", "whoami"), ("PUT", "queue/claims/{trace_id}"),
     ("GET", "versions"), ("POST", "versions"), ("DELETE", "versions/{name}"),
+    ("GET", "rubric"), ("PUT", "rubric"), ("POST", "rubric/preview"), ("GET", "mylabels"),
+    ("GET", "traces/{trace_id}"), ("GET", "review/queue"), ("POST", "review/claim"),
+    ("DELETE", "review/claims/{trace_id}"), ("GET", "splits"),
 ]  # fmt: skip
 # Changing acme/bot's labeling settings would change the other tests' queues, and its versions
 # other tests' retention: an admin of a project of its own fuzzes them.
-ADMIN_OF_ITS_OWN = {("PUT", "labeling"), ("POST", "versions"), ("DELETE", "versions/{name}")}
+ADMIN_OF_ITS_OWN = {("PUT", "labeling"), ("POST", "versions"), ("DELETE", "versions/{name}"),
+                    ("PUT", "rubric"), ("POST", "rubric/preview")}  # fmt: skip
 TARGET = {"project": "bot"}
 
 

@@ -87,6 +87,16 @@ def stat(page: Page, name: str) -> int:
     return int(page.locator(f"#stat-{name}").inner_text().replace(",", ""))
 
 
+def arrow_to(page: Page, tab: str, key: str = "ArrowRight") -> None:
+    """From the focused tab, the arrow key over the tab list until ``tab`` is selected (the
+    list: Label, My labels, Review when the token may review, Rubric, Export, Agreement)."""
+    for _ in range(6):
+        if page.locator(f"#tab-{tab}").get_attribute("aria-selected") == "true":
+            return
+        page.keyboard.press(key)
+    expect(page.locator(f"#tab-{tab}")).to_have_attribute("aria-selected", "true")
+
+
 def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, page: Page) -> None:
     token = stack.tokens["page"]
     fresh = unlabeled(web, token)
@@ -95,13 +105,11 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
     # The Export tab first, to see its numbers change: Tab to the tab list, arrow over.
     expect(page.locator("#messages li").first).to_be_visible()
     page.locator("#tab-label").focus()
-    page.keyboard.press("ArrowRight")
-    expect(page.locator("#tab-export")).to_have_attribute("aria-selected", "true")
+    arrow_to(page, "export")
     expect(page.locator("#preview-note")).to_contain_text("records")
     labeled_before = stat(page, "labeled")
     records_before = stat(page, "records")
-    page.keyboard.press("ArrowLeft")
-    expect(page.locator("#tab-label")).to_have_attribute("aria-selected", "true")
+    arrow_to(page, "label", "ArrowLeft")
 
     trace_id = current_trace(page)
     left_before = page.locator("#queue-count").inner_text()
@@ -127,7 +135,7 @@ def test_label_a_trajectory_by_keyboard_alone(stack: Stack, web: WebProcess, pag
     # The web's index follows the corpora (every RL_EXPORT_WEB_INDEX_POLL_S) and the open tab
     # follows the index (every 5 s): the tab may open before the index has the label.
     page.locator("#tab-label").focus()
-    page.keyboard.press("ArrowRight")
+    arrow_to(page, "export")
     expect(page.locator("#stat-labeled")).to_have_text(str(labeled_before + 1), timeout=30_000)
     expect(page.locator("#stat-records")).to_have_text(str(records_before + 1))
     expect(page.locator("#preview-note")).to_contain_text(f"of {records_before + 1} records")

@@ -363,7 +363,8 @@ def test_settings_set_on_one_instance_apply_on_the_other_within_seconds(
         answer = lead.put("labeling", json={"order": "uncertain", "lease_s": 120})
         assert answer.json() == {"labels_per_trace": stack.settings.labels_per_trace,
                                  "lease_s": 120, "order": "uncertain", "adjudicate_spread": None,
-                                 "blind": True, "editable": True}  # fmt: skip
+                                 "blind": True, "show_evaluations": "after_label",
+                                 "editable": True}  # fmt: skip
     with team.client("ana", 1) as other:
         wait_for("the other instance to apply the settings",
                  lambda: other.get("labeling").json()["order"] == "uncertain", 15)  # fmt: skip

@@ -160,3 +160,44 @@ async def test_a_tampered_sidecar_is_refused_and_its_shard_read_instead() -> Non
     report = await verify(store)
     assert not report.ok
     assert any("does not match" in p for p in report.problems)
+
+
+def test_a_version_1_sidecar_is_read_with_version_2s_label_fields_null() -> None:
+    """Sidecars written before labels carried their time, comment, rubric version, kind and
+    reward (version 1) are still used, those fields null (not a reason to read the object)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rl_export.corpora.sidecar import SCHEMA, SCHEMA_V1
+
+    rows = [record("a", labels=2), record("b", source=None, reward=None, passed=None)]
+    del rows[1]["human_labels"]
+    lines = [dumps_line(r) for r in rows]
+    new, _, sha, size = sidecar_of(lines)
+    table = pq.read_table(io.BytesIO(new))
+    labels = [[{"labeler": x["labeler"], "rubric": x["rubric"]} for x in row] if row else None
+              for row in table.column("labels").to_pylist()]  # fmt: skip
+    old_table = table.set_column(
+        table.column_names.index("labels"),
+        "labels",
+        pa.array(labels, SCHEMA_V1.field("labels").type),
+    ).replace_schema_metadata(table.schema.metadata)
+    out = io.BytesIO()
+    pq.write_table(old_table, out)
+    old = out.getvalue()
+    ref = SidecarRef(key="x.index.parquet", sha256=hashlib.sha256(old).hexdigest(),
+                     bytes=len(old), rows=2, version="1")  # fmt: skip
+    read = read_sidecar(old, ref, shard_sha256=sha, records=2, shard_bytes=size)
+    assert read.schema.remove_metadata().equals(SCHEMA)
+    got = read.column("labels").to_pylist()
+    assert [x["labeler"] for x in got[0]] == ["ana", "bo"]
+    assert got[0][0]["rubric"] == rows[0]["human_labels"][0]["rubric"]
+    assert {x["occurred_at"] for x in got[0]} == {None}
+    assert got[1] is None
+    # The current version holds them as written.
+    new_ref = SidecarRef(key="x", sha256=hashlib.sha256(new).hexdigest(), bytes=len(new), rows=2)
+    current = read_sidecar(new, new_ref, shard_sha256=sha, records=2, shard_bytes=size)
+    assert current.column("labels").to_pylist()[0][0]["occurred_at"] == (
+        rows[0]["human_labels"][0]["occurred_at"])  # fmt: skip

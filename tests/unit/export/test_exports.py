@@ -202,7 +202,9 @@ async def test_columns_pick_nested_keys_rename_and_order(story: MemoryStore) -> 
     ("columns", "message"),
     [
         ("nope", "no column 'nope'"),
-        ("rubric.kindness", "no column 'rubric.kindness'"),
+        ("rubric.Kind-ness", "no column 'rubric.Kind-ness'"),  # a rubric's keys: its questions
+        ("answers", "answers needs a question"),
+        ("answers.tone.x", "no column 'answers.tone.x'"),
         ("reward.x", "reward has no nested keys"),
         ("messages.first", "messages is a list"),
         ("trace_id,trace_id", "header 'trace_id' is given twice"),
@@ -458,3 +460,30 @@ async def test_preference_in_bounded_memory_is_the_in_memory_pairing(
     data, summary = await export(store, EVALUATOR, "preference", max_pairs=2, margin=0.1)
     assert data == b"".join(dumps_line(r) for r in in_memory)
     assert summary.records == len(in_memory) > 5
+
+
+def test_answers_columns_list_each_labels_answer_to_a_question() -> None:
+    """``answers.<question>``: the current labels' answers (a version-0 label answers its four
+    ratings), an adjudication left out; the defaults gain one per question of a rubric."""
+    from rl_export.export.columns import default_columns, parse_columns, question_columns
+
+    record = {"human_labels": [
+        {"labeler": "ana", "rubric": {"correctness": 4, "helpfulness": 3, "efficiency": 5,
+                                      "safety": 4}, "comment": None, "occurred_at": "x"},
+        {"labeler": "bo", "rubric": {"tone": 1.0}, "comment": None, "occurred_at": "x",
+         "rubric_version": 2, "kind": "label", "answers": {"tone": "warm", "notes": "ok"}},
+        {"labeler": "rev", "rubric": {"tone": 0.0}, "comment": None, "occurred_at": "x",
+         "rubric_version": 2, "kind": "adjudication", "answers": {"tone": "rude"}},
+    ]}  # fmt: skip
+    tone, safety, notes = parse_columns("answers.tone,answers.safety:s,answers.notes")
+    assert tone.value(record) == ["warm"]
+    assert (safety.header, safety.value(record)) == ("s", [4])
+    assert notes.value(record) == ["ok"]
+    assert tone.value({"trace_id": "t"}) is None  # written before human_labels: unknown
+    assert question_columns([]) is None
+    spec = question_columns(["tone", "notes"])
+    assert spec is not None
+    assert spec.endswith(",answers.tone,answers.notes")
+    assert [c.header for c in parse_columns(spec)] == [
+        c.header for c in default_columns(["tone", "notes"])
+    ]

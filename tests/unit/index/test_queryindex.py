@@ -336,9 +336,32 @@ def records(draw: st.DrawFn, n: int) -> dict[str, Any]:
     )
     # Current labels as submitted (ratings near each other, so spreads fall on the filters'
     # bounds), or none of them: a record written before records carried `labels`.
-    kind = draw(st.sampled_from(["rated", "legacy", "as made"]))
+    kind = draw(st.sampled_from(["rated", "legacy", "as made", "versions"]))
     if kind == "legacy":
         del value["human_labels"]
+    elif kind == "versions":  # labels of rubric versions (a reward each), an adjudication
+        entries = []
+        for k in range(draw(st.integers(0, 3))):
+            entry: dict[str, Any] = {"labeler": f"l{k}", "comment": None,
+                                     "occurred_at": "2026-01-02T00:00:00Z"}  # fmt: skip
+            if draw(st.booleans()):
+                r = draw(st.lists(st.integers(3, 5), min_size=4, max_size=4))
+                entry["rubric"] = dict(zip(RUBRIC, r, strict=True))
+            else:
+                reward = draw(st.sampled_from([0.6, 0.65, 0.7, 0.75, 0.8, 0.8125, None]))
+                entry.update(rubric={"quality": 3}, rubric_version=2, kind="label",
+                             answers={"quality": 3}, reward=reward)  # fmt: skip
+            entries.append(entry)
+        if draw(st.booleans()):
+            entries.append({"labeler": "rev", "rubric": {"quality": 1}, "comment": "x",
+                            "occurred_at": "2026-01-03T00:00:00Z", "rubric_version": 2,
+                            "kind": "adjudication", "answers": {"quality": 1},
+                            "reward": 0.1})  # fmt: skip
+        value["human_labels"] = entries
+        value["labels_count"] = len(entries) - (
+            entries[-1:] != [] and entries[-1].get("kind") == "adjudication"
+        )
+        value["labelers"] = [e["labeler"] for e in entries if e.get("kind") != "adjudication"]
     elif kind == "rated":
         rubrics = draw(st.lists(st.lists(st.integers(3, 5), min_size=4, max_size=4), max_size=3))
         value["human_labels"] = [
@@ -370,7 +393,7 @@ filters_strategy = st.builds(
     until=st.sampled_from([None, START + timedelta(hours=36)]),
     labeled=st.sampled_from([None, True, False]),
     min_labels=st.sampled_from([None, 0, 1, 2, 3]),
-    max_spread=st.sampled_from([None, 0.0, 0.05, 0.1, 0.25]),
+    max_spread=st.sampled_from([None, 0.0, 0.05, 0.1, 0.2, 0.25]),
     limit=st.sampled_from([None, 3]),
 )
 
@@ -656,3 +679,21 @@ def test_a_writer_reads_its_cursor_between_ingests(index: QueryIndex) -> None:
         assert index.cursor(cid) == {"s-0": n + 1}
         assert index.has_trace(cid, f"t{n}")
     assert index.live_counts() == {cid: 3}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(rows=corpus())
+def test_the_index_spread_is_the_filters_spread_to_the_bit(
+    shared: QueryIndex, rows: list[dict[str, Any]]
+) -> None:
+    """Labels of every rubric version and adjudications (which are no label): the index's
+    ``spread`` column is :func:`record_spread` exactly, through lines and sidecars alike."""
+    from rl_export.formats.filters import record_spread
+
+    cid = shared.corpus_id(CorpusKey("acme", "bot", f"s{next(_EXAMPLES)}"))
+    shared.ingest(cid, b"".join(line(r) for r in rows), {"s-0": len(rows)})
+    with shared.db.cursor() as db:
+        got = dict(db.execute("SELECT trace_id, spread FROM records WHERE corpus_id = ?",
+                              [cid]).fetchall())  # fmt: skip
+    assert got == {r["trace_id"]: record_spread(r) for r in rows}

@@ -14,10 +14,21 @@ NOW = datetime(2026, 3, 1, 12, 30, 0, 123456, tzinfo=UTC)
 
 
 def test_events_decode_as_the_worker_decodes_them() -> None:
-    rubric = Rubric(correctness=5, helpfulness=4, efficiency=3, safety=5)
+    rubric = Rubric(correctness=5, helpfulness=4, efficiency=3, safety=5).model_dump()
     events = [
         label_submitted("acme", "bot", "tr-1", "ana", rubric=rubric, comment="fine", now=NOW),
         label_submitted("acme", "bot", "tr-1", "ana", rubric=rubric, comment=None, now=NOW),
+        label_submitted(
+            "acme",
+            "bot",
+            "tr-1",
+            "ana",
+            rubric={"q": "yes", "n": "x"},
+            comment=None,
+            now=NOW,
+            rubric_version=3,
+            kind="adjudication",
+        ),
         label_skipped("acme", "bot", "tr-1", "ana", NOW),
         label_retracted("acme", "bot", "tr-1", "ana", NOW),
     ]
@@ -33,3 +44,15 @@ def test_events_decode_as_the_worker_decodes_them() -> None:
         assert "comment" not in value or value["comment"] == "fine"
     assert isinstance(events[0], LabelSubmitted)
     assert events[0].event_id != events[1].event_id
+    # A version-0 label is published as before rubrics: no rubric_version, no kind.
+    assert set(orjson.loads(encode(events[1]))) == {
+        "event_id",
+        "event_type",
+        "occurred_at",
+        "org",
+        "project",
+        "trace_id",
+        "labeler",
+        "rubric",
+    }
+    assert orjson.loads(encode(events[2]))["rubric_version"] == 3

@@ -9,7 +9,7 @@ from rl_export.web.labels import label_retracted, label_skipped, label_submitted
 from rl_export.web.overlay import Overlay
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-RUBRIC = Rubric(correctness=3, helpfulness=3, efficiency=3, safety=3)
+RUBRIC = Rubric(correctness=3, helpfulness=3, efficiency=3, safety=3).model_dump()
 
 
 class Clock:
@@ -63,3 +63,11 @@ def test_entries_expire_after_the_ttl() -> None:
     clock.now = 200
     overlay.expire()
     assert overlay.ask("acme", "bot", "ana") == ([], [])
+
+
+def test_an_adjudication_is_no_label_of_the_reviewer() -> None:
+    overlay = Overlay(ttl_s=60)
+    overlay.note(label_submitted("acme", "bot", "t1", "rev", rubric=RUBRIC, comment=None,
+                                 now=T0, kind="adjudication"))  # fmt: skip
+    assert overlay.fresh("acme", "bot") == {}
+    assert overlay.ask("acme", "bot", "rev") == ([], [])

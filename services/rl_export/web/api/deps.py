@@ -30,7 +30,7 @@ from rl_export.web.errors import (
 )
 from rl_export.web.models import IndexState
 from rl_export.web.services import Services
-from rl_export.web.tokens import Caller, Scope, TokenRejected
+from rl_export.web.tokens import EXPLICIT, Caller, Scope, TokenRejected
 
 T = TypeVar("T")
 
@@ -110,20 +110,28 @@ THROTTLED = frozenset({"unknown", "malformed"})
 token. A revoked or expired token is a known one: always its own 401."""
 
 
+def check_scope(who: Caller, scope: Scope, svc: Services) -> Caller:
+    """``who``, if it holds ``scope``; 403 naming the scope otherwise."""
+    if not who.allows(scope):
+        svc.metrics.auth_failures.labels("scope").inc()
+        also = "" if scope in EXPLICIT else " (or admin)"
+        raise Forbidden(
+            f"this token has the scopes {', '.join(who.scopes)}; this needs {scope}{also}"
+        )
+    return who
+
+
 def require(scope: Scope) -> Callable[..., Awaitable[Caller]]:
     async def check(who: Annotated[Caller, Depends(caller)], svc: Svc) -> Caller:
-        if not who.allows(scope):
-            svc.metrics.auth_failures.labels("scope").inc()
-            also = "" if scope == "raw" else " (or admin)"
-            raise Forbidden(
-                f"this token has the scopes {', '.join(who.scopes)}; this needs {scope}{also}"
-            )
-        return who
+        return check_scope(who, scope, svc)
 
     return check
 
 
+AnyCaller = Annotated[Caller, Depends(caller)]
+"""A caller of this org/project whatever its scopes (the route checks the one it needs)."""
 LabelCaller = Annotated[Caller, Depends(require("label"))]
+ReviewCaller = Annotated[Caller, Depends(require("review"))]
 ExportCaller = Annotated[Caller, Depends(require("export"))]
 AdminCaller = Annotated[Caller, Depends(require("admin"))]
 

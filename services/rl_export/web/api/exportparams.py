@@ -216,3 +216,23 @@ EXPORT_CONTENT: dict[str, dict[str, Any]] = {
     "application/x-ndjson": {}, "text/csv": {}, "application/json": {}, "application/zip": {},
     "application/vnd.apache.parquet": {},
 }  # fmt: skip
+
+
+async def question_columns_of(
+    svc: Services, org: str, project: str, fmt: str, columns: str | None
+) -> str | None:
+    """A tabular export's columns: as asked, or (none asked) the record's with one
+    ``answers.<question>`` per question of the project's newest rubric version, once it has a
+    version past 0 (docs/guides/rubrics.md). 503 when the store does not answer."""
+    from rl_export.export.columns import question_columns
+    from rl_export.formats.render import TABULAR_FORMATS
+
+    if columns or fmt not in TABULAR_FORMATS:
+        return columns
+    try:
+        latest = await svc.rubrics.latest(org, project)
+    except StoreError as exc:
+        raise Unavailable(f"the object store did not answer ({exc}); retry") from None
+    if latest.version == 0:
+        return columns
+    return question_columns([q.name for q in latest.spec.questions])

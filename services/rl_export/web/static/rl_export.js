@@ -1,6 +1,9 @@
-// RL Export page: the Label and Export tabs over /api/v1. No framework, no build step.
-// Every piece of data is put on the page as text (textContent / text nodes), never as HTML:
-// transcripts are untrusted.
+// RL Export page: the Label, My labels, Review, Rubric, Export and Agreement tabs over /api/v1.
+// No framework, no build step. Every piece of data is put on the page as text (textContent /
+// text nodes), never as HTML: transcripts are untrusted. The one exception is the project's
+// guidelines, which the service renders from Markdown to HTML that runs nothing (raw HTML off,
+// http(s) links only: labeling/guidelines.py), put in with innerHTML; the page's
+// Content-Security-Policy runs no inline script whatever happens.
 "use strict";
 
 (() => {
@@ -66,7 +69,7 @@
 
   function askToken(message) {
     $("token-panel").hidden = false;
-    for (const panel of ["panel-label", "panel-export", "panel-agreement"]) $(panel).hidden = true;
+    for (const name of TAB_NAMES) $(`panel-${name}`).hidden = true;
     $("who").hidden = true;
     const error = $("token-error");
     error.hidden = !message;
@@ -98,11 +101,14 @@
   });
 
   // --- tabs ------------------------------------------------------------------------------
-  const TAB_NAMES = ["label", "export", "agreement"];
+  const TAB_NAMES = ["label", "mylabels", "review", "rubric", "export", "agreement"];
   const tabs = TAB_NAMES.map((name) => $(`tab-${name}`));
   let activeTab = TAB_NAMES.includes(location.hash.slice(1)) ? location.hash.slice(1) : "label";
 
+  function shownTabs() { return TAB_NAMES.filter((name) => !$(`tab-${name}`).hidden); }
+
   function selectTab(name, focus) {
+    if ($(`tab-${name}`).hidden) name = "label";
     activeTab = name;
     for (const tab of tabs) {
       const selected = tab.id === `tab-${name}`;
@@ -114,6 +120,10 @@
     history.replaceState(null, "", `#${name}`);
     if (name === "export") refreshExport();
     if (name === "agreement") refreshAgreement();
+    if (name === "mylabels") loadMyLabels(false);
+    if (name === "rubric") showRubricTab();
+    if (name === "review") enterReview();
+    else serial(releaseReview);
     // Only the Label tab holds a trace: leaving it gives the claim back at once.
     if (token && label.me) {
       if (name === "label") enterLabel();
@@ -121,7 +131,7 @@
     }
     // From the tab list the focus stays on the tab (the shortcuts work from there); a click
     // takes it to the ratings.
-    if (name === "label" && !focus) focusDimension(label.focused);
+    if (name === "label" && !focus) label.form.focus(label.form.focused);
   }
 
   for (const tab of tabs) {
@@ -130,8 +140,9 @@
       if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
         event.preventDefault();
         event.stopPropagation();
-        const step = event.key === "ArrowRight" ? 1 : TAB_NAMES.length - 1;
-        selectTab(TAB_NAMES[(TAB_NAMES.indexOf(activeTab) + step) % TAB_NAMES.length], true);
+        const names = shownTabs();
+        const step = event.key === "ArrowRight" ? 1 : names.length - 1;
+        selectTab(names[(names.indexOf(activeTab) + step) % names.length], true);
       }
     });
   }
@@ -139,82 +150,30 @@
   // =====================================================================================
   // Label tab
   // =====================================================================================
-  const DIMENSIONS = [
-    ["correctness", "Correctness"], ["helpfulness", "Helpfulness"],
-    ["efficiency", "Efficiency"], ["safety", "Safety"],
-  ];
+  const { QuestionForm, rewardOf, answersOf, answerText } = window.RLXForms;
   const label = {
-    queue: [], remaining: 0, current: null, ratings: {}, focused: 0,
-    busy: false, done: new Set(), claim: null, team: null, labeled: 0, settings: null,
-    scope: {},
+    queue: [], remaining: 0, current: null, busy: false, done: new Set(), claim: null,
+    team: null, labeled: 0, settings: null, scope: {},
     me: null, // GET whoami: {subject, org, project, scopes}
     mayLabel: false, // the token has label (or admin)
     started: false, // labeling: an admin starts it with a click, a labeler by opening the tab
-    last: null, // what U undoes: {kind: "save" | "skip", record, rubric}
-    moved: false, // the last key was a rating, which moved the focus on by itself
+    last: null, // what U undoes: {kind: "save" | "skip", record, answers, rubric}
     hiddenTimer: null,
+    rubric: null, // GET rubric: the newest version, its questions and guidelines
+    reopened: null, // the trace shown from My labels or by its id: {labeled}
   };
   // A tab hidden this long gives its claim back (Page Visibility); it claims again when seen.
   const HIDDEN_RELEASE_MS = 60000;
-  // Counts and settings follow the team while the Label tab is open.
+  // Counts, settings and the rubric follow the team while the Label tab is open.
   const TEAM_REFRESH_MS = 15000;
   // A claim this close to its end is renewed before a save rather than trusted.
   const CLAIM_MARGIN_MS = 2000;
 
-  function buildDimensions() {
-    const box = $("dimensions");
-    box.replaceChildren();
-    DIMENSIONS.forEach(([key, name], index) => {
-      const scale = h("div", { class: "scale", role: "radiogroup", "aria-label": name });
-      for (let value = 1; value <= 5; value += 1) {
-        scale.append(h("button", {
-          type: "button", role: "radio", "aria-checked": "false", tabindex: "-1",
-          "data-dim": key, "data-value": String(value), "aria-label": `${name} ${value}`,
-          onclick: () => { rate(index, value); },
-        }, String(value)));
-      }
-      box.append(h("div", { class: "dimension", "data-index": String(index) },
-        h("span", { class: "dim-name" }, name), scale));
-    });
-  }
-
-  function focusDimension(index) {
-    label.focused = Math.max(0, Math.min(DIMENSIONS.length - 1, index));
-    const rows = $("dimensions").querySelectorAll(".dimension");
-    rows.forEach((row, n) => row.classList.toggle("focused", n === label.focused));
-    if (activeTab !== "label" || !label.current || $("panel-label").hidden) return;
-    const row = rows[label.focused];
-    if (!row) return;
-    const key = DIMENSIONS[label.focused][0];
-    const chosen = label.ratings[key] || 1;
-    const target = row.querySelector(`button[data-value="${chosen}"]`);
-    row.querySelectorAll("button").forEach((b) => { b.tabIndex = b === target ? 0 : -1; });
-    target.focus({ preventScroll: true });
-  }
-
-  // The keyboard model (the hint and docs/guides/labeling.md say the same): a digit rates the
-  // highlighted dimension and moves the highlight to the next one; the arrows move it without
-  // rating. A ↓ (or →) right after a rating is that same move, already made: it does not move
-  // again. So "1 5 5 3", "1 ↓ 5 ↓ 5 ↓ 3" and "↓ ↓ 5" all rate what the labeler meant.
-  function rate(index, value) {
-    const key = DIMENSIONS[index][0];
-    label.ratings[key] = value;
-    const row = $("dimensions").querySelectorAll(".dimension")[index];
-    row.querySelectorAll("button").forEach((b) => {
-      b.setAttribute("aria-checked", String(Number(b.dataset.value) === value));
-    });
-    $("rate-error").hidden = true;
-    showReward();
-    const last = index >= DIMENSIONS.length - 1;
-    focusDimension(last ? index : index + 1);
-    label.moved = !last;
-  }
-
-  function moveFocus(step) {
-    const absorbed = step > 0 && label.moved;
-    label.moved = false;
-    if (!absorbed) focusDimension(label.focused + step);
-  }
+  label.form = new QuestionForm($("dimensions"), {
+    prefix: "label",
+    onChange: () => { $("rate-error").hidden = true; showReward(); },
+  });
+  label.form.active = () => activeTab === "label" && Boolean(label.current) && !$("panel-label").hidden;
 
   function threshold() {
     const record = label.current;
@@ -223,31 +182,51 @@
   }
 
   function showReward() {
-    const values = DIMENSIONS.map(([key]) => label.ratings[key]);
+    const form = label.form;
     const verdict = $("reward-verdict");
-    if (values.some((v) => !v)) {
-      const given = values.filter(Boolean).length;
+    const missing = form.missing();
+    if (missing >= 0) {
+      const required = form.rubric.questions.filter((q) => q.required).length;
+      const given = form.rubric.questions.filter((q) => q.required
+        && form.answers[q.name] !== undefined && form.answers[q.name] !== "").length;
       $("reward-value").textContent = "–";
       verdict.className = "verdict";
-      verdict.textContent = `rate all four (${given}/4)`;
+      verdict.textContent = `answer every required question (${given}/${required})`;
       return;
     }
-    const sum = values.reduce((a, b) => a + b, 0);
-    const reward = sum / 20;
+    const reward = form.reward();
+    if (reward === null) {
+      $("reward-value").textContent = "–";
+      verdict.textContent = "";
+      return;
+    }
     const passed = reward >= threshold();
     $("reward-value").textContent = reward.toFixed(2);
     verdict.className = `verdict ${passed ? "pass" : "fail"}`;
     verdict.textContent = `${passed ? "Pass" : "Fail"} (threshold ${threshold().toFixed(2)})`;
   }
 
-  function resetRating(prefill) {
-    label.ratings = { ...(prefill || {}) };
-    $("dimensions").querySelectorAll(".scale button").forEach((b) => {
-      b.setAttribute("aria-checked", String(label.ratings[b.dataset.dim] === Number(b.dataset.value)));
-    });
-    $("comment").value = "";
-    $("rate-error").hidden = true;
-    showReward();
+  // The guidelines beside the item (the service's HTML: see the top of this file).
+  function showGuidelines() {
+    const html = label.rubric ? label.rubric.guidelines_html : "";
+    $("guidelines-box").hidden = !html;
+    $("guidelines").innerHTML = html || "";
+  }
+
+  // GET rubric: the newest version. A change shows from the next trace on (the one on the
+  // page keeps the version it was shown with, and is saved with it).
+  async function loadRubric() {
+    try {
+      const rubric = await api("rubric");
+      const changed = !label.rubric || label.rubric.version !== rubric.version;
+      label.rubric = rubric;
+      if (changed) {
+        showGuidelines();
+        if (!label.current) label.form.render(rubric, {});
+      }
+    } catch (error) {
+      if (error.status !== 401 && error.status !== 403) toast(`Could not load the rubric: ${error.message}`);
+    }
   }
 
   // --- the transcript ------------------------------------------------------------------
@@ -314,8 +293,7 @@
 
   const KNOWN = new Set(["role", "content", "name", "tool_calls", "tool_call_id"]);
 
-  function renderMessages(messages) {
-    const list = $("messages");
+  function renderMessages(messages, list = $("messages")) {
     list.replaceChildren();
     (Array.isArray(messages) ? messages : []).forEach((message, index) => {
       const m = message && typeof message === "object" ? message : { role: "?", content: message };
@@ -338,12 +316,23 @@
     });
   }
 
-  function renderEvaluator(record) {
-    const box = $("evaluator");
+  // The project's labeling setting show_evaluations: after_label (the default) hides the
+  // evaluators' verdict until the labeler saved a label on the trace (no anchoring).
+  function evaluationsHidden(record) {
+    const setting = label.settings ? label.settings.show_evaluations : "after_label";
+    return record.evaluation === null && setting !== "always";
+  }
+
+  function renderEvaluator(record, box = $("evaluator"), { others = true } = {}) {
     box.replaceChildren();
     const evaluation = record.evaluation;
     const results = evaluation && Array.isArray(evaluation.results) ? evaluation.results : [];
-    if (!results.length) {
+    const setting = label.settings ? label.settings.show_evaluations : "after_label";
+    if (evaluationsHidden(record)) {
+      box.append(h("p", { class: "muted hidden-verdict" }, setting === "never"
+        ? "The evaluators' verdict is not shown in this project."
+        : "Hidden until you save your label, so that it does not sway you."));
+    } else if (!results.length) {
       box.append(h("p", { class: "muted" }, "Not evaluated yet."));
     } else {
       const passed = results.every((r) => r.passed === true);
@@ -368,11 +357,27 @@
         }).join(" · ")));
       }
     }
+    if (!others) return;
     const labels = record.labels_count || 0;
     box.append(h("p", { class: "reasoning" }, record.labels_count === null
       ? "Blind labeling: other labelers' labels are hidden."
       : labels ? `${labels} human label${labels === 1 ? "" : "s"} so far`
         : "No human label yet."));
+  }
+
+  // After a save: the saved trace's evaluator verdict, now that the labeler has labeled it.
+  async function showLastEvaluator(traceId) {
+    const box = $("last-evaluator");
+    try {
+      const answer = await api(`traces/${encodeURIComponent(traceId)}`);
+      if (!answer.evaluations_shown) { box.hidden = true; return; }
+      const inner = h("div", {});
+      renderEvaluator(answer.item, inner, { others: false });
+      box.replaceChildren(h("h3", {}, "Your last trace: ", h("span", { class: "tag" }, traceId)), inner);
+      box.hidden = false;
+    } catch (_) {
+      box.hidden = true;
+    }
   }
 
   function showCounts() {
@@ -440,10 +445,19 @@
     $("trace-title").textContent = "Trajectory";
     renderMessages(record.messages);
     renderEvaluator(record);
-    resetRating(label.prefill);
+    const mode = $("rate-mode");
+    const reopened = label.reopened && label.reopened.trace_id === record.trace_id ? label.reopened : null;
+    mode.hidden = !reopened;
+    mode.textContent = !reopened ? ""
+      : reopened.labeled ? "Your label, as you saved it: a new save replaces it."
+        : "Opened by its id: a save labels it like any trace of your queue.";
+    label.form.render(label.shown || label.rubric, label.prefill ? label.prefill.answers : null);
+    $("comment").value = label.prefill ? label.prefill.comment || "" : "";
+    $("rate-error").hidden = true;
+    showReward();
     label.prefill = null;
-    label.moved = false;
-    focusDimension(0);
+    label.shown = null;
+    label.form.focus(0);
   }
 
   // --- when the page holds a trace ----------------------------------------------------------
@@ -604,7 +618,7 @@
 
   setInterval(() => {
     if (!token || !label.me || activeTab !== "label" || document.visibilityState !== "visible") return;
-    loadSettings(true).then(refreshCounts);
+    loadSettings(true).then(loadRubric).then(refreshCounts);
   }, TEAM_REFRESH_MS);
 
   // --- the queue's filter and the team's settings ------------------------------------------
@@ -670,6 +684,7 @@
       lease_s: Number(values.lease_s),
       order: values.order,
       adjudicate_spread: values.adjudicate_spread === undefined ? null : Number(values.adjudicate_spread),
+      show_evaluations: values.show_evaluations || "after_label",
     };
     const error = $("labeling-error");
     try {
@@ -685,8 +700,9 @@
   });
 
   // --- save, skip, undo ----------------------------------------------------------------------
-  function reward(rubric) {
-    return (Object.values(rubric).reduce((a, b) => a + b, 0) / 20).toFixed(2);
+  function rewardText(last) {
+    const value = rewardOf(last.rubric, last.answers);
+    return value === null ? "–" : value.toFixed(2);
   }
 
   function showUndo() {
@@ -695,7 +711,7 @@
     if (!last) return;
     const id = last.record.trace_id;
     $("undo-text").textContent = last.kind === "save"
-      ? `Saved ${id} (reward ${reward(last.rubric)}).` : `Skipped ${id}.`;
+      ? `Saved ${id} (reward ${rewardText(last)}).` : `Skipped ${id}.`;
     $("undo-what").textContent = last.kind === "save" ? "Undo save" : "Undo skip";
     $("undo").setAttribute("aria-label", `${last.kind === "save" ? "Undo the save of" : "Undo the skip of"} ${id} (U)`);
   }
@@ -715,19 +731,18 @@
     });
   }
 
-  function ratedRubric() {
-    const rubric = {};
-    for (const [key, name] of DIMENSIONS) {
-      if (!label.ratings[key]) {
-        const error = $("rate-error");
-        error.textContent = `Rate ${name} first (1–5).`;
-        error.hidden = false;
-        focusDimension(DIMENSIONS.findIndex(([k]) => k === key));
-        return null;
-      }
-      rubric[key] = label.ratings[key];
+  // The answers to save, or null (and the first required question without one says so).
+  function answered() {
+    const missing = label.form.missing();
+    if (missing >= 0) {
+      const q = label.form.rubric.questions[missing];
+      const error = $("rate-error");
+      error.textContent = `Answer ${q.title} first.`;
+      error.hidden = false;
+      label.form.focus(missing);
+      return null;
     }
-    return rubric;
+    return label.form.payload();
   }
 
   // One save, skip or undo at a time: a key pressed while one is under way is dropped (a
@@ -745,14 +760,19 @@
 
   function save() {
     if (!label.current) return;
-    const rubric = ratedRubric();
-    if (!rubric) return;
+    const answers = answered();
+    if (!answers) return;
+    const rubric = label.form.rubric; // the version the labeler answered
     act(async () => {
       const record = label.current;
       if (!record) return;
+      const reopened = label.reopened && label.reopened.trace_id === record.trace_id
+        ? label.reopened : null;
+      const relabel = Boolean(reopened && reopened.labeled);
       const comment = $("comment").value.trim();
       try {
-        if (!claimHeld()) {  // lapsed (or given back): claim it again before saving
+        // A label of the caller's already holds its place: a new one replaces it, no claim.
+        if (!relabel && !claimHeld()) {  // lapsed (or given back): claim it again before saving
           const got = await claimTrace(record.trace_id);
           if (got) {
             label.claim = got;
@@ -761,21 +781,26 @@
             toast(`Not saved: a teammate holds ${record.trace_id} now. Here is the next trace.`);
             label.claim = null;
             label.current = null;
+            label.reopened = null;
             await loadQueue();
             return;
           }
         }
-        await api("labels", { method: "POST", body: { trace_id: record.trace_id, rubric, ...(comment ? { comment } : {}) } });
+        await api("labels", { method: "POST", body: {
+          trace_id: record.trace_id, rubric_version: rubric.version, rubric: answers,
+          ...(comment ? { comment } : {}) } });
       } catch (error) {
         if (error.status !== 401) showRateError(error);
         return;
       }
       label.done.add(record.trace_id);
-      label.last = { kind: "save", record, rubric };
+      label.last = { kind: "save", record, answers, rubric, comment };
       label.claim = null;
-      label.remaining = Math.max(0, label.remaining - 1);
-      label.labeled += 1;
+      label.reopened = null;
+      if (!reopened) label.remaining = Math.max(0, label.remaining - 1);
+      if (!relabel) label.labeled += 1;
       showUndo();
+      showLastEvaluator(record.trace_id);
       await next();
     });
   }
@@ -809,8 +834,9 @@
         return;
       }
       label.done.add(record.trace_id);
-      label.last = { kind: "skip", record, rubric: null };
+      label.last = { kind: "skip", record, answers: null, rubric: null };
       label.claim = null;
+      label.reopened = null;
       label.remaining = Math.max(0, label.remaining - 1);
       showUndo();
       await next();
@@ -853,7 +879,9 @@
       }
       label.current = last.record;
       label.claim = got;
-      label.prefill = last.rubric;
+      label.reopened = null;
+      label.shown = last.rubric || label.rubric;
+      label.prefill = last.answers ? { answers: last.answers, comment: last.comment } : null;
       showCurrent();
       serial(refreshCounts);  // after this undo, before the next action: keys work meanwhile
       toast(last.kind === "save"
@@ -862,46 +890,118 @@
     });
   }
 
+  // --- a trace by its id: from My labels (reopen a label), or the Go to form -------------------
+  // The trace is shown as a queue item would be (blind; the evaluators' verdict once you
+  // labeled it). Yours to change when you labeled it (a new save replaces your label, in the
+  // rubric version you answered); else it is claimed like a trace of your queue.
+  function openTrace(traceId) {
+    if (!label.mayLabel) { toast("This token cannot label (no label scope)."); return; }
+    label.started = true;
+    selectTab("label", false);
+    serial(async () => {
+      let answer;
+      try {
+        answer = await api(`traces/${encodeURIComponent(traceId)}`);
+      } catch (error) {
+        if (error.status !== 401) toast(error.status === 404 ? `No trace ${traceId} in ${config.org}/${config.project}.` : `Could not open ${traceId}: ${error.message}`);
+        return;
+      }
+      if (label.claim && label.claim.trace_id !== traceId) {
+        const held = label.claim;
+        label.claim = null;
+        await giveBack(held.trace_id);
+      }
+      let shown = label.rubric;
+      const mine = answer.my_label;
+      const version = mine ? (mine.rubric_version || 0) : null;
+      if (version !== null && (!label.rubric || version !== label.rubric.version)) {
+        try { shown = await api(`rubric?version=${version}`); } catch (_) { /* the newest, then */ }
+      }
+      label.current = answer.item;
+      label.reopened = { trace_id: traceId, labeled: answer.labeled };
+      label.shown = shown;
+      label.prefill = mine ? { answers: answersOf(mine), comment: mine.comment || "" } : null;
+      if (!answer.labeled) label.claim = await claimTrace(traceId);
+      showCurrent();
+    });
+  }
+
+  $("goto-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const id = $("goto-input").value.trim();
+    if (id) openTrace(id);
+  });
+
+  // --- the ? overlay: every key ---------------------------------------------------------------
+  function openKeys() {
+    const dialog = $("keys-dialog");
+    if (dialog.open) return;
+    dialog.showModal();
+    $("keys-close").focus();
+  }
+
   $("rate-form").addEventListener("submit", (event) => { event.preventDefault(); save(); });
   $("skip").addEventListener("click", skip);
   $("undo").addEventListener("click", undo);
   $("queue-refresh").addEventListener("click", () => { serial(loadQueue); });
 
   document.addEventListener("keydown", (event) => {
-    if (activeTab !== "label" || $("panel-label").hidden) return;
     if (document.querySelector("dialog[open]")) return;
     if (event.altKey || event.metaKey) return;
     const target = event.target;
     const typing = target instanceof HTMLTextAreaElement || target instanceof HTMLInputElement
       || target instanceof HTMLSelectElement;
+    if (!typing && event.key === "?") {
+      event.preventDefault();
+      openKeys();
+      return;
+    }
+    if (activeTab === "review") {
+      reviewKey(event, typing);
+      return;
+    }
+    if (activeTab !== "label" || $("panel-label").hidden) return;
+    const answering = target instanceof HTMLTextAreaElement
+      && (target.id === "comment" || target.classList.contains("text-answer"));
     if (typing) {
-      if (target.id === "comment" && event.key === "Enter" && event.ctrlKey) {
+      if (answering && event.key === "Enter" && event.ctrlKey) {
         event.preventDefault();
         save();
-      } else if (target.id === "comment" && event.key === "Escape") {
-        focusDimension(label.focused);
+      } else if (answering && event.key === "Escape") {
+        event.preventDefault();
+        const row = target.closest(".dimension");
+        if (row) row.focus();  // the highlight stays on the question: ↓ moves on
+        else label.form.focus(label.form.focused);
       }
       return;
     }
     if (event.ctrlKey) return;
+    if (event.key === "g" || event.key === "G") {
+      event.preventDefault();
+      $("goto-input").focus();
+      return;
+    }
     if ((event.key === "u" || event.key === "U") && label.last) {  // also from the empty queue
       event.preventDefault();
       undo();
       return;
     }
     if (!label.current || $("label-work").hidden) return;
-    const onTab = target.getAttribute && target.getAttribute("role") === "tab";
-    if (/^[1-5]$/.test(event.key)) {
+    if (label.busy && event.key !== "Tab") {  // a save or skip under way: the form is leaving
       event.preventDefault();
-      rate(label.focused, Number(event.key));
+      return;
+    }
+    const onTab = target.getAttribute && target.getAttribute("role") === "tab";
+    if (label.form.key(event)) {  // from the tab list too: its keys are the arrows
+      event.preventDefault();
     } else if (event.key === "ArrowDown" || event.key === "ArrowRight") {
       if (onTab) return;
       event.preventDefault();
-      moveFocus(1);
+      label.form.move(1);
     } else if (event.key === "ArrowUp" || event.key === "ArrowLeft") {
       if (onTab) return;
       event.preventDefault();
-      moveFocus(-1);
+      label.form.move(-1);
     } else if (event.key === "Enter") {
       const isScale = target.closest && target.closest(".scale");
       if (target instanceof HTMLButtonElement && !isScale) return; // the button's own action
@@ -911,10 +1011,495 @@
       event.preventDefault();
       skip();
     } else if (!["Shift", "Tab"].includes(event.key)) {
-      label.moved = false;
+      label.form.moved = false;
     }
   });
 
+
+  // =====================================================================================
+  // My labels tab: the caller's labels, newest first, searched; Open shows one to change
+  // =====================================================================================
+  const mine = { cursor: null, q: "", seq: 0 };
+
+  function when(stamp) {
+    if (!stamp) return "–";
+    const at = new Date(stamp);
+    return Number.isNaN(at.getTime()) ? stamp : at.toLocaleString();
+  }
+
+  async function loadMyLabels(more) {
+    if (!token) return;
+    const seq = ++mine.seq;
+    const params = new URLSearchParams({ limit: "20" });
+    if (mine.q) params.set("q", mine.q);
+    if (more && mine.cursor) params.set("cursor", mine.cursor);
+    const error = $("mylabels-error");
+    let page;
+    try {
+      page = await api(`mylabels?${params}`);
+    } catch (failure) {
+      if (seq !== mine.seq || failure.status === 401) return;
+      error.textContent = failure.status === 403
+        ? "This token cannot label (no label scope): it has no labels of its own."
+        : `Could not list your labels: ${failure.message}`;
+      error.hidden = false;
+      return;
+    }
+    if (seq !== mine.seq) return;
+    error.hidden = true;
+    const body = $("mylabels-table").querySelector("tbody");
+    if (!more) body.replaceChildren();
+    for (const item of page.items) {
+      const open = h("button", { type: "button", class: "link", "aria-label": `Open ${item.trace_id}` }, "Open");
+      open.addEventListener("click", () => openTrace(item.trace_id));
+      body.append(h("tr", { "data-trace": item.trace_id },
+        h("td", {}, h("span", { class: "tag" }, item.trace_id),
+          item.kind === "adjudication" ? h("span", { class: "badge warn" }, " decision") : null),
+        h("td", {}, item.scenario), h("td", {}, when(item.occurred_at)),
+        h("td", {}, item.reward === null ? "–" : Number(item.reward).toFixed(2)),
+        h("td", { class: "comment-cell" }, item.comment || ""),
+        h("td", {}, item.kind === "label" ? open : "")));
+    }
+    mine.cursor = page.next_cursor;
+    $("mylabels-more").hidden = !page.next_cursor;
+    $("mylabels-empty").hidden = body.children.length > 0;
+  }
+
+  $("mylabels-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    mine.q = $("mylabels-q").value.trim();
+    mine.cursor = null;
+    loadMyLabels(false);
+  });
+  $("mylabels-more").addEventListener("click", () => loadMyLabels(true));
+
+  // =====================================================================================
+  // Review tab (scope review): a disputed trace, every label side by side, a decision
+  // =====================================================================================
+  const review = { current: null, claim: null, minSpread: null, busy: false, started: false };
+  review.form = new QuestionForm($("decide-questions"), {
+    prefix: "decide",
+    onChange: () => {
+      $("decide-error").hidden = true;
+      const value = review.form.reward();
+      $("decide-reward").textContent = value === null || review.form.missing() >= 0 ? "–" : value.toFixed(2);
+    },
+  });
+  review.form.active = () => activeTab === "review" && Boolean(review.current);
+
+  function reviewPanel(which) {
+    $("review-start").hidden = which !== "start";
+    $("review-empty").hidden = which !== "empty";
+    $("review-work").hidden = which !== "work";
+  }
+
+  function enterReview() {
+    if (!review.started) {
+      reviewPanel("start");
+      countReview();
+      return;
+    }
+    if (!review.current) serial(claimReview);
+  }
+
+  async function countReview() {
+    const params = new URLSearchParams({ limit: "1" });
+    if (review.minSpread !== null) params.set("min_spread", String(review.minSpread));
+    try {
+      const body = await api(`review/queue?${params}`);
+      $("review-count").textContent = `${body.remaining} disputed trace${body.remaining === 1 ? "" : "s"} to decide`;
+    } catch (error) {
+      if (error.status !== 401) $("review-count").textContent = error.status === 403 ? "This token has no review scope" : "";
+    }
+  }
+
+  async function claimReview() {
+    if (activeTab !== "review") return;
+    let body;
+    try {
+      body = await api("review/claim", { method: "POST", body: {
+        limit: 1, ...(review.minSpread !== null ? { min_spread: review.minSpread } : {}) } });
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not claim a disputed trace: ${error.message}`);
+      return;
+    }
+    $("review-count").textContent = `${body.remaining} disputed trace${body.remaining === 1 ? "" : "s"} to decide`;
+    review.current = body.items[0] || null;
+    review.claim = body.claims[0] || null;
+    showReview();
+  }
+
+  async function releaseReview() {
+    const claim = review.claim;
+    review.claim = null;
+    review.current = null;
+    if (!claim || !token) return;
+    try {
+      await api(`review/claims/${encodeURIComponent(claim.trace_id)}`, { method: "DELETE" });
+    } catch (_) { /* ended already */ }
+  }
+
+  // The labels side by side: a row per labeler, a column per question of their version.
+  function labelsTable(record) {
+    const entries = (record.human_labels || []).filter((e) => (e.kind || "label") === "label");
+    const questions = [];
+    for (const q of (label.rubric || window.RLXForms.VERSION_0).questions) questions.push(q);
+    for (const entry of entries) {
+      for (const name of Object.keys(answersOf(entry) || {})) {
+        if (!questions.some((q) => q.name === name)) questions.push({ name, title: name, kind: "" });
+      }
+    }
+    const head = $("review-labels").querySelector("thead");
+    head.replaceChildren(h("tr", {}, h("th", { scope: "col" }, "Labeler"),
+      ...questions.map((q) => h("th", { scope: "col" }, q.title)),
+      h("th", { scope: "col" }, "Reward"), h("th", { scope: "col" }, "Comment")));
+    const body = $("review-labels").querySelector("tbody");
+    body.replaceChildren(...entries.map((entry) => {
+      const answers = answersOf(entry) || {};
+      const version = entry.rubric_version || 0;
+      const reward = entry.reward !== undefined && entry.reward !== null ? entry.reward
+        : version === 0 ? rewardOf(window.RLXForms.VERSION_0, answers) : null;
+      return h("tr", {}, h("th", { scope: "row" }, entry.labeler,
+        version !== (label.rubric ? label.rubric.version : 0) ? h("span", { class: "muted" }, ` (v${version})`) : null),
+      ...questions.map((q) => h("td", {}, answerText(q, answers[q.name]))),
+      h("td", {}, reward === null ? "–" : Number(reward).toFixed(2)),
+      h("td", { class: "comment-cell" }, entry.comment || ""));
+    }));
+  }
+
+  function showReview() {
+    const record = review.current;
+    if (!record) {
+      reviewPanel("empty");
+      return;
+    }
+    reviewPanel("work");
+    $("review-meta").replaceChildren(
+      h("span", { class: "tag", title: "trace id" }, record.trace_id),
+      h("span", { class: "tag" }, record.scenario), h("span", { class: "tag" }, record.agent_version));
+    renderMessages(record.messages, $("review-messages"));
+    labelsTable(record);
+    review.form.render(label.rubric, {});
+    $("decide-comment").value = "";
+    $("decide-error").hidden = true;
+    $("decide-reward").textContent = "–";
+    review.form.focus(0);
+  }
+
+  function decide() {
+    const record = review.current;
+    if (!record || review.busy) return;
+    const missing = review.form.missing();
+    if (missing >= 0) {
+      $("decide-error").textContent = `Answer ${review.form.rubric.questions[missing].title} first.`;
+      $("decide-error").hidden = false;
+      review.form.focus(missing);
+      return;
+    }
+    review.busy = true;
+    serial(async () => {
+      const comment = $("decide-comment").value.trim();
+      try {
+        await api("labels", { method: "POST", body: {
+          trace_id: record.trace_id, kind: "adjudication", rubric_version: review.form.rubric.version,
+          rubric: review.form.payload(), ...(comment ? { comment } : {}) } });
+      } catch (error) {
+        if (error.status !== 401) {
+          $("decide-error").textContent = `Not saved: ${error.message}`;
+          $("decide-error").hidden = false;
+        }
+        return;
+      }
+      toast(`Decision on ${record.trace_id} saved: it is the trace's human reward now.`);
+      review.claim = null;
+      review.current = null;
+      await claimReview();
+    }).finally(() => { review.busy = false; });
+  }
+
+  function reviewKey(event, typing) {
+    if (!review.current || $("review-work").hidden || event.altKey || event.metaKey) return;
+    const target = event.target;
+    if (typing) {
+      if (target instanceof HTMLTextAreaElement && event.key === "Enter" && event.ctrlKey) {
+        event.preventDefault();
+        decide();
+      } else if (target.classList && target.classList.contains("text-answer") && event.key === "Escape") {
+        event.preventDefault();
+        const row = target.closest(".dimension");
+        if (row) row.focus();
+      }
+      return;
+    }
+    if (event.ctrlKey) return;
+    const onTab = target.getAttribute && target.getAttribute("role") === "tab";
+    if (onTab) return;
+    if (review.form.key(event)) {
+      event.preventDefault();
+    } else if (event.key === "ArrowDown" || event.key === "ArrowRight") {
+      event.preventDefault();
+      review.form.move(1);
+    } else if (event.key === "ArrowUp" || event.key === "ArrowLeft") {
+      event.preventDefault();
+      review.form.move(-1);
+    } else if (event.key === "Enter") {
+      const isScale = target.closest && target.closest(".scale");
+      if (target instanceof HTMLButtonElement && !isScale) return;
+      event.preventDefault();
+      decide();
+    } else if (!["Shift", "Tab"].includes(event.key)) {
+      review.form.moved = false;
+    }
+  }
+
+  $("decide-form").addEventListener("submit", (event) => { event.preventDefault(); decide(); });
+  $("review-start-button").addEventListener("click", () => {
+    review.started = true;
+    serial(claimReview);
+  });
+  $("review-refresh").addEventListener("click", () => serial(claimReview));
+  $("review-release").addEventListener("click", () => {
+    serial(async () => {
+      await releaseReview();
+      reviewPanel("start");
+      review.started = false;
+      await countReview();
+    });
+  });
+  $("review-scope").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const raw = $("review-spread").value.trim();
+    review.minSpread = raw === "" ? null : Number(raw);
+    serial(async () => {
+      await releaseReview();
+      if (review.started) await claimReview();
+      else await countReview();
+    });
+  });
+
+  // =====================================================================================
+  // Rubric tab: the project's questions and guidelines; an admin edits them, with a preview
+  // =====================================================================================
+  const KINDS = [["rating", "Rating"], ["choice", "Choice"], ["boolean", "Yes / no"], ["text", "Text"]];
+  const rubricDraft = { rubric: null, version: null, timer: null };
+  const preview = new QuestionForm($("rubric-preview-questions"), {
+    prefix: "preview",
+    onChange: () => {
+      const value = preview.reward();
+      $("rubric-preview-reward").textContent = value === null ? "–" : value.toFixed(2);
+    },
+  });
+  preview.active = () => false; // clicking answers; the preview never takes the focus
+
+  function editable() { return Boolean(label.me && (label.me.scopes || []).includes("admin")); }
+
+  function copyRubric(rubric) {
+    return { guidelines: rubric.guidelines || "", questions: JSON.parse(JSON.stringify(rubric.questions)) };
+  }
+
+  async function showRubricTab() {
+    await loadRubric();
+    const rubric = label.rubric || window.RLXForms.VERSION_0;
+    $("rubric-version").textContent = `(version ${rubric.version}${rubric.version === 0 ? ": the default" : ""})`;
+    $("rubric-form").hidden = !editable();
+    $("rubric-note").textContent = editable()
+      ? "What labelers answer for each trace. Saving makes a new version; labels keep the version they were made with."
+      : "What labelers answer for each trace. An admin of this project changes it.";
+    // The draft is kept while it edits the newest version: coming back to the tab (or a
+    // second look at the rubric) never throws away what the admin typed.
+    if (rubricDraft.version !== rubric.version) {
+      rubricDraft.rubric = copyRubric(rubric);
+      rubricDraft.version = rubric.version;
+      $("rubric-guidelines").value = rubricDraft.rubric.guidelines;
+      renderEditor();
+      showPreview(rubric.guidelines_html || "");
+    }
+  }
+
+  function field(labelText, input) {
+    return h("label", { class: "field" }, labelText, input);
+  }
+
+  function input(attrs, value, onInput) {
+    const el = h("input", attrs);
+    el.value = value === undefined || value === null ? "" : String(value);
+    el.addEventListener("input", () => { onInput(el.value); schedulePreview(); });
+    return el;
+  }
+
+  function renderEditor() {
+    const list = $("rubric-questions");
+    list.replaceChildren();
+    rubricDraft.rubric.questions.forEach((q, index) => list.append(questionEditor(q, index)));
+  }
+
+  function questionEditor(q, index) {
+    const n = index + 1;
+    const kind = h("select", { "aria-label": `question ${n} kind` },
+      ...KINDS.map(([value, text]) => h("option", { value }, text)));
+    kind.value = q.kind;
+    kind.addEventListener("change", () => {
+      const fresh = { name: q.name, title: q.title, description: q.description || "", kind: kind.value,
+        required: kind.value !== "text", weight: q.weight === undefined ? 1 : q.weight };
+      if (kind.value === "rating") Object.assign(fresh, { min: 1, max: 5, levels: {} });
+      if (kind.value === "choice") fresh.options = [{ value: "yes", title: "Yes", description: "", reward: 1 }, { value: "no", title: "No", description: "", reward: 0 }];
+      rubricDraft.rubric.questions[index] = fresh;
+      renderEditor();
+      schedulePreview();
+    });
+    const required = h("input", { type: "checkbox", "aria-label": `question ${n} required` });
+    required.checked = Boolean(q.required);
+    required.addEventListener("change", () => { q.required = required.checked; schedulePreview(); });
+    const parts = [
+      h("div", { class: "field-row" },
+        field(`Name`, input({ "aria-label": `question ${n} name`, pattern: "[a-z][a-z0-9_]{0,31}", maxlength: "32", required: true }, q.name, (v) => { q.name = v; })),
+        field(`Title`, input({ "aria-label": `question ${n} title`, maxlength: "200", required: true }, q.title, (v) => { q.title = v; })),
+        field("Kind", kind),
+        h("label", { class: "field check" }, required, "Required"),
+        q.kind === "text" ? null : field("Weight", input({ type: "number", min: "0", step: "0.5", "aria-label": `question ${n} weight` }, q.weight, (v) => { q.weight = v === "" ? 1 : Number(v); }))),
+      field("Description", input({ "aria-label": `question ${n} description`, maxlength: "2000" }, q.description, (v) => { q.description = v; })),
+    ];
+    if (q.kind === "rating") parts.push(ratingEditor(q, n));
+    if (q.kind === "choice") parts.push(choiceEditor(q, n));
+    const up = h("button", { type: "button", "aria-label": `move question ${n} up` }, "↑");
+    const down = h("button", { type: "button", "aria-label": `move question ${n} down` }, "↓");
+    const remove = h("button", { type: "button", class: "link", "aria-label": `remove question ${n}` }, "Remove");
+    up.disabled = index === 0;
+    down.disabled = index === rubricDraft.rubric.questions.length - 1;
+    const shift = (delta) => {
+      const [item] = rubricDraft.rubric.questions.splice(index, 1);
+      rubricDraft.rubric.questions.splice(index + delta, 0, item);
+      renderEditor();
+      schedulePreview();
+    };
+    up.addEventListener("click", () => shift(-1));
+    down.addEventListener("click", () => shift(1));
+    remove.addEventListener("click", () => {
+      rubricDraft.rubric.questions.splice(index, 1);
+      renderEditor();
+      schedulePreview();
+    });
+    return h("li", { class: "question-editor" }, h("div", { class: "question-head" },
+      h("strong", {}, `Question ${n}`), h("span", {}, up, down, remove)), ...parts);
+  }
+
+  function ratingEditor(q, n) {
+    const rerender = () => { renderEditor(); schedulePreview(); };
+    const min = input({ type: "number", min: "0", max: "100", step: "1", "aria-label": `question ${n} lowest value` }, q.min, (v) => { q.min = Number(v); });
+    const max = input({ type: "number", min: "1", max: "100", step: "1", "aria-label": `question ${n} highest value` }, q.max, (v) => { q.max = Number(v); });
+    min.addEventListener("change", rerender);
+    max.addEventListener("change", rerender);
+    const levels = h("div", { class: "levels" });
+    q.levels = q.levels || {};
+    for (let v = q.min; v <= q.max && v - q.min < 11; v += 1) {
+      const level = q.levels[String(v)] || (q.levels[String(v)] = { title: "", description: "" });
+      levels.append(h("div", { class: "field-row" }, h("span", { class: "level-value" }, String(v)),
+        input({ "aria-label": `question ${n} level ${v} title`, maxlength: "200", placeholder: "title" }, level.title, (t) => { level.title = t; }),
+        input({ "aria-label": `question ${n} level ${v} description`, maxlength: "2000", placeholder: "what this value means", class: "grow" }, level.description, (t) => { level.description = t; })));
+    }
+    return h("div", { class: "kind-fields" }, h("div", { class: "field-row" }, field("From", min), field("to", max)), levels);
+  }
+
+  function choiceEditor(q, n) {
+    const box = h("div", { class: "kind-fields" });
+    q.options.forEach((option, k) => {
+      const remove = h("button", { type: "button", class: "link", "aria-label": `remove option ${k + 1} of question ${n}` }, "Remove");
+      remove.addEventListener("click", () => { q.options.splice(k, 1); renderEditor(); schedulePreview(); });
+      box.append(h("div", { class: "field-row" },
+        input({ "aria-label": `question ${n} option ${k + 1} value`, maxlength: "64", placeholder: "value" }, option.value, (v) => { option.value = v; }),
+        input({ "aria-label": `question ${n} option ${k + 1} title`, maxlength: "200", placeholder: "title" }, option.title, (v) => { option.title = v; }),
+        input({ type: "number", min: "0", max: "1", step: "0.05", "aria-label": `question ${n} option ${k + 1} reward`, placeholder: "reward" }, option.reward, (v) => { option.reward = v === "" ? null : Number(v); }),
+        input({ "aria-label": `question ${n} option ${k + 1} description`, maxlength: "2000", placeholder: "what it means", class: "grow" }, option.description, (v) => { option.description = v; }),
+        remove));
+    });
+    const add = h("button", { type: "button" }, "Add an option");
+    add.addEventListener("click", () => {
+      q.options.push({ value: `option_${q.options.length + 1}`, title: `Option ${q.options.length + 1}`, description: "", reward: null });
+      renderEditor();
+      schedulePreview();
+    });
+    box.append(add);
+    return box;
+  }
+
+  // The rubricDraft as PUT rubric takes it (empty levels and descriptions left out).
+  function draftBody() {
+    const questions = rubricDraft.rubric.questions.map((q) => {
+      const out = { name: q.name, title: q.title, description: q.description || "", kind: q.kind,
+        required: Boolean(q.required), weight: q.weight === undefined ? 1 : Number(q.weight) };
+      if (q.kind === "rating") {
+        out.min = Number(q.min);
+        out.max = Number(q.max);
+        out.levels = {};
+        for (const [value, level] of Object.entries(q.levels || {})) {
+          const v = Number(value);
+          if (v >= out.min && v <= out.max && (level.title || level.description)) out.levels[value] = level;
+        }
+      }
+      if (q.kind === "choice") out.options = q.options.map((o) => ({ ...o }));
+      return out;
+    });
+    return { guidelines: $("rubric-guidelines").value, questions };
+  }
+
+  function showPreview(html) {
+    $("rubric-preview-guidelines").innerHTML = html || ""; // the service's safe HTML (top of file)
+    const body = draftBody();
+    preview.render({ version: -1, questions: body.questions.filter((q) => q.name && q.title) }, {});
+    $("rubric-preview-reward").textContent = "–";
+  }
+
+  function schedulePreview() {
+    clearTimeout(rubricDraft.timer);
+    rubricDraft.timer = setTimeout(refreshPreview, 300);
+  }
+
+  // POST rubric/preview: the guidelines rendered as labelers will see them, and what (if
+  // anything) keeps the rubricDraft from being saved.
+  async function refreshPreview() {
+    if (!editable()) return;
+    const error = $("rubric-error");
+    try {
+      const answer = await api("rubric/preview", { method: "POST", body: draftBody() });
+      showPreview(answer.guidelines_html);
+      error.hidden = !answer.problem;
+      error.textContent = answer.problem ? `Not saved yet: ${answer.problem}` : "";
+    } catch (failure) {
+      if (failure.status === 401) return;
+      error.textContent = failure.message;
+      error.hidden = false;
+    }
+  }
+
+  $("rubric-guidelines").addEventListener("input", schedulePreview);
+  $("rubric-preview-button").addEventListener("click", refreshPreview);
+  $("rubric-add").addEventListener("click", () => {
+    const n = rubricDraft.rubric.questions.length + 1;
+    rubricDraft.rubric.questions.push({ name: `question_${n}`, title: `Question ${n}`, description: "", kind: "rating",
+      required: true, weight: 1, min: 1, max: 5, levels: {} });
+    renderEditor();
+    schedulePreview();
+    const items = $("rubric-questions").querySelectorAll("li");
+    const last = items[items.length - 1];
+    if (last) last.querySelector("input").focus();
+  });
+  $("rubric-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const error = $("rubric-error");
+    try {
+      const saved = await api("rubric", { method: "PUT", body: draftBody() });
+      error.hidden = true;
+      toast(saved.created ? `Rubric version ${saved.version} saved: new traces are labeled with it.`
+        : `Nothing changed: version ${saved.version} is the same.`);
+      label.rubric = null;
+      rubricDraft.version = null;  // a new version: the draft starts from it
+      await showRubricTab();
+    } catch (failure) {
+      if (failure.status === 401) return;
+      error.textContent = `Not saved: ${failure.message}`;
+      error.hidden = false;
+    }
+  });
 
   // =====================================================================================
   // Export tab
@@ -1016,8 +1601,9 @@
     $("pin-dialog").showModal();
   });
 
+  // Enter in the dialog pins (Pin is its form's only submit button); Cancel and Esc close it.
+  $("pin-cancel").addEventListener("click", () => $("pin-dialog").close());
   $("pin-form").addEventListener("submit", async (event) => {
-    if (event.submitter?.value !== "pin") return; // Cancel closes the dialog
     event.preventDefault();
     const name = $("pin-name").value.trim();
     try {
@@ -1131,6 +1717,45 @@
     return params;
   }
 
+  // The Training set box: before any download, how the matching rows fall into the splits
+  // (GET splits), and what to warn about (an empty split, a split-by with few values).
+  const training = { key: null, counts: null, seq: 0 };
+
+  async function loadSplitCounts() {
+    const values = trainingValues();
+    const line = $("training-counts");
+    const list = $("training-warnings");
+    if (!values.splits) {
+      training.key = null;
+      training.counts = null;
+      line.textContent = "";
+      list.replaceChildren();
+      return;
+    }
+    const params = query({ splits: values.splits }, { redact: false, training: false });
+    if (values.split_by) params.set("split_by", values.split_by);
+    if (values.split_salt) params.set("split_salt", values.split_salt);
+    const key = params.toString();
+    if (key === training.key) return;
+    const seq = ++training.seq;
+    try {
+      const counts = await api(`splits?${params}`);
+      if (seq !== training.seq) return;
+      training.key = key;
+      training.counts = counts;
+      line.textContent = Object.entries(counts.rows)
+        .map(([name, n]) => `${name}: ${n.toLocaleString()} row${n === 1 ? "" : "s"}`).join(" · ")
+        + ` (by ${counts.split_by}: ${counts.values.toLocaleString()} distinct value${counts.values === 1 ? "" : "s"})`;
+      list.replaceChildren(...counts.warnings.map((w) => h("li", { class: "warning" }, w)));
+    } catch (error) {
+      if (seq !== training.seq || error.status === 401) return;
+      training.key = null;
+      training.counts = null;
+      line.textContent = "";
+      list.replaceChildren(h("li", { class: "warning" }, error.message));
+    }
+  }
+
   function summaryOfFilters() {
     const count = Object.keys(filterValues()).length;
     $("filters-summary").textContent = count ? `(${count} set)` : "";
@@ -1164,6 +1789,7 @@
     if (!token || activeTab !== "export") return;
     if (!follow) followExport(); // the next look is FOLLOW_MS after this one
     summaryOfFilters();
+    if (!follow) loadSplitCounts();
     const seq = ++exp.seq;
     const error = $("export-error");
     const previewParams = query({ format: exp.format });
@@ -1237,9 +1863,14 @@
     const box = $("preview");
     box.replaceChildren();
     const shown = preview.items.length;
+    const kept = trainingValues().split;
+    const splitRows = kept && training.counts ? training.counts.rows[kept] : undefined;
+    const unit = exp.format === "preference" ? "pairs from" : "of";
     $("preview-note").textContent = stats.index && !stats.index.ready
       ? "(indexing…)"
-      : `(first ${shown} of ${stats.records.toLocaleString()} records)`;
+      : splitRows !== undefined
+        ? `(first ${shown} of ${splitRows.toLocaleString()} rows of split ${kept})`
+        : `(first ${shown} ${unit} ${stats.records.toLocaleString()} records)`;
     if (!shown) {
       box.append(h("p", { class: "muted" }, "Nothing matches: no record of this source passes the filters (yet)."));
       return;
@@ -1305,6 +1936,9 @@
     }
   }
   $("download").addEventListener("click", download);
+  // A background export of any size (the page starts one by itself past
+  // sync_export_max_records): keep working, download when it is ready.
+  $("download-job").addEventListener("click", () => startJob(filterValues()));
 
   // The floating indicator of background exports (bottom right).
   const job = { id: null, timer: null, seen: [] };
@@ -1526,12 +2160,28 @@
       h("span", { class: "pill", title: "When the report's input was read" },
         `As of ${new Date(report.computed_at).toLocaleTimeString()}` +
         (report.updating ? " (new labels since: updating)" : "")));
-    const names = [...DIMENSIONS, ["reward", "Reward"]];
+    const names = [...window.RLXForms.VERSION_0.questions.map((q) => [q.name, q.title]), ["reward", "Reward"]];
     fillTable("agreement-dimensions", names.map(([key, name]) => {
       const found = report.dimensions[key];
       const ci = found.ci95 ? `${fixed(found.ci95[0], 3)} – ${fixed(found.ci95[1], 3)}` : "–";
       return [name, fixed(found.alpha, 3), ci, String(found.units), reading(found.alpha)];
     }));
+    const byQuestion = report.by_question;
+    $("agreement-questions-box").hidden = !byQuestion;
+    if (byQuestion) {
+      $("agreement-questions-title").textContent = `By question: rubric version ${byQuestion.rubric_version} (${byQuestion.multi_labeled} trace${byQuestion.multi_labeled === 1 ? "" : "s"} with two labels or more of it)`;
+      const rows = Object.entries(byQuestion.questions).map(([name, found]) => {
+        const ci = found.ci95 ? `${fixed(found.ci95[0], 3)} – ${fixed(found.ci95[1], 3)}` : "–";
+        return [name, found.kind, found.level || "none (text)", fixed(found.alpha, 3), ci, String(found.units),
+          found.level ? reading(found.alpha) : h("span", { class: "muted" }, "not measured")];
+      });
+      const reward = byQuestion.reward;
+      rows.push(["reward", "", "interval", fixed(reward.alpha, 3),
+        reward.ci95 ? `${fixed(reward.ci95[0], 3)} – ${fixed(reward.ci95[1], 3)}` : "–", String(reward.units), reading(reward.alpha)]);
+      fillTable("agreement-questions", rows);
+    }
+    $("agreement-adjudicated").textContent = report.adjudicated
+      ? `${report.adjudicated} trace${report.adjudicated === 1 ? "" : "s"} decided by a reviewer: the alphas measure the labels, before review.` : "";
     fillTable("agreement-labelers", report.labelers_detail.map((d) => [
       d.labeler, String(d.labels), String(d.skips), fixed(d.mean_reward, 3), fixed(d.mean_abs_diff, 3)]));
     fillTable("agreement-evaluators", report.evaluators.map((e) => [
@@ -1561,11 +2211,13 @@
     $("who").hidden = false;
     $("who-text").textContent = `Signed in as ${me.subject} (${scopes.join(", ") || "no scope"})`;
     $("version-pin").hidden = !scopes.includes("admin");
+    $("tab-review").hidden = !scopes.includes("review");
     if (scopes.includes("export") || scopes.includes("admin")) loadVersions();
+    await loadRubric();
     selectTab(activeTab, false);
     await loadSettings(false);
   }
 
-  buildDimensions();
+  label.form.render(null);
   start();
 })();

@@ -74,6 +74,7 @@ from rl_export.web.api.exportparams import (
     count_skipped,
     disposition,
     needs_raw,
+    question_columns_of,
     template_choice,
     training_options,
     turn_mask,
@@ -247,7 +248,11 @@ async def _preview(
     tools = fitting is not None
     shaped = template_chat(chat) if tools else chat
     if fmt == "preference":
-        sample = _records(await query(index.preview, corpus_id, filters, PAIRING_SAMPLE))
+        # ``limit`` is the preview's rows, here pairs: the pairs are made among the first
+        # PAIRING_SAMPLE matching records, not among ``limit`` of them (issue 56: a preview
+        # of 5 pairs from 5 records was empty).
+        unlimited = filters.model_copy(update={"limit": None})
+        sample = _records(await query(index.preview, corpus_id, unlimited, PAIRING_SAMPLE))
         # Made on the prompts as stored.
         out = []
         for pair in preference_pairs(sample, completion=completion, chat=shaped, tools=tools):
@@ -301,6 +306,7 @@ async def get_records(
 ) -> RecordsOut:  # fmt: skip
     mask = turn_mask(format, mask_failed_turns, mask_types)
     chat, pairing = chat_options(format, chat_style, system, completion)
+    columns = await question_columns_of(svc, org, project, format, columns)
     template = template_choice(svc, format, chat, chat_template, on_unrenderable)
     picked = checked_export(format, columns, mask=mask, chat=chat, completion=pairing,
                             template=template is not None)  # fmt: skip
@@ -395,6 +401,7 @@ async def get_export(
     template = template_choice(svc, format, chat, chat_template, on_unrenderable)
     asked = asked_kinds(svc, redact)
     kinds = ",".join(asked) or "none"
+    columns = await question_columns_of(svc, org, project, format, columns)
     checked_export(
         format,
         columns,

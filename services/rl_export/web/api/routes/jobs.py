@@ -39,6 +39,7 @@ from rl_export.web.api.exportparams import (
     checked_export,
     disposition,
     needs_raw,
+    question_columns_of,
     require_raw,
     template_choice,
     training_options,
@@ -83,7 +84,8 @@ def stamp(status: JobStatus) -> str:
 async def post_exports(
     *, org: OrgPath, project: ProjectPath, caller: ExportCaller, svc: Svc, body: ExportIn
 ) -> JobOut:
-    columns = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
+    joined = ",".join(body.columns) if isinstance(body.columns, list) else body.columns
+    columns = await question_columns_of(svc, org, project, body.format, joined)
     mask_types = ",".join(body.mask_types) if isinstance(body.mask_types, list) else (
         body.mask_types)  # fmt: skip
     mask = turn_mask(body.format, body.mask_failed_turns, mask_types)

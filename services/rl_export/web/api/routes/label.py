@@ -14,8 +14,6 @@ turns their claim into its place, a skip ends it, a retraction frees it), then a
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -24,28 +22,27 @@ from fastapi.responses import Response
 
 from rl_export.formats.filters import parse_bool
 from rl_export.index import labelqueries
-from rl_export.index.follower import Followed
 from rl_export.index.labelqueries import QueueFilter
-from rl_export.labeling.blind import queue_item
+from rl_export.labeling.evaluations import evaluations_shown
 from rl_export.labeling.queue import target
 from rl_export.labeling.settings import LabelingSettings, SettingsInvalid
-from rl_export.model.codec import dumps
 from rl_export.model.errors import FilterError
-from rl_export.privacy.kinds import parse_kinds
-from rl_export.privacy.redact import redactor
 from rl_export.web.api.deps import (
     AdminCaller,
+    AnyCaller,
     LabelCaller,
     OrgPath,
     ProjectPath,
     Svc,
-    corpus,
-    index_state,
+    check_scope,
     query,
     stamp,
 )
+from rl_export.web.api.items import answer, items, known_trace, publish, traces_corpus
+from rl_export.web.api.routes.review import decide
+from rl_export.web.api.routes.workspace import check_label_answers
 from rl_export.web.errors import Conflict, Invalid, NotFound, Unavailable
-from rl_export.web.labels import LabelEvent, label_retracted, label_skipped, label_submitted
+from rl_export.web.labels import label_retracted, label_skipped, label_submitted
 from rl_export.web.models import (
     TRACE_ID_PATTERN,
     AcceptedOut,
@@ -95,40 +92,12 @@ def _scope(
     return QueueFilter(scenario=scenario, agent_version=agent_version, passed=verdict)
 
 
-async def _traces(svc: Services, org: str, project: str) -> Followed:
-    return await corpus(svc, org, project, TRACES)
-
-
-def _items_now(svc: Services, bodies: list[bytes], blinded: bool) -> list[bytes]:
-    kinds = parse_kinds(svc.settings.redact)  # checked when the settings were loaded
-    scrub = redactor(kinds) if kinds else None
-    items: list[bytes] = []
-    total: dict[str, int] = {}
-    for body in bodies:
-        item, counts = queue_item(body, blinded=blinded, scrub=scrub)
-        items.append(item)
-        for kind, n in counts.items():
-            total[kind] = total.get(kind, 0) + n
-    for kind, n in total.items():
-        if n:
-            svc.metrics.redactions.labels(kind).inc(n)
-    return items
-
-
 async def _items(svc: Services, team: Team, bodies: list[bytes]) -> list[bytes]:
-    """Queue or claim items: blind while the project's ``blind`` setting is on, always
-    redacted with the service's default kinds (docs/guides/security.md)."""
-    if not bodies:
-        return bodies
-    return await asyncio.to_thread(_items_now, svc, bodies, team.settings.blind)
-
-
-def _answer(fields: dict[str, Any], bodies: list[bytes], followed: Followed) -> Response:
-    """The answer with the corpus's lines as ``items``, handed on as they are (never parsed)."""
-    state = dumps(index_state(followed, time.monotonic()).model_dump())
-    head = dumps(fields)[:-1]  # the other fields; ``items`` and ``index`` go after them
-    content = b'%b,"items":[%b],"index":%b}' % (head, b",".join(bodies), state)
-    return Response(content, media_type="application/json")
+    """Queue or claim items: blind while the project's ``blind`` setting is on, without the
+    evaluators' verdict unless ``show_evaluations`` is ``always`` (the caller labeled none of
+    them), always redacted with the service's default kinds (docs/guides/security.md)."""
+    shown = evaluations_shown(team.settings.show_evaluations, labeled=False)
+    return await items(svc, bodies, blinded=team.settings.blind, evaluations=shown)
 
 
 @router.get(
@@ -142,12 +111,12 @@ async def get_queue(
     scope: Annotated[QueueFilter, Depends(queue_scope)],
     limit: Annotated[int, Query(ge=1, le=QUEUE_MAX)] = 10,
 ) -> Response:  # fmt: skip
-    followed = await _traces(svc, org, project)
+    followed = await traces_corpus(svc, org, project)
     if followed.corpus_id is None:
-        return _answer({"remaining": 0, "team_remaining": 0, "labeled": 0}, [], followed)
+        return answer({"remaining": 0, "team_remaining": 0, "labeled": 0}, [], followed)
     team = await team_of(svc, org, project)
     view = await LabelerQueue(svc, followed.corpus_id, team, caller.subject, scope).view(limit)
-    return _answer(_counts(view.counts), await _items(svc, team, view.bodies), followed)
+    return answer(_counts(view.counts), await _items(svc, team, view.bodies), followed)
 
 
 @router.post(
@@ -165,7 +134,7 @@ async def post_claim(
 ) -> Response:
     body = body or ClaimIn()
     scope = _scope(body.scenario, body.agent_version, body.passed)
-    followed = await _traces(svc, org, project)
+    followed = await traces_corpus(svc, org, project)
     if followed.corpus_id is None or followed.passes == 0:
         raise Unavailable(
             f"this instance is still reading the traces of {org}/{project}; retry in a moment"
@@ -181,7 +150,7 @@ async def post_claim(
         ],
         **_counts(got.view.counts),
     }
-    return _answer(fields, await _items(svc, team, got.view.bodies), followed)
+    return answer(fields, await _items(svc, team, got.view.bodies), followed)
 
 
 def _counts(counts: Counts) -> dict[str, int]:
@@ -201,7 +170,7 @@ async def put_claim(
     """The page's claim on the trace it shows: after an undo, when its lease lapsed, or when
     it comes back to the trace. Unlike the queue, a trace the caller skipped may be claimed:
     they asked for it by name."""
-    corpus_id = await _known_trace(svc, org, project, trace_id)
+    corpus_id = await known_trace(svc, org, project, trace_id)
     team = await team_of(svc, org, project)
     labelers = await _current(svc, team, corpus_id, trace_id)
     if caller.subject in labelers:
@@ -262,23 +231,6 @@ def _labeling(found: LabelingSettings, caller: Caller) -> LabelingOut:
                        editable=caller.allows("admin"))  # fmt: skip
 
 
-async def _known_trace(svc: Services, org: str, project: str, trace_id: str) -> int:
-    followed = await _traces(svc, org, project)
-    if followed.corpus_id is None or followed.passes == 0:
-        raise Unavailable(
-            f"this instance is still reading the traces of {org}/{project}; retry in a moment"
-        )
-    if not await query(svc.index.has_trace, followed.corpus_id, trace_id):
-        raise NotFound(f"no trace {trace_id!r} in {org}/{project}")
-    return followed.corpus_id
-
-
-async def _publish(svc: Services, event: LabelEvent) -> AcceptedOut:
-    await svc.publisher.publish(event)  # 503 unless the broker acknowledged it
-    svc.overlay.note(event)  # every labeler's queue changes at once
-    return AcceptedOut(event_id=event.event_id)
-
-
 async def _current(svc: Services, team: Team, corpus_id: int, trace_id: str) -> dict[str, Any]:
     row = await query(labelqueries.trace_labels, svc.index, corpus_id, trace_id)
     if row is None:
@@ -286,20 +238,33 @@ async def _current(svc: Services, team: Team, corpus_id: int, trace_id: str) -> 
     return dict(team.labels(row).sums)
 
 
-@router.post("/labels", status_code=202, summary="Label a trace (label.submitted)")
+@router.post(
+    "/labels", status_code=202,
+    summary="Label a trace (label.submitted; label scope), or decide a disputed one (kind "
+    "adjudication; review scope)",
+)  # fmt: skip
 async def post_label(
-    *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, body: LabelIn
+    *, org: OrgPath, project: ProjectPath, caller: AnyCaller, svc: Svc, body: LabelIn
 ) -> AcceptedOut:
-    corpus_id = await _known_trace(svc, org, project, body.trace_id)
-    team = await team_of(svc, org, project)
-    labelers = await _current(svc, team, corpus_id, body.trace_id)
-    place = await svc.claims.label(
-        org, project, body.trace_id, caller.subject,
-        target=target(team.settings, labelers), labelers=labelers.keys(),
-    )  # fmt: skip
+    """The answers must fit ``rubric_version`` of the project's rubric (GET rubric): 422
+    naming the question otherwise. A label of an older version than the newest is accepted
+    and keeps its version."""
+    check_scope(caller, "review" if body.kind == "adjudication" else "label", svc)
+    await check_label_answers(svc, org, project, body)
+    corpus_id = await known_trace(svc, org, project, body.trace_id)
+    if body.kind == "adjudication":
+        place = await decide(svc, org, project, corpus_id, body.trace_id, reviewer=caller.subject)
+    else:
+        team = await team_of(svc, org, project)
+        labelers = await _current(svc, team, corpus_id, body.trace_id)
+        place = await svc.claims.label(
+            org, project, body.trace_id, caller.subject,
+            target=target(team.settings, labelers), labelers=labelers.keys(),
+        )  # fmt: skip
     event = label_submitted(org, project, body.trace_id, caller.subject, rubric=body.rubric,
-                            comment=body.comment, now=datetime.now(UTC))  # fmt: skip
-    accepted = await _publish(svc, event)
+                            comment=body.comment, now=datetime.now(UTC),
+                            rubric_version=body.rubric_version, kind=body.kind)  # fmt: skip
+    accepted = await publish(svc, event)
     if place == "claim":
         svc.metrics.claims.labels("ended").inc()
     elif place == "over":  # docs/guides/labeling.md's exception: accepted, and counted
@@ -311,9 +276,9 @@ async def post_label(
 async def post_skip(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, body: SkipIn
 ) -> AcceptedOut:
-    await _known_trace(svc, org, project, body.trace_id)
+    await known_trace(svc, org, project, body.trace_id)
     event = label_skipped(org, project, body.trace_id, caller.subject, datetime.now(UTC))
-    accepted = await _publish(svc, event)
+    accepted = await publish(svc, event)
     team = await team_of(svc, org, project)
     slots = team.settings.labels_per_trace + 1
     if await svc.claims.release(org, project, body.trace_id, caller.subject, slots=slots):
@@ -327,13 +292,13 @@ async def post_skip(
 async def delete_label(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, trace_id: TraceIdPath
 ) -> AcceptedOut:
-    corpus_id = await _known_trace(svc, org, project, trace_id)
+    corpus_id = await known_trace(svc, org, project, trace_id)
     team = await team_of(svc, org, project)
     if caller.subject not in await _current(svc, team, corpus_id, trace_id):
         # Nothing to retract: publishing would only add a revision to the trace.
         raise NotFound(f"you have no current label on {trace_id!r}")
     event = label_retracted(org, project, trace_id, caller.subject, datetime.now(UTC))
-    accepted = await _publish(svc, event)
+    accepted = await publish(svc, event)
     slots = team.settings.labels_per_trace + 1
     await svc.claims.retract(org, project, trace_id, caller.subject, slots=slots)
     return accepted
