@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from rl_export.model.errors import WorkerError
+from rl_export.runtime.childenv import child_env
 from rl_export.runtime.net import LOOPBACK
-from rl_export.runtime.settings import Settings, child_env, env_name
+from rl_export.runtime.settings import Settings, env_name
 
 log = logging.getLogger(__name__)
 
