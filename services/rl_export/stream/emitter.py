@@ -52,6 +52,7 @@ from aiokafka.errors import (
     InvalidProducerIdMapping,
     InvalidTxnState,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     ProducerFenced,
     RecordListTooLargeError,
 )
@@ -103,15 +104,21 @@ class FlushError(Exception):
 
     ``failed`` tasks rolled back and may be processed again; ``lost`` tasks belong to
     another member now and must be let go. The other tasks of the batch committed.
+    ``retry_now``: the failure taught the emitter which dead letters go as references, so
+    processing again at once goes further (no back-off).
     """
 
-    def __init__(self, failed: set[int], lost: set[int], cause: BaseException | None) -> None:
+    def __init__(
+        self, failed: set[int], lost: set[int], cause: BaseException | None,
+        retry_now: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(
             f"join partitions {sorted(failed)} rolled back, {sorted(lost)} lost"
             + (f": {cause!r}" if cause else "")
         )
         self.failed = failed
         self.lost = lost
+        self.retry_now = retry_now
 
 
 def producer_limits(settings: Settings) -> dict[str, int]:
@@ -251,6 +258,7 @@ class KafkaEmitter:
                 changelog = (self.settings.topic_changelog, partition)
                 self._queue(partition, changelog, trace_key, state, [])
         out, self._out = self._out, {}
+        marked = len(self.too_large)
         if out and self.settings.crash_at == "join_pause_before_send" and not self._paused:
             self._paused = True  # fault injection: a zombie with a batch in hand
             log.warning("fault injection: pausing before sending a batch (SIGSTOP)")
@@ -281,14 +289,14 @@ class KafkaEmitter:
         for task in set(tasks) - failed - lost:  # committed: their references went out
             self._forget_too_large(task)
         if failed or lost:
-            raise FlushError(failed, lost, cause)
+            raise FlushError(failed, lost, cause, retry_now=len(self.too_large) > marked)
 
     async def _commit(self, task: int, outbox: Outbox, offsets: dict[TopicPartition, int]) -> None:
         """One transaction: the task's records, its input offsets, the commit."""
         producer = self._tasks.get(task)
         if producer is None:
             raise TaskLostError(task)
-        committing = False
+        committing = renew = False
         try:
             await producer.begin_transaction()
             sent = await self._send(producer, outbox)
@@ -298,7 +306,8 @@ class KafkaEmitter:
             results = await asyncio.gather(*waits, return_exceptions=True)
             failure = next((r for r in results if isinstance(r, BaseException)), None)
             if failure is not None:
-                raise self._refused(outbox, sent, results) or failure
+                refused, renew = self._refused(outbox, sent, results)
+                raise refused or failure
             # Every record is acknowledged before the commit: a transaction never commits
             # without one of its records (aiokafka would commit past a failed send).
             committing = True
@@ -323,6 +332,8 @@ class KafkaEmitter:
                 log.error("join partition %d: transaction failed (%r) and could not be "
                           "aborted (%r)", task, exc, abort_failure)  # fmt: skip
                 raise TaskLostError(task) from exc
+            if renew or isinstance(exc, OutOfOrderSequenceNumber):
+                await self._renew(task)
             raise
         self._note_positions(sent)
 
@@ -344,18 +355,23 @@ class KafkaEmitter:
                 sent.append((topic, partition, first, count, future))
         return sent
 
-    def _refused(self, outbox: Outbox, sent: Sent, results: list[Any]) -> KafkaSecurityError | None:
-        """Why the broker refused part of a flush, when it tells us more than a retry would.
+    def _refused(
+        self, outbox: Outbox, sent: Sent, results: list[Any]
+    ) -> tuple[KafkaSecurityError | None, bool]:
+        """Why the broker refused part of a flush, when it tells us more than a retry would;
+        and whether a batch was too large (then the producer is renewed: :meth:`_renew`).
 
         A dead-letter batch too large for its topic: its events are noted, and sent as
         references when the batch is processed again (the module's docstring); a topic the
         ACLs refuse: the error naming the operation, which ends the process. The results
         follow ``sent`` (and the offsets' result after them).
         """
+        too_large = False
         for (topic, partition, first, count, _), result in zip(sent, results, strict=False):
             if isinstance(result, AUTHORIZATION_FAILED):
                 uses = access.join_producer(self.settings)
-                return access.refused(self.settings, Role.WORKER, uses, result, [topic])
+                return access.refused(self.settings, Role.WORKER, uses, result, [topic]), False
+            too_large |= isinstance(result, _TOO_LARGE)
             if isinstance(result, _TOO_LARGE) and topic == self.settings.topic_dead_letter:
                 refused = outbox[(topic, partition)][first : first + count]
                 for _key, _value, headers in refused:
@@ -372,8 +388,23 @@ class KafkaEmitter:
                           "max.message.bytes", topic, partition, count)  # fmt: skip
         if len(results) > len(sent) and isinstance(results[-1], AUTHORIZATION_FAILED):
             uses = access.join_producer(self.settings)  # the offsets: the join's group
-            return access.refused(self.settings, Role.WORKER, uses, results[-1])
-        return None
+            return access.refused(self.settings, Role.WORKER, uses, results[-1]), False
+        return None, too_large
+
+    async def _renew(self, task: int) -> None:
+        """Replace a task's producer by a new one of the same transactional id.
+
+        aiokafka counts a refused batch's sequence numbers as sent: every later batch to
+        that partition would be refused as OUT_OF_ORDER_SEQUENCE_NUMBER, for good. A new
+        producer gets a new epoch of the id, whose sequences start from zero (what Java's
+        producer does by itself, KIP-360). If it cannot start now, the task has no producer
+        and is let go at its next commit (:class:`TaskLostError`).
+        """
+        old = self._tasks.pop(task, None)
+        if old is not None:
+            await asyncio.gather(old.stop(), return_exceptions=True)
+        log.info("join partition %d: a new transactional producer after a refused batch", task)
+        await self.open_tasks([task])
 
     def _forget_too_large(self, task: int) -> None:
         if self.too_large:
@@ -400,9 +431,19 @@ class KafkaEmitter:
         results = await asyncio.gather(*(future for *_, future in sent), return_exceptions=True)
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
-            raise self._refused(merged, sent, results) or failure
+            refused, renew = self._refused(merged, sent, results)
+            if renew or isinstance(failure, OutOfOrderSequenceNumber):
+                await self._renew_shared()
+            raise refused or failure
         self.too_large.clear()
         self._note_positions(sent)
+
+    async def _renew_shared(self) -> None:
+        """At least once: a new idempotent producer after a refused batch (see :meth:`_renew`)."""
+        old, self._shared = self._shared, None
+        if old is not None:
+            await asyncio.gather(old.stop(), return_exceptions=True)
+        await self.start()
 
     async def close(self) -> None:
         await self.close_tasks(list(self._tasks))

@@ -462,7 +462,9 @@ async def _process_until_done(
     revision. When some partitions of the batch committed and others did not
     (:class:`FlushError`), only the others are processed again, and a partition another
     member took over (lost) is not processed again at all. Stopping ends the retries: what
-    did not commit is read again by whoever owns the partitions next.
+    did not commit is read again by whoever owns the partitions next. A batch refused because
+    dead letters were too large for their topic is processed again at once: those now go as
+    references (each such refusal marks at least one more, so this ends).
     """
     delay = 0.5
     lost: set[int] = set()
@@ -477,6 +479,8 @@ async def _process_until_done(
             messages = [m for m in messages if m.partition in exc.failed]
             if not messages:
                 return lost
+            if exc.retry_now:  # dead letters now known too large go as references: at once
+                continue
             log.error("join batch: %s; retrying %d events in %.1fs", exc, len(messages), delay)
         except Exception:
             log.exception("join batch of %d events failed; retrying in %.1fs", len(messages), delay)
