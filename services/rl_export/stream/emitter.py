@@ -327,6 +327,7 @@ class KafkaEmitter:
                 )  # fmt: skip
                 raise TaskLostError(task) from exc
             try:
+                _read_transaction_error(producer)
                 await producer.abort_transaction()
             except Exception as abort_failure:  # a fatal state: the producer is unusable
                 log.error("join partition %d: transaction failed (%r) and could not be "
@@ -334,6 +335,8 @@ class KafkaEmitter:
                 raise TaskLostError(task) from exc
             if renew or isinstance(exc, OutOfOrderSequenceNumber):
                 await self._renew(task)
+            if isinstance(exc, AUTHORIZATION_FAILED):  # the topic's metadata, refused at send
+                raise self._named(exc) from None
             raise
         self._note_positions(sent)
 
@@ -406,6 +409,11 @@ class KafkaEmitter:
         log.info("join partition %d: a new transactional producer after a refused batch", task)
         await self.open_tasks([task])
 
+    def _named(self, exc: BaseException) -> BaseException:
+        """An ACL refusal of the join's producers, as the error that names it."""
+        uses = access.join_producer(self.settings)
+        return access.refused(self.settings, Role.WORKER, uses, exc) or exc
+
     def _forget_too_large(self, task: int) -> None:
         if self.too_large:
             for source in [s for s in self.too_large if s[1] == task]:
@@ -427,7 +435,10 @@ class KafkaEmitter:
         if not merged:
             return
         assert self._shared is not None, "start() the emitter first"
-        sent = await self._send(self._shared, merged)
+        try:
+            sent = await self._send(self._shared, merged)
+        except AUTHORIZATION_FAILED as exc:  # the topic's metadata, refused at send
+            raise self._named(exc) from None
         results = await asyncio.gather(*(future for *_, future in sent), return_exceptions=True)
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
@@ -450,3 +461,16 @@ class KafkaEmitter:
         if self._shared is not None:
             await stop_quietly(self._shared.stop, "join producer", log)
             self._shared = None
+
+
+def _read_transaction_error(producer: AIOKafkaProducer) -> None:
+    """Read the error a failed transaction's waiter holds, before aborting it.
+
+    aiokafka sets a refused batch's error on the transaction's waiter, and the abort replaces
+    that waiter without reading it: asyncio then logs "Future exception was never retrieved"
+    with a traceback when it is collected, on every refused batch.
+    """
+    manager = getattr(producer, "_txn_manager", None)
+    waiter = getattr(manager, "_transaction_waiter", None)
+    if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
+        waiter.exception()

@@ -340,3 +340,38 @@ def events_file(folder: Path) -> Path:
     path = folder / "events.jsonl"
     path.write_text(json.dumps(trace_events(7, score=0.5, passed=True)[0]) + "\n")
     return path
+
+
+def test_an_acl_removed_while_the_worker_runs_ends_it_naming_the_acl(cluster: Cluster) -> None:
+    """The join (in a join process) is refused a dead letter's Write: the worker ends with
+    the join process's line, instead of retrying the batch for ever."""
+    settings = cluster.settings(Role.WORKER)
+    dead_letters = Grant(access.Resource(Kind.TOPIC, settings.topic_dead_letter),
+                         access.Op.WRITE)  # fmt: skip
+    assert dead_letters in access.grants(settings, Role.WORKER)
+    worker = WorkerProcess(settings, "worker-refused").start(timeout_s=120)
+    cluster.change(Role.WORKER, dead_letters, add=False)
+    try:
+        invalid = trace_events(8, score=0.5, passed=True)[1]
+        invalid["results"] = [{**invalid["results"][0], "score": 7}]
+        asyncio.run(send_as_admin(cluster.settings(None), settings.topic_evaluations, invalid))
+        assert worker.proc is not None
+        code = worker.proc.wait(60)
+        assert code == 2
+        log = worker.log_path.read_text(errors="replace")
+        errors = [line for line in log.splitlines() if line.startswith("rl-export: error:")]
+        assert len(errors) == 1, log[-3000:]
+        assert f"Write topic '{settings.topic_dead_letter}' (the join's producers)" in errors[0]
+        assert not any(noise in log for noise in NOISE), log[-3000:]
+    finally:
+        worker.stop()
+        cluster.change(Role.WORKER, dead_letters, add=True)
+
+
+async def send_as_admin(settings: Settings, topic: str, event: dict[str, Any]) -> None:
+    producer = AIOKafkaProducer(**KafkaConnection.of(settings).aiokafka())
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, orjson.dumps(event), key=event["trace_id"].encode())
+    finally:
+        await producer.stop()

@@ -99,6 +99,9 @@ async def test_the_join_and_the_sink_pass_their_poison_pills(settings: Settings)
         assert worker.ready()
     finally:
         worker.stop()
+    log = worker.log_path.read_text(errors="replace")
+    assert "Traceback" not in log  # nor "Future exception was never retrieved"
+    assert "they go as references" in log
     dead = await TopicReader(settings, settings.topic_dead_letter).read_until(lambda r: len(r) >= 1)
     assert len(dead) == 1
     headers = dict(dead[0].headers)

@@ -96,10 +96,10 @@ class TransactionalProducer:
 
     async def send_batch(self, batch: Batch, topic: str, partition: int) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if topic in self.broker.denied:  # aiokafka asks for the topic's metadata first
+            raise TopicAuthorizationFailedError(topic)
         if self.out_of_order:
             future.set_exception(OutOfOrderSequenceNumber())
-        elif topic in self.broker.denied:
-            future.set_exception(TopicAuthorizationFailedError())
         elif batch.size > self.broker.limits.get(topic, 1 << 40):
             future.set_exception(MessageSizeTooLargeError())
             self.out_of_order = True
