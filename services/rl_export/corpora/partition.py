@@ -164,14 +164,14 @@ class PartitionSink:
         if not writers and (lines.org, lines.project) in self._unnamable:
             self._skip(offset, "its org or project cannot name a folder")
             return
-        refused = []
+        refused: list[str] | None = None  # made only when a corpus refuses it (per record)
         for writer in writers:
             if writer.state is None:
                 await writer.loaded()  # a store error propagates: the partition is read again
             try:
                 writer.add(offset, lines, event_ms)
             except Exception as exc:  # a snapshot this corpus cannot render: never a stop
-                refused.append(f"{writer.ref.root} ({type(exc).__name__})")
+                refused = [*(refused or []), f"{writer.ref.root} ({type(exc).__name__})"]
         if refused:
             self._skip(offset, f"{', '.join(refused)} cannot take it")
         if self.first_pending_at is None and self.totals.records:

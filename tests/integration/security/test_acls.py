@@ -17,6 +17,7 @@ the kafka-acls commands `rl-export acls` prints, with Kafka's own ``AclCommand``
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import stat
@@ -182,6 +183,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                                  capture_output=True, timeout=600, check=False)  # fmt: skip
             assert ran.returncode == 0, ran.stderr[-2000:]
         yield made
+        del made.admin  # librdkafka's client ends with its last reference, before the broker
+        gc.collect()
     finally:
         broker.stop()
 
