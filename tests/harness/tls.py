@@ -1,7 +1,10 @@
-"""A certificate authority and a broker certificate made for one test session (PEM files).
+"""A certificate authority, a broker certificate and client certificates made for one test
+session (PEM files).
 
 The broker's key store holds its unencrypted PKCS#8 key and its certificate (for 127.0.0.1
-and localhost); the trust store is the CA certificate, which the clients are given too.
+and localhost); the trust store is the CA certificate, which the clients are given too. For
+mutual TLS, one client key with certificates that a broker must accept (signed by the CA) or
+refuse (expired; signed by an unrelated CA), and the same key encrypted with a password.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+CLIENT_NAME = "rl-export-client"  # the client certificates' common name
+CLIENT_PRINCIPAL = f"User:CN={CLIENT_NAME}"  # what the broker calls a client that shows one
+KEY_PASSWORD = "key-password-for-the-test"  # of the encrypted copy of the client key
+
 
 @dataclass(frozen=True)
 class TlsFiles:
     ca: Path  # the CA certificate (clients' RL_EXPORT_KAFKA_SSL_CA_FILE, broker trust store)
     keystore: Path  # the broker's key and certificate
-    other_ca: Path  # a CA that signed nothing here: a client trusting it must fail
+    other_ca: Path  # a CA that signed only a stranger's certificate: a client trusting it fails
+    client_key: Path  # the client's key (unencrypted PKCS#8)
+    client_key_encrypted: Path  # the same key, encrypted with KEY_PASSWORD
+    client_cert: Path  # signed by the CA, valid: the broker accepts it
+    expired_cert: Path  # signed by the CA, expired an hour ago
+    stranger_cert: Path  # signed by the unrelated CA
 
 
 def _name(common: str) -> x509.Name:
@@ -64,11 +76,39 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def _client(
+    key: ec.EllipticCurvePrivateKey, issuer: tuple[ec.EllipticCurvePrivateKey, x509.Certificate],
+    *, expired: bool = False,
+) -> x509.Certificate:  # fmt: skip
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2)
+    if expired:
+        start, end = now - datetime.timedelta(days=2), now - datetime.timedelta(hours=1)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(CLIENT_NAME))
+        .issuer_name(issuer[1].subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[0].public_key()),
+            critical=False,
+        )
+        .sign(issuer[0], hashes.SHA256())
+    )
+
+
 def make_tls_files(folder: Path) -> TlsFiles:
-    """Write a CA, a broker key store signed by it, and an unrelated CA under ``folder``."""
+    """Write a CA, a broker key store signed by it, an unrelated CA and the client files."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = _ca("rl-export test CA")
-    _, other = _ca("rl-export unrelated CA")
+    other_key, other = _ca("rl-export unrelated CA")
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     broker = (
@@ -98,7 +138,22 @@ def make_tls_files(folder: Path) -> TlsFiles:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    files = TlsFiles(folder / "ca.pem", folder / "broker.pem", folder / "other-ca.pem")
+    files = TlsFiles(
+        folder / "ca.pem", folder / "broker.pem", folder / "other-ca.pem",
+        folder / "client-key.pem", folder / "client-key-encrypted.pem", folder / "client.pem",
+        folder / "client-expired.pem", folder / "client-stranger.pem",
+    )  # fmt: skip
+    client = ec.generate_private_key(ec.SECP256R1())
+    for path, encryption in (
+        (files.client_key, serialization.NoEncryption()),
+        (files.client_key_encrypted,
+         serialization.BestAvailableEncryption(KEY_PASSWORD.encode())),
+    ):  # fmt: skip
+        path.write_bytes(client.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))  # fmt: skip
+    files.client_cert.write_bytes(_pem(_client(client, (ca_key, ca_cert))))
+    files.expired_cert.write_bytes(_pem(_client(client, (ca_key, ca_cert), expired=True)))
+    files.stranger_cert.write_bytes(_pem(_client(client, (other_key, other))))
     files.ca.write_bytes(_pem(ca_cert))
     files.other_ca.write_bytes(_pem(other))
     private = key.private_bytes(

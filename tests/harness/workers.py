@@ -16,8 +16,9 @@ import urllib.request
 from pathlib import Path
 
 from rl_export.local.process import ManagedProcess, child_pids
+from rl_export.runtime.childenv import child_env
 from rl_export.runtime.net import free_port
-from rl_export.runtime.settings import Settings, child_env
+from rl_export.runtime.settings import Settings
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -43,8 +43,9 @@ from aiokafka.errors import KafkaError
 
 from rl_export.local.broker import LocalKafka
 from rl_export.model.partitioning import kafka_partitioner
+from rl_export.runtime.childenv import child_env
 from rl_export.runtime.net import free_port
-from rl_export.runtime.settings import Settings, child_env
+from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import ensure_service_topics
 
 BROKER_PORT_FILE = "broker.port"

@@ -67,8 +67,9 @@ from rl_export.local.process import ManagedProcess
 from rl_export.local.synthetic import scored_event_lines, scored_trace_events, traces_for
 from rl_export.model.codec import dumps
 from rl_export.model.events import FAMILY_OF_TYPE
+from rl_export.runtime.childenv import child_env
 from rl_export.runtime.net import free_port
-from rl_export.runtime.settings import Settings, child_env, load_settings
+from rl_export.runtime.settings import Settings, load_settings
 from rl_export.stream.produce import make_producer, topic_for
 from rl_export.stream.topics import ensure_service_topics
 from tests.harness.reads import read_topics

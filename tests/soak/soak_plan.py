@@ -134,12 +134,11 @@ def _invalid(
             _event_bytes(base | {"event_type": "label.submitted", "rubric": rubric}),
         )
     if reason is RejectReason.INVALID_RUBRIC:  # a rubric version the project never made
-        answers = {"correctness": 3}
+        unknown = {"rubric_version": 9999, "rubric": {"correctness": 3}}
         return (
             EventFamily.LABELS,
             key,
-            _event_bytes(base | {"event_type": "label.submitted", "rubric_version": 9999,
-                                 "rubric": answers}),  # fmt: skip
+            _event_bytes(base | {"event_type": "label.submitted"} | unknown),
         )
     if reason is RejectReason.OVERSIZED:  # under the topic's limit, over the event limit
         huge = base | {

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rl_export.kafka import access
+from rl_export.kafka.access import Role
+from rl_export.kafka.acls import strimzi_user
 from rl_export.kafka.client import check_app_id
 from rl_export.runtime.settings import ENV_PREFIX, Settings
 from rl_export.stream.topics import topic_specs
@@ -674,23 +678,62 @@ def acls(resources: list[Resource], user: str) -> dict[tuple[str, str, str], set
             set(a["operations"]) for a in spec["authorization"]["acls"]}  # fmt: skip
 
 
-def test_the_worker_and_web_users_have_least_privilege(overlay: list[Resource]) -> None:
+USERS = {"rl-export-worker": Role.WORKER, "rl-export-web": Role.WEB}
+KAFKAUSERS = KUBE / "components" / "strimzi" / "kafkausers.yaml"
+
+
+def test_the_kafkausers_are_what_rl_export_acls_prints() -> None:
+    """Generated, never edited: the names a ConfigMap sets are placeholders (APP, SINK) that
+    the component's replacements fill in (checked below, on builds)."""
+    settings = Settings(app_id="APP", sink_group="SINK", create_topics=False)
+    printed = "".join(
+        "---\n" + strimzi_user(settings, role, name, cluster="events")
+        for name, role in USERS.items()
+    )
+    written = KAFKAUSERS.read_text(encoding="utf-8")
+    assert written[written.index("---\n") :] == printed
+
+
+def test_the_users_have_exactly_the_acls_of_their_role(overlay: list[Resource]) -> None:
     settings = settings_of(overlay, container(one(overlay, "Deployment", "rl-export-worker")))
-    worker = acls(overlay, "rl-export-worker")
-    for topic in (*settings.input_topics, settings.topic_trajectories, settings.topic_changelog):
-        assert {"Read", "Write", "Describe"} <= worker[("topic", topic, "literal")], topic
-    assert "Write" in worker[("topic", settings.topic_dead_letter, "literal")]
-    assert "Read" in worker[("group", settings.app_id, "literal")]
-    assert "Read" in worker[("group", settings.sink_group, "literal")]
-    assert "Write" in worker[("transactionalId", f"{settings.app_id}-", "prefix")]
-    web = acls(overlay, "rl-export-web")
-    for topic in (settings.topic_labels, settings.topic_claims):
-        assert {"Read", "Write"} <= web[("topic", topic, "literal")], topic
-    assert not any(kind == "group" for kind, _, _ in web)  # reads without a group
-    for user in (worker, web):  # every topic is checked at start; nobody creates or deletes
-        for topic in settings.all_topics:
-            assert {"Describe", "DescribeConfigs"} <= user[("topic", topic, "literal")]
-        assert not any({"Create", "Delete", "Alter", "All"} & ops for ops in user.values())
+    for name, role in USERS.items():
+        wanted = access.by_resource(access.grants(settings, role))
+        assert acls(overlay, name) == {
+            (r.kind.value, r.name, "prefix" if r.prefixed else "literal"): set(ops)
+            for r, ops in wanted.items()
+        }, name
+
+
+def test_the_replacements_follow_every_name_the_configmap_sets(tmp_path: Path) -> None:
+    """An overlay that renames every topic, the app id and the sink group: the users' ACLs
+    are still exactly their roles' (the replacements point at the right ACLs)."""
+    if KUSTOMIZE is None or not KUSTOMIZE.is_file():
+        pytest.skip(f"kustomize is not installed at {KUSTOMIZE} (make install runs go install)")
+    names = {"RL_EXPORT_TOPIC_TRACES": "t.traces", "RL_EXPORT_TOPIC_EVALUATIONS": "t.evals",
+             "RL_EXPORT_TOPIC_LABELS": "t.labels", "RL_EXPORT_TOPIC_TRAJECTORIES": "t.traj",
+             "RL_EXPORT_APP_ID": "renamed-app", "RL_EXPORT_SINK_GROUP": "renamed-sink"}  # fmt: skip
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(BASE, tmp_path)],
+        "configMapGenerator": [{"name": "rl-export-config", "behavior": "merge",
+                                "literals": [f"{k}={v}" for k, v in names.items()]}],
+        "components": [os.path.relpath(KUBE / "components" / name, tmp_path)
+                       for name in ("strimzi", "kafka-from-config")],
+    }))  # fmt: skip
+    done = subprocess.run(
+        [str(KUSTOMIZE), "build", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    renamed = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    settings = settings_of(renamed, container(one(renamed, "Deployment", "rl-export-worker")))
+    assert (settings.topic_traces, settings.app_id) == ("t.traces", "renamed-app")
+    for name, role in USERS.items():
+        wanted = access.by_resource(access.grants(settings, role))
+        assert acls(renamed, name) == {
+            (r.kind.value, r.name, "prefix" if r.prefixed else "literal"): set(ops)
+            for r, ops in wanted.items()
+        }, name
 
 
 @pytest.mark.parametrize("name", ["rl-export-worker", "rl-export-web"])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_export import __version__
-from rl_export.cli.admin import cmd_audit, cmd_shards, cmd_tokens
+from rl_export.cli.admin import cmd_acls, cmd_audit, cmd_shards, cmd_tokens
 from rl_export.cli.exports import (
     _add_filters,
     _add_training_set,
@@ -115,6 +115,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", metavar="RFC3339", help="only entries at or after this time")
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser(
+        "acls", help="the least Kafka ACLs a process needs: kafka-acls commands, a KafkaUser",
+        description="The ACLs of the worker, the web service or produce, derived from the "
+        "settings (topic names, RL_EXPORT_APP_ID, RL_EXPORT_SINK_GROUP, "
+        "RL_EXPORT_PROCESSING_GUARANTEE, RL_EXPORT_CREATE_TOPICS) as the process's own clients "
+        "use them: kafka-acls commands and a Strimzi KafkaUser.",
+    )  # fmt: skip
+    p.add_argument("--principal", required=True, help="the user: NAME or User:NAME")
+    p.add_argument("--role", required=True, choices=["worker", "web", "produce"])
+    p.add_argument(
+        "--format", default="all", choices=["all", "kafka-acls", "strimzi"],
+        help="kafka-acls commands, a Strimzi KafkaUser, or both (default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cluster", default="my-cluster",
+        help="strimzi: the Kafka cluster's name (its strimzi.io/cluster label)",
+    )  # fmt: skip
+    p.add_argument(
+        "--authentication", choices=["scram-sha-512", "tls", "tls-external"],
+        help="strimzi: how the user logs in (default: tls with RL_EXPORT_KAFKA_SSL_CERT_FILE "
+        "over SSL, else scram-sha-512)",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_acls)
 
     p = sub.add_parser("worker", help="a stream-processing worker (the join)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")

@@ -1,4 +1,5 @@
-"""The commands that look after a store: ``shards``, ``tokens``, ``audit``."""
+"""The commands that look after a store, and the cluster's ACLs: ``shards``, ``tokens``,
+``audit``, ``acls``."""
 
 from __future__ import annotations
 
@@ -158,3 +159,25 @@ def cmd_tokens(args: argparse.Namespace) -> int:
         return 0
 
     return asyncio.run(run())
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from rl_export.kafka import acls
+    from rl_export.kafka.access import Role
+
+    settings = _settings(args)
+    role = Role(args.role)
+    if args.principal.strip() in ("", "User:"):
+        raise ConfigError("--principal", "name the user, for example rl-export-worker")
+    authentication = args.authentication or (
+        "tls" if settings.kafka_security_protocol == "SSL" and settings.kafka_ssl_cert_file
+        else "scram-sha-512")  # fmt: skip
+    parts = []
+    if args.format in ("all", "kafka-acls"):
+        parts.append(acls.kafka_acls(settings, role, args.principal))
+    if args.format in ("all", "strimzi"):
+        user = acls.strimzi_user(settings, role, args.principal, cluster=args.cluster,
+                                 authentication=authentication)  # fmt: skip
+        parts.append("---\n" + user)
+    print("\n".join(parts), end="")
+    return 0

@@ -6,6 +6,12 @@ it to the :class:`~rl_export.corpora.chain.ChainWriter` of every corpus of the s
 records are due, and flushes every writer's commit together (step 3 (a) and (b)), returning
 the Kafka offset then safe to commit. The stream's consumer loop and the offline ``replay``
 (:mod:`rl_export.corpora.replay`) drive it the same way.
+
+No record stops a partition: a record that is no snapshot, a snapshot whose org or project
+cannot name a folder of the store (``..``, ``a/b``, 300 characters), and one a corpus cannot
+render are skipped, logged (where, never what) and counted
+(``rl_export_sink_bad_snapshots_total``); the records behind them go on. Only the store's
+own failures are tried again.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 from rl_export.corpora.chain import ChainWriter, PendingTotals, SinkConfig
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
-from rl_export.formats.specs import CorpusSpec
+from rl_export.formats.specs import SAFE_NAME, CorpusSpec
 from rl_export.model.records import SnapshotLines, decode_snapshot
 from rl_export.runtime.metrics import SinkMetrics
 
@@ -59,6 +65,8 @@ class PartitionSink:
     _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
+    # Projects whose org or project cannot name a folder: their snapshots are skipped.
+    _unnamable: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
 
     def idle_offset(self) -> int | None:
         """With nothing pending, the offset after the last record read, if not yet committed.
@@ -90,9 +98,17 @@ class PartitionSink:
     def _writers_of(self, org: str, project: str) -> tuple[ChainWriter, ...]:
         writers = self._project_writers.get((org, project))
         if writers is None:
-            writers = tuple(self._writer(org, project, spec) for spec in self.specs)
+            if SAFE_NAME.match(org) and SAFE_NAME.match(project):
+                writers = tuple(self._writer(org, project, spec) for spec in self.specs)
+            else:  # checked once per project, not per record
+                writers = ()
+                self._unnamable.add((org, project))
             self._project_writers[(org, project)] = writers
         return writers
+
+    def _skip(self, offset: int, why: str) -> None:
+        self.metrics.bad_snapshots.inc()
+        log.error("%s-%d@%d: %s; skipped", self.topic, self.partition, offset, why)
 
     async def seed_new_chains(self) -> list[CorpusRef]:
         """Seed this partition's chain of every corpus that has none yet, in every project
@@ -139,16 +155,25 @@ class PartitionSink:
             try:
                 lines = SnapshotLines(decode_snapshot(value))
             except ValueError as exc:
-                self.metrics.bad_snapshots.inc()
-                log.error(
-                    "%s-%d@%d is not a snapshot (%s); skipped", self.topic, self.partition,
-                    offset, exc,
-                )  # fmt: skip
+                self._skip(offset, f"not a snapshot ({exc})")
                 return
-        for writer in self._writers_of(lines.org, lines.project):
+            except Exception as exc:  # a value our decoding does not survive
+                self._skip(offset, f"not a snapshot ({type(exc).__name__})")
+                return
+        writers = self._writers_of(lines.org, lines.project)
+        if not writers and (lines.org, lines.project) in self._unnamable:
+            self._skip(offset, "its org or project cannot name a folder")
+            return
+        refused: list[str] | None = None  # made only when a corpus refuses it (per record)
+        for writer in writers:
             if writer.state is None:
-                await writer.loaded()
-            writer.add(offset, lines, event_ms)
+                await writer.loaded()  # a store error propagates: the partition is read again
+            try:
+                writer.add(offset, lines, event_ms)
+            except Exception as exc:  # a snapshot this corpus cannot render: never a stop
+                refused = [*(refused or []), f"{writer.ref.root} ({type(exc).__name__})"]
+        if refused:
+            self._skip(offset, f"{', '.join(refused)} cannot take it")
         if self.first_pending_at is None and self.totals.records:
             self.first_pending_at = time.monotonic()
 

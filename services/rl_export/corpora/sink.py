@@ -36,7 +36,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -49,7 +49,7 @@ from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.kafka.client import KafkaConnection
-from rl_export.kafka.retrying import start_when_reachable, stop_quietly
+from rl_export.kafka.retrying import AUTHORIZATION_FAILED, start_when_reachable, stop_quietly
 from rl_export.model.errors import StoreError
 from rl_export.model.records import HEADER_EVENT_MS, HEADER_RECORD_AT
 from rl_export.runtime.metrics import SinkMetrics
@@ -72,6 +72,7 @@ class Sink:
         specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
         session_timeout_s: float = 10.0,
         instance_id: str | None = None,
+        on_refused: Callable[[BaseException], Exception | None] = lambda exc: None,
     ) -> None:
         self.kafka = kafka
         self.topic = topic
@@ -82,6 +83,7 @@ class Sink:
         self.specs = specs
         self.session_timeout_s = session_timeout_s
         self.instance_id = instance_id  # a static member of the group (KIP-345) when set
+        self.on_refused = on_refused  # the error naming what the broker's ACLs refused
         self.writer = writer_id()
         self.parts: dict[int, PartitionSink] = {}
         self.unseeded: set[int] = set()  # assigned partitions whose new chains are not seeded
@@ -138,11 +140,11 @@ class Sink:
             fetch_max_bytes=8 * 1024 * 1024,  # what is fetched ahead, held in memory
         )
         consumer.subscribe([self.topic], listener=Listener())
-        if not await start_when_reachable(
-            consumer.start, "sink consumer", stop, log, check=self.kafka.check
-        ):
-            return
         try:
+            if not await start_when_reachable(
+                consumer.start, "sink consumer", stop, log, check=self.kafka.check
+            ):
+                return
             while not stop.is_set():
                 epoch = self.epoch
                 batch = await consumer.getmany(timeout_ms=200)
@@ -158,6 +160,8 @@ class Sink:
                     continue
                 await self._seed(consumer, epoch)
                 await self._flush_due(consumer)
+        except AUTHORIZATION_FAILED as exc:  # the broker's ACLs refuse us: name what is missing
+            raise self.on_refused(exc) or exc from None
         finally:
             await stop_quietly(consumer.stop, "sink consumer", log)
 

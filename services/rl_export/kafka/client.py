@@ -8,7 +8,9 @@ apply everywhere alike:
 
 1. TLS (``SSL``, ``SASL_SSL``) verifies the broker's certificate against
    ``RL_EXPORT_KAFKA_SSL_CA_FILE`` (or the system's authorities) and always its hostname;
-   a client certificate and key make it mutual TLS.
+   a client certificate and key make it mutual TLS. An encrypted key is opened with
+   ``RL_EXPORT_KAFKA_SSL_KEY_PASSWORD`` (or its file), and never with a prompt: without
+   one, OpenSSL would ask the terminal (or print the question and fail without one).
 2. SASL PLAIN and SCRAM send the username and the password; the password file (a mounted
    secret) is read again each time a client is built, so a client made after a rotation
    uses the new secret. OAUTHBEARER sends the password (file) as the token, read again for
@@ -20,7 +22,11 @@ apply everywhere alike:
 3. A client that cannot start asks :meth:`KafkaConnection.check` why: a refused TLS
    handshake or SASL authentication raises :class:`KafkaSecurityError` naming the setting to
    fix, which ends the process (retrying cannot help); a broker that is only unreachable
-   does not, and the caller waits for it as before.
+   does not, and the caller waits for it as before. With TLS 1.3 a broker that refuses our
+   client certificate does so after the handshake, in an alert that arrives with the first
+   answer we read: aiokafka reports a closed connection, caused by the alert (read there),
+   or the hang-up alone; then the broker is asked again, and its alert read
+   (:meth:`KafkaConnection._tls_alert`).
 4. A running client reconnects inside aiokafka, which only logs a refused connection:
    :func:`watch_refusals` reads those logs and ends the worker or web process too.
 """
@@ -39,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import errors as kafka_errors
-from aiokafka.abc import AbstractTokenProvider
 from aiokafka.conn import create_conn
 from aiokafka.protocol.metadata import MetadataRequest
 
+from rl_export.kafka.tokens import FileToken, MskAiokafkaToken, MskIamToken
 from rl_export.model.errors import ConfigError, KafkaSecurityError
 from rl_export.runtime.settings import Settings, env_name
 
@@ -51,20 +57,26 @@ CHECK_TIMEOUT_S = 10.0
 SECURITY_SETTINGS = (
     "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
     "kafka_sasl_password", "kafka_sasl_password_file", "kafka_ssl_ca_file",
-    "kafka_ssl_cert_file", "kafka_ssl_key_file", "kafka_msk_region",
+    "kafka_ssl_cert_file", "kafka_ssl_key_file", "kafka_ssl_key_password",
+    "kafka_ssl_key_password_file", "kafka_msk_region",
 )  # fmt: skip
 # librdkafka asks for a new token at 80 % of its lifetime: a minute makes it re-read the file.
 _OAUTH_LIFETIME_S = 60.0
-# An MSK IAM token lives 15 minutes: sign a new one when less than this is left.
-_MSK_RENEW_BEFORE_S = 60.0
 
 # TLS alerts of a broker that wants a (valid) client certificate.
 _CLIENT_CERT_ALERTS = (
     "CERTIFICATE_REQUIRED",
     "BAD_CERTIFICATE",
     "CERTIFICATE_UNKNOWN",
+    "CERTIFICATE_EXPIRED",
+    "CERTIFICATE_REVOKED",
+    "UNSUPPORTED_CERTIFICATE",
     "UNKNOWN_CA",
+    "ACCESS_DENIED",
 )
+# An ApiVersions request (version 0, correlation id 1, no client id): what a Kafka client
+# sends first, so the broker's alert, if it refused our certificate, comes back to it.
+_API_VERSIONS = b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff"
 # TLS errors of a peer that does not speak TLS at all.
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL", "HTTP_REQUEST",
             "PACKET_LENGTH_TOO_LONG")  # fmt: skip
@@ -74,58 +86,6 @@ _SASL_REFUSED = (
     kafka_errors.AuthenticationFailedError,
     kafka_errors.IllegalSaslStateError,
 )
-
-
-class _FileToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
-    """OAUTHBEARER: the token is read from its source for every new connection."""
-
-    def __init__(self, read: Callable[[], str]) -> None:
-        self._read = read
-
-    async def token(self) -> str:
-        return self._read()
-
-
-class MskIamToken:
-    """AWS_MSK_IAM: a token signed from the AWS credentials, renewed before it expires.
-
-    The signer resolves the credentials (which may ask the instance metadata service or
-    STS) and signs locally; aiokafka asks :meth:`token` for each new connection, librdkafka
-    calls :meth:`oauth_cb` when the token nears its end.
-    """
-
-    def __init__(self, region: str) -> None:
-        try:
-            from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
-        except ImportError:
-            raise ConfigError(
-                env_name("kafka_sasl_mechanism"),
-                "AWS_MSK_IAM needs the msk extra: pip install 'rl-export[msk]'",
-            ) from None
-        self._sign: Callable[[str], tuple[str, int]] = MSKAuthTokenProvider.generate_auth_token
-        self.region = region
-        self._token: tuple[str, float] | None = None  # (token, expiry as a Unix time)
-
-    def current(self) -> tuple[str, float]:
-        """A token valid for a minute at least, and when it expires (Unix time, seconds)."""
-        if self._token is None or self._token[1] - _MSK_RENEW_BEFORE_S <= time.time():
-            token, expiry_ms = self._sign(self.region)
-            self._token = (token, expiry_ms / 1000)
-        return self._token
-
-    async def token(self) -> str:
-        return (await asyncio.to_thread(self.current))[0]
-
-    def oauth_cb(self, _config: str) -> tuple[str, float]:
-        return self.current()
-
-
-class _MskAiokafkaToken(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
-    def __init__(self, signer: MskIamToken) -> None:
-        self._signer = signer
-
-    async def token(self) -> str:
-        return await self._signer.token()
 
 
 @dataclass(frozen=True)
@@ -141,6 +101,8 @@ class KafkaConnection:
     ssl_ca_file: Path | None = None
     ssl_cert_file: Path | None = None
     ssl_key_file: Path | None = None
+    ssl_key_password: str | None = None
+    ssl_key_password_file: Path | None = None
     msk_region: str | None = None
 
     @classmethod
@@ -156,6 +118,8 @@ class KafkaConnection:
             ssl_ca_file=settings.kafka_ssl_ca_file,
             ssl_cert_file=settings.kafka_ssl_cert_file,
             ssl_key_file=settings.kafka_ssl_key_file,
+            ssl_key_password=settings.kafka_ssl_key_password,
+            ssl_key_password_file=settings.kafka_ssl_key_password_file,
             msk_region=settings.kafka_msk_region,
         )
 
@@ -191,14 +155,25 @@ class KafkaConnection:
         """The SASL password or OAUTHBEARER token, from the file when one is set (read now)."""
         if self.sasl_password_file is None:
             return self.sasl_password or ""
-        try:
-            return self.sasl_password_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise ConfigError(
-                env_name("kafka_sasl_password_file"),
-                f"cannot read {self.sasl_password_file} ({why})",
-            ) from None
+        return _read_secret(self.sasl_password_file, "kafka_sasl_password_file")
+
+    def key_password(self) -> str | None:
+        """The client key's password, from the file when one is set (read now); None: none."""
+        if self.ssl_key_password_file is not None:
+            return _read_secret(self.ssl_key_password_file, "kafka_ssl_key_password_file")
+        return self.ssl_key_password
+
+    def principal(self) -> tuple[str, str]:
+        """Who the broker's ACLs see: the setting it comes from, and how to write it."""
+        if self.uses_msk_iam:
+            return env_name("kafka_msk_region"), "this process's AWS role"
+        if self.uses_sasl and self.sasl_mechanism == "OAUTHBEARER":
+            return self.password_setting, "the token's subject"
+        if self.uses_sasl:
+            return env_name("kafka_sasl_username"), f"User:{self.sasl_username}"
+        if self.ssl_cert_file is not None:
+            return env_name("kafka_ssl_cert_file"), "User:<the client certificate's subject>"
+        return env_name("kafka_security_protocol"), "User:ANONYMOUS"
 
     def ssl_context(self) -> ssl.SSLContext:
         """A TLS context that verifies the broker's certificate and hostname (files read now)."""
@@ -213,15 +188,44 @@ class KafkaConnection:
         context.check_hostname = True  # the default, and never turned off
         context.verify_mode = ssl.CERT_REQUIRED
         if self.ssl_cert_file is not None and self.ssl_key_file is not None:
-            try:
-                context.load_cert_chain(str(self.ssl_cert_file), str(self.ssl_key_file))
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(
-                    env_name("kafka_ssl_cert_file"),
-                    f"cannot load the client certificate {self.ssl_cert_file} with the key "
-                    f"{self.ssl_key_file} ({_reason(exc)})",
-                ) from None
+            self._load_client_certificate(context)
         return context
+
+    def _load_client_certificate(self, context: ssl.SSLContext) -> None:
+        """Load the client certificate and key; never let OpenSSL prompt for a password.
+
+        Without a password argument OpenSSL asks the terminal for an encrypted key's (and
+        prints the question even when there is none): the callable given instead raises.
+        """
+        given = self.key_password()
+        setting = (env_name("kafka_ssl_key_password_file") if self.ssl_key_password_file
+                   else env_name("kafka_ssl_key_password"))  # fmt: skip
+
+        def no_password() -> str:
+            raise ConfigError(
+                setting, f"the key {self.ssl_key_file} is encrypted: set this to its password "
+                f"(or {env_name('kafka_ssl_key_password_file')} to a file holding it)",
+            )  # fmt: skip
+
+        try:
+            context.load_cert_chain(str(self.ssl_cert_file), str(self.ssl_key_file),
+                                    password=no_password if given is None else given)  # fmt: skip
+        except ssl.SSLError as exc:
+            if given is not None and _decrypt_failed(exc):
+                raise ConfigError(
+                    setting, f"cannot decrypt the key {self.ssl_key_file} with this password"
+                ) from None
+            raise ConfigError(
+                env_name("kafka_ssl_cert_file"),
+                f"cannot load the client certificate {self.ssl_cert_file} with the key "
+                f"{self.ssl_key_file} ({_reason(exc)})",
+            ) from None
+        except OSError as exc:
+            raise ConfigError(
+                env_name("kafka_ssl_cert_file"),
+                f"cannot load the client certificate {self.ssl_cert_file} with the key "
+                f"{self.ssl_key_file} ({_reason(exc)})",
+            ) from None
 
     def aiokafka(self) -> dict[str, Any]:
         """Keyword arguments for any aiokafka client (consumer, producer, admin)."""
@@ -233,11 +237,11 @@ class KafkaConnection:
             options["ssl_context"] = self.ssl_context()
         if self.uses_msk_iam:
             options["sasl_mechanism"] = "OAUTHBEARER"
-            options["sasl_oauth_token_provider"] = _MskAiokafkaToken(self._msk_signer())
+            options["sasl_oauth_token_provider"] = MskAiokafkaToken(self._msk_signer())
         elif self.uses_sasl:
             options["sasl_mechanism"] = self.sasl_mechanism
             if self.sasl_mechanism == "OAUTHBEARER":
-                options["sasl_oauth_token_provider"] = _FileToken(self.password)
+                options["sasl_oauth_token_provider"] = FileToken(self.password)
             else:
                 options["sasl_plain_username"] = self.sasl_username
                 options["sasl_plain_password"] = self.password()
@@ -256,6 +260,8 @@ class KafkaConnection:
             if self.ssl_cert_file is not None and self.ssl_key_file is not None:
                 config["ssl.certificate.location"] = str(self.ssl_cert_file)
                 config["ssl.key.location"] = str(self.ssl_key_file)
+                if (key_password := self.key_password()) is not None:
+                    config["ssl.key.password"] = key_password
         if self.uses_msk_iam:
             config["sasl.mechanism"] = "OAUTHBEARER"
             config["oauth_cb"] = self._msk_signer().oauth_cb
@@ -318,6 +324,8 @@ class KafkaConnection:
                         conn.close()
             except (OSError, kafka_errors.KafkaError, TimeoutError) as exc:
                 refused = self.refusal(exc)
+                if refused is None and _hung_up(exc) and self.uses_tls and not answered:
+                    refused = await self._tls_alert(host, port, timeout_s)
                 if refused is None and _hung_up(exc):
                     refused = await self._wrong_protocol(host, port, answered, timeout_s)
                 if refused is not None:
@@ -325,6 +333,31 @@ class KafkaConnection:
                 continue
             return True
         return False
+
+    async def _tls_alert(self, host: str, port: int, timeout_s: float) -> KafkaSecurityError | None:
+        """Why a TLS broker hung up before it answered, when it refused our certificate.
+
+        With TLS 1.3 the client's handshake is over before the broker has checked the
+        client's certificate; a broker that refuses it sends its alert then, and hangs up.
+        aiokafka reports only the hang-up: here the same handshake is made, a request sent
+        and the answer read, which raises the alert (``SSLV3_ALERT_CERTIFICATE_UNKNOWN``...).
+        """
+        writer = None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=self.ssl_context()), timeout_s
+            )
+            writer.write(_API_VERSIONS)
+            await writer.drain()
+            await asyncio.wait_for(reader.read(4), timeout_s)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            return self.refusal(exc)
+        finally:
+            if writer is not None:
+                writer.close()
+                with contextlib.suppress(OSError, TimeoutError):
+                    await asyncio.wait_for(writer.wait_closed(), 1.0)
+        return None
 
     async def _wrong_protocol(
         self, host: str, port: int, answered: bool, timeout_s: float
@@ -349,6 +382,10 @@ class KafkaConnection:
 
     def refusal(self, exc: BaseException) -> KafkaSecurityError | None:
         """The security error ``exc`` stands for, naming the setting; None when it is none."""
+        if isinstance(exc, kafka_errors.KafkaConnectionError) and isinstance(
+            exc.__cause__, ssl.SSLError
+        ):  # aiokafka's "connection closed", caused by the broker's TLS alert
+            return self.refusal(exc.__cause__)
         if isinstance(exc, ssl.SSLCertVerificationError):
             if "hostname" in (exc.verify_message or "").lower() or "IP address" in str(exc):
                 return KafkaSecurityError(
@@ -364,10 +401,7 @@ class KafkaConnection:
         if isinstance(exc, ssl.SSLError):
             reason = _reason(exc)
             if any(word in reason.upper() for word in _CLIENT_CERT_ALERTS):
-                return KafkaSecurityError(
-                    env_name("kafka_ssl_cert_file"),
-                    f"the broker refused our TLS client certificate ({reason})",
-                )
+                return self._certificate_refused(reason)
             if any(word in reason.upper() for word in _NOT_TLS):
                 return KafkaSecurityError(
                     env_name("kafka_security_protocol"),
@@ -396,6 +430,22 @@ class KafkaConnection:
                 f"{type(exc).__name__}",
             )
         return None
+
+    def _certificate_refused(self, alert: str) -> KafkaSecurityError:
+        """The broker's TLS alert about our client certificate, as the setting to fix."""
+        cert, key = env_name("kafka_ssl_cert_file"), env_name("kafka_ssl_key_file")
+        if self.ssl_cert_file is None:
+            return KafkaSecurityError(
+                cert, f"the broker requires a TLS client certificate (mutual TLS) and none is "
+                f"set ({alert}): set it and {key}",
+            )  # fmt: skip
+        expired = _expired_on(self.ssl_cert_file)
+        why = (f"it expired on {expired}" if expired else
+               "is it signed by an authority the broker's trust store holds?")  # fmt: skip
+        return KafkaSecurityError(
+            cert, f"the broker refused our TLS client certificate {self.ssl_cert_file} "
+            f"({alert}): {why}",
+        )  # fmt: skip
 
 
 class _RefusalWatch(logging.Handler):
@@ -475,6 +525,34 @@ async def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
         return False
     writer.close()
     return True
+
+
+def _read_secret(path: Path, field: str) -> str:
+    """A secret from a file (a mounted secret), stripped; ConfigError naming ``field``."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(env_name(field), f"cannot read {path} ({why})") from None
+
+
+def _decrypt_failed(exc: ssl.SSLError) -> bool:
+    """Whether loading a key failed because the password does not open it."""
+    text = f"{getattr(exc, 'reason', '')} {exc}".upper()
+    return any(word in text for word in ("BAD_DECRYPT", "PEM LIB", "BAD PASSWORD"))
+
+
+def _expired_on(cert_file: Path) -> str | None:
+    """When the (first) certificate of a PEM file expired, if it has; None if it has not or
+    cannot be read. CPython's own certificate decoder, the one ``getpeercert`` uses."""
+    decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
+    if decode is None:
+        return None
+    try:
+        not_after = decode(str(cert_file))["notAfter"]
+        return str(not_after) if ssl.cert_time_to_seconds(not_after) < time.time() else None
+    except (OSError, ssl.SSLError, KeyError, ValueError):
+        return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -7,7 +7,21 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+
+# The broker's ACLs refused the client: no retry can help, the caller names what is missing.
+AUTHORIZATION_FAILED = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    ClusterAuthorizationFailedError,
+)
 
 
 async def start_when_reachable(
@@ -22,14 +36,17 @@ async def start_when_reachable(
     """Call ``start`` until it succeeds (True) or ``stop`` is set (False).
 
     A client that cannot reach the broker raises a :class:`KafkaError` (or an ``OSError``)
-    and can be started again; anything else is a real error and propagates. After a failure
-    ``check`` (``KafkaConnection.check``) asks the broker why: a refused TLS handshake or
-    SASL authentication raises there, and ends the process instead of retrying forever.
+    and can be started again; anything else is a real error and propagates, and so does a
+    refusal by the broker's ACLs (``AUTHORIZATION_FAILED``). After a failure ``check``
+    (``KafkaConnection.check``) asks the broker why: a refused TLS handshake or SASL
+    authentication raises there, and ends the process instead of retrying forever.
     """
     while not stop.is_set():
         try:
             await start()
             return True
+        except AUTHORIZATION_FAILED:
+            raise
         except (KafkaError, OSError) as exc:
             if check is not None:
                 await check()

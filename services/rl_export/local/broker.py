@@ -9,9 +9,11 @@ into ``.cache/kafka/<version>/libs`` once, and later runs reuse them. Starting i
 4. start ``kafka.Kafka`` and wait until it logs that it started and accepts connections;
 5. on stop, send SIGTERM (a controlled shutdown) and wait, then SIGKILL if it hangs.
 
-Given a :class:`SaslSslListener`, the broker's only client listener is ``SASL_SSL`` (SCRAM users
+Given a :class:`SaslSslListener`, the broker's client listener is ``SASL_SSL`` (SCRAM users
 made when the storage is formatted, a PEM key store and trust store): how the integration
-tests check that every client of the project connects to a secured cluster.
+tests check that every client of the project connects to a secured cluster. The listener may
+add a second one, ``SSL`` with ``ssl.client.auth=required`` (mutual TLS), and KRaft's
+``StandardAuthorizer``, under which a principal may do only what an ACL grants it.
 """
 
 from __future__ import annotations
@@ -130,28 +132,55 @@ class SaslSslListener:
     ``keystore`` holds the broker's unencrypted PKCS#8 private key and certificate chain,
     whose names must include 127.0.0.1; ``users`` (name to password) get SCRAM-SHA-256 and
     SCRAM-SHA-512 credentials; the first one is the broker's own, between its listeners.
+
+    With ``mtls_port``, a second client listener there (``MTLS``, protocol ``SSL``) refuses
+    a client without a certificate signed by the trust store's authorities. With
+    ``authorizer``, KRaft's ``StandardAuthorizer`` allows only what ACLs grant, except to the
+    super users: the first user (the broker's own, and the tests' admin), ``super_users``
+    (a client certificate's ``User:CN=...``, say) and ``User:ANONYMOUS``, which is how the
+    broker speaks to its own controller over the plaintext controller listener on loopback.
     """
 
     keystore: Path
     truststore: Path
     users: Mapping[str, str]
+    mtls_port: int | None = None
+    authorizer: bool = False
+    super_users: tuple[str, ...] = ()
 
     def config(self, listener: str) -> dict[str, str]:
-        """The broker settings of the listener named ``listener``."""
+        """The broker settings of the listener named ``listener`` (and of ``MTLS``)."""
         admin, password = next(iter(self.users.items()))
         jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
                 f'username="{admin}" password="{password}";')  # fmt: skip
         prefix = f"listener.name.{listener.lower()}"
+        return (
+            {
+                "sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256",
+                "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+                f"{prefix}.scram-sha-512.sasl.jaas.config": jaas,
+                f"{prefix}.scram-sha-256.sasl.jaas.config": jaas,
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(self.keystore),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.truststore),
+                "ssl.client.auth": "none",
+            }
+            | self._mtls()
+            | self._authorizer(admin)
+        )
+
+    def _mtls(self) -> dict[str, str]:
+        return {} if self.mtls_port is None else {"listener.name.mtls.ssl.client.auth": "required"}
+
+    def _authorizer(self, admin: str) -> dict[str, str]:
+        if not self.authorizer:
+            return {}
+        supers = [f"User:{admin}", "User:ANONYMOUS", *self.super_users]
         return {
-            "sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256",
-            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-            f"{prefix}.scram-sha-512.sasl.jaas.config": jaas,
-            f"{prefix}.scram-sha-256.sasl.jaas.config": jaas,
-            "ssl.keystore.type": "PEM",
-            "ssl.keystore.location": str(self.keystore),
-            "ssl.truststore.type": "PEM",
-            "ssl.truststore.location": str(self.truststore),
-            "ssl.client.auth": "none",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": ";".join(supers),
+            "allow.everyone.if.no.acl.found": "false",
         }
 
     def format_args(self) -> list[str]:
@@ -237,12 +266,15 @@ class LocalKafka(ManagedProcess):
             "log.retention.hours": "-1",
             "log.flush.interval.messages": str(2**62),
         }
-        if self.sasl_ssl is not None:  # the one client listener is SASL_SSL
+        if self.sasl_ssl is not None:  # the client listener is SASL_SSL (and MTLS)
+            clients = [f"SASL_SSL://{LOOPBACK}:{self.port}"]
+            if self.sasl_ssl.mtls_port is not None:
+                clients.append(f"MTLS://{LOOPBACK}:{self.sasl_ssl.mtls_port}")
             config |= {
-                "listeners": f"SASL_SSL://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{controller}",
-                "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{self.port}",
+                "listeners": ",".join([*clients, f"CONTROLLER://{LOOPBACK}:{controller}"]),
+                "advertised.listeners": ",".join(clients),
                 "inter.broker.listener.name": "SASL_SSL",
-                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,MTLS:SSL,CONTROLLER:PLAINTEXT",
             } | self.sasl_ssl.config("SASL_SSL")
         props.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
         (self.data_dir / "log4j.properties").write_text(_LOG4J)

@@ -7,6 +7,7 @@ Hierarchy::
     │   ├── PartitionMismatchError topics exist with a partition count other than configured
     │   ├── TopicMismatchError     managed topics (RL_EXPORT_CREATE_TOPICS=false) are not as needed
     │   ├── KafkaSecurityError     the broker refused our TLS handshake or SASL authentication
+    │   │   └── KafkaAccessError   the broker's ACLs refuse an operation (each one named)
     │   ├── FilterError            a filter (flag, query parameter, corpus spec) is malformed
     │   ├── ExportError            an export request cannot be met (format, source, column, ...)
     │   │   └── NoDataError        the org/project/corpus asked for has no data at all
@@ -44,6 +45,15 @@ class TopicMismatchError(ConfigError):
 
 class KafkaSecurityError(ConfigError):
     """TLS or SASL failed with the broker: fatal (retrying cannot help); names the setting."""
+
+
+class KafkaAccessError(KafkaSecurityError):
+    """The broker's ACLs do not let this process's principal do what it needs: fatal, and
+    every missing operation is named with its resource (``grants``: what is missing)."""
+
+    def __init__(self, setting: str, detail: str, grants: tuple[object, ...] = ()) -> None:
+        super().__init__(setting, detail)
+        self.grants = grants
 
 
 class FilterError(ConfigError):

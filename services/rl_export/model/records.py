@@ -579,5 +579,12 @@ def _check_snapshot(snapshot: Any) -> None:
     for key in ("trace_id", "org", "project"):
         if type(snapshot.get(key)) is not str:
             raise ValueError(f"{key} is not a string")
+    revision = snapshot.get("revision")
+    if type(revision) is not int or not 0 <= revision < 2**63:
+        raise ValueError("revision is not a count")
+    if type(snapshot.get("deleted", False)) is not bool:
+        raise ValueError("deleted is not true or false")
+    if not isinstance(snapshot.get("updated_at"), str | None):
+        raise ValueError("updated_at is not a time")
     if not snapshot.get("deleted") and type(snapshot.get("messages")) is not RawJson:
         raise ValueError("a live snapshot without messages")

@@ -37,6 +37,9 @@ def check_kafka_security(settings: Any) -> None:
          "kafka_sasl_username", f"needed with {env_name('kafka_sasl_mechanism')}={mechanism}"),
         ((settings.kafka_ssl_cert_file is None) != (settings.kafka_ssl_key_file is None),
          "kafka_ssl_cert_file", f"mutual TLS needs it and {env_name('kafka_ssl_key_file')}"),
+        (settings.kafka_ssl_key_password is not None
+         and settings.kafka_ssl_key_password_file is not None, "kafka_ssl_key_password_file",
+         f"set it or {env_name('kafka_ssl_key_password')}, not both"),
     ]  # fmt: skip
     for wrong, field, detail in problems:
         if wrong:

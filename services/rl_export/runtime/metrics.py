@@ -68,6 +68,14 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.dead_letter_references = Counter(
+            "rl_export_dead_letter_references_total",
+            "Dead letters the dead-letter topic refused for their size, sent instead as a "
+            "reference (source topic, partition, offset, size, reason, first bytes), by "
+            "reason; also counted in rl_export_dead_letters_total.",
+            ["reason"],
+            registry=registry,
+        )
         self.snapshots = Counter(
             "rl_export_join_snapshots_total",
             "Snapshots emitted to the trajectories topic (tombstones included).",
@@ -312,6 +320,13 @@ class WebMetrics:
         self.publish_failures = Counter(
             "rl_export_web_publish_failures_total",
             "Label events the broker did not acknowledge in time (answered 503).",
+            registry=registry,
+        )
+        self.tail_skipped = Counter(
+            "rl_export_web_tail_skipped_total",
+            "Records of the labels or claims topic the web service's followers could not "
+            "take: skipped, and the records behind them read on; by topic (labels, claims).",
+            ["topic"],
             registry=registry,
         )
         self.jobs = Counter(

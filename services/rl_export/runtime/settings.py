@@ -6,9 +6,7 @@ command-line flags override the environment. Settings are frozen once loaded.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -82,6 +80,12 @@ class Settings(BaseSettings):
     )
     kafka_ssl_key_file: Path | None = Field(
         None, description="PEM private key of the client certificate (mutual TLS)."
+    )
+    kafka_ssl_key_password: str | None = Field(
+        None, repr=False, description="The password of an encrypted key file; prefer its file."
+    )
+    kafka_ssl_key_password_file: Path | None = Field(
+        None, description="A file holding the key file's password (a mounted secret)."
     )
     create_topics: bool = Field(
         True,
@@ -572,18 +576,3 @@ def load_settings(**overrides: Any) -> Settings:
             raise ConfigError(variable, detail) from None
         field = str(first["loc"][0]) if first["loc"] else "settings"
         raise ConfigError(env_name(field), message) from None
-
-
-def child_env(settings: Settings, base: Mapping[str, str], **extra: str) -> dict[str, str]:
-    """The environment that configures a child process exactly like ``settings``.
-
-    ``base`` (usually ``os.environ``) is kept except for its ``RL_EXPORT_`` variables;
-    ``extra`` is applied last.
-    """
-    env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
-    for name, value in settings.model_dump(mode="json").items():
-        if value is None:  # unset optional settings stay unset (the child's default)
-            continue
-        env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
-    env.update(extra)
-    return env

@@ -47,10 +47,19 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
+from rl_export.kafka import access
+from rl_export.kafka.access import Role
 from rl_export.kafka.client import KafkaConnection
 from rl_export.kafka.retrying import start_when_reachable, stop_quietly
+from rl_export.model.errors import KafkaSecurityError
 from rl_export.model.events import EventFamily
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
@@ -88,7 +97,7 @@ class JoinWorker:
             settings.data_dir / "worker" / settings.app_id,
             cache_bytes=settings.state_cache_mib * 1024 * 1024,
         )
-        self.emitter = KafkaEmitter(settings, self.table)
+        self.emitter = KafkaEmitter(settings, self.table, metrics)
         families = {
             settings.topic_traces: EventFamily.TRACES,
             settings.topic_evaluations: EventFamily.EVALUATIONS,
@@ -138,14 +147,20 @@ class JoinWorker:
 
         self._stop = stop
         kafka = KafkaConnection.of(self.settings)
-        if not await start_when_reachable(
-            self.emitter.start, "join producer", stop, log, check=kafka.check
-        ):
+        uses = access.join_consumer(self.settings)
+        try:
+            started = await start_when_reachable(
+                self.emitter.start, "join producer", stop, log, check=kafka.check
+            )
+        except KafkaError as exc:  # an idempotent producer refused (Kafka before 3.0)
+            raise access.refused(self.settings, Role.WORKER, access.join_producer(
+                self.settings), exc) or exc from None  # fmt: skip
+        if not started:
             return
         session_ms = int(self.settings.session_timeout_s * 1000)
         consumer = AIOKafkaConsumer(
             **kafka.aiokafka(),
-            group_id=self.settings.app_id,
+            group_id=uses.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             # Forwards are written in the join's transactions: never read an aborted one.
@@ -171,15 +186,16 @@ class JoinWorker:
             group_instance_id=None if self.settings.instance_id is None
             else f"{self.settings.instance_id}-join",
         )  # fmt: skip
-        consumer.subscribe(list(self.settings.input_topics), listener=Listener())
-        if not await start_when_reachable(
-            consumer.start, "join consumer", stop, log, check=kafka.check
-        ):
-            await self.emitter.close()
-            return
+        consumer.subscribe(list(uses.reads), listener=Listener())
         try:
+            if not await start_when_reachable(
+                consumer.start, "join consumer", stop, log, check=kafka.check
+            ):
+                return
             while not stop.is_set():
                 await self._step(consumer)
+        except KafkaError as exc:  # the broker's ACLs refused the consumer: name what
+            raise access.refused(self.settings, Role.WORKER, uses, exc) or exc from None
         finally:
             # Not under the lock: aiokafka's stop lets a rebalance under way (a sibling that
             # stopped first) finish, and our callbacks take the lock.
@@ -360,7 +376,12 @@ class JoinWorker:
                 if self.revoking:  # cut short: the revocation closes them; restored next time
                     return set()
                 await self._seek_committed(consumer, set(stores))
+        except KafkaSecurityError:
+            raise
         except (KafkaError, OSError) as exc:  # the broker is away: the next step tries again
+            refused = access.refused(self.settings, Role.WORKER, self._uses(exc), exc)
+            if refused is not None:  # an ACL is missing: no retry can help
+                raise refused from None
             log.warning("taking over partitions %s failed (%r); trying again", partitions, exc)
             await asyncio.sleep(1.0)
             return set()
@@ -369,6 +390,15 @@ class JoinWorker:
         if not self.to_restore:
             self.ready.set()
         return set(stores)
+
+    def _uses(self, exc: BaseException) -> access.Client:
+        """Which client a refusal during a take-over came from: the producers' start names
+        transactional ids, the restore reads the changelog, the offsets are the group's."""
+        if isinstance(exc, TransactionalIdAuthorizationFailed):
+            return access.join_producer(self.settings)
+        if isinstance(exc, TopicAuthorizationFailedError):
+            return access.table_restore(self.settings)
+        return access.join_consumer(self.settings)
 
     def _wait_for_store(self, consumer: AIOKafkaConsumer, partition: int) -> None:
         tps = [tp for tp in consumer.assignment() if tp.partition == partition]
@@ -437,7 +467,9 @@ async def _process_until_done(
     revision. When some partitions of the batch committed and others did not
     (:class:`FlushError`), only the others are processed again, and a partition another
     member took over (lost) is not processed again at all. Stopping ends the retries: what
-    did not commit is read again by whoever owns the partitions next.
+    did not commit is read again by whoever owns the partitions next. A batch refused because
+    dead letters were too large for their topic is processed again at once: those now go as
+    references (each such refusal marks at least one more, so this ends).
     """
     delay = 0.5
     lost: set[int] = set()
@@ -445,13 +477,15 @@ async def _process_until_done(
         try:
             await processor.process(messages)
             return lost
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, KafkaSecurityError):  # a missing ACL: no retry helps
             raise
         except FlushError as exc:
             lost |= exc.lost
             messages = [m for m in messages if m.partition in exc.failed]
             if not messages:
                 return lost
+            if exc.retry_now:  # dead letters now known too large go as references: at once
+                continue
             log.error("join batch: %s; retrying %d events in %.1fs", exc, len(messages), delay)
         except Exception:
             log.exception("join batch of %d events failed; retrying in %.1fs", len(messages), delay)

@@ -15,7 +15,10 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from rl_export.kafka import access
+from rl_export.kafka.access import Role
 from rl_export.kafka.client import KafkaConnection
+from rl_export.kafka.retrying import AUTHORIZATION_FAILED
 from rl_export.model.events import FAMILY_OF_TYPE, EventFamily
 from rl_export.model.partitioning import kafka_partitioner
 from rl_export.runtime.settings import Settings
@@ -91,11 +94,23 @@ async def produce_lines(
     progress: Callable[[int], object] | None = None,
 ) -> ProduceReport:
     """Create topics if needed, then publish every routable line; wait for all acks."""
-    await ensure_service_topics(settings)
+    await ensure_service_topics(settings, role=Role.PRODUCE)
+    try:
+        return await _produce(settings, lines, progress)
+    except AUTHORIZATION_FAILED as exc:  # the ACLs changed since the check: name what
+        uses = access.event_producer(settings)
+        raise access.refused(settings, Role.PRODUCE, uses, exc) or exc from None
+
+
+async def _produce(
+    settings: Settings,
+    lines: Iterable[tuple[str, bytes]],
+    progress: Callable[[int], object] | None = None,
+) -> ProduceReport:
     report = ProduceReport()
     producer = make_producer(settings)
-    await producer.start()
     try:
+        await producer.start()
         pending = []
         for where, line in lines:
             routed = route(line)

@@ -501,7 +501,11 @@ async def restore(
         isolation_level="read_committed",
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()  # a client that did not start is closed all the same
+        raise
     applied = 0
     try:
         tps = {TopicPartition(topic, p): store for p, store in stores.items()}

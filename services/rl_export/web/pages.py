@@ -83,10 +83,12 @@ async def healthz() -> JSONResponse:
 async def readyz(svc: Svc) -> JSONResponse:
     """Ready when the object store answered lately (checked in the background, not per
     probe: :mod:`rl_export.web.storehealth`, which logs why a check failed) and the corpora of
-    RL_EXPORT_WEB_WARM are indexed (the broker only matters to labels: a 503 there). The
-    answer names no internal error."""
+    RL_EXPORT_WEB_WARM are indexed (the broker only matters to labels: a 503 there, and not
+    ready when its ACLs refuse writing labels). The answer names no internal error."""
     if svc.store_health.problem() is not None:
         return JSONResponse({"ready": False, "store": "unavailable"}, status_code=503)
+    if svc.labels_refused() is not None:  # the ACLs refuse writing labels: logged, named
+        return JSONResponse({"ready": False, "labels": "not allowed"}, status_code=503)
     cold = svc.cold()
     if cold:
         return JSONResponse({"ready": False, "indexing": cold}, status_code=503)

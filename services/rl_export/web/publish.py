@@ -10,6 +10,11 @@ an event the broker does not acknowledge within ``web_publish_timeout_s`` is
 acknowledged without being on the broker. A retry after a timeout may publish the label
 twice (the first send can still land); the join keeps the latest of a labeler's labels, so
 the second only replaces the first with the same rubric.
+
+A label the broker's ACLs refuse is a 503 too, and the instance stops being ready
+(:attr:`Publisher.refused`, named with the operation and the topic) until a check passes
+again; news of a claim they refuse ends the instance (``on_refused``), as any other ACL it
+lacks does.
 """
 
 from __future__ import annotations
@@ -17,12 +22,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from rl_export.kafka import access
+from rl_export.kafka.access import Role
+from rl_export.kafka.retrying import AUTHORIZATION_FAILED
 from rl_export.labeling.claims import SlotEntry
-from rl_export.model.errors import ConfigError, RlExportError
+from rl_export.model.errors import ConfigError, KafkaAccessError, RlExportError
 from rl_export.runtime.metrics import WebMetrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream.produce import make_producer
@@ -36,17 +45,22 @@ log = logging.getLogger(__name__)
 class Publisher:
     """Sends label events to the labels topic and waits for the acknowledgement."""
 
-    def __init__(self, settings: Settings, metrics: WebMetrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: WebMetrics,
+        on_refused: Callable[[KafkaAccessError], object] = lambda exc: None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.metrics = metrics
+        self.on_refused = on_refused
+        self.refused: KafkaAccessError | None = None  # the labels topic's Write, refused
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
 
     async def _ready(self, *, check_topics: bool = True) -> AIOKafkaProducer:
         async with self._lock:
             if self._producer is None:
-                if check_topics:
-                    await ensure_service_topics(self.settings)  # creates or checks the topics
+                if check_topics:  # creates or checks the topics
+                    await ensure_service_topics(self.settings, role=Role.WEB)
                 # No linger: each label's 202 and each claim's answer wait for their one
                 # record's acknowledgement (20 ms of lingering was two thirds of a claim's
                 # time, measured by make bench-web with a broker).
@@ -90,6 +104,9 @@ class Publisher:
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
             self.metrics.publish_failures.inc()
             await self._reset()
+            if isinstance(exc, AUTHORIZATION_FAILED | KafkaAccessError):
+                self.refused = self._named(exc, self.settings.topic_labels)
+                log.error("web: %s; not ready until a check passes", self.refused)
             why = f"no acknowledgement within {timeout:g} s" if isinstance(exc, TimeoutError) else (
                 f"{type(exc).__name__}: {exc}")  # fmt: skip
             raise Unavailable(
@@ -110,6 +127,17 @@ class Publisher:
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
             log.warning("claims topic: the news of a claim was not sent (%s)", type(exc).__name__)
             await self._reset()
+            if isinstance(exc, AUTHORIZATION_FAILED | KafkaAccessError):
+                self.on_refused(self._named(exc, self.settings.topic_claims))
+
+    def _named(self, exc: Exception, topic: str) -> KafkaAccessError:
+        """The refusal as the error naming the operation and the topic."""
+        if isinstance(exc, KafkaAccessError):
+            return exc
+        uses = access.label_publisher(self.settings)
+        named = access.refused(self.settings, Role.WEB, uses, exc, [topic])
+        assert named is not None  # an authorization failure always is
+        return named
 
     async def _reset(self) -> None:
         producer, self._producer = self._producer, None

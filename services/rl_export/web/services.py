@@ -25,11 +25,14 @@ from rl_export.index.follower import Followed, Indexer
 from rl_export.index.memo import AGREEMENT_REPORTS
 from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.index.reports import Reports
+from rl_export.kafka import access
+from rl_export.kafka.access import Grant, Kind, Op, Resource, Role
 from rl_export.kafka.client import KafkaConnection, watch_refusals
 from rl_export.labeling.claims import ClaimBook, Claims, entry_from_wire
 from rl_export.labeling.settings import LabelingSettings, SettingsBook
 from rl_export.model.errors import (
     ConfigError,
+    KafkaAccessError,
     PartitionMismatchError,
     RlExportError,
     TopicMismatchError,
@@ -77,6 +80,9 @@ class Services:
     # ends it: ``run_web`` stops the server, which then reports this.
     fatal: ConfigError | None = None
     on_fatal: Callable[[], object] = lambda: None
+    # The topic check found the broker's ACLs refuse writing labels (and only that): the
+    # instance serves reads but is not ready, and checks again every 10 s.
+    topics_refused: KafkaAccessError | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _watch: contextlib.AbstractContextManager[None] | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -88,6 +94,7 @@ class Services:
         return generate_latest(self.registry)
 
     async def start(self) -> None:
+        self.publisher.on_refused = self._fail  # news of claims the ACLs refuse: we end
         # Refused reconnections of the running clients end the instance too.
         self._watch = watch_refusals(KafkaConnection.of(self.settings), self._fail)
         self._watch.__enter__()
@@ -128,6 +135,10 @@ class Services:
             self.fatal = exc
             self.on_fatal()
 
+    def labels_refused(self) -> KafkaAccessError | None:
+        """Why labels cannot be published here (the ACLs refuse it): not ready meanwhile."""
+        return self.topics_refused or self.publisher.refused
+
     def cold(self) -> list[str]:
         """The warmed corpora not indexed through once yet (the instance is not ready).
 
@@ -149,9 +160,10 @@ class Services:
     def _labels_tail(self) -> Tail:
         """Everyone's label events since one overlay TTL ago, into the overlay."""
         overlay = self.overlay
-        return Tail(self.settings, self.settings.topic_labels, lookback_s=overlay.ttl_s,
+        skipped = self.metrics.tail_skipped.labels("labels")
+        return Tail(self.settings, access.labels_tail(self.settings), lookback_s=overlay.ttl_s,
                     note=lambda value: note_label_event(overlay, value),
-                    tick=overlay.expire)  # fmt: skip
+                    tick=overlay.expire, skipped=skipped.inc)  # fmt: skip
 
     def _claims_tail(self) -> Tail:
         """Every instance's claim entries since one overlay TTL ago, into the claim book.
@@ -164,17 +176,28 @@ class Services:
             if entry is not None:
                 book.learn(entry)
 
-        return Tail(self.settings, self.settings.topic_claims, lookback_s=self.overlay.ttl_s,
-                    note=note, tick=lambda: book.forget(time.time(), keep_s))  # fmt: skip
+        skipped = self.metrics.tail_skipped.labels("claims")
+        return Tail(self.settings, access.claims_tail(self.settings),
+                    lookback_s=self.overlay.ttl_s, note=note,
+                    tick=lambda: book.forget(time.time(), keep_s), skipped=skipped.inc)  # fmt: skip
 
     async def _topics(self) -> None:
-        """Create or check the topics, then start the label producer; a broker that is down
-        now is tried again later."""
+        """Check what the broker's ACLs let us do and create or check the topics, then start
+        the label producer; a broker that is down now is tried again later, and so are
+        topics that are not right yet, or labels the ACLs refuse (not ready meanwhile)."""
+        may_not_label = Grant(Resource(Kind.TOPIC, self.settings.topic_labels), Op.WRITE)
         while not self._stop.is_set():
             try:
-                await ensure_service_topics(self.settings)
+                await ensure_service_topics(self.settings, role=Role.WEB)
+                self.topics_refused = self.publisher.refused = None
                 await self.publisher.warm()
                 return
+            except KafkaAccessError as exc:
+                if not exc.grants or set(exc.grants) != {may_not_label}:
+                    raise  # fatal (_fatal_ends): the instance ends, naming every one
+                if self.topics_refused is None:
+                    log.error("web: %s; not ready (labels answer 503) until it may", exc)
+                self.topics_refused = exc
             except (PartitionMismatchError, TopicMismatchError) as exc:  # may be fixed meanwhile
                 log.warning("web: topics not ready (%s); labels answer 503 until they are", exc)
             except ConfigError:  # a refused login, an unreadable secret: fatal (_fatal_ends)
@@ -217,7 +240,7 @@ def build_services(
         settings.index_dir, threads=settings.web_index_threads, memory=settings.web_index_memory,
         writers=settings.web_index_threads,
     )  # fmt: skip
-    publisher = Publisher(settings, metrics)
+    publisher = Publisher(settings, metrics)  # its on_refused is set by the container
     # A label made through a claim counts before the index shows it for one overlay TTL.
     claim_book = ClaimBook(label_grace_s=settings.web_overlay_ttl_s)
     defaults = LabelingSettings(labels_per_trace=settings.labels_per_trace,

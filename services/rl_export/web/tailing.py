@@ -3,9 +3,14 @@
 Each web instance keeps two pictures of what other instances and labelers did that the
 corpora may not show yet: the labels topic feeds the overlay (:mod:`rl_export.web.overlay`)
 and the claims topic the claim book (:mod:`rl_export.labeling.claims`). A :class:`Tail`
-assigns itself every partition (no group: each instance reads everything), starts from
-``lookback_s`` ago (``offsets_for_times``), hands each value to ``note``, calls ``tick`` after
-each fetch, and reconnects after any Kafka error.
+assigns itself every partition of its client's topic (no group: each instance reads
+everything), starts from ``lookback_s`` ago (``offsets_for_times``), hands each value to
+``note``, calls ``tick`` after each fetch, and reconnects after any Kafka error but two:
+
+- a refused TLS handshake or login, and a read the broker's ACLs refuse, end the process,
+  naming what to fix (:func:`rl_export.kafka.access.refused`);
+- a value ``note`` cannot take is skipped, logged (where, never what) and counted
+  (``rl_export_web_tail_skipped_total``): no record stops a tail.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from rl_export.kafka import access
+from rl_export.kafka.access import Client, Role
 from rl_export.kafka.client import KafkaConnection
+from rl_export.kafka.retrying import AUTHORIZATION_FAILED
 from rl_export.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,20 +37,25 @@ class Tail:
     """Follows one topic from ``lookback_s`` ago on (see the module)."""
 
     def __init__(
-        self, settings: Settings, topic: str, *, lookback_s: float,
+        self, settings: Settings, client: Client, *, lookback_s: float,
         note: Callable[[bytes | None], None], tick: Callable[[], object] = lambda: None,
+        skipped: Callable[[], object] = lambda: None,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.kafka = KafkaConnection.of(settings)
-        self.topic = topic
+        self.client = client
+        self.topic = client.reads[0]
         self.lookback_s = lookback_s
         self.note = note
         self.tick = tick
+        self.skipped = skipped
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await self._consume(stop)
+            except AUTHORIZATION_FAILED as exc:
+                raise access.refused(self.settings, Role.WEB, self.client, exc) or exc from None
             except (KafkaError, OSError) as exc:
                 await self.kafka.check()  # a refused TLS handshake or login ends the process
                 log.warning("following %s: %s; retrying in 5 s", self.topic, exc)
@@ -58,8 +71,8 @@ class Tail:
             enable_auto_commit=False,
             auto_offset_reset="latest",
         )
-        await consumer.start()
         try:
+            await consumer.start()
             for _ in range(100):
                 if consumer.assignment():
                     break
@@ -79,7 +92,12 @@ class Tail:
                 batches = await consumer.getmany(timeout_ms=500, max_records=1000)
                 for records in batches.values():
                     for record in records:
-                        self.note(record.value)
+                        try:
+                            self.note(record.value)
+                        except Exception as exc:  # a value nobody expected: never a stop
+                            self.skipped()
+                            log.error("%s-%d@%d: %s; skipped", record.topic, record.partition,
+                                      record.offset, type(exc).__name__)  # fmt: skip
                 self.tick()
         finally:
             await consumer.stop()

@@ -1,13 +1,17 @@
-"""One join process of a worker: ``python -m rl_export.worker.join_process PARENT_PID FD``.
+"""One join process of a worker:
+``python -m rl_export.worker.join_process PARENT_PID FD [REFUSALS]``.
 
 Started only by the worker (:class:`rl_export.worker.joins.ChildJoins`), never by hand: the
 join loop, and its ``/readyz`` and ``/metrics`` on the loopback socket the parent bound and
-passed down as file descriptor ``FD``, which only the parent reads.
+passed down as file descriptor ``FD``, which only the parent reads. A join the broker refuses
+(TLS, SASL, an ACL) writes the refusal (``setting<TAB>detail``) to the pipe ``REFUSALS``
+before it exits with code 2, and the worker ends with that line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -51,7 +55,7 @@ async def serve_join(settings: Settings, listening: socket.socket, stop: asyncio
         raise refused[0]
 
 
-def run_join_process(parent_pid: int, fd: int) -> int:
+def run_join_process(parent_pid: int, fd: int, refusals: int | None = None) -> int:
     """A join child of a worker (see :class:`ChildJoins`); return the exit code."""
     die_with(parent_pid)
     listening = socket.socket(fileno=fd)
@@ -82,13 +86,16 @@ def run_join_process(parent_pid: int, fd: int) -> int:
         asyncio.run(main())
     except KafkaSecurityError as exc:  # one line, not a traceback; the worker stops too
         log.error("join process: %s", exc)
+        if refusals is not None:
+            with contextlib.suppress(OSError):
+                os.write(refusals, f"{exc.setting}\t{exc.detail}".encode()[: 64 * 1024])
         return 2
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or not all(a.isdigit() for a in sys.argv[1:]):
-        sys.exit(
-            "usage: python -m rl_export.worker.join_process PARENT_PID FD (the worker runs this)"
-        )
-    sys.exit(run_join_process(int(sys.argv[1]), int(sys.argv[2])))
+    if len(sys.argv) not in (3, 4) or not all(a.isdigit() for a in sys.argv[1:]):
+        sys.exit("usage: python -m rl_export.worker.join_process PARENT_PID FD [REFUSALS] "
+                 "(the worker runs this)")  # fmt: skip
+    refusals = int(sys.argv[3]) if len(sys.argv) == 4 else None
+    sys.exit(run_join_process(int(sys.argv[1]), int(sys.argv[2]), refusals))

@@ -20,9 +20,10 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from rl_export.model.errors import WorkerError
+from rl_export.model.errors import KafkaSecurityError, WorkerError
+from rl_export.runtime.childenv import child_env
 from rl_export.runtime.net import LOOPBACK
-from rl_export.runtime.settings import Settings, child_env, env_name
+from rl_export.runtime.settings import Settings, env_name
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,29 @@ class _Child:
         self.index = index
         self.port = 0  # bound when the process starts
         self.proc: asyncio.subprocess.Process | None = None
+        self.refusals: int | None = None  # our end of the pipe a refused child writes to
+
+    def refusal(self) -> KafkaSecurityError | None:
+        """What the broker refused the child, if it said so before it exited."""
+        if self.refusals is None:
+            return None
+        try:
+            said = os.read(self.refusals, 64 * 1024).decode(errors="replace")
+        except BlockingIOError:
+            return None
+        setting, _, detail = said.partition("\t")
+        return KafkaSecurityError(setting, detail) if detail else None
+
+    def close(self) -> None:
+        if self.refusals is not None:
+            os.close(self.refusals)
+            self.refusals = None
 
 
 class ChildJoins:
     """The join in ``join_processes`` child processes, so it can use more than one core.
 
-    Each child is ``python -m rl_export.join_process PARENT_PID FD``, one more member of
+    Each child is ``python -m rl_export.join_process PARENT_PID FD REFUSALS``, one more member of
     the join's consumer group (the partitions are shared among all the children of all the
     workers, like Kafka Streams' stream threads). A child takes its settings from the same
     ``RL_EXPORT_`` environment, writes to the worker's log, serves ``/readyz`` and
@@ -68,20 +86,25 @@ class ChildJoins:
         stopping = asyncio.create_task(stop.wait())
         try:
             for child in self.children:
+                child.refusals, refusals = os.pipe()
+                os.set_blocking(child.refusals, False)
                 with socket.create_server((LOOPBACK, 0)) as listening:  # the child's copy stays
                     child.port = listening.getsockname()[1]
                     child.proc = await asyncio.create_subprocess_exec(
                         sys.executable, "-m", "rl_export.worker.join_process", str(os.getpid()),
-                        str(listening.fileno()), env=child_env(self.settings, os.environ,
-                                                               **self._instance(child.index)),
-                        stdin=asyncio.subprocess.DEVNULL, pass_fds=(listening.fileno(),),
+                        str(listening.fileno()), str(refusals),
+                        env=child_env(self.settings, os.environ, **self._instance(child.index)),
+                        stdin=asyncio.subprocess.DEVNULL,
+                        pass_fds=(listening.fileno(), refusals),
                     )  # fmt: skip
+                os.close(refusals)  # the child's copy stays
                 exits[asyncio.create_task(child.proc.wait())] = child
                 log.info("join process %d started (pid %d)", child.index, child.proc.pid)
             done, _ = await asyncio.wait([*exits, stopping], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task in exits:
-                    raise WorkerError(
+                    # A child the broker refused said why: the worker ends with its line.
+                    raise exits[task].refusal() or WorkerError(
                         f"join process {exits[task].index} exited with code {task.result()}"
                     )
         finally:
@@ -91,6 +114,8 @@ class ChildJoins:
             finally:  # cancelled too (the worker's grace ran out): no child outlives this
                 self._kill()
                 await self.http.close()
+                for child in self.children:
+                    child.close()
 
     async def _stop(self, exits: list[asyncio.Task[int]]) -> None:
         """SIGTERM: each child finishes its batch and commits, like a worker, for as long as

@@ -19,6 +19,8 @@ from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.compaction import compact, expire
 from rl_export.corpora.sink import Sink
 from rl_export.corpora.store import open_store
+from rl_export.kafka import access
+from rl_export.kafka.access import Role
 from rl_export.kafka.client import KafkaConnection, check_app_id, watch_refusals
 from rl_export.model.errors import KafkaSecurityError, StoreError
 from rl_export.runtime.gctune import tune_gc
@@ -34,10 +36,15 @@ log = logging.getLogger(__name__)
 
 
 def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
+    uses = access.sink_consumer(settings)
+
+    def refused(exc: BaseException) -> Exception | None:
+        return access.refused(settings, Role.WORKER, uses, exc)
+
     return Sink(
         kafka=KafkaConnection.of(settings),
-        topic=settings.topic_trajectories,
-        group=settings.sink_group,
+        topic=uses.reads[0],
+        group=uses.group or settings.sink_group,
         store=open_store(settings.store_url),
         metrics=SinkMetrics(registry),
         config=SinkConfig(
@@ -56,6 +63,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
         specs=settings.corpora,
         session_timeout_s=settings.session_timeout_s,
         instance_id=settings.instance_id,
+        on_refused=refused,
     )
 
 
@@ -124,7 +132,9 @@ def run_worker(settings: Settings) -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)
         # Refuses when a partition count differs; waits for a broker that is still starting.
-        check = asyncio.ensure_future(ensure_service_topics(settings, settings.kafka_wait_s))
+        check = asyncio.ensure_future(
+            ensure_service_topics(settings, settings.kafka_wait_s, Role.WORKER)
+        )
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()

@@ -151,3 +151,29 @@ async def test_a_broker_that_answers_late_is_waited_for_when_asked(settings: Set
         assert await asyncio.wait_for(waiting, 30) == {settings.topic_traces: 2}
     finally:
         await proxy.stop()
+
+
+async def test_a_topic_that_takes_less_than_we_write_is_refused_in_both_modes(
+    settings: Settings,
+) -> None:
+    """max.message.bytes is compared on every topic, created here or made by someone else:
+    a dead-letter topic of 1 MiB would refuse a dead letter the join must write."""
+    small = str(1024 * 1024)
+    await ensure_topics(settings.kafka_bootstrap,
+                        [TopicSpec(settings.topic_dead_letter, settings.partitions,
+                                   {"max.message.bytes": small})])  # fmt: skip
+    wanted = next(s for s in topic_specs(settings) if s.name == settings.topic_dead_letter)
+    line = (f"{settings.topic_dead_letter} has max.message.bytes={small}, below the "
+            f"{wanted.configs['max.message.bytes']} rl-export writes there")  # fmt: skip
+    with pytest.raises(TopicMismatchError) as created:
+        await ensure_service_topics(settings)
+    assert created.value.setting == "RL_EXPORT_MAX_EVENT_BYTES"
+    assert line in str(created.value)
+    managed = settings.model_copy(update={"create_topics": False})
+    with pytest.raises(TopicMismatchError) as verified:
+        await ensure_service_topics(managed)
+    assert verified.value.setting == "RL_EXPORT_CREATE_TOPICS"
+    assert line in str(verified.value)
+    # A smaller event limit asks less of it: the same topic is then enough.
+    smaller = settings.model_copy(update={"max_event_bytes": 256 * 1024})
+    assert await ensure_service_topics(smaller)

@@ -162,7 +162,7 @@ def test_bad_corpora_name_the_variable(monkeypatch: pytest.MonkeyPatch, value: s
 
 
 def test_child_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rl_export.runtime.settings import child_env
+    from rl_export.runtime.childenv import child_env
 
     original = Settings(
         partitions=3,

@@ -54,7 +54,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
         producers[-1].options = options
         return producers[-1]
 
-    async def topics(_settings: Any) -> None:
+    async def topics(_settings: Any, **_role: Any) -> None:
         FakeProducer.topic_checks += 1
         if FakeProducer.down:
             raise KafkaConnectionError("no broker")

@@ -12,6 +12,7 @@ import pytest
 
 from rl_export.index.follower import Followed
 from rl_export.index.queryindex import CorpusKey
+from rl_export.model.errors import KafkaAccessError
 from rl_export.web.pages import readyz
 from rl_export.web.services import Services
 from rl_export.web.storehealth import StoreHealth
@@ -49,7 +50,8 @@ def _answer(svc: Any) -> tuple[int, dict[str, Any]]:
 
 def test_ready_only_once_the_warmed_corpora_are_indexed() -> None:
     cold = ["acme/bot/traces"]
-    svc = SimpleNamespace(store_health=_health(_Store()), cold=lambda: list(cold))
+    svc = SimpleNamespace(store_health=_health(_Store()), cold=lambda: list(cold),
+                          labels_refused=lambda: None)  # fmt: skip
     assert _answer(svc) == (503, {"ready": False, "indexing": ["acme/bot/traces"]})
     cold.clear()
     assert _answer(svc) == (200, {"ready": True})
@@ -59,9 +61,20 @@ def test_a_store_that_fails_is_not_ready_and_keeps_its_error_to_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     error = OSError("connection refused by s3.internal.example:9000 /secret/path")
-    svc = SimpleNamespace(store_health=_health(_Store(error)), cold=lambda: [])
+    svc = SimpleNamespace(store_health=_health(_Store(error)), cold=lambda: [],
+                          labels_refused=lambda: None)  # fmt: skip
     assert _answer(svc) == (503, {"ready": False, "store": "unavailable"})
     assert "s3.internal.example" in caplog.text
+
+
+def test_labels_the_acls_refuse_keep_the_instance_out_of_traffic() -> None:
+    refused = KafkaAccessError("RL_EXPORT_KAFKA_SASL_USERNAME", "no Write on labels.submitted")
+    why: list[KafkaAccessError | None] = [refused]
+    svc = SimpleNamespace(store_health=_health(_Store()), cold=lambda: [],
+                          labels_refused=lambda: why[0])  # fmt: skip
+    assert _answer(svc) == (503, {"ready": False, "labels": "not allowed"})
+    why[0] = None  # a later check passed: the ACL was granted
+    assert _answer(svc) == (200, {"ready": True})
 
 
 def test_not_ready_before_the_first_check() -> None:
@@ -72,7 +85,7 @@ def test_not_ready_before_the_first_check() -> None:
 def test_a_blip_keeps_the_instance_ready_and_probes_never_reach_the_store() -> None:
     store, clock = _Store(), _Clock()
     health = _health(store, clock)
-    svc = SimpleNamespace(store_health=health, cold=lambda: [])
+    svc = SimpleNamespace(store_health=health, cold=lambda: [], labels_refused=lambda: None)
     for _ in range(5):
         assert _answer(svc) == (200, {"ready": True})
     assert store.checks == 1  # the probes read the last check's result
