@@ -104,7 +104,7 @@ class Publisher:
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
             self.metrics.publish_failures.inc()
             await self._reset()
-            if isinstance(exc, AUTHORIZATION_FAILED | KafkaAccessError):
+            if isinstance(exc, (*AUTHORIZATION_FAILED, KafkaAccessError)):
                 self.refused = self._named(exc, self.settings.topic_labels)
                 log.error("web: %s; not ready until a check passes", self.refused)
             why = f"no acknowledgement within {timeout:g} s" if isinstance(exc, TimeoutError) else (
@@ -127,7 +127,7 @@ class Publisher:
         except (TimeoutError, KafkaError, RlExportError, OSError) as exc:
             log.warning("claims topic: the news of a claim was not sent (%s)", type(exc).__name__)
             await self._reset()
-            if isinstance(exc, AUTHORIZATION_FAILED | KafkaAccessError):
+            if isinstance(exc, (*AUTHORIZATION_FAILED, KafkaAccessError)):
                 self.on_refused(self._named(exc, self.settings.topic_claims))
 
     def _named(self, exc: Exception, topic: str) -> KafkaAccessError:
