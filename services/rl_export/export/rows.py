@@ -1,7 +1,8 @@
 """A dataset's rows (:func:`rl_export.hf.corpus_dataset`): the export's row options (format,
 chat style, masks, redaction, filters, split) checked as the export checks them and applied
-to a trajectory corpus's records with the export's own code: filters, split, redaction, then
-:func:`~rl_export.formats.render.render_row`."""
+to a trajectory corpus's records with the export's own code: filters, split,
+:func:`~rl_export.formats.render.render_row`, then redaction of the row (the bytes
+``rl-export export`` writes for it)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
 @dataclass(frozen=True)
 class RowOptions:
     """How a dataset renders the records of a trajectory corpus: the export's row options,
-    applied with the export's own code (filters, redaction, then
-    :func:`~rl_export.formats.render.render_row`). The default is the rows as stored."""
+    applied with the export's own code (filters, split,
+    :func:`~rl_export.formats.render.render_row`, then redaction of the row). The default
+    is the rows as stored."""
 
     format: str = "trajectory"
     chat: Chat = HF
@@ -57,10 +59,9 @@ class RowOptions:
                 continue
             if self.split is not None and not self.split.matches(record):
                 continue  # the export's order: filters, split, then redaction
-            redacted = redactor(self.redact).record(record)[0] if self.redact else record
-            row = render_row(self.format, redacted, mask=self.mask, chat=self.chat)
-            if row is not None:
-                out.append(row)
+            row = render_row(self.format, record, mask=self.mask, chat=self.chat)
+            if row is not None:  # redacted as the export redacts it: the row it writes
+                out.append(redactor(self.redact).record(row)[0] if self.redact else row)
         return out
 
 

@@ -13,7 +13,7 @@ beside a companion, assignments (``password: ...``) whose value alone goes, and 
 that turn down words and numbers.
 
 The gate: every rule, theirs and ours, needs one of the literals
-:func:`~rl_export.privacy.prefilter.required_literals` derives from its pattern; the gate is
+:func:`~rl_export.privacy.literals.required_literals` derives from its pattern; the gate is
 one RE2 automaton of all of them (:attr:`SecretsDetector.gate`). A rule that has no such
 literals (a handful of the rule set's) is left out, its findings not used, so the gate is a
 necessary condition for every finding. Strings the gate does not open for cost one RE2
@@ -32,7 +32,7 @@ import functools
 import re
 from typing import Any
 
-from rl_export.privacy.prefilter import gate_for, gate_pattern
+from rl_export.privacy.literals import gate_for, gate_pattern
 from rl_export.privacy.secret_rules import (
     ASSIGNMENT,
     RULES,

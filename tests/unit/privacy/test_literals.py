@@ -16,14 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl_export.privacy.detectors import json_gate
-from rl_export.privacy.prefilter import (
+from rl_export.privacy.literals import (
     _python_pattern,
     gate_for,
     literal_gate,
     regex_gate,
     required_literals,
 )
-from rl_export.privacy.prefilter import (
+from rl_export.privacy.literals import (
     json_gate as skeleton,
 )
 from rl_export.privacy.secret_rules import RULES
