@@ -22,14 +22,19 @@ KB) and one RE2 set match.
 
 Loading the rule set compiles its patterns: 3 to 10 s of CPU the first time on a machine,
 about 0.5 s from kingfisher's disk cache after that (``KF_RULE_CACHE_DIR``, else the user's
-cache directory), once per process, on first use (:func:`secrets_detector`): a command that
-does not redact never loads it.
+cache directory), on first use (:func:`secrets_detector`): a command that does not redact
+never loads it. The gates are derived from it once per process; the compiled rule set (about
+35 MiB) is then let go, and loaded again only when a string opens its gate
+(:attr:`SecretsDetector.scanner`; a server loads it at start: ``warm_up``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import re
+import threading
 from typing import Any
 
 from rl_export.privacy.literals import gate_for, gate_pattern
@@ -72,9 +77,11 @@ class SecretsDetector:
         import kingfisher_sdk
         import re2
 
+        self._cache_dir = cache_dir
+        self._scanner: Any = None
+        self._lock = threading.Lock()
         rules = kingfisher_sdk.Rules(cache_dir=cache_dir)
-        self.scanner = kingfisher_sdk.Scanner(rules, base64=False)
-        gates: list[tuple[str, str]] = []
+        theirs: list[tuple[str, str]] = []
         avoid = layout_words() | COMMON_WORDS
         self.kept: set[str] = set()  # the rule set's rules whose findings are used
         self.left_out: list[str] = []  # theirs without a gate (their findings are not used)
@@ -86,20 +93,30 @@ class SecretsDetector:
             if gate is None:
                 self.left_out.append(rule_id)
                 continue
-            gates.append(gate)
+            theirs.append(gate)
             self.kept.add(rule_id)
         self.rule_count = len(rules)
+        # The compiled rule set is about 35 MiB: let it go until a string opens its gate
+        # (an export of text without candidates never needs it), and give the memory back.
+        del rules
+        _release_memory()
         options = re2.Options()
         options.max_mem = 64 << 20
         self.own = [re2.compile(rule.pattern, options) for rule in RULES]
-        self.own_set = re2.Set.SearchSet(options)
+        ours: list[tuple[str, str]] = []
         for rule in RULES:
             gate = gate_for(rule.pattern, avoid)
             if gate is None:  # a rule of ours must have one: a unit test holds them to it
                 raise ValueError(f"secret rule {rule.name!r} has no gate")
-            gates.append(gate)
-            self.own_set.Add(rule.pattern)
-        self.own_set.Compile()
+            ours.append(gate)
+        gates = theirs + ours
+        # Which rules a string opens the gate of: the rule set's (one entry, the scanner runs
+        # them all) and each of ours (only those run).
+        self.which = re2.Set.SearchSet(options)
+        self.which.Add(gate_pattern([text for text, _ in theirs]))
+        for text, _ in ours:
+            self.which.Add(text)
+        self.which.Compile()
         words = "|".join(sorted(SECRET_WORDS))
         self.gate_text = gate_pattern([text for text, _ in gates])
         """The gate on a string, as RE2 pattern text: every rule's."""
@@ -108,6 +125,18 @@ class SecretsDetector:
         key_end = f'(?i:{words})(?:"|\\\\")(?:[ \\t]|\\\\[rnt])*:'
         self.json_gate_text = gate_pattern([line for _, line in gates] + [key_end])
         self.gate = re2.compile(self.gate_text, options)
+
+    @property
+    def scanner(self) -> Any:
+        """The rule set's scanner (loaded on first use, from kingfisher's disk cache)."""
+        if self._scanner is None:
+            import kingfisher_sdk
+
+            with self._lock:
+                if self._scanner is None:
+                    rules = kingfisher_sdk.Rules(cache_dir=self._cache_dir)
+                    self._scanner = kingfisher_sdk.Scanner(rules, base64=False)
+        return self._scanner
 
     def named(self, key: str) -> bool:
         """Whether a key names a secret, so that its string value is one when it looks like
@@ -124,13 +153,14 @@ class SecretsDetector:
                 start = text.index(stripped)
                 found.append((start, start + len(stripped)))
         safe = _SURROGATE.sub("\ufffd", text) if not text.isascii() else text
-        if self.gate.search(safe) is None:
+        opened = self.which.Match(safe)
+        if not opened:
             return found
-        ours = self._ours(safe)
+        ours = self._ours(safe, opened)
         # A finding of theirs that holds one of ours and, beside it, only the structure of a
         # connection string or URL (``Endpoint=...;SharedAccessKey=...``) gives way to ours:
         # everything but the password is kept.
-        for a, b in self._theirs(safe):
+        for a, b in self._theirs(safe) if 0 in opened else ():
             inner = [(c, d) for c, d, _ in ours if a <= c and d <= b and (c, d) != (a, b)]
             rest = safe[a:b]
             for c, d in sorted(inner, reverse=True):
@@ -153,9 +183,9 @@ class SecretsDetector:
             out += [(offsets.char(a), offsets.char(b)) for a, b in narrowed or [(start, end)]]
         return out
 
-    def _ours(self, text: str) -> list[tuple[int, int, bool]]:
+    def _ours(self, text: str, opened: list[int]) -> list[tuple[int, int, bool]]:
         out: list[tuple[int, int, bool]] = []
-        for index in self.own_set.Match(text) or ():
+        for index in (i - 1 for i in opened if i):
             rule = RULES[index]
             for match in self.own[index].finditer(text):
                 if rule.pattern is ASSIGNMENT:
@@ -185,6 +215,12 @@ def _captured(captures: dict[str, str], data: bytes, start: int, end: int) -> li
         if at >= 0:
             out.append((at, at + len(raw)))
     return out
+
+
+def _release_memory() -> None:
+    """Hand freed memory back to the system (glibc keeps it otherwise; nothing elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class _Offsets:
