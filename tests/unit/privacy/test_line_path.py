@@ -151,7 +151,7 @@ def records(draw: Any, texts: st.SearchStrategy[str] = GLUED) -> dict[str, Any]:
 
 
 KIND_SETS = st.sampled_from([("secrets",), KINDS, ("email", "ip"), ("phone", "credit_card")])
-_CHECK = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+_CHECK = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def same_bytes(kinds: tuple[str, ...], row: dict[str, Any]) -> None:

@@ -72,7 +72,7 @@ def test_each_rules_gates_are_necessary_conditions(rule: str) -> None:
     if regex is None:
         pytest.skip("Python's parser cannot read it (the gate was derived from a reading of it)")
 
-    @settings(max_examples=12, deadline=None, database=None,
+    @settings(max_examples=8, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
     @given(st.from_regex(regex))
     def holds(text: str) -> None:
