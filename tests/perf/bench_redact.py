@@ -301,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.process_time()
         warm_up(kinds)
         print(f"loading the detectors of {label}: {time.process_time() - started:.2f} s of CPU")
+    from rl_export.privacy.secrets import rule_counts
+
+    rules = rule_counts()
+    print(f"secrets rules: the rule set's {rules['rule_set']} ({rules['rule_set_used']} used; "
+          f"without a gate: {', '.join(rules['rule_set_without_gate']) or 'none'}), "
+          f"ours {rules['own']}")  # fmt: skip
     print()
     coverage()
     print()
