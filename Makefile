@@ -31,7 +31,7 @@ AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 PEERS_VENV := .cache/peers/venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
+.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -173,6 +173,9 @@ bench-export: install ## export benchmark: 1,000,000 records (the web benchmark'
 
 bench-web: install ## web benchmark: cold start, index catch-up and query latency on 1,000,000 records, label to visible (BASELINE=<checkout>: its cold start beside)
 	$(BIN)/python -m tests.perf.bench_web $(if $(BASELINE),--baseline $(BASELINE))
+
+bench-redact: install ## redaction: the secrets kind's coverage, cost per KB and per record, and the export of 1,000,000 records with --redact none/secrets/all (BASELINE=<checkout>: its code beside)
+	$(BIN)/python -m tests.perf.bench_redact $(if $(BASELINE),--baseline $(BASELINE)/services)
 
 bench-agreement: install ## the agreement report over 1,000,000 traces (200,000 multi-labeled), beside the krippendorff package, and each filter's first report through the web index
 	$(BIN)/python -m tests.perf.bench_agreement

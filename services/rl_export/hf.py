@@ -504,8 +504,9 @@ def corpus_dataset(
     ``format`` (any per-record format: ``messages``, ``prompt_completion``, ``kto``,
     ``rl_prompts``, ``executions``), ``chat_style`` (``hf`` by default) and ``system``,
     ``mask_failed_turns`` / ``mask_types``, ``redact`` (kinds) and ``filters`` (a
-    :class:`~rl_export.formats.filters.Filters`): each record is filtered, redacted and
-    rendered by the export's own code, and records without a row are left out. ValueError
+    :class:`~rl_export.formats.filters.Filters`): each record is filtered and rendered, and
+    its row redacted, by the export's own code (the bytes ``rl-export export`` writes for
+    it), and records without a row are left out. ValueError
     for an unknown value, and, when iterated, for a corpus of another format.
 
     ``chat_template``: the export's ``--chat-template`` (a file, or a name in

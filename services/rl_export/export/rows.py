@@ -1,8 +1,9 @@
 """A dataset's rows (:func:`rl_export.hf.corpus_dataset`): the export's row options (format,
 chat style, masks, redaction, filters, split, chat template) checked as the export checks
 them and applied to a trajectory corpus's records with the export's own code: filters, split,
-redaction, then :func:`~rl_export.formats.render.render_row`, then, with a chat template,
-the row made for it (:mod:`rl_export.formats.fit`: a row it cannot render is left out)."""
+:func:`~rl_export.formats.render.render_row`, redaction of the row (the bytes ``rl-export
+export`` writes for it), then, with a chat template, the row made for it
+(:mod:`rl_export.formats.fit`: a row it cannot render is left out)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ ROW_FORMATS = tuple(f for f in JSONL_FORMATS if f != "preference")
 @dataclass(frozen=True)
 class RowOptions:
     """How a dataset renders the records of a trajectory corpus: the export's row options,
-    applied with the export's own code (filters, redaction, then
-    :func:`~rl_export.formats.render.render_row`). The default is the rows as stored."""
+    applied with the export's own code (filters, split,
+    :func:`~rl_export.formats.render.render_row`, then redaction of the row). The default
+    is the rows as stored."""
 
     format: str = "trajectory"
     chat: Chat = HF
@@ -63,9 +65,10 @@ class RowOptions:
                 continue
             if self.split is not None and not self.split.matches(record):
                 continue  # the export's order: filters, split, then redaction
-            redacted = redactor(self.redact).record(record)[0] if self.redact else record
-            row = render_row(self.format, redacted, mask=self.mask, chat=self.chat,
+            row = render_row(self.format, record, mask=self.mask, chat=self.chat,
                              tools=self.fit is not None)  # fmt: skip
+            if row is not None and self.redact:  # redacted as the export redacts it
+                row = redactor(self.redact).record(row)[0]
             if row is not None and self.fit is not None:
                 row, _ = self.fit.row(self.format, row)
             if row is not None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rl_export.model.codec import RawJson, dumps_line
 from rl_export.privacy.kinds import PII_KINDS, RedactError, counts_header, parse_kinds, placeholder
-from rl_export.privacy.redact import KINDS, Redactor, _gather, _Pass, redactor
+from rl_export.privacy.redact import KINDS, Redactor, redactor
 from tests.records import record
 
 # One planted value per kind (and per secret format), each in a sentence.
@@ -373,21 +373,13 @@ def test_a_line_the_gates_pass_over_has_nothing_to_redact(
         assert counts
 
 
-def test_gathering_walks_the_places_redaction_walks() -> None:
-    rec = places_record("AKIAIOSFODNN7EXAMPLE")
-    gathered = _Pass(dry=True)
-    _gather(rec, gathered)
-    text = "\n".join(gathered.texts)
-    assert text.count("AKIAIOSFODNN7EXAMPLE") == PLACES
-
-
-def test_a_records_own_fields_never_open_the_gates_and_other_rows_are_scanned_whole() -> None:
+def test_a_records_structural_fields_are_never_redacted_nor_parsed_for() -> None:
     rec = record("tr-1", scenario="password_reset token AKIAIOSFODNN7EXAMPLE", labels=1,
                  messages=[{"role": "user", "content": "Where is my order?"}])  # fmt: skip
     rec["agent_version"] = "jane.doe@acme-corp.com"
     line = dumps_line(rec)
-    assert not ALL.may_hold(line) or ALL.line(line) == (line, None, {})
-    assert not Redactor(("secrets", "email")).may_hold(line)
+    assert ALL.may_hold(line) is False  # the gates open, on structural fields only
+    assert ALL.line(line) == (line, None, {})
     rec["labels"] = [{"labeler": "ana", "rubric": {}, "comment": "mail jane.doe@acme-corp.com",
                       "occurred_at": "2026-01-02T03:04:05Z"}]  # fmt: skip
     _, new_record, counts = Redactor(("email",)).line(dumps_line(rec))
@@ -399,6 +391,20 @@ def test_a_records_own_fields_never_open_the_gates_and_other_rows_are_scanned_wh
         {"role": "user", "content": "x", "metadata": {"evaluation": 1}},
         {"role": "user", "content": "key AKIAIOSFODNN7EXAMPLE"}]}  # fmt: skip
     assert Redactor(("secrets",)).line(dumps_line(row))[2] == {"secrets": 1}
+
+
+def test_metadata_after_agent_version_is_scanned() -> None:
+    # Issue 53: the line path trusted everything after ',"agent_version":"'.
+    key = "sk-proj-" + "Zk29fj3KdQ8vLp2mXr7TabCDeFgHiJkLmNoPqRsT"
+    rec = {"trace_id": "tr-1", "org": "acme", "project": "bot", "agent_version": "v3",
+           "messages": [], "metadata": {"deploy": "prod", "agent_version": "v3",
+                                        "OPENAI_API_KEY": key}}  # fmt: skip
+    line = dumps_line(rec)
+    new_line, new_record, counts = redactor(("secrets",)).line(line)
+    assert key.encode() not in new_line
+    assert counts == {"secrets": 1}
+    assert new_record is not None
+    assert new_record["metadata"]["agent_version"] == "v3"
 
 
 @settings(max_examples=200, deadline=None)
@@ -418,14 +424,14 @@ def test_the_lean_byte_search_finds_what_re2s_search_finds(data: bytes, pos: int
     assert byte_search(pattern)(data, pos) == (-1 if found is None else found.start())
 
 
-def test_dates_and_fixed_fields_are_passed_over_in_one_search_each() -> None:
+def test_lines_proven_clean_are_passed_over() -> None:
     lines = b"".join(
         dumps_line(record(f"tr-{n}", labels=1, messages=[{"role": "user", "content": text}]))
-        for n, text in enumerate(["hello", "see 2026-01-02 then", "ring +44 20 7946 0958"])
+        for n, text in enumerate(["hello", "see 2026-01-02T10:00Z then", "ring +44 20 7946 0958"])
     )
-    hit = ALL.next_hit(lines)
-    assert lines[hit : hit + 3] == b"44 "  # the phone, past two lines and their dates
-    assert ALL.next_hit(lines, hit + 20) == -1
+    start = ALL.next_hit(lines)
+    assert lines[start:].startswith(b'{"trace_id":"tr-2"')  # the phone's line, past two
+    assert ALL.next_hit(lines, lines.index(b"\n", start) + 1) == -1
 
 
 @pytest.mark.parametrize("follower", ["T", "Z", "a", "é"])
