@@ -191,6 +191,13 @@ class Settings(BaseSettings):
         description="Child processes a worker runs its join in (one core each; each is a "
         "member of the join group); 0 runs the join in the worker's own process.",
     )
+    join_native: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="The join's native core (Rust, built by make install): auto uses it when "
+        "it is installed, on refuses to start without it, off runs the Python rules only. "
+        "It takes the events and states it fully knows; everything else goes through the "
+        "Python rules, which it matches byte for byte.",
+    )
     producer_compression: Literal["", "snappy", "lz4", "zstd", "gzip"] = Field(
         "snappy",
         description="Compression of the record batches the join produces (changelog, "

@@ -17,13 +17,15 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from rl_export.model.codec import RawJson
-from rl_export.model.events import EventFamily, EventRejection
+from rl_export.model.events import EventFamily, EventRejection, micros
 from rl_export.model.eventview import EventView, read_event
 from rl_export.model.partitioning import partition_function
 from rl_export.model.records import Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
+from rl_export.stream import native
 from rl_export.stream.join import JoinConfig, TraceState, encode_current, expired, merge
+from rl_export.stream.native import NativeEvent, NativeState
 from rl_export.stream.routing import MisrouteLog
 from rl_export.stream.state import dump_state_parts, expiry_since, load_state
 
@@ -172,6 +174,13 @@ def expiry_mark(state: TraceState) -> bytes | None:
     return None
 
 
+def mark_of(state: TraceState | Any) -> bytes | None:
+    """:func:`expiry_mark` of a state, native or not."""
+    if type(state) is NativeState:
+        return native.expiry_mark(state)
+    return expiry_mark(state)
+
+
 def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
     """:func:`expiry_mark` of a stored state (a conversation key has none), from its head."""
     if key.startswith(CONVERSATION):
@@ -180,9 +189,9 @@ def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
     return None if since is None else f"{since[0]} {since[1]!r}".encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Touched:
-    state: TraceState
+    state: TraceState | Any  # Any: a native state (rl_export.stream.native)
     last: InMessage
     conversation: bytes | None  # as the table holds it
     mark: bytes | None = None  # the expiry index's entry as the table holds it
@@ -213,6 +222,9 @@ class JoinProcessor:
         self._partitions: dict[str, int] = {}
         self._hash = partition_function(settings.partitioner)
         self._misroutes = MisrouteLog(settings.partitioner, settings.partitions)
+        # The native core (None: the Python rules only), and each topic's family code.
+        self.native = native.join_core(settings)
+        self._codes = {topic: native.FAMILY_CODES[family] for topic, family in families.items()}
 
     def _partition_of(self, trace_id: str) -> int:
         """murmur2 in Python costs microseconds: remember recent traces' partitions."""
@@ -226,7 +238,7 @@ class JoinProcessor:
         return partition
 
     def _check(self, message: InMessage, now: datetime) -> EventView | EventRejection:
-        """The decoded event, or why it goes to the dead-letter topic."""
+        """The decoded event, or why it goes to the dead-letter topic (the Python path)."""
         return read_event(
             message.value,
             max_bytes=self.settings.max_event_bytes,
@@ -245,8 +257,9 @@ class JoinProcessor:
         outcomes: Counter[tuple[str, str]] = Counter()
         self.metrics.batch_size.observe(len(messages))
 
-        checked = [self._check(message, wall) for message in messages]  # step 2
+        checked = self._decode(messages, wall)  # step 2
         self._prefetch(messages, checked)
+        natively = 0
         for message, decoded in zip(messages, checked, strict=True):  # step 3
             if isinstance(decoded, EventRejection):
                 result.rejected.append((message, decoded))
@@ -264,8 +277,20 @@ class JoinProcessor:
                 outcomes[decoded.event_type, "forwarded"] += 1
                 continue
             entry = touched.get(key)
+            if type(decoded) is NativeEvent:
+                if self._merge_native(key, message, decoded, entry, touched, outcomes, clock):
+                    natively += 1
+                    continue
+                # Not the core's: the Python path, from the event's bytes.
+                decoded = self._check(message, wall)
+                if isinstance(decoded, EventRejection):
+                    result.rejected.append((message, decoded))
+                    outcomes["unknown", "rejected"] += 1
+                    continue
             conversation = stored_mark = None
             if entry is not None:
+                if type(entry.state) is NativeState:  # its trace goes the Python way now
+                    entry.state = load_state(*entry.state.dump())
                 state: TraceState | None = entry.state
             else:
                 state, conversation = self._read(key, message)
@@ -290,16 +315,14 @@ class JoinProcessor:
 
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
-            self._write(key, entry)
-            mark = expiry_mark(entry.state)
+            parts = self._write(key, entry)
+            mark = mark_of(entry.state)
             if mark != entry.mark:
                 self.table.mark(key, mark, entry.last)
             if mark is not None:
                 self._schedule(key, mark, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
-                encoded = encode_current(entry.state, self.config)
-                assert encoded is not None  # emits only once the trace exists or is deleted
-                value, headers = encoded
+                value, headers = self._encode(entry.state, parts)
                 result.snapshots[key] = value
                 # trajectories is co-partitioned with the inputs: the same partition.
                 await self.emitter.snapshot(
@@ -314,6 +337,10 @@ class JoinProcessor:
             self.metrics.rejected.labels(rejection.reason.value).inc()
         for (event_type, outcome), count in outcomes.items():
             self.metrics.events.labels(event_type, outcome).inc(count)
+        if natively:
+            self.metrics.core_events.labels("native").inc(natively)
+        if len(messages) > natively:
+            self.metrics.core_events.labels("python").inc(len(messages) - natively)
         result.expired = self._expire(messages, clock)  # step 6
         warning = self._misroutes.report(clock)
         if warning is not None:
@@ -322,9 +349,7 @@ class JoinProcessor:
         self.metrics.table_keys.set(len(self.table))
         return result
 
-    def _prefetch(
-        self, messages: list[InMessage], checked: list[EventView | EventRejection]
-    ) -> None:
+    def _prefetch(self, messages: list[InMessage], checked: list[Any]) -> None:
         """Ask the table for the batch's states and conversations at once, before the merge.
 
         One RocksDB multi-get per partition costs about half as much per key as a get each
@@ -335,8 +360,8 @@ class JoinProcessor:
         seen: set[str] = set()
         partition_of = self._partition_of
         for message, decoded in zip(messages, checked, strict=True):
-            if type(decoded) is not EventView:
-                continue  # rejected
+            if isinstance(decoded, EventRejection):
+                continue
             trace_id = decoded.trace_id
             if trace_id in seen:
                 continue
@@ -363,15 +388,84 @@ class JoinProcessor:
         state.trace.messages = RawJson(conversation)
         return state, conversation
 
-    def _write(self, key: bytes, entry: _Touched) -> None:
-        """Write the state; the conversation only when it changed, or after a redelivery."""
-        head, conversation = dump_state_parts(entry.state)
+    def _write(self, key: bytes, entry: _Touched) -> tuple[bytes, bytes]:
+        """Write the state; the conversation only when it changed, or after a redelivery.
+        Returns the two parts written."""
+        state = entry.state
+        if type(state) is NativeState:
+            head, conversation = state.dump()
+        else:
+            head, conversation = dump_state_parts(state)
         self.table.put(key, head, entry.last)
         if entry.repeated or conversation != (entry.conversation or b""):
             if conversation:
                 self.table.put(conversation_key(key), conversation, entry.last)
             else:
                 self.table.delete(conversation_key(key), entry.last)
+        return head, conversation
+
+    def _encode(self, state: TraceState | Any, parts: tuple[bytes, bytes]) -> tuple[bytes, Headers]:
+        """The state's current snapshot, encoded (``parts``: the state's bytes)."""
+        if type(state) is NativeState:
+            encoded = state.encode()
+            if encoded is not None:
+                return encoded[0], native.headers_of(encoded[1])
+            state = load_state(*parts)  # not the core's to encode (rare): the Python way
+        snapshot = encode_current(state, self.config)
+        assert snapshot is not None  # emits only once the trace exists or is deleted
+        return snapshot
+
+    def _decode(self, messages: list[InMessage], wall: datetime) -> list[Any]:
+        """Step 2 for a batch: each event natively when the core takes it, else the Python
+        way (an :class:`EventView` or the rejection)."""
+        core = self.native
+        if core is None:
+            return [self._check(message, wall) for message in messages]
+        decode, codes, now_us = core.decode, self._codes, micros(wall)
+        return [
+            decode(m.value, m.key, codes.get(m.topic, 0), now_us) or self._check(m, wall)
+            for m in messages
+        ]
+
+    def _merge_native(
+        self, key: bytes, message: InMessage, event: Any, entry: _Touched | None,
+        touched: dict[bytes, _Touched], outcomes: Counter[tuple[str, str]], clock: float,
+    ) -> bool:  # fmt: skip
+        """Step 3 in the native core; False when it is not the core's (nothing changed)."""
+        if entry is not None:
+            state = entry.state
+            if type(state) is not NativeState:
+                return False  # the trace went the Python way earlier in this batch
+        else:
+            stored = self.table.get(key, message)
+            conversation = None
+            if stored is None:
+                state = self.native.new_state(event.trace_id)
+            else:
+                state = self.native.load(stored)
+                if state is None:
+                    return False  # a state the core does not fully know
+                if state.wants_conversation:
+                    conversation = self.table.get(conversation_key(key), message)
+                    if conversation is None:
+                        raise ValueError(f"the join table has no conversation for {key!r}")
+                    state.set_conversation(conversation)
+            stored_mark = None if stored is None else native.expiry_mark(state)
+        code = state.merge(event, clock, message)
+        if code < 0:
+            return False
+        outcome = native.OUTCOMES[code & 3]
+        outcomes[event.event_type, outcome] += 1
+        if entry is None:
+            entry = touched[key] = _Touched(state, message, conversation, stored_mark)
+        else:
+            entry.last = message
+        if outcome == "duplicate":
+            entry.repeated = True
+        if code & native.EMITS:
+            entry.emit = True
+            entry.event_ms = message.timestamp_ms
+        return True
 
     def _deadline(self, mark: bytes) -> float | None:
         """When a state with this expiry mark may expire, under the current retentions."""
