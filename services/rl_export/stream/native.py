@@ -33,13 +33,17 @@ from rl_export.model.events import EventFamily
 from rl_export.model.records import HEADER_RECORD_AT, RULES_VERSION, Headers
 from rl_export.runtime.settings import Settings
 
-try:
-    import rl_export_native as _extension
-except ImportError as exc:  # not built here (no cargo at make install), or another platform
-    _extension = None
-    _MISSING: str = str(exc)
-else:
-    _MISSING = ""
+
+def _import() -> tuple[Any, str]:
+    """The extension, or None and why it does not import."""
+    try:
+        import rl_export_native
+    except ImportError as exc:  # not built here (no cargo at make install), another platform
+        return None, str(exc)
+    return rl_export_native, ""
+
+
+_extension, _MISSING = _import()
 
 log = logging.getLogger(__name__)
 

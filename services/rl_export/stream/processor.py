@@ -191,7 +191,7 @@ def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
 
 @dataclass(slots=True)
 class _Touched:
-    state: TraceState | Any  # Any: a native state (rl_export.stream.native)
+    state: Any  # a TraceState, or a native state (rl_export.stream.native)
     last: InMessage
     conversation: bytes | None  # as the table holds it
     mark: bytes | None = None  # the expiry index's entry as the table holds it
@@ -278,15 +278,17 @@ class JoinProcessor:
                 continue
             entry = touched.get(key)
             if type(decoded) is NativeEvent:
-                if self._merge_native(key, message, decoded, entry, touched, outcomes, clock):
+                if self._merge_native(key, message, decoded, entry, touched=touched,
+                                      outcomes=outcomes, clock=clock):  # fmt: skip
                     natively += 1
                     continue
-                # Not the core's: the Python path, from the event's bytes.
-                decoded = self._check(message, wall)
-                if isinstance(decoded, EventRejection):
-                    result.rejected.append((message, decoded))
+                view = self._check(message, wall)  # not the core's: the Python path
+                if isinstance(view, EventRejection):
+                    result.rejected.append((message, view))
                     outcomes["unknown", "rejected"] += 1
                     continue
+            else:
+                view = decoded
             conversation = stored_mark = None
             if entry is not None:
                 if type(entry.state) is NativeState:  # its trace goes the Python way now
@@ -297,9 +299,9 @@ class JoinProcessor:
                 # Before the merge, which may change the state in place.
                 stored_mark = None if state is None else expiry_mark(state)
             merged = merge(
-                state, decoded, message, now=clock, config=self.config, build_snapshot=False
+                state, view, message, now=clock, config=self.config, build_snapshot=False
             )
-            outcomes[decoded.event_type, merged.outcome] += 1
+            outcomes[view.event_type, merged.outcome] += 1
             if entry is None:
                 entry = touched[key] = _Touched(merged.state, message, conversation, stored_mark)
             else:
@@ -404,7 +406,7 @@ class JoinProcessor:
                 self.table.delete(conversation_key(key), entry.last)
         return head, conversation
 
-    def _encode(self, state: TraceState | Any, parts: tuple[bytes, bytes]) -> tuple[bytes, Headers]:
+    def _encode(self, state: Any, parts: tuple[bytes, bytes]) -> tuple[bytes, Headers]:
         """The state's current snapshot, encoded (``parts``: the state's bytes)."""
         if type(state) is NativeState:
             encoded = state.encode()
@@ -428,7 +430,7 @@ class JoinProcessor:
         ]
 
     def _merge_native(
-        self, key: bytes, message: InMessage, event: Any, entry: _Touched | None,
+        self, key: bytes, message: InMessage, event: Any, entry: _Touched | None, *,
         touched: dict[bytes, _Touched], outcomes: Counter[tuple[str, str]], clock: float,
     ) -> bool:  # fmt: skip
         """Step 3 in the native core; False when it is not the core's (nothing changed)."""
