@@ -543,6 +543,18 @@ pub fn write_i64(out: &mut Vec<u8>, v: i64) {
 /// double, in plain notation when its decimal exponent is in -5..16 (at least one digit
 /// after the point), else as `d[.ddd]e±x`.
 pub fn write_f64(out: &mut Vec<u8>, v: f64) {
+    write_float(out, v, -5, 1);
+}
+
+/// A finite float as Python's ``repr`` writes it (plain for exponents in -4..16, else with
+/// an exponent of at least two digits): the expiry index's times.
+pub fn write_repr(out: &mut Vec<u8>, v: f64) {
+    write_float(out, v, -4, 2);
+}
+
+/// The shortest digits of `v`, plain when its decimal exponent is in `low..16`, else as
+/// `d[.ddd]e±x` with at least `width` exponent digits.
+fn write_float(out: &mut Vec<u8>, v: f64, low: i32, width: usize) {
     let mut buf = ryu::Buffer::new();
     let text = buf.format_finite(v).as_bytes();
     let (negative, text) = match text.first() {
@@ -584,7 +596,7 @@ pub fn write_f64(out: &mut Vec<u8>, v: f64) {
         return;
     }
     let k = point - 1; // the decimal exponent: d.ddd x 10^k
-    if (-5..16).contains(&k) {
+    if (low..16).contains(&k) {
         if k >= 0 {
             let whole = (k + 1) as usize;
             if digits.len() <= whole {
@@ -609,6 +621,9 @@ pub fn write_f64(out: &mut Vec<u8>, v: f64) {
         }
         out.push(b'e');
         out.push(if k < 0 { b'-' } else { b'+' });
+        if k.abs() < 10 && width == 2 {
+            out.push(b'0');
+        }
         write_i64(out, k.abs() as i64);
     }
 }

@@ -52,13 +52,6 @@ fn num_of(value: &Bound<'_, PyAny>) -> PyResult<Num> {
     }
 }
 
-fn num_to_py(py: Python<'_>, n: Num) -> PyResult<Py<PyAny>> {
-    Ok(match n {
-        Num::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
-        Num::Float(f) => PyFloat::new(py, f).into_any().unbind(),
-    })
-}
-
 #[pymethods]
 impl Core {
     #[new]
@@ -174,18 +167,28 @@ impl State {
         }
     }
 
-    /// Why and since when the state may expire (``tombstone``/``orphan``), or None.
-    fn expiry(&self, py: Python<'_>) -> PyResult<Option<(&'static str, Py<PyAny>)>> {
-        let st = &self.inner;
-        if let Some(at) = st.deleted_at {
-            return Ok(Some(("tombstone", num_to_py(py, at)?)));
-        }
-        if st.is_orphan() {
-            if let Some(at) = st.first_pending_at {
-                return Ok(Some(("orphan", num_to_py(py, at)?)));
-            }
-        }
-        Ok(None)
+    /// ``processor.expiry_mark``: the expiry index's entry, or None.
+    fn mark<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.inner.mark().map(|m| PyBytes::new(py, &m))
+    }
+
+    /// The end of a batch for this state, in one call: its bytes and conversation
+    /// (``dump``), its expiry mark (``mark``), and with ``emit`` its snapshot (``encode``:
+    /// None when not emitting, or when the snapshot is not the core's to encode).
+    #[allow(clippy::type_complexity)]
+    fn finish<'py>(
+        &self,
+        py: Python<'py>,
+        emit: bool,
+    ) -> (
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Option<Bound<'py, PyBytes>>,
+        Option<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)>,
+    ) {
+        let (head, conversation) = self.dump(py);
+        let encoded = if emit { self.encode(py) } else { None };
+        (head, conversation, self.mark(py), encoded)
     }
 
     /// True when the trace exists and its conversation is kept apart (not yet set).
@@ -216,6 +219,17 @@ fn format_float(value: f64) -> PyResult<String> {
     Ok(String::from_utf8(out).unwrap())
 }
 
+/// A float as Python's ``repr`` writes it (for the tests that compare the two).
+#[pyfunction]
+fn format_repr(value: f64) -> PyResult<String> {
+    if !value.is_finite() {
+        return Err(PyValueError::new_err("not a finite float"));
+    }
+    let mut out = Vec::new();
+    json::write_repr(&mut out, value);
+    Ok(String::from_utf8(out).unwrap())
+}
+
 /// A string as ``codec.dumps`` writes it (for the tests that compare the two).
 #[pyfunction]
 fn format_string(value: &str) -> String {
@@ -231,6 +245,7 @@ fn rl_export_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<State>()?;
     m.add_function(wrap_pyfunction!(format_float, m)?)?;
     m.add_function(wrap_pyfunction!(format_string, m)?)?;
+    m.add_function(wrap_pyfunction!(format_repr, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

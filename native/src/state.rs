@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::event::{completed_at, decode_schema, Event, Kind, Payload};
 use crate::json::{
-    write_f64, write_i64, write_num, write_opt_bool, write_opt_f64, write_raw, write_str, NotMine,
+    write_f64, write_i64, write_num, write_opt_bool, write_opt_f64, write_raw, write_repr,
+    write_str, NotMine,
     Num, Obj, Reader, Val, R,
 };
 use crate::time::format_micros;
@@ -126,6 +127,22 @@ impl State {
 
     pub fn is_orphan(&self) -> bool {
         self.trace.is_none() && !self.deleted()
+    }
+
+    /// The expiry index's entry (`processor.expiry_mark`): `tombstone <deleted_at>` or
+    /// `orphan <first_pending_at>`, the time as Python's `repr` writes it; None: no entry.
+    pub fn mark(&self) -> Option<Vec<u8>> {
+        let (kind, at): (&[u8], Num) = match (self.deleted_at, self.first_pending_at) {
+            (Some(at), _) => (b"tombstone ", at),
+            (None, Some(at)) if self.is_orphan() => (b"orphan ", at),
+            _ => return None,
+        };
+        let mut out = kind.to_vec();
+        match at {
+            Num::Int(i) => write_i64(&mut out, i),
+            Num::Float(f) => write_repr(&mut out, f),
+        }
+        Some(out)
     }
 
     // --- the rules (`join._merge`) ------------------------------------------------------------

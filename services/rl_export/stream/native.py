@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from rl_export.model.errors import ConfigError
 from rl_export.model.events import EventFamily
-from rl_export.model.records import HEADER_RECORD_AT, RULES_VERSION, Headers
+from rl_export.model.records import RULES_VERSION
 from rl_export.runtime.settings import Settings
 
 
@@ -113,14 +113,3 @@ def describe(settings: Settings) -> str:
     if settings.join_native == "off":
         return "join: Python rules (RL_EXPORT_JOIN_NATIVE=off)"
     return f"join: Python rules; the native core does not import here ({_MISSING})"
-
-
-def expiry_mark(state: Any) -> bytes | None:
-    """:func:`rl_export.stream.processor.expiry_mark` of a native state."""
-    since = state.expiry()
-    return None if since is None else f"{since[0]} {since[1]!r}".encode()
-
-
-def headers_of(record_at: bytes | None) -> Headers:
-    """The headers :func:`~rl_export.model.records.encode_snapshot` gives a snapshot."""
-    return [] if record_at is None else [(HEADER_RECORD_AT, record_at)]

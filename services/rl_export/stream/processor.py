@@ -20,7 +20,7 @@ from rl_export.model.codec import RawJson
 from rl_export.model.events import EventFamily, EventRejection, micros
 from rl_export.model.eventview import EventView, read_event
 from rl_export.model.partitioning import partition_function
-from rl_export.model.records import Headers
+from rl_export.model.records import HEADER_RECORD_AT, Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream import native
@@ -174,13 +174,6 @@ def expiry_mark(state: TraceState) -> bytes | None:
     return None
 
 
-def mark_of(state: TraceState | Any) -> bytes | None:
-    """:func:`expiry_mark` of a state, native or not."""
-    if type(state) is NativeState:
-        return native.expiry_mark(state)
-    return expiry_mark(state)
-
-
 def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
     """:func:`expiry_mark` of a stored state (a conversation key has none), from its head."""
     if key.startswith(CONVERSATION):
@@ -317,14 +310,25 @@ class JoinProcessor:
 
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
-            parts = self._write(key, entry)
-            mark = mark_of(entry.state)
+            state = entry.state
+            if type(state) is NativeState:  # its bytes, mark and snapshot in one call
+                head, conversation, mark, encoded = state.finish(entry.emit)
+                self._write(key, entry, head, conversation)
+                if encoded is None and entry.emit:  # not the core's to encode (rare)
+                    encoded = encode_current(load_state(head, conversation), self.config)
+            else:
+                self._write(key, entry, *dump_state_parts(state))
+                mark = expiry_mark(state)
+                encoded = encode_current(state, self.config) if entry.emit else None
             if mark != entry.mark:
                 self.table.mark(key, mark, entry.last)
             if mark is not None:
                 self._schedule(key, mark, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
-                value, headers = self._encode(entry.state, parts)
+                assert encoded is not None  # emits only once the trace exists or is deleted
+                value, headers = encoded
+                if type(headers) is not list:  # the core's: the record-at header's value
+                    headers = [] if headers is None else [(HEADER_RECORD_AT, headers)]
                 result.snapshots[key] = value
                 # trajectories is co-partitioned with the inputs: the same partition.
                 await self.emitter.snapshot(
@@ -390,32 +394,15 @@ class JoinProcessor:
         state.trace.messages = RawJson(conversation)
         return state, conversation
 
-    def _write(self, key: bytes, entry: _Touched) -> tuple[bytes, bytes]:
-        """Write the state; the conversation only when it changed, or after a redelivery.
-        Returns the two parts written."""
-        state = entry.state
-        if type(state) is NativeState:
-            head, conversation = state.dump()
-        else:
-            head, conversation = dump_state_parts(state)
+    def _write(self, key: bytes, entry: _Touched, head: bytes, conversation: bytes) -> None:
+        """Write the state (its two parts); the conversation only when it changed, or
+        after a redelivery."""
         self.table.put(key, head, entry.last)
         if entry.repeated or conversation != (entry.conversation or b""):
             if conversation:
                 self.table.put(conversation_key(key), conversation, entry.last)
             else:
                 self.table.delete(conversation_key(key), entry.last)
-        return head, conversation
-
-    def _encode(self, state: Any, parts: tuple[bytes, bytes]) -> tuple[bytes, Headers]:
-        """The state's current snapshot, encoded (``parts``: the state's bytes)."""
-        if type(state) is NativeState:
-            encoded = state.encode()
-            if encoded is not None:
-                return encoded[0], native.headers_of(encoded[1])
-            state = load_state(*parts)  # not the core's to encode (rare): the Python way
-        snapshot = encode_current(state, self.config)
-        assert snapshot is not None  # emits only once the trace exists or is deleted
-        return snapshot
 
     def _decode(self, messages: list[InMessage], wall: datetime) -> list[Any]:
         """Step 2 for a batch: each event natively when the core takes it, else the Python
@@ -452,7 +439,7 @@ class JoinProcessor:
                     if conversation is None:
                         raise ValueError(f"the join table has no conversation for {key!r}")
                     state.set_conversation(conversation)
-            stored_mark = None if stored is None else native.expiry_mark(state)
+            stored_mark = None if stored is None else state.mark()
         code = state.merge(event, clock, message)
         if code < 0:
             return False

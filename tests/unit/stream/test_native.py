@@ -176,6 +176,12 @@ def test_float_edges_are_written_as_orjson_writes_them(value: float) -> None:
     assert rl_export_native.format_float(value).encode() == orjson.dumps(value)
 
 
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.floats(1e9, 3e9)))
+def test_expiry_times_are_written_as_repr_writes_them(value: float) -> None:
+    assert rl_export_native.format_repr(value) == repr(value)
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(alphabet=st.characters(exclude_categories=["Cs"])))
 def test_strings_are_written_as_codec_dumps_writes_them(value: str) -> None:
