@@ -310,16 +310,16 @@ class JoinProcessor:
 
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
-            state = entry.state
-            if type(state) is NativeState:  # its bytes, mark and snapshot in one call
-                head, conversation, mark, encoded = state.finish(entry.emit)
+            held = entry.state
+            if type(held) is NativeState:  # its bytes, mark and snapshot in one call
+                head, conversation, mark, encoded = held.finish(entry.emit)
                 self._write(key, entry, head, conversation)
                 if encoded is None and entry.emit:  # not the core's to encode (rare)
                     encoded = encode_current(load_state(head, conversation), self.config)
             else:
-                self._write(key, entry, *dump_state_parts(state))
-                mark = expiry_mark(state)
-                encoded = encode_current(state, self.config) if entry.emit else None
+                self._write(key, entry, *dump_state_parts(held))
+                mark = expiry_mark(held)
+                encoded = encode_current(held, self.config) if entry.emit else None
             if mark != entry.mark:
                 self.table.mark(key, mark, entry.last)
             if mark is not None:
