@@ -186,6 +186,7 @@ pub fn decode_schema(raw: &[u8]) -> R<Event> {
     let mut r = Reader::new(raw);
     r.expect(b'{')?;
     let mut fields: Vec<(Cow<'_, str>, usize)> = Vec::with_capacity(12);
+    let mut conversation: Option<Vec<u8>> = None; // copied in this pass: most of the bytes
     let mut first = true;
     while let Some(key) = r.key(&mut first)? {
         if fields.iter().any(|(k, _)| *k == key) {
@@ -193,7 +194,11 @@ pub fn decode_schema(raw: &[u8]) -> R<Event> {
         }
         r.ws();
         fields.push((key, r.i));
-        r.skip(1)?;
+        if fields.last().unwrap().0 == "messages" {
+            conversation = Some(messages(&mut r)?);
+        } else {
+            r.skip(1)?;
+        }
     }
     r.end()?;
     let at = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, at)| *at);
@@ -230,7 +235,9 @@ pub fn decode_schema(raw: &[u8]) -> R<Event> {
             };
             Payload::Label { labeler, rubric: Some(rubric), comment }
         }
-        Kind::TraceCompleted => Payload::Trace(trace(raw, &at, &required)?),
+        Kind::TraceCompleted => {
+            Payload::Trace(trace(raw, &at, &required, conversation.ok_or(NotMine)?)?)
+        }
         Kind::EvaluationFinished => {
             let evaluation_id = non_empty(&required("evaluation_id")?)?;
             let results = required("results")?;
@@ -260,6 +267,7 @@ fn trace<'a>(
     raw: &'a [u8],
     at: &dyn Fn(&str) -> Option<usize>,
     required: &dyn Fn(&str) -> R<Val<'a>>,
+    messages: Vec<u8>,
 ) -> R<TracePayload> {
     let agent_version = text(&required("agent_version")?)?;
     let scenario = text(&required("scenario")?)?;
@@ -268,7 +276,6 @@ fn trace<'a>(
             return Err(NotMine); // a list or null (the skip checked the rest)
         }
     }
-    let messages = messages(raw, at("messages").ok_or(NotMine)?)?;
     let metadata = match at("metadata") {
         None => b"{}".to_vec(),
         Some(start) => {
@@ -295,10 +302,10 @@ fn trace<'a>(
     Ok(TracePayload { agent_version, scenario, messages, attachments, metadata })
 }
 
-/// The conversation, checked as `_Message` checks each message, copied as orjson writes it.
-fn messages(raw: &[u8], start: usize) -> R<Vec<u8>> {
-    let mut r = Reader::at(raw, start);
-    let mut out = Vec::with_capacity(raw.len());
+/// The conversation (the reader is at it), checked as `_Message` checks each message,
+/// copied as orjson writes it.
+fn messages(r: &mut Reader<'_>) -> R<Vec<u8>> {
+    let mut out = Vec::with_capacity(r.b.len() - r.i);
     r.expect(b'[')?;
     out.push(b'[');
     let mut first = true;

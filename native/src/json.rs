@@ -58,6 +58,29 @@ fn is_digit(c: u8) -> bool {
     c.is_ascii_digit()
 }
 
+/// Bytes that end the plain run of a string: the quote, the backslash, control characters.
+static STOPS: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        table[c] = true;
+        c += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
+
+/// The index of the first byte at or after `from` that ends a plain run (or the length).
+#[inline]
+fn plain_run(b: &[u8], from: usize) -> usize {
+    let mut i = from;
+    while i < b.len() && !STOPS[b[i] as usize] {
+        i += 1;
+    }
+    i
+}
+
 impl<'a> Reader<'a> {
     pub fn new(b: &'a [u8]) -> Self {
         Reader { b, i: 0 }
@@ -156,21 +179,16 @@ impl<'a> Reader<'a> {
         self.i += 1;
         let start = self.i;
         let b = self.b;
-        loop {
-            let c = *b.get(self.i).ok_or(NotMine)?;
-            if c == b'"' {
+        self.i = plain_run(b, start);
+        match b.get(self.i) {
+            Some(b'"') => {
                 let text = &b[start..self.i];
                 self.i += 1;
                 // The caller checked the whole input as UTF-8; quotes are ASCII.
                 return Ok(Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(text) }));
             }
-            if c == b'\\' {
-                break;
-            }
-            if c < 0x20 {
-                return Err(NotMine);
-            }
-            self.i += 1;
+            Some(b'\\') => {}
+            _ => return Err(NotMine), // a control character, or the end
         }
         let mut out: Vec<u8> = b[start..self.i].to_vec();
         loop {
@@ -341,6 +359,15 @@ impl<'a> Reader<'a> {
     pub fn copy(&mut self, out: &mut Vec<u8>, depth: usize) -> R<()> {
         match self.peek()? {
             b'"' => {
+                // Without a backslash the bytes are what orjson writes (no control characters
+                // or quotes can be in them): copied as they are.
+                let start = self.i;
+                let end = plain_run(self.b, start + 1);
+                if self.b.get(end) == Some(&b'"') {
+                    self.i = end + 1;
+                    out.extend_from_slice(&self.b[start..self.i]);
+                    return Ok(());
+                }
                 let s = self.string()?;
                 write_str(out, &s, false);
                 Ok(())
@@ -468,7 +495,7 @@ pub fn write_str(out: &mut Vec<u8>, s: &str, seps: bool) {
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
-        if c >= 0x20 && c != b'"' && c != b'\\' && !(seps && c == 0xE2) {
+        if !STOPS[c as usize] && !(seps && c == 0xE2) {
             i += 1;
             continue;
         }
