@@ -34,6 +34,9 @@ struct Event {
     trace_id: Py<PyString>,
     #[pyo3(get)]
     event_type: Py<PyString>,
+    /// The trace_id as the table's key (UTF-8).
+    #[pyo3(get)]
+    key: Py<PyBytes>,
 }
 
 /// One trace's state, merged and written natively.
@@ -80,6 +83,7 @@ impl Core {
         Ok(match event::decode(raw, &placement) {
             Ok(inner) => Some(Event {
                 trace_id: PyString::new(py, &inner.trace_id).unbind(),
+                key: PyBytes::new(py, inner.trace_id.as_bytes()).unbind(),
                 event_type: PyString::intern(py, inner.kind.name()).unbind(),
                 inner,
             }),

@@ -258,7 +258,8 @@ class JoinProcessor:
                 result.rejected.append((message, decoded))
                 outcomes["unknown", "rejected"] += 1
                 continue
-            key = decoded.trace_id.encode()
+            native_event = type(decoded) is NativeEvent
+            key = decoded.key if native_event else decoded.trace_id.encode()
             home = self._partition_of(decoded.trace_id)
             if message.partition >= 0 and message.partition != home:
                 # Another partitioner, or a producer that ignores keys: the trace's state and
@@ -270,9 +271,8 @@ class JoinProcessor:
                 outcomes[decoded.event_type, "forwarded"] += 1
                 continue
             entry = touched.get(key)
-            if type(decoded) is NativeEvent:
-                if self._merge_native(key, message, decoded, entry, touched=touched,
-                                      outcomes=outcomes, clock=clock):  # fmt: skip
+            if native_event:
+                if self._merge_native(key, message, decoded, entry, touched, outcomes, clock):
                     natively += 1
                     continue
                 view = self._check(message, wall)  # not the core's: the Python path
@@ -375,7 +375,7 @@ class JoinProcessor:
             partition = message.partition
             if partition >= 0 and partition != partition_of(trace_id):
                 continue  # forwarded, not joined here
-            key = trace_id.encode()
+            key = decoded.key if type(decoded) is NativeEvent else trace_id.encode()
             keys = wanted.get(partition)
             if keys is None:
                 keys = wanted[partition] = []
@@ -416,8 +416,8 @@ class JoinProcessor:
             for m in messages
         ]
 
-    def _merge_native(
-        self, key: bytes, message: InMessage, event: Any, entry: _Touched | None, *,
+    def _merge_native(  # noqa: PLR0917 - once per event: positional arguments are cheaper
+        self, key: bytes, message: InMessage, event: Any, entry: _Touched | None,
         touched: dict[bytes, _Touched], outcomes: Counter[tuple[str, str]], clock: float,
     ) -> bool:  # fmt: skip
         """Step 3 in the native core; False when it is not the core's (nothing changed)."""
