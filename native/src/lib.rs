@@ -8,12 +8,13 @@
 
 mod event;
 mod json;
+mod record;
 mod state;
 mod time;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFloat, PyString};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyString, PyTuple};
 
 use crate::json::{Num, NotMine, R};
 
@@ -223,6 +224,50 @@ fn format_float(value: f64) -> PyResult<String> {
     Ok(String::from_utf8(out).unwrap())
 }
 
+fn reward_dict<'py>(py: Python<'py>, reward: record::Reward) -> PyResult<Bound<'py, PyAny>> {
+    match reward {
+        None => Ok(py.None().into_bound(py)),
+        Some((r, p)) => {
+            let d = PyDict::new(py);
+            d.set_item("reward", r)?;
+            d.set_item("passed", p)?;
+            Ok(d.into_any())
+        }
+    }
+}
+
+/// ``SnapshotLines.from_record``'s reading of a snapshot in the record layout: (trace_id,
+/// org, project, revision, human, evaluator, updated_at, a, b, c, d, (e, f) or None), or
+/// None: not mine (the Python method reads it).
+#[pyfunction]
+fn read_record<'py>(
+    py: Python<'py>,
+    value: &[u8],
+    header: &[u8],
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let Ok(found) = record::read(value, header) else { return Ok(None) };
+    let [a, b, c, d] = found.at;
+    let messages_at: Bound<'py, PyAny> = match found.messages_at {
+        Some(pair) => pair.into_pyobject(py)?.into_any(),
+        None => py.None().into_bound(py),
+    };
+    let items: Vec<Bound<'py, PyAny>> = vec![
+        PyString::new(py, &found.trace_id).into_any(),
+        PyString::new(py, &found.org).into_any(),
+        PyString::new(py, &found.project).into_any(),
+        found.revision.into_pyobject(py)?.into_any(),
+        reward_dict(py, found.human)?,
+        reward_dict(py, found.evaluator)?,
+        PyString::new(py, &found.updated_at).into_any(),
+        a.into_pyobject(py)?.into_any(),
+        b.into_pyobject(py)?.into_any(),
+        c.into_pyobject(py)?.into_any(),
+        d.into_pyobject(py)?.into_any(),
+        messages_at,
+    ];
+    Ok(Some(PyTuple::new(py, items)?))
+}
+
 /// A float as Python's ``repr`` writes it (for the tests that compare the two).
 #[pyfunction]
 fn format_repr(value: f64) -> PyResult<String> {
@@ -250,6 +295,7 @@ fn rl_export_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(format_float, m)?)?;
     m.add_function(wrap_pyfunction!(format_string, m)?)?;
     m.add_function(wrap_pyfunction!(format_repr, m)?)?;
+    m.add_function(wrap_pyfunction!(read_record, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -15,6 +15,18 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from rl_export.model.codec import RawJson, dumps, dumps_line, escape_separators
 from rl_export.model.events import EvaluatorResult, Report, UtcDatetime
 
+
+def _native_reader() -> Any:
+    """The join's native core's reader of the record layout, when the core is built."""
+    try:
+        from rl_export_native import read_record
+    except ImportError:
+        return None
+    return read_record
+
+
+_read_record = _native_reader()
+
 RULES_VERSION = 1
 """Bumped whenever a join or reward rule changes meaning, so records say which rules made them."""
 
@@ -297,7 +309,16 @@ class SnapshotLines:
     @classmethod
     def from_record(cls, value: bytes, record_at: bytes) -> SnapshotLines | None:
         """The lines of a snapshot in the record layout, from its ``rl-export-record-at``
-        header; None when the value does not fit the header (then it is decoded whole)."""
+        header; None when the value does not fit the header (then it is decoded whole).
+
+        The join's native core reads what the join writes (``rl_export_native.read_record``,
+        the same answer: ``tests/unit/stream/test_native.py``); the rest is read here.
+        """
+        if _read_record is not None:
+            found = _read_record(value, record_at)
+            if found is not None:
+                a, b, c, d, messages = found[7:]
+                return cls._of_record(value, found[:7], a, b, c, d, messages)
         try:
             a, b, c, d, *messages_at = map(int, record_at.split(b","))
         except ValueError:
@@ -329,14 +350,24 @@ class SnapshotLines:
             or not all(type(head.get(k)) is str for k in ("trace_id", "org", "project"))
         ):  # fmt: skip
             return None
+        fields = (head["trace_id"], head["org"], head["project"], revision, tail.get("human"),
+                  tail.get("evaluator"), updated_at)  # fmt: skip
+        pair = (messages_at[0], messages_at[1]) if messages_at else None
+        return cls._of_record(value, fields, a, b, c, d, pair)
+
+    @classmethod
+    def _of_record(  # noqa: PLR0917 - the header's offsets, in its order
+        cls, value: bytes, fields: tuple[Any, ...], a: int, b: int, c: int, d: int,
+        messages_at: tuple[int, int] | None,
+    ) -> SnapshotLines:  # fmt: skip
+        """The lines of a value in the record layout, checked and read: its identity,
+        revision, rewards and ``updated_at``, and the header's offsets."""
         lines = cls.__new__(cls)
         lines._snapshot = None
         lines._value = value
-        lines.trace_id, lines.org, lines.project = head["trace_id"], head["org"], head["project"]
-        lines.revision = revision
+        (lines.trace_id, lines.org, lines.project, lines.revision, lines.human, lines.evaluator,
+         lines._updated_at) = fields  # fmt: skip
         lines.deleted = False
-        lines.human, lines.evaluator = tail.get("human"), tail.get("evaluator")
-        lines._updated_at = updated_at
         lines._parts = [
             value[:a], b"", value[a + 4 : b], b"", value[b + 4 : c], b"", value[c + 4 : d], b"",
             b"}", b"\n",

@@ -25,11 +25,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from rl_export.local.synthetic import SHAPES, generate
+from rl_export.model import records
 from rl_export.model.codec import dumps
 from rl_export.model.errors import ConfigError
 from rl_export.model.events import EventFamily, EventRejection
 from rl_export.model.partitioning import partition_for
-from rl_export.model.records import Headers
+from rl_export.model.records import HEADER_RECORD_AT, Headers, SnapshotLines
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream import native
@@ -394,3 +395,83 @@ def test_on_without_the_extension_refuses_to_start(monkeypatch: pytest.MonkeyPat
 def test_the_worker_says_which_rules_run() -> None:
     assert native.describe(Settings(join_native="on")).startswith("join: native core")
     assert native.join_core(Settings(join_native="off")) is None
+
+
+# --- the sink's reading of the record layout ------------------------------------------------
+
+
+def _read(value: bytes, header: bytes, *, core: bool) -> Any:
+    """What ``SnapshotLines.from_record`` makes of a value, with the core's reader or not."""
+    kept = records._read_record
+    records._read_record = rl_export_native.read_record if core else None
+    try:
+        lines = SnapshotLines.from_record(value, header)
+    finally:
+        records._read_record = kept
+    if lines is None:
+        return None
+    ready = [lines.line(s) for s in (None, "human", "evaluator") if lines.ready(s)]
+    return (lines.trace_id, lines.org, lines.project, lines.revision, lines.deleted,
+            lines.human, lines.evaluator, lines.updated_at, lines._parts, lines._record_at,
+            ready, lines.fields())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def join_values() -> list[tuple[bytes, bytes]]:
+    """Snapshot values and record-at headers as the join writes them."""
+    values = generate(40, seed=8, shape=SHAPES["standard"]) + special_events()
+    on, _ = both_sides([(v, {}) for v in values], [25] * 20, [NOW + n for n in range(20)])
+    return [(s[2], dict(s[5])[HEADER_RECORD_AT]) for s in on.emitter.sent
+            if s[0] == "snapshot" and s[5]]  # fmt: skip
+
+
+def test_the_sinks_native_reading_of_the_join_values_is_the_pythons(
+    join_values: list[tuple[bytes, bytes]],
+) -> None:
+    assert len(join_values) > 20
+    for value, header in join_values:
+        assert rl_export_native.read_record(value, header) is not None  # the core's to read
+        native = _read(value, header, core=True)
+        assert native is not None
+        assert native == _read(value, header, core=False)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_sinks_native_reading_of_odd_values_is_the_pythons(
+    join_values: list[tuple[bytes, bytes]], data: Any
+) -> None:
+    value, header = data.draw(st.sampled_from(join_values))
+    numbers = header.split(b",")
+    how = data.draw(st.sampled_from(["header", "number", "value", "cut", "splice"]))
+    if how == "header":
+        header = data.draw(st.sampled_from([
+            b",".join(numbers[:4]), b",".join(numbers[:5]), header + b",7", b"", b"x",
+            header.replace(b",", b", "), b"1_0," + header, b"-" + header,
+        ]))  # fmt: skip
+    elif how == "number":
+        n = data.draw(st.integers(0, len(numbers) - 1))
+        numbers[n] = str(int(numbers[n]) + data.draw(st.integers(-20, 20))).encode()
+        header = b",".join(numbers)
+    elif how == "value":
+        old = data.draw(
+            st.sampled_from(
+                [
+                    b'"deleted":false',
+                    b'"human":',
+                    b'"passed":',
+                    b"null",
+                    b'"updated_at":"',
+                    b'"revision":',
+                    b'"org":',
+                ]
+            )
+        )
+        new = data.draw(st.sampled_from([b"", b" ", b'"x":1,', b"1", b'"\\u00e9"', b"[]"]))
+        value = value.replace(old, old + new, 1)
+    elif how == "cut":
+        value = value[: data.draw(st.integers(0, len(value)))]
+    else:
+        at = data.draw(st.integers(0, len(value)))
+        value = value[:at] + data.draw(st.sampled_from([b",", b"}", b'"', b"\xff"])) + value[at:]
+    assert _read(value, header, core=True) == _read(value, header, core=False)
