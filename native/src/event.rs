@@ -319,7 +319,7 @@ fn messages(r: &mut Reader<'_>) -> R<Vec<u8>> {
         let mut role = false;
         let mut first_key = true;
         while let Some(key) = r.key(&mut first_key)? {
-            if keys.iter().any(|k| *k == key) {
+            if keys.contains(&key) {
                 return Err(NotMine);
             }
             let next = r.peek()?;
@@ -488,13 +488,16 @@ fn result<'s>(out: &mut Vec<u8>, v: &'s Val<'_>) -> R<Scored<'s>> {
     Ok(Scored { evaluator, score, passed })
 }
 
+/// Writes one declared member's value: (name, value, where to), or NotMine.
+type Each<'e> = dyn FnMut(&str, &Val<'_>, &mut Vec<u8>) -> R<()> + 'e;
+
 /// A nested object as its model dumps it with defaults (`eventview._dump` with a fill):
 /// every declared key in order (`fill` writes the missing ones), then the others.
 fn dump_filled(
     out: &mut Vec<u8>,
     items: &[(Cow<'_, str>, Val<'_>)],
     declared: &[(&str, &[u8])],
-    each: &mut dyn FnMut(&str, &Val<'_>, &mut Vec<u8>) -> R<()>,
+    each: &mut Each<'_>,
 ) -> R<()> {
     let mut o = Obj::new(out, true);
     for (name, fill) in declared {

@@ -381,7 +381,7 @@ impl<'a> Reader<'a> {
                 let mut keys: Vec<Cow<'a, str>> = Vec::new();
                 let mut first = true;
                 while let Some(key) = self.key(&mut first)? {
-                    if keys.iter().any(|k| *k == key) {
+                    if keys.contains(&key) {
                         return Err(NotMine);
                     }
                     if !keys.is_empty() {
@@ -495,7 +495,7 @@ pub fn write_str(out: &mut Vec<u8>, s: &str, seps: bool) {
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
-        if !STOPS[c as usize] && !(seps && c == 0xE2) {
+        if !(STOPS[c as usize] || seps && c == 0xE2) {
             i += 1;
             continue;
         }
