@@ -6,6 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The join's native core (native/: Rust, PyO3), built by maturin into the venv when its
+# sources change; without cargo the join runs the Python rules (RL_EXPORT_JOIN_NATIVE=auto).
+NATIVE_STAMP := $(VENV)/.installed-native
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
+	native/rl_export_native.pyi $(wildcard native/src/*.rs)
 TRAINERS_STAMP := $(VENV)/.installed-trainers
 # The chat templates of the render matrix (trl installed without its dependencies).
 TRL_VERSION := 1.16.0
@@ -31,7 +36,7 @@ AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 PEERS_VENV := .cache/peers/venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help prereqs install browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
+.PHONY: help prereqs install native browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -51,7 +56,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps "trl==$(TRL_VERSION)"
 	@touch $(STAMP)
 
-install: $(STAMP) browser kustomize promtool axe ## create .venv and install rl-export with the dev tools (idempotent)
+install: $(STAMP) native browser kustomize promtool axe ## create .venv and install rl-export with the dev tools (idempotent)
+
+# cargo is on the developers' and CI's machines (rustup); pip builds the crate with maturin
+# (fetched from PyPI into pip's build environment) and the crates from crates.io, pinned by
+# native/Cargo.lock (--locked). About a minute, once per change of native/.
+native: $(NATIVE_STAMP) ## the join's native core (Rust, native/) into the venv, when cargo is there
+
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@if command -v cargo >/dev/null 2>&1; then \
+	  echo "building the join's native core (native/, cargo and maturin) ..."; \
+	  MATURIN_PEP517_ARGS="--locked" $(BIN)/pip install --quiet --force-reinstall --no-deps ./native \
+	    || { echo "make: could not build the join's native core (native/)" >&2; exit 1; }; \
+	  touch $(NATIVE_STAMP); \
+	else \
+	  echo "NOTE: cargo is missing: the join's native core is not built and the join runs its Python rules (the native core's tests are skipped)" >&2; \
+	fi
 
 # Go is on the developers' and CI's machines; without it the kustomize build tests are
 # skipped, with one line in pytest's summary that says so.
@@ -155,7 +175,7 @@ test-trainers: $(TRAINERS_STAMP) ## TRL and verl on the exports, a tiny model bu
 	  if [ $$rc -eq 5 ]; then echo "make test-trainers: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean: ## remove the virtualenv, caches, var/ and site/ (the Kafka jars in .cache/ are kept)
-	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis native/target
 
 bench: install ## benchmarks: the worker (vs a bare consumer, ~100k events, standard and small shapes; BASELINE=<checkout>: its worker interleaved), bench-export, bench-web
 	$(BIN)/python -m tests.perf.bench $(if $(BASELINE),--baseline $(BASELINE))

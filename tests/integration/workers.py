@@ -19,7 +19,7 @@ from rl_export.corpora.reader import CorpusReader
 from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import DEFAULT_CORPORA
 from rl_export.model.events import FAMILY_OF_TYPE
-from rl_export.model.records import decode_snapshot
+from rl_export.model.snapshots import decode_snapshot
 from rl_export.runtime.settings import Settings
 from rl_export.stream.produce import topic_for
 from rl_export.stream.topics import ensure_service_topics

@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry
 
 from rl_export.model.events import FAMILY_OF_TYPE, EventFamily, EventRejection
 from rl_export.model.partitioning import partition_for
-from rl_export.model.records import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
+from rl_export.model.snapshots import HEADER_EVENT_MS, HEADER_RECORD_AT, Headers
 from rl_export.runtime.gctune import tune_gc
 from rl_export.runtime.metrics import Metrics, SinkMetrics
 from rl_export.runtime.settings import Settings
@@ -201,10 +201,14 @@ async def sink_pass(
 # sidecars before 35cf61a) is left out; the sink's modules as they were before c3f8bca too.
 DETAIL: list[tuple[str, str, str]] = [
     ("join: decode and check", "rl_export.stream.processor", "read_event"),
+    ("join: decode and check", "rl_export.stream.processor", "JoinProcessor._decode"),
     ("join: merge", "rl_export.stream.processor", "merge"),
+    ("join: native read and merge", "rl_export.stream.processor", "JoinProcessor._merge_native"),
+    ("join: prefetch (multi-get)", "rl_export.stream.processor", "JoinProcessor._prefetch"),
     ("join: state read", "rl_export.stream.processor", "JoinProcessor._read"),
     ("join: state write", "rl_export.stream.processor", "JoinProcessor._write"),
     ("join: snapshot encode", "rl_export.stream.processor", "encode_current"),
+    ("join: snapshot encode", "rl_export.stream.processor", "JoinProcessor._encode"),
     ("join: produce (record batches)", __name__, "BatchingEmitter.flush"),
     ("sink split: sidecar rows", "rl_export.corpora.chain", "ChainWriter._index_row"),
     ("sink commit: shard encode", "rl_export.corpora.chain", "encode_lines"),
@@ -219,6 +223,7 @@ def instrument() -> dict[str, float]:
     import inspect
 
     spent: dict[str, float] = {}
+    inside: set[str] = set()  # the labels being timed now (synchronous steps)
     for label, module_name, attribute in DETAIL:
         try:
             owner: Any = importlib.import_module(module_name)
@@ -233,11 +238,15 @@ def instrument() -> dict[str, float]:
         spent.setdefault(label, 0.0)
 
         def timed(*args: Any, _f: Any = function, _label: str = label, **kwargs: Any) -> Any:
+            if _label in inside:  # a step of the same label within: timed once, outside
+                return _f(*args, **kwargs)
+            inside.add(_label)
             started = time.thread_time()
             try:
                 return _f(*args, **kwargs)
             finally:
                 spent[_label] += time.thread_time() - started
+                inside.discard(_label)
 
         async def timed_async(
             *args: Any, _f: Any = function, _label: str = label, **kwargs: Any

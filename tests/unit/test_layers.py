@@ -41,6 +41,12 @@ LAYERS: dict[str, int] = {
 }
 
 
+def _ours(name: str) -> bool:
+    """A module of the package (not ``rl_export_native``, the join's native core, which
+    is a package of its own)."""
+    return name == "rl_export" or name.startswith("rl_export.")
+
+
 def package_of(module: str) -> str:
     """``rl_export.stream.join`` -> ``stream``; ``rl_export`` -> ``__init__``."""
     parts = module.split(".")
@@ -63,7 +69,7 @@ def imported(path: Path, module: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("rl_export")]
+            found += [(node.lineno, a.name) for a in node.names if _ours(a.name)]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against this module's package
                 base = package.split(".")
@@ -73,7 +79,7 @@ def imported(path: Path, module: str) -> list[tuple[int, str]]:
                 target = node.module or ""
             if target == "rl_export":  # ``from rl_export import x``: x may be a subpackage
                 found += [(node.lineno, f"rl_export.{a.name}") for a in node.names]
-            elif target.startswith("rl_export"):
+            elif _ours(target):
                 found.append((node.lineno, target))
     return found
 

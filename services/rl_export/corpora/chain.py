@@ -32,7 +32,7 @@ from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import CorpusSpec
 from rl_export.model.errors import ObjectExistsError
 from rl_export.model.partitioning import Partitioner, partition_for
-from rl_export.model.records import SnapshotLines
+from rl_export.model.snapshots import SnapshotLines
 from rl_export.runtime.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)

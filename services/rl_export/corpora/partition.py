@@ -28,7 +28,7 @@ from rl_export.corpora.chain import ChainWriter, PendingTotals, SinkConfig
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import SAFE_NAME, CorpusSpec
-from rl_export.model.records import SnapshotLines, decode_snapshot
+from rl_export.model.snapshots import SnapshotLines, decode_snapshot
 from rl_export.runtime.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from rl_export.corpora.rubrics import RubricVersions
 from rl_export.corpora.store import ObjectStore
 from rl_export.model.events import EventFamily, EventRejection
 from rl_export.model.partitioning import partition_for
-from rl_export.model.records import HEADER_RECORD_AT, Headers
+from rl_export.model.snapshots import HEADER_RECORD_AT, Headers
 from rl_export.runtime.metrics import Metrics, SinkMetrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import InMessage, JoinProcessor, MemoryTable

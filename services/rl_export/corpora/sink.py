@@ -51,7 +51,7 @@ from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.kafka.client import KafkaConnection
 from rl_export.kafka.retrying import AUTHORIZATION_FAILED, start_when_reachable, stop_quietly
 from rl_export.model.errors import StoreError
-from rl_export.model.records import HEADER_EVENT_MS, HEADER_RECORD_AT
+from rl_export.model.snapshots import HEADER_EVENT_MS, HEADER_RECORD_AT
 from rl_export.runtime.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)

@@ -58,7 +58,8 @@ from rl_export.formats.templates import load_template
 from rl_export.formats.turns import TurnMask, parse_mask_types
 from rl_export.model.codec import dumps_line
 from rl_export.model.errors import FilterError
-from rl_export.model.records import SnapshotLines, TrajectoryRecord, render
+from rl_export.model.records import TrajectoryRecord, render
+from rl_export.model.snapshots import SnapshotLines
 from rl_export.privacy.kinds import Counts, RedactError, parse_kinds
 from rl_export.privacy.redact import redactor
 

@@ -354,14 +354,16 @@ def _fast(raw: bytes) -> tuple[EventView, datetime]:
             raise _Slow  # spans must be a list or null, metadata an object (or absent)
         try:
             _MESSAGES.decode(event.messages)
-        except msgspec.ValidationError:
+            view.messages = orjson.dumps(orjson.loads(memoryview(event.messages)))
+            if event.metadata is not _NULL:
+                view.metadata = orjson.dumps(orjson.loads(metadata))
+        except (msgspec.ValidationError, msgspec.DecodeError, orjson.JSONDecodeError):
+            # Raw kept what it did not decode: a lone surrogate or bytes that are not UTF-8
+            # in the conversation or the metadata. The models say what they are.
             raise _Slow from None
         view.agent_version = event.agent_version
         view.scenario = event.scenario
-        view.messages = orjson.dumps(orjson.loads(memoryview(event.messages)))
         view.attachments = [_attachment(a) for a in event.attachments]
-        if event.metadata is not _NULL:
-            view.metadata = orjson.dumps(orjson.loads(metadata))
     elif isinstance(event, _EvaluationFinished):
         view.evaluation_id = event.evaluation_id
         view.results = [_result(r) for r in event.results]

@@ -107,6 +107,14 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.core_events = Counter(
+            "rl_export_join_core_events_total",
+            "Input events the join decoded and merged in its native core (native) or with "
+            "the Python rules (python: the core is off, or the event or its trace's state "
+            "is one the core does not take, rejections included).",
+            ["core"],
+            registry=registry,
+        )
         self.batch_size = Histogram(
             "rl_export_join_batch_events",
             "Events per batch taken from the stream.",

@@ -26,6 +26,7 @@ ENV_PREFIX = "RL_EXPORT_"
 MIB = 1024 * 1024
 DAY_S = 24 * 3600
 
+_NATIVE = "The join's native core (Rust): auto if it is installed, on: required, off: not used."
 _BOOTSTRAP = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
 
@@ -197,6 +198,7 @@ class Settings(BaseSettings):
         description="Child processes a worker runs its join in (one core each; each is a "
         "member of the join group); 0 runs the join in the worker's own process.",
     )
+    join_native: Literal["auto", "on", "off"] = Field("auto", description=_NATIVE)
     producer_compression: Literal["", "snappy", "lz4", "zstd", "gzip"] = Field(
         "snappy",
         description="Compression of the record batches the join produces (changelog, "

@@ -31,7 +31,7 @@ No record stops a partition. A dead letter the dead-letter topic refuses for its
 input topic that takes larger records than the dead-letter topic, or a topic changed while
 the worker runs) fails its batch once; the batch is processed again, and that event goes as
 a *dead-letter reference* instead: its source, size, reason and first bytes
-(:func:`rl_export.stream.processor.dead_letter_reference`), counted in
+(:func:`rl_export.stream.deadletters.dead_letter_reference`), counted in
 ``rl_export_dead_letter_references_total``. Only a failed send is looked at: an event's size
 costs nothing on the way. A send the broker's ACLs refuse ends the process, naming the
 operation and the topic (:func:`rl_export.kafka.access.refused`).
@@ -63,15 +63,15 @@ from rl_export.kafka.client import KafkaConnection
 from rl_export.kafka.retrying import AUTHORIZATION_FAILED, stop_quietly
 from rl_export.model.errors import KafkaSecurityError
 from rl_export.model.events import EventRejection
-from rl_export.model.records import HEADER_EVENT_MS, Headers
+from rl_export.model.snapshots import HEADER_EVENT_MS, Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
-from rl_export.stream.processor import (
-    InMessage,
+from rl_export.stream.deadletters import (
     dead_letter_headers,
     dead_letter_reference,
     dead_letter_source,
 )
+from rl_export.stream.processor import InMessage
 from rl_export.stream.statestore import ChangelogTable
 from rl_export.stream.topics import dead_letter_max_bytes, topic_max_bytes
 

@@ -45,8 +45,9 @@ from rl_export.model.events import (
     format_micros,
 )
 from rl_export.model.eventview import EventView, reread_event, view_of
-from rl_export.model.records import ERASED_REVISION, RULES_VERSION, Headers, encode_snapshot
+from rl_export.model.records import ERASED_REVISION, RULES_VERSION
 from rl_export.model.rubrics import KnownRubrics
+from rl_export.model.snapshots import Headers, encode_snapshot
 from rl_export.stream.humans import (
     RUBRIC_DIMENSIONS,
     Adjudication,

@@ -17,14 +17,16 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from rl_export.model.codec import RawJson
-from rl_export.model.events import EventFamily, EventRejection
+from rl_export.model.events import EventFamily, EventRejection, micros
 from rl_export.model.eventview import EventView, read_event
 from rl_export.model.partitioning import partition_function
-from rl_export.model.records import Headers
+from rl_export.model.snapshots import HEADER_RECORD_AT, Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
+from rl_export.stream import native
 from rl_export.stream.humans import versions_of
 from rl_export.stream.join import JoinConfig, TraceState, encode_current, expired, merge
+from rl_export.stream.native import NativeEvent, NativeState
 from rl_export.stream.routing import MisrouteLog
 from rl_export.stream.rubriccheck import RubricCheck, RubricSource, VersionKey
 from rl_export.stream.state import dump_state_parts, expiry_since, load_state
@@ -72,7 +74,7 @@ class Emitter(Protocol):
 
     ``forward`` sends an input event on to its trace's partition of the same topic, where
     the join takes it as it takes any event; ``headers`` go with the snapshot's value
-    (:func:`rl_export.model.records.encode_snapshot`).
+    (:func:`rl_export.model.snapshots.encode_snapshot`).
     ``flush`` gets the input offsets the batch covers (``(topic, partition) -> next
     offset``); an emitter that can commits them atomically with what it sends.
     """
@@ -116,52 +118,6 @@ class MemoryTable:
 
     def __len__(self) -> int:
         return len(self.data)
-
-
-def dead_letter_headers(message: InMessage, rejection: EventRejection) -> list[tuple[str, bytes]]:
-    """Headers that say where a dead letter came from and why (the value is the original)."""
-    return [
-        ("rl-export-reason", rejection.reason.value.encode()),
-        ("rl-export-detail", rejection.detail.encode()[:4096]),
-        ("rl-export-source-topic", message.topic.encode()),
-        ("rl-export-source-partition", str(message.partition).encode()),
-        ("rl-export-source-offset", str(message.offset).encode()),
-    ]
-
-
-REFERENCE_HEAD_BYTES = 1024
-"""How many of its first bytes a dead-letter reference keeps of an event (and of its key)."""
-HEADER_REFERENCE = "rl-export-reference"
-"""A dead-letter reference's header: the event's size in bytes; the value is its first bytes."""
-
-
-def dead_letter_reference(
-    message: InMessage, rejection: EventRejection, refused: str
-) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
-    """What the dead-letter topic gets for an event it refused whole (``refused``: the
-    broker's error): the key and value's first bytes, the usual headers, and the size.
-
-    The event itself stays in its input topic, at the source partition and offset the
-    headers give, until that topic's retention removes it.
-    """
-    head = REFERENCE_HEAD_BYTES
-    detail = (f"{rejection.detail}; the dead-letter topic refused the event ({refused}): "
-              f"the value holds its first {head} of {len(message.value)} bytes")  # fmt: skip
-    headers = dead_letter_headers(message, EventRejection(rejection.reason, detail))
-    headers.append((HEADER_REFERENCE, str(len(message.value)).encode()))
-    key = None if message.key is None else message.key[:head]
-    return key, message.value[:head], headers
-
-
-def dead_letter_source(headers: Sequence[tuple[str, bytes]]) -> tuple[str, int, int] | None:
-    """Where a dead letter's event came from (topic, partition, offset), from its headers."""
-    found = dict(headers)
-    try:
-        topic = found["rl-export-source-topic"].decode()
-        partition = int(found["rl-export-source-partition"])
-        return topic, partition, int(found["rl-export-source-offset"])
-    except (KeyError, ValueError, UnicodeDecodeError):
-        return None
 
 
 def consumed_offsets(messages: Iterable[InMessage]) -> dict[tuple[str, int], int]:
@@ -217,9 +173,9 @@ def expiry_mark_of(key: bytes, value: bytes) -> bytes | None:
     return None if since is None else f"{since[0]} {since[1]!r}".encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Touched:
-    state: TraceState
+    state: Any  # a TraceState, or a native state (rl_export.stream.native)
     last: InMessage
     conversation: bytes | None  # as the table holds it
     mark: bytes | None = None  # the expiry index's entry as the table holds it
@@ -253,6 +209,9 @@ class JoinProcessor:
         self._partitions: dict[str, int] = {}
         self._hash = partition_function(settings.partitioner)
         self._misroutes = MisrouteLog(settings.partitioner, settings.partitions)
+        # The native core (None: the Python rules only), and each topic's family code.
+        self.native = native.join_core(settings)
+        self._codes = {topic: native.FAMILY_CODES[family] for topic, family in families.items()}
 
     def _partition_of(self, trace_id: str) -> int:
         """murmur2 in Python costs microseconds: remember recent traces' partitions."""
@@ -266,7 +225,7 @@ class JoinProcessor:
         return partition
 
     def _check(self, message: InMessage, now: datetime) -> EventView | EventRejection:
-        """The decoded event, or why it goes to the dead-letter topic."""
+        """The decoded event, or why it goes to the dead-letter topic (the Python path)."""
         return read_event(
             message.value,
             max_bytes=self.settings.max_event_bytes,
@@ -285,15 +244,17 @@ class JoinProcessor:
         outcomes: Counter[tuple[str, str]] = Counter()
         self.metrics.batch_size.observe(len(messages))
 
-        checked = [self._check(message, wall) for message in messages]  # step 2
-        await self._check_answers(checked)
+        checked = self._decode(messages, wall)  # step 2
+        await self._check_answers(checked)  # rubric versions past 0 (not the core's)
         self._prefetch(messages, checked)
+        natively = 0
         for message, decoded in zip(messages, checked, strict=True):  # step 3
             if isinstance(decoded, EventRejection):
                 result.rejected.append((message, decoded))
                 outcomes["unknown", "rejected"] += 1
                 continue
-            key = decoded.trace_id.encode()
+            native_event = type(decoded) is NativeEvent
+            key = decoded.key if native_event else decoded.trace_id.encode()
             home = self._partition_of(decoded.trace_id)
             if message.partition >= 0 and message.partition != home:
                 # Another partitioner, or a producer that ignores keys: the trace's state and
@@ -305,17 +266,30 @@ class JoinProcessor:
                 outcomes[decoded.event_type, "forwarded"] += 1
                 continue
             entry = touched.get(key)
+            if native_event:
+                if self._merge_native(key, message, decoded, entry, touched, outcomes, clock):
+                    natively += 1
+                    continue
+                view = self._check(message, wall)  # not the core's: the Python path
+                if isinstance(view, EventRejection):
+                    result.rejected.append((message, view))
+                    outcomes["unknown", "rejected"] += 1
+                    continue
+            else:
+                view = decoded
             conversation = stored_mark = None
             if entry is not None:
+                if type(entry.state) is NativeState:  # its trace goes the Python way now
+                    entry.state = load_state(*entry.state.dump())
                 state: TraceState | None = entry.state
             else:
                 state, conversation = self._read(key, message)
                 # Before the merge, which may change the state in place.
                 stored_mark = None if state is None else expiry_mark(state)
             merged = merge(
-                state, decoded, message, now=clock, config=self.config, build_snapshot=False
+                state, view, message, now=clock, config=self.config, build_snapshot=False
             )
-            outcomes[decoded.event_type, merged.outcome] += 1
+            outcomes[view.event_type, merged.outcome] += 1
             if entry is None:
                 entry = touched[key] = _Touched(merged.state, message, conversation, stored_mark)
             else:
@@ -332,16 +306,25 @@ class JoinProcessor:
         await self._load_versions(touched.values())
         latencies: list[float] = []
         for key, entry in touched.items():  # step 4: one table write per trace
-            self._write(key, entry)
-            mark = expiry_mark(entry.state)
+            held = entry.state
+            if type(held) is NativeState:  # its bytes, mark and snapshot in one call
+                head, conversation, mark, encoded = held.finish(entry.emit)
+                self._write(key, entry, head, conversation)
+                if encoded is None and entry.emit:  # not the core's to encode (rare)
+                    encoded = encode_current(load_state(head, conversation), self.config)
+            else:
+                self._write(key, entry, *dump_state_parts(held))
+                mark = expiry_mark(held)
+                encoded = encode_current(held, self.config) if entry.emit else None
             if mark != entry.mark:
                 self.table.mark(key, mark, entry.last)
             if mark is not None:
                 self._schedule(key, mark, entry.last.partition)
             if entry.emit:  # the last snapshot of the batch: revisions may skip numbers
-                encoded = encode_current(entry.state, self.config)
-                assert encoded is not None  # emits once the trace exists, or a deletion came
+                assert encoded is not None  # emits only once the trace exists or is deleted
                 value, headers = encoded
+                if type(headers) is not list:  # the core's: the record-at header's value
+                    headers = [] if headers is None else [(HEADER_RECORD_AT, headers)]
                 result.snapshots[key] = value
                 # trajectories is co-partitioned with the inputs: the same partition.
                 await self.emitter.snapshot(
@@ -356,6 +339,10 @@ class JoinProcessor:
             self.metrics.rejected.labels(rejection.reason.value).inc()
         for (event_type, outcome), count in outcomes.items():
             self.metrics.events.labels(event_type, outcome).inc(count)
+        if natively:
+            self.metrics.core_events.labels("native").inc(natively)
+        if len(messages) > natively:
+            self.metrics.core_events.labels("python").inc(len(messages) - natively)
         result.expired = self._expire(messages, clock)  # step 6
         warning = self._misroutes.report(clock)
         if warning is not None:
@@ -364,7 +351,7 @@ class JoinProcessor:
         self.metrics.table_keys.set(len(self.table))
         return result
 
-    async def _check_answers(self, checked: list[EventView | EventRejection]) -> None:
+    async def _check_answers(self, checked: list[Any]) -> None:
         """Labels of rubric versions other than 0, and adjudications, checked against their
         version (read from the store once, :mod:`rl_export.stream.rubriccheck`); one that
         does not fit becomes its rejection. Version-0 labels were checked by the decoder."""
@@ -389,15 +376,15 @@ class JoinProcessor:
         wanted: set[VersionKey] = set()
         for entry in touched:
             st = entry.state
+            if type(st) is NativeState:  # the core's: version-0 rating labels only
+                continue
             if entry.emit and st.org is not None and st.project is not None:
                 for version in versions_of(st.labels, st.adjudication):
                     wanted.add((st.org, st.project, version))
         if wanted:
             self.rubrics.note_missing(await self.rubrics.load(wanted))
 
-    def _prefetch(
-        self, messages: list[InMessage], checked: list[EventView | EventRejection]
-    ) -> None:
+    def _prefetch(self, messages: list[InMessage], checked: list[Any]) -> None:
         """Ask the table for the batch's states and conversations at once, before the merge.
 
         One RocksDB multi-get per partition costs about half as much per key as a get each
@@ -408,8 +395,8 @@ class JoinProcessor:
         seen: set[str] = set()
         partition_of = self._partition_of
         for message, decoded in zip(messages, checked, strict=True):
-            if type(decoded) is not EventView:
-                continue  # rejected
+            if isinstance(decoded, EventRejection):
+                continue
             trace_id = decoded.trace_id
             if trace_id in seen:
                 continue
@@ -417,7 +404,7 @@ class JoinProcessor:
             partition = message.partition
             if partition >= 0 and partition != partition_of(trace_id):
                 continue  # forwarded, not joined here
-            key = trace_id.encode()
+            key = decoded.key if type(decoded) is NativeEvent else trace_id.encode()
             keys = wanted.get(partition)
             if keys is None:
                 keys = wanted[partition] = []
@@ -436,15 +423,67 @@ class JoinProcessor:
         state.trace.messages = RawJson(conversation)
         return state, conversation
 
-    def _write(self, key: bytes, entry: _Touched) -> None:
-        """Write the state; the conversation only when it changed, or after a redelivery."""
-        head, conversation = dump_state_parts(entry.state)
+    def _write(self, key: bytes, entry: _Touched, head: bytes, conversation: bytes) -> None:
+        """Write the state (its two parts); the conversation only when it changed, or
+        after a redelivery."""
         self.table.put(key, head, entry.last)
         if entry.repeated or conversation != (entry.conversation or b""):
             if conversation:
                 self.table.put(conversation_key(key), conversation, entry.last)
             else:
                 self.table.delete(conversation_key(key), entry.last)
+
+    def _decode(self, messages: list[InMessage], wall: datetime) -> list[Any]:
+        """Step 2 for a batch: each event natively when the core takes it, else the Python
+        way (an :class:`EventView` or the rejection)."""
+        core = self.native
+        if core is None:
+            return [self._check(message, wall) for message in messages]
+        decode, codes, now_us = core.decode, self._codes, micros(wall)
+        return [
+            decode(m.value, m.key, codes.get(m.topic, 0), now_us) or self._check(m, wall)
+            for m in messages
+        ]
+
+    def _merge_native(  # noqa: PLR0917 - once per event: positional arguments are cheaper
+        self, key: bytes, message: InMessage, event: Any, entry: _Touched | None,
+        touched: dict[bytes, _Touched], outcomes: Counter[tuple[str, str]], clock: float,
+    ) -> bool:  # fmt: skip
+        """Step 3 in the native core; False when it is not the core's (nothing changed)."""
+        if entry is not None:
+            state = entry.state
+            if type(state) is not NativeState:
+                return False  # the trace went the Python way earlier in this batch
+        else:
+            stored = self.table.get(key, message)
+            conversation = None
+            if stored is None:
+                state = self.native.new_state(event.trace_id)
+            else:
+                state = self.native.load(stored)
+                if state is None:
+                    return False  # a state the core does not fully know
+                if state.wants_conversation:
+                    conversation = self.table.get(conversation_key(key), message)
+                    if conversation is None:
+                        raise ValueError(f"the join table has no conversation for {key!r}")
+                    state.set_conversation(conversation)
+            stored_mark = None if stored is None else state.mark()
+        code = state.merge(event, clock, message)
+        if code < 0:
+            return False
+        outcome = native.OUTCOMES[code & 3]
+        outcomes[event.event_type, outcome] += 1
+        if entry is None:
+            entry = touched[key] = _Touched(state, message, conversation, stored_mark)
+        else:
+            entry.last = message
+        if outcome == "duplicate":
+            entry.repeated = True
+        if code & native.EMITS:
+            entry.emit = True
+            entry.event_ms = message.timestamp_ms
+        return True
 
     def _deadline(self, mark: bytes) -> float | None:
         """When a state with this expiry mark may expire, under the current retentions."""

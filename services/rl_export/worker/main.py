@@ -26,6 +26,7 @@ from rl_export.model.errors import KafkaSecurityError, StoreError
 from rl_export.runtime.gctune import tune_gc
 from rl_export.runtime.metrics import SinkMetrics
 from rl_export.runtime.settings import MIB, Settings
+from rl_export.stream import native
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.worker.inprocess import InProcessJoin, JoinStage
 from rl_export.worker.joins import ChildJoins
@@ -127,6 +128,7 @@ def run_worker(settings: Settings) -> int:
     configure_logging(settings)
 
     check_app_id(settings)
+    log.info("%s", native.describe(settings))  # which join rules run (refuses if on but absent)
 
     async def main() -> None:
         stop = asyncio.Event()

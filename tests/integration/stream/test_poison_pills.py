@@ -31,7 +31,7 @@ from rl_export.corpora.store import open_store
 from rl_export.labeling.claims import SlotEntry
 from rl_export.model.partitioning import partition_function
 from rl_export.runtime.settings import Settings
-from rl_export.stream.processor import HEADER_REFERENCE, REFERENCE_HEAD_BYTES
+from rl_export.stream.deadletters import HEADER_REFERENCE, REFERENCE_HEAD_BYTES
 from rl_export.stream.topics import TopicSpec, ensure_service_topics, ensure_topics, topic_specs
 from rl_export.web.services import build_services
 from tests.factories import event

@@ -42,11 +42,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import pytest
 
 from rl_export.corpora.replay import replay
 from rl_export.corpora.store import MemoryStore
 from rl_export.local.synthetic import SHAPES, generate
 from rl_export.runtime.settings import Settings
+from rl_export.stream import native
 from tests.factories import event
 
 EXPECTED = "06f289ea13aeaf4629e8aad5d350a4e24165de175aafb28004c60e1fe81168a0"
@@ -88,11 +90,11 @@ def special_events() -> list[dict[str, Any]]:
     ]
 
 
-def digest_of_replay(events: list[dict[str, Any]]) -> tuple[str, int]:
+def digest_of_replay(events: list[dict[str, Any]], **overrides: Any) -> tuple[str, int]:
     import asyncio
 
     store = MemoryStore()
-    settings = Settings(partitions=4, shard_max_records=500)
+    settings = Settings(**({"partitions": 4, "shard_max_records": 500} | overrides))
     lines = [(f"e:{n}", orjson.dumps(e)) for n, e in enumerate(events, 1)]
     asyncio.run(replay(settings, store, lines, run_id="golden"))
     data = sorted(  # the shards (their index sidecars are not records: test_sidecar.py)
@@ -104,13 +106,17 @@ def digest_of_replay(events: list[dict[str, Any]]) -> tuple[str, int]:
     return digest.hexdigest(), sum(v.count(b"\n") for _, v in data)
 
 
-def test_records_and_shards_are_byte_for_byte_what_they_were() -> None:
+@pytest.mark.parametrize("join_native", ["on", "off"])
+def test_records_and_shards_are_byte_for_byte_what_they_were(join_native: str) -> None:
+    """With the join's native core and with the Python rules alone."""
+    if join_native == "on" and not native.available():
+        pytest.skip("the join's native core is not built here (make install needs cargo)")
     start = datetime(2026, 1, 1, tzinfo=UTC)
     events = (
         generate(300, seed=11, shape=SHAPES["standard"], start=start)
         + generate(300, seed=12, shape=SHAPES["small"], start=start)
         + special_events()
     )
-    digest, records = digest_of_replay(events)
+    digest, records = digest_of_replay(events, join_native=join_native)
     assert records > 1000
     assert digest == EXPECTED

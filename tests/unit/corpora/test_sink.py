@@ -40,15 +40,12 @@ from rl_export.kafka.client import KafkaConnection
 from rl_export.model.codec import RawJson, dumps, dumps_line, iter_lines, loads
 from rl_export.model.errors import StoreError
 from rl_export.model.events import EventRejection, decode_event
-from rl_export.model.records import (
-    ERASED_REVISION,
+from rl_export.model.records import ERASED_REVISION, CorpusSource, render, tombstone
+from rl_export.model.snapshots import (
     HEADER_RECORD_AT,
-    CorpusSource,
     SnapshotLines,
     decode_snapshot,
     encode_snapshot,
-    render,
-    tombstone,
 )
 from rl_export.runtime.metrics import SinkMetrics
 from rl_export.stream.join import JoinConfig, RawEvent, TraceState, current_snapshot, merge
@@ -320,12 +317,12 @@ async def test_live_snapshots_in_the_record_layout_are_never_parsed_whole(
     """The default corpora's lines come from the value's own bytes: parsing each snapshot
     whole (its conversation, most of its bytes) once cost the sink half its time."""
     import rl_export.corpora.partition
-    import rl_export.model.records
+    import rl_export.model.snapshots
 
     def parsed_whole(value: bytes) -> dict[str, Any]:
         raise AssertionError("a live snapshot in the record layout was parsed whole")
 
-    monkeypatch.setattr(rl_export.model.records, "decode_snapshot", parsed_whole)
+    monkeypatch.setattr(rl_export.model.snapshots, "decode_snapshot", parsed_whole)
     monkeypatch.setattr(rl_export.corpora.partition, "decode_snapshot", parsed_whole)
     store = MemoryStore()
     sink, _ = make_sink(store)

@@ -12,7 +12,7 @@ import pytest
 from rl_export.formats.fit import DROPS_CALLS
 from rl_export.model.codec import RawJson, dumps
 from rl_export.model.errors import ConfigError
-from rl_export.model.records import SnapshotLines
+from rl_export.model.snapshots import SnapshotLines
 from rl_export.runtime.settings import load_settings
 from tests.chattemplates import CONVERSATIONS, TEST_DIR, TOOLS
 

@@ -179,6 +179,26 @@ def test_huge_integers_and_nan_in_a_conversation_get_the_same_answer() -> None:
         assert_same(raw)
 
 
+@pytest.mark.parametrize(
+    ("text", "replacement"),
+    [
+        (b"Plan my", b"Plan \\ud83d my"),  # a lone surrogate in the conversation
+        (b"Plan my", b"Plan \\ud83dx"),
+        (b"Plan my", b"Plan \xe9 my"),  # not UTF-8
+        (b'"happy_path"', b'"happy_path","metadata":{"k":"\\udc00"}'),
+        (b'"happy_path"', b'"happy_path","metadata":{"k":"\xff"}'),
+    ],
+)
+def test_what_msgspec_keeps_raw_and_is_not_text_gets_the_models_answer(
+    text: bytes, replacement: bytes
+) -> None:
+    """The conversation and the metadata are kept raw by the first decode; a lone surrogate
+    or bytes that are not UTF-8 in them are the models' to judge, not a crash."""
+    raw = orjson.dumps(event("trace.completed"))
+    assert text in raw
+    assert_same(raw.replace(text, replacement, 1))
+
+
 def test_topic_key_and_clock_checks_come_out_the_same() -> None:
     raw = orjson.dumps(event("label.submitted"))
     assert_same(raw, family=EventFamily.TRACES)

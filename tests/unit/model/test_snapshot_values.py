@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from rl_export.model.codec import RawJson, dumps, dumps_line
-from rl_export.model.records import (
+from rl_export.model.records import render
+from rl_export.model.snapshots import (
     HEADER_RECORD_AT,
     SnapshotLines,
     decode_snapshot,
     encode_snapshot,
-    render,
 )
 
 MESSAGES = [

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from rl_export.local.synthetic import SHAPES, generate
 from rl_export.model.events import EventFamily, EventRejection
-from rl_export.model.records import Headers
+from rl_export.model.snapshots import Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream.processor import CONVERSATION, InMessage, JoinProcessor, MemoryTable

@@ -30,10 +30,9 @@ from rl_export.model.records import (
     RULES_VERSION,
     Tombstone,
     TrajectoryRecord,
-    decode_snapshot,
-    encode_snapshot,
     render,
 )
+from rl_export.model.snapshots import decode_snapshot, encode_snapshot
 from rl_export.stream.join import (
     JoinConfig,
     MergeResult,

@@ -30,14 +30,10 @@ from rl_export.model.errors import KafkaAccessError
 from rl_export.model.events import EventFamily
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
+from rl_export.stream.deadletters import HEADER_REFERENCE, REFERENCE_HEAD_BYTES
 from rl_export.stream.emitter import KafkaEmitter
 from rl_export.stream.loop import _process_until_done
-from rl_export.stream.processor import (
-    HEADER_REFERENCE,
-    REFERENCE_HEAD_BYTES,
-    InMessage,
-    JoinProcessor,
-)
+from rl_export.stream.processor import InMessage, JoinProcessor
 from rl_export.stream.statestore import ChangelogTable
 from tests.records import trace_events
 

@@ -18,9 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from rl_export.model.events import EventFamily, EventRejection, RejectReason, format_utc
 from rl_export.model.partitioning import partition_for
-from rl_export.model.records import ERASED_REVISION, Headers, decode_snapshot
+from rl_export.model.records import ERASED_REVISION
+from rl_export.model.snapshots import Headers, decode_snapshot
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
+from rl_export.stream.deadletters import dead_letter_headers
 from rl_export.stream.join import TraceState
 from rl_export.stream.processor import (
     BatchResult,
@@ -28,7 +30,6 @@ from rl_export.stream.processor import (
     JoinProcessor,
     MemoryTable,
     conversation_key,
-    dead_letter_headers,
     expiry_mark_of,
 )
 from rl_export.stream.state import load_state

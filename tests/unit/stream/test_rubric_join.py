@@ -21,8 +21,9 @@ from rl_export.corpora.store import MemoryStore
 from rl_export.model.codec import dumps_line
 from rl_export.model.errors import StoreError
 from rl_export.model.events import RejectReason
-from rl_export.model.records import TrajectoryRecord, decode_snapshot, render
+from rl_export.model.records import TrajectoryRecord, render
 from rl_export.model.rubrics import RubricSpec, label_reward
+from rl_export.model.snapshots import decode_snapshot
 from rl_export.stream.join import JoinConfig, snapshot_from_record
 from rl_export.stream.state import dump_state, load_state
 from tests.factories import RUBRIC, event
