@@ -18,6 +18,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,7 @@ class Pending:
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
     index: tuple[Any, ...] | None = None  # its index sidecar row, when the corpus has sidecars
+    new: bool = False  # a record of a trace the corpus did not hold (the feed's new_records)
 
 
 @dataclass(slots=True)
@@ -111,8 +113,15 @@ class ChainWriter:
         writer: str,
         totals: PendingTotals | None = None,
         seed: CorpusRef | None = None,
+        on_commit: Callable[[CorpusRef, Commit], None] | None = None,
+        announce_from: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
+        # The change feed (rl_export.corpora.feed): told of every commit this writer makes,
+        # and, when the chain loads, of its commits from ``announce_from()`` on (records
+        # read again after a crash: their commits' announcements may not have gone out).
+        self.on_commit = on_commit
+        self.announce_from = announce_from
         self.seed = seed  # the corpus a new chain is seeded from (backfill), if any
         self.ref = ref
         self.spec = spec
@@ -158,6 +167,12 @@ class ChainWriter:
                     metrics=self.metrics,
                 )  # fmt: skip
             self.state = state
+            if self.on_commit is not None and self.announce_from is not None:
+                start = self.announce_from()
+                for commit in state.commits:
+                    if commit.last_offset >= start:
+                        self.on_commit(self.ref, commit)
+            state.commits = []
         return self.state
 
     async def loaded(self) -> ChainState:
@@ -188,6 +203,7 @@ class ChainWriter:
         if holds and spec.format != "trajectory":  # a row only if the format has one
             line = spec.held_line(snapshot)
             holds = line is not None
+        held = state.held.get(snapshot.trace_id)
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
                       erased=erased):  # fmt: skip
             if line is None:
@@ -201,6 +217,7 @@ class ChainWriter:
                 Pending(
                     offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
                     updated_at, event_ms, self._index_row(snapshot, line, holds),
+                    new=holds and (held is None or bool(held & 1)),
                 )
             )  # fmt: skip
 
@@ -322,6 +339,7 @@ class ChainWriter:
                 writer=self.writer,
                 created_at=utc_now(),
                 index=index,
+                new_records=sum(1 for p in self.pending if p.new),
             )
             try:
                 await self.store.put_if_absent(
@@ -341,6 +359,8 @@ class ChainWriter:
             )
             state.head = last_offset + 1
             self._take_pending()
+            if self.on_commit is not None:
+                self.on_commit(self.ref, commit)
 
     async def _after_losing(self) -> ChainState:
         """Another writer created our commit first: take its chain, keep what it left.

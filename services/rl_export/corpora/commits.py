@@ -68,6 +68,9 @@ class Commit(BaseModel):
     writer: str
     created_at: str
     index: SidecarRef | None = None  # the shard's index sidecar (rl_export.corpora.sidecar)
+    # Of ``records``, the lines of traces the corpus did not hold (the change feed's
+    # new_records); None in commits written before it was counted.
+    new_records: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> Commit:
@@ -80,9 +83,9 @@ class Commit(BaseModel):
         return f"{self.topic}-{self.partition}"
 
     def to_json(self) -> builtins.bytes:
-        """The commit object's bytes (no ``index`` key when it has no sidecar)."""
-        return dumps(self.model_dump(mode="json", exclude={"index"} if self.index is None
-                                     else None))  # fmt: skip
+        """The commit object's bytes (no ``index`` or ``new_records`` key when unknown)."""
+        absent = {k for k in ("index", "new_records") if getattr(self, k) is None}
+        return dumps(self.model_dump(mode="json", exclude=absent or None))
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,12 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    partitions together hold the sink's buffer bound, and this one holds most:
    :func:`flushed_early`), every writer with pending records commits, in this fixed order:
    (a) the data object, named by its content hash; (b) the commit, create-only, covering
-   ``head`` .. the last offset read; (c) once all writers of the partition committed, the
-   Kafka offset after that record. A flush the store refused is tried again one age bound
-   later; while the partitions together hold more than the buffer bound after a flush
-   (the store is refusing commits), the consumer is paused (:meth:`Sink._hold_back`).
+   ``head`` .. the last offset read, then its message queued for the change feed
+   (:mod:`rl_export.corpora.feed`); (c) once all writers of the partition committed and
+   the broker acknowledged every queued message, the Kafka offset after that record. A
+   flush the store refused is tried again one age bound later; while the partitions
+   together hold more than the buffer bound after a flush (the store is refusing commits),
+   the consumer is paused (:meth:`Sink._hold_back`).
 4. A writer that loses the create-only race reloads its chain and keeps only what the
    winner did not cover. After any crash the group offset is at or before every chain head,
    so records are read again and step 2 skips what is already committed. A batch fetched or
@@ -44,9 +46,12 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rl_export.corpora.chain import SinkConfig, writer_id
+from rl_export.corpora.compacted import Compaction
+from rl_export.corpora.feed import Feed, compaction_message
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.table import TableCommit
 from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.kafka.client import KafkaConnection
 from rl_export.kafka.retrying import start_when_reachable, stop_quietly
@@ -72,8 +77,10 @@ class Sink:
         specs: Sequence[CorpusSpec] = DEFAULT_CORPORA,
         session_timeout_s: float = 10.0,
         instance_id: str | None = None,
+        feed: Feed | None = None,
     ) -> None:
         self.kafka = kafka
+        self.feed = feed  # the change feed (None: no messages)
         self.topic = topic
         self.group = group
         self.store = store
@@ -99,7 +106,7 @@ class Sink:
         if part is None:
             part = self.parts[partition] = PartitionSink(
                 self.store, self.topic, partition, self.specs, self.config, self.metrics,
-                self.writer,
+                self.writer, feed=self.feed,
             )  # fmt: skip
         return part
 
@@ -160,6 +167,20 @@ class Sink:
                 await self._flush_due(consumer)
         finally:
             await stop_quietly(consumer.stop, "sink consumer", log)
+            if self.feed is not None:
+                await self.feed.close()
+
+    async def announce_compaction(
+        self, ref: CorpusRef, compaction: Compaction, table: TableCommit | None
+    ) -> None:
+        """Tell the change feed of a compaction generation (best effort: see the feed)."""
+        if self.feed is None:
+            return
+        self.feed.announce(ref, compaction_message(
+            ref, compaction, None if table is None else table.version,
+            None if table is None else table.inserted,
+        ))  # fmt: skip
+        await self.feed.flush()
 
     async def _seed(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
         """Step 0 for the partitions assigned since the last round: seed their new chains
@@ -264,6 +285,8 @@ class Sink:
         ready = {p: (part, o) for p, (part, o) in offsets.items() if self.parts.get(p) is part}
         if not ready:
             return
+        if self.feed is not None and not await self.feed.flush():
+            return  # step 3 (c) waits for the feed: its messages go again at the next round
         try:  # step 3 (c)
             await consumer.commit(
                 {

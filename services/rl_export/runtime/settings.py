@@ -105,6 +105,11 @@ class Settings(BaseSettings):
         description="Where web instances tell each other of the labeling claims they write "
         "(the object store decides who holds a place; the topic only spreads the news).",
     )
+    topic_commits: str = Field(
+        "corpus.commits",
+        description="The change feed (compacted): one JSON message per corpus commit, keyed "
+        "by <org>/<project>/<corpus>, for orchestrators' sensors (docs/guides/tables.md).",
+    )
     partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
     partitioner: Partitioner = Field(
         "murmur2",
@@ -263,6 +268,20 @@ class Settings(BaseSettings):
     )
     shard_retention_s: float = Field(
         7 * DAY_S, ge=0, description="How long shards covered by a compaction stay readable."
+    )
+    tables: bool = Field(
+        True,
+        description="Keep each corpus's open table: a Delta Lake table of its latest view in "
+        "<org>/<project>/<corpus>/_table/, brought to each new compaction generation with a "
+        "MERGE of what changed (docs/guides/tables.md). The memory store has none.",
+    )
+    metrics_projects: int = Field(
+        50,
+        ge=0,
+        le=10_000,
+        description="Org/project pairs that get series of their own in the per-project "
+        "metrics (objects written), the first met; the others are summed under "
+        'org="_other", project="_other", so the label values stay bounded.',
     )
     corpora: tuple[CorpusSpec, ...] = Field(
         DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
@@ -548,6 +567,7 @@ class Settings(BaseSettings):
             self.topic_dead_letter,
             self.topic_changelog,
             self.topic_claims,
+            self.topic_commits,
         )
 
     @property

@@ -17,13 +17,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from rl_export.corpora.chain import SinkConfig
 from rl_export.corpora.compaction import compact, expire
+from rl_export.corpora.feed import Feed
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.metered import MeteredStore
 from rl_export.corpora.sink import Sink
 from rl_export.corpora.store import open_store
+from rl_export.corpora.table import TableSync
 from rl_export.kafka.client import KafkaConnection, check_app_id, watch_refusals
 from rl_export.model.errors import KafkaSecurityError, StoreError
 from rl_export.runtime.gctune import tune_gc
 from rl_export.runtime.metrics import SinkMetrics
 from rl_export.runtime.settings import MIB, Settings
+from rl_export.stream.produce import make_producer
 from rl_export.stream.topics import ensure_service_topics
 from rl_export.worker.inprocess import InProcessJoin, JoinStage
 from rl_export.worker.joins import ChildJoins
@@ -34,12 +39,14 @@ log = logging.getLogger(__name__)
 
 
 def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
+    metrics = SinkMetrics(registry, projects=settings.metrics_projects)
     return Sink(
         kafka=KafkaConnection.of(settings),
         topic=settings.topic_trajectories,
         group=settings.sink_group,
-        store=open_store(settings.store_url),
-        metrics=SinkMetrics(registry),
+        # Every object the sink and compaction write is counted (what the store bills).
+        store=MeteredStore(open_store(settings.store_url), metrics.objects, metrics.projects),
+        metrics=metrics,
         config=SinkConfig(
             max_records=settings.shard_max_records,
             max_bytes=settings.shard_max_bytes,
@@ -56,26 +63,57 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
         specs=settings.corpora,
         session_timeout_s=settings.session_timeout_s,
         instance_id=settings.instance_id,
+        feed=Feed(settings.topic_commits, lambda: make_producer(settings, linger_ms=5), metrics),
     )
+
+
+def table_sync(settings: Settings) -> TableSync | None:
+    """How compaction keeps the corpora's open tables (None: ``RL_EXPORT_TABLES`` off)."""
+    if not settings.tables:
+        return None
+    formats = {spec.name: spec.format for spec in settings.corpora}
+    return TableSync(formats=formats, retention_s=settings.shard_retention_s)
 
 
 async def compact_corpora(sink: Sink, settings: Settings) -> None:
     """Compact what this worker writes; other workers may race, create-only decides."""
     for ref in sink.corpora_written():
+        table = table_sync(settings)
+        started = time.monotonic()
         try:
             made = await compact(
                 sink.store, ref, writer=sink.writer, compression=settings.shard_compression,
                 partitioning=(settings.partitioner, settings.partitions),
                 tombstone_retention_s=settings.tombstone_retention_s,
                 sidecars=settings.shard_sidecars, min_commits=settings.compaction_min_commits,
+                table=table,
             )  # fmt: skip
             await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
         except StoreError as exc:
             log.error("compaction of %s failed, will retry: %s", ref.root, exc)
             continue
-        if made is not None:
-            sink.metrics.compactions.inc()
-            log.info("%s: generation %d, %d records", ref.root, made.generation, made.records)
+        if made is None:
+            continue
+        sink.metrics.compactions.inc()
+        log.info("%s: generation %d, %d records", ref.root, made.generation, made.records)
+        written = None if table is None else table.written
+        if table is not None:
+            note_table(sink, ref, table, time.monotonic() - started)
+        await sink.announce_compaction(ref, made, written)
+
+
+def note_table(sink: Sink, ref: CorpusRef, table: TableSync, seconds: float) -> None:
+    """A table write's metrics: its outcome, time and the files it wrote."""
+    written, metrics = table.written, sink.metrics
+    if table.error is not None:
+        metrics.table_writes.labels("failed").inc()
+    if written is None:
+        return
+    outcome = "vacuumed" if written.vacuumed else "full" if written.full else "merged"
+    metrics.table_writes.labels(outcome).inc()
+    metrics.table_seconds.observe(seconds)
+    if isinstance(sink.store, MeteredStore):
+        sink.store.count(ref.org, ref.project, "table", written.objects)
 
 
 async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
