@@ -36,17 +36,19 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rl_export.corpora import tablerows
+from rl_export.corpora.commits import read_chain
+from rl_export.corpora.compacted import Compaction, read_compaction
 from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import LocalStore, ObjectStore, S3Store
 from rl_export.corpora.versions import list_versions
 from rl_export.model.codec import dumps
-from rl_export.model.errors import StoreError, TableError
+from rl_export.model.errors import ObjectNotFoundError, StoreError, TableError
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +244,8 @@ def _write(
         current = table_generation(table)
         if generation is not None and current >= generation:  # 2.
             return None
+        if generation is None and current > applies_to:  # a pin behind the table: never back
+            return None
         full = current != applies_to
         if full and records is None:
             return None
@@ -415,3 +419,67 @@ class TableSync:
             log.error("the table of %s was not written: %s", ref.root, exc)
             self.error = exc if isinstance(exc, TableError) else TableError(str(exc))
         return self.written
+
+
+async def pin_table(
+    store: ObjectStore,
+    ref: CorpusRef,
+    *,
+    generation: int | None,
+    ends: Mapping[str, int],
+    fmt: str = "trajectory",
+) -> int | None:
+    """Write the table at a pinned position (a compaction generation and chain ends, which
+    may reach past the generation): the Delta version a pinned corpus version records.
+
+    The lines of the chains from the generation's positions up to ``ends`` are merged (the
+    table's generation stays); a table that is not at the generation gets every record of
+    the position. None for a store without tables; TableError when delta-rs fails.
+    """
+    location = await asyncio.to_thread(locate, store, ref)
+    if location is None:
+        return None
+    base = None if generation is None else await _generation(store, ref, generation)
+    starts = {} if base is None else dict(base.positions)
+    latest: dict[str, Mapping[str, Any]] = {}
+    for stream, end in sorted(ends.items()):
+        for commit, rows in await read_chain(store, ref, stream, starts.get(stream, 0)):
+            if commit.last_offset >= end:
+                break
+            _fold(latest, rows)
+    changes = [latest[t] for t in sorted(latest)]
+    deleted = {c["trace_id"] for c in changes if c.get("deleted")}
+    erased = bool(deleted) and not deleted.isdisjoint(
+        await erased_traces(store, ref.org, ref.project)
+    )
+    everything: list[Mapping[str, Any]] = []
+    if base is not None:  # for a table that is elsewhere: the position's every record
+        held: dict[str, Mapping[str, Any]] = {}
+        _fold(held, await read_compaction(store, ref, base))
+        _fold(held, changes)
+        everything = [held[t] for t in sorted(held) if not held[t].get("deleted")]
+    else:
+        everything = [c for c in changes if not c.get("deleted")]
+    written = await asyncio.to_thread(
+        write_table, location, fmt, changes=changes, records=lambda: everything,
+        applies_to=0 if generation is None else generation, generation=None,
+        position={**tablerows.position(generation or 0, ends), "generation": generation},
+        erased=erased,
+    )  # fmt: skip
+    return None if written is None else written.version
+
+
+def _fold(latest: dict[str, Mapping[str, Any]], rows: Iterable[Mapping[str, Any]]) -> None:
+    """The latest line per trace (a later line of an equal revision wins, as compaction's)."""
+    for row in rows:
+        current = latest.get(row["trace_id"])
+        if current is None or row["revision"] >= current["revision"]:
+            latest[row["trace_id"]] = row
+
+
+async def _generation(store: ObjectStore, ref: CorpusRef, generation: int) -> Compaction:
+    try:
+        data = await store.get(ref.compaction_key(generation))
+        return Compaction.model_validate_json(data)
+    except (ObjectNotFoundError, ValueError) as exc:
+        raise TableError(f"{ref.root}: generation {generation} cannot be read ({exc})") from None

@@ -47,6 +47,8 @@ merged and then deleted earlier versions' files (an erasure), or failed."""
 FEED_KINDS = ("commit", "compaction")
 OTHER = "_other"
 """The org and project label values of every pair past the bound (:class:`ProjectLabels`)."""
+PROJECT_SERIES = 50
+"""Org/project pairs with series of their own in the per-project metrics (the first met)."""
 
 
 class ProjectLabels:
@@ -208,17 +210,17 @@ class SinkMetrics:
     """The sink's metrics (registered on the same registry as the join's).
 
     ``projects`` bounds the org/project label values of the objects counter
-    (``RL_EXPORT_METRICS_PROJECTS``: :class:`ProjectLabels`).
+    (:class:`ProjectLabels`).
     """
 
-    def __init__(self, registry: CollectorRegistry, projects: int = 50) -> None:
+    def __init__(self, registry: CollectorRegistry, projects: int = PROJECT_SERIES) -> None:
         self.projects = ProjectLabels(projects)
         self.objects = Counter(
             "rl_export_objects_written_total",
             "Objects the worker wrote to the store (the sink, compaction and the open "
-            "tables), by org, project (the first RL_EXPORT_METRICS_PROJECTS pairs; the "
-            "others as _other) and kind (shard, commit, sidecar, erasure, compaction, table, "
-            "other): what an object store bills.",
+            "tables), by org, project (the first 50 pairs met; the others as _other) and "
+            "kind (shard, commit, sidecar, erasure, compaction, table, other): what an "
+            "object store bills.",
             ["org", "project", "kind"],
             registry=registry,
         )

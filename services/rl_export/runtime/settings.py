@@ -6,23 +6,22 @@ command-line flags override the environment. Settings are frozen once loaded.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec, check_name
-from rl_export.model.errors import ConfigError
 from rl_export.model.partitioning import Partitioner
 from rl_export.privacy.attachment_sources import AttachmentSource, parse_sources
 from rl_export.privacy.kinds import RedactError, parse_kinds
+from rl_export.runtime.environment import ENV_PREFIX, child_env, env_name, load_settings
 from rl_export.runtime.storeurl import parse_store_url
 
-ENV_PREFIX = "RL_EXPORT_"
+__all__ = ["ENV_PREFIX", "MIB", "Settings", "child_env", "env_name", "load_settings"]
+
 MIB = 1024 * 1024
 DAY_S = 24 * 3600
 
@@ -274,14 +273,6 @@ class Settings(BaseSettings):
         description="Keep each corpus's open table: a Delta Lake table of its latest view in "
         "<org>/<project>/<corpus>/_table/, brought to each new compaction generation with a "
         "MERGE of what changed (docs/guides/tables.md). The memory store has none.",
-    )
-    metrics_projects: int = Field(
-        50,
-        ge=0,
-        le=10_000,
-        description="Org/project pairs that get series of their own in the per-project "
-        "metrics (objects written), the first met; the others are summed under "
-        'org="_other", project="_other", so the label values stay bounded.',
     )
     corpora: tuple[CorpusSpec, ...] = Field(
         DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
@@ -574,45 +565,3 @@ class Settings(BaseSettings):
     def topic_changelog(self) -> str:
         """The join table's changelog (compacted; one per ``app_id``)."""
         return f"{self.app_id}-trace-state-changelog"
-
-
-def env_name(field: str) -> str:
-    """Return the environment variable that sets ``field``."""
-    return f"{ENV_PREFIX}{field.upper()}"
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """Load settings from the environment, apply overrides, and report errors as ConfigError.
-
-    The error names the environment variable of the first invalid setting, so the command
-    line can print one line instead of a validation traceback.
-    """
-    clean = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return Settings(**clean)
-    except SettingsError as exc:  # a complex value (e.g. corpora) that is not valid JSON
-        field = str(exc).split('"')[1] if '"' in str(exc) else "settings"
-        raise ConfigError(env_name(field), "not valid JSON") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if not first["loc"] and message.startswith(ENV_PREFIX):  # a check across settings
-            variable, _, detail = message.partition(": ")
-            raise ConfigError(variable, detail) from None
-        field = str(first["loc"][0]) if first["loc"] else "settings"
-        raise ConfigError(env_name(field), message) from None
-
-
-def child_env(settings: Settings, base: Mapping[str, str], **extra: str) -> dict[str, str]:
-    """The environment that configures a child process exactly like ``settings``.
-
-    ``base`` (usually ``os.environ``) is kept except for its ``RL_EXPORT_`` variables;
-    ``extra`` is applied last.
-    """
-    env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
-    for name, value in settings.model_dump(mode="json").items():
-        if value is None:  # unset optional settings stay unset (the child's default)
-            continue
-        env[env_name(name)] = value if isinstance(value, str) else json.dumps(value)
-    env.update(extra)
-    return env

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
-    metrics = SinkMetrics(registry, projects=settings.metrics_projects)
+    metrics = SinkMetrics(registry)
     return Sink(
         kafka=KafkaConnection.of(settings),
         topic=settings.topic_trajectories,

@@ -301,3 +301,43 @@ async def test_after_any_history_the_table_is_the_latest_view(
                 continue
             rows = rows_of(table_path(root))
             assert differences(rows, await latest_records(store), COLUMNS) == []
+
+
+async def view_records(store: LocalStore, at: Any = None) -> list[dict[str, Any]]:
+    """Our latest view (the exports' reader), at a position or now."""
+    from rl_export.export.latest import LatestView
+    from rl_export.model.codec import loads
+
+    view = LatestView(store, REF, at=at)
+    await view.open()
+    return [loads(line) async for batch in view.lines() for line in batch]
+
+
+async def test_a_pinned_version_records_the_delta_version_of_its_position(tmp_path: Path) -> None:
+    """A version pinned with commits after the latest compaction: the table is written at
+    that position (the tail merged), and reading the table at the version's Delta version
+    gives the version's view after more traffic and another compaction."""
+    from rl_export.export.latest import ViewPosition
+    from rl_export.export.versions import pin
+
+    store = LocalStore(tmp_path)
+    chains = Chains(store)  # type: ignore[arg-type]
+    await chains.add(0, [record("a", 1), record("b", 1), record("c", 1)])
+    await compacted(store)
+    await chains.add(1, [record("a", 2), tomb("c", 2), record("d", 1)])  # the tail
+
+    version = await pin(store, REF, "v1", fmt="trajectory")
+
+    assert version.delta_version is not None
+    pinned = await view_records(store, ViewPosition.from_json(version.position()))
+    assert {r["trace_id"] for r in pinned} == {"a", "b", "d"}
+    path = table_path(tmp_path)
+    assert differences(rows_of(path, version.delta_version), pinned, COLUMNS) == []
+    position = DeltaTable(str(path)).history(1)[0][POSITION_KEY]
+    assert position == {"generation": 1, "chains": version.ends}
+
+    await chains.add(0, [record("b", 2), record("e", 1)])
+    await compacted(store)
+    assert differences(rows_of(path), await view_records(store), COLUMNS) == []
+    assert differences(rows_of(path, version.delta_version), pinned, COLUMNS) == []
+    assert (await pin(store, REF, "v0")).delta_version is None  # no format: no table write
