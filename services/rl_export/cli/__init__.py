@@ -38,6 +38,7 @@ from rl_export.cli.processes import (
     cmd_web,
     cmd_worker,
 )
+from rl_export.cli.watching import add_watch
 from rl_export.model.errors import ConfigError, RlExportError
 
 __all__ = ["build_parser", "main"]
@@ -240,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
     p.set_defaults(func=cmd_produce)
+
+    add_watch(sub)
     return parser
 
 
