@@ -362,6 +362,13 @@ class WebMetrics:
             buckets=_WEB_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.index_fresh_lines = Counter(
+            "rl_export_web_index_fresh_lines_total",
+            "Lines the query index took from the trajectories topic before their corpus "
+            "committed them (new traces reach the queue and stats within a poll), by corpus.",
+            ["corpus"],
+            registry=registry,
+        )
         self.auth_failures = Counter(
             "rl_export_web_auth_failures_total",
             "Requests refused by the token check, by reason (missing, malformed, unknown, "

@@ -1,0 +1,143 @@
+"""Fresh lines (web/fresh.py): the trajectories topic's snapshots, as the lines the corpora
+will hold, reach the index before the sink commits them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from rl_export.corpora.commits import follow_chain, read_shard
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import LocalStore, MemoryStore
+from rl_export.formats.specs import DEFAULT_CORPORA
+from rl_export.index.follower import Indexer
+from rl_export.index.queryindex import CorpusKey, QueryIndex
+from rl_export.model.codec import dumps_line, loads
+from rl_export.model.records import encode_snapshot
+from rl_export.runtime.metrics import WebMetrics
+from rl_export.web.fresh import FreshLines
+from tests.unit.corpora.test_sink import ORG, PROJECT, STREAM, Trace, make_sink
+from tests.unit.index.test_follower import passes_beyond
+
+KINDS = ["completed", "evaluated", "failed", "labelled", "retracted", "skipped", "deleted"]
+ACTIONS = st.lists(
+    st.tuples(st.sampled_from(["tr-a", "tr-b", "tr-c"]), st.sampled_from(KINDS)),
+    min_size=1,
+    max_size=14,
+)
+
+
+def snapshots(actions: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The join's snapshots for a story of actions (a trace's first action completes it)."""
+    traces: dict[str, Trace] = {}
+    out = []
+    for trace_id, action in actions:
+        trace = traces.get(trace_id)
+        if trace is None:
+            trace = traces[trace_id] = Trace(trace_id)
+            out.append(trace.completed())
+        if action == "deleted" and trace.state is not None and trace.state.deleted:
+            continue
+        out.append({"completed": trace.completed, "evaluated": trace.evaluated,
+                    "failed": lambda t=trace: t.evaluated(passed=False),
+                    "labelled": trace.labelled, "retracted": trace.retracted,
+                    "skipped": trace.skipped, "deleted": trace.deleted}[action]())  # fmt: skip
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(actions=ACTIONS)
+def test_fresh_lines_are_the_lines_the_sink_commits(actions: list[tuple[str, str]]) -> None:
+    """The same snapshots to the sink and to the fresh lines: every record line the sink
+    commits is a fresh line, byte for byte, and back; the fresh lines' tombstones are the
+    sink's deletions (a trace that stops matching leaves with the sink's tombstone)."""
+    offered: dict[CorpusKey, list[bytes]] = {}
+    fresh = FreshLines(DEFAULT_CORPORA, lambda k, line: bool(offered.setdefault(k, []).append(
+        line) or True), keep_s=60)  # fmt: skip
+
+    async def run() -> dict[str, list[bytes]]:
+        store = MemoryStore()
+        sink, _ = make_sink(store)
+        for offset, snapshot in enumerate(snapshots(actions)):
+            value, _headers = encode_snapshot(snapshot)
+            fresh.note(value)
+            await sink.handle(offset, value, None)
+        await sink.flush()
+        committed: dict[str, list[bytes]] = {}
+        for spec in DEFAULT_CORPORA:
+            ref = CorpusRef(ORG, PROJECT, spec.name)
+            for commit in await follow_chain(store, ref, STREAM, 0):
+                committed.setdefault(spec.name, []).extend(
+                    dumps_line(r) for r in await read_shard(store, ref, commit)
+                )
+        return committed
+
+    committed = asyncio.run(run())
+    for spec in DEFAULT_CORPORA:
+        lines = offered.get(CorpusKey(ORG, PROJECT, spec.name), [])
+        records = [line for line in lines if not loads(line).get("deleted")]
+        sink_lines = committed.get(spec.name, [])
+        assert records == [line for line in sink_lines if not loads(line).get("deleted")]
+        gone = {loads(line)["trace_id"] for line in lines if loads(line).get("deleted")}
+        sink_gone = {loads(line)["trace_id"] for line in sink_lines if loads(line).get("deleted")}
+        assert gone <= sink_gone
+        assert fresh.recent(CorpusKey(ORG, PROJECT, spec.name)) == b"".join(lines)
+
+
+def test_the_buffer_keeps_the_newest_lines_within_its_bounds() -> None:
+    now = [0.0]
+    fresh = FreshLines(DEFAULT_CORPORA, lambda k, line: False, keep_s=10, buffer_bytes=40_000,
+                       clock=lambda: now[0])  # fmt: skip
+    key = CorpusKey(ORG, PROJECT, "traces")
+    for n in range(40):
+        now[0] = n
+        fresh.note(encode_snapshot(Trace(f"tr-{n:03d}").completed())[0])
+    kept = [loads(line)["trace_id"] for line in fresh.recent(key).splitlines()]
+    assert kept == [f"tr-{n:03d}" for n in range(29, 40)]  # the last 10 s (and 40 kB)
+    fresh.note(b"not a snapshot")
+    fresh.note(None)
+    assert fresh.seen == 40
+
+
+async def test_an_offered_line_is_in_the_index_after_the_next_pass(tmp_path: Path) -> None:
+    """A new trace reaches the index from the topic within a pass; when the corpus commits
+    the same line, the index still holds one row for it."""
+    store = LocalStore(tmp_path / "store")
+    sink, _ = make_sink(store)  # type: ignore[arg-type]
+    old = Trace("tr-old").completed()
+    await sink.handle(0, encode_snapshot(old)[0], None)
+    await sink.flush()
+    index = QueryIndex(tmp_path / "index", writers=1)
+    indexer = Indexer(index, LocalStore(tmp_path / "store"), WebMetrics(CollectorRegistry()),
+                      poll_interval_s=0.05)  # fmt: skip
+    fresh = FreshLines(DEFAULT_CORPORA, indexer.offer, keep_s=60)
+    indexer.recent = fresh.recent
+    early = Trace("tr-early").completed()  # before the corpus is followed: from the buffer
+    fresh.note(encode_snapshot(early)[0])
+    indexer.start()
+    try:
+        followed = await indexer.ready(CorpusKey(ORG, PROJECT, "traces"), 30)
+        await passes_beyond(followed, 0)
+        await passes_beyond(followed, followed.passes)
+        assert followed.live == 2  # tr-old from the corpus, tr-early from the buffer
+
+        new = Trace("tr-new").completed()
+        fresh.note(encode_snapshot(new)[0])
+        passes = followed.passes
+        await passes_beyond(followed, passes + 1)
+        assert followed.live == 3
+
+        await sink.handle(1, encode_snapshot(early)[0], None)  # the sink commits them now
+        await sink.handle(2, encode_snapshot(new)[0], None)
+        await sink.flush()
+        await passes_beyond(followed, followed.passes + 1)
+        assert followed.live == 3
+        assert followed.error is None
+    finally:
+        indexer.stop()
+        index.close()
