@@ -136,6 +136,7 @@ class ChainWriter:
         self.pending: list[Pending] = []
         self.pending_bytes = 0
         self.first_pending_at = 0.0  # monotonic: when its oldest pending line came
+        self.waited = False  # its pending lines were held past a partition's commit (quiet)
         # Index sidecars need the lines' byte offsets: uncompressed trajectory shards only.
         self.sidecars = (
             config.sidecars and config.compression == "none" and spec.format == "trajectory"
@@ -354,9 +355,13 @@ class ChainWriter:
             self.metrics.commits.labels(self.spec.name).inc()
             self.metrics.records.labels(self.spec.name).inc(shard.records)
             self.metrics.bytes.labels(self.spec.name).inc(len(shard.data))
-            self.metrics.freshness.observe_many(
+            # Lines that waited as a quiet chain's have a histogram of their own: they are
+            # late by design (the web shows them meanwhile), the others by fault.
+            histogram = self.metrics.quiet_freshness if self.waited else self.metrics.freshness
+            histogram.observe_many(
                 [max(0.0, now - p.event_ms / 1000) for p in self.pending if p.event_ms is not None]
             )
+            self.waited = False
             state.head = last_offset + 1
             self._take_pending()
             if self.on_commit is not None:

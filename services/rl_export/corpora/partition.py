@@ -216,6 +216,8 @@ class PartitionSink:
         if self.config.crash_at == "after_commit":
             os.kill(os.getpid(), signal.SIGKILL)
         if held:
+            for writer in held:
+                writer.waited = True
             self.held_until = min(w.first_pending_at for w in held) + self.config.quiet_max_age_s
             return min(w.pending[0].offset for w in held)
         self.held_until = None

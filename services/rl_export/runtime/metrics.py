@@ -284,6 +284,15 @@ class SinkMetrics:
             buckets=_FRESHNESS_BUCKETS,
             registry=registry,
         )
+        self.quiet_freshness = BatchHistogram(
+            "rl_export_sink_quiet_freshness_seconds",
+            "From an input event's Kafka timestamp to its record being visible in a corpus, "
+            "for the lines of quiet chains that waited past their partition's commit "
+            "(RL_EXPORT_CORPUS_MAX_AGE_S; the web service shows them from the trajectories "
+            "topic meanwhile). The others are in rl_export_sink_freshness_seconds.",
+            buckets=_FRESHNESS_BUCKETS,
+            registry=registry,
+        )
         self.conflicts = Counter(
             "rl_export_sink_conflicts_total",
             "Create-only commits that lost to another writer.",

@@ -243,13 +243,14 @@ class Settings(BaseSettings):
         "compaction are read whole.",
     )
     corpus_max_age_s: float = Field(
-        0.0,
+        120.0,
         ge=0,
         description="Quiet chains wait up to this long (0: off). A corpus's chain on a "
         "partition holding fewer than quiet_chain_records lines when its partition commits "
         "is left pending until it has that many or its oldest line is this old: fewer, "
         "larger objects for projects with little traffic (object writes per event stop "
-        "growing with tenants), at the cost of those corpora's freshness. Deletions are "
+        "growing with tenants), at the cost of those corpora's freshness in the store (the "
+        "web service shows new traces from the trajectories topic meanwhile). Deletions are "
         "never held.",
     )
     quiet_chain_records: int = Field(
@@ -259,11 +260,17 @@ class Settings(BaseSettings):
         300.0, gt=0, description="How often a worker compacts the corpora it writes."
     )
     compaction_min_commits: int = Field(
-        1,
+        64,
         ge=1,
         description="A corpus is compacted once its chains hold this many commits after its "
         "latest compaction: a generation rewrites the corpus (about ten objects), which a "
         "quiet corpus's one new commit does not pay for when there are many tenants.",
+    )
+    compaction_max_wait_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A corpus whose tail stays under compaction_min_commits is compacted "
+        "anyway (its open table written) once a worker has seen it wait this long.",
     )
     shard_retention_s: float = Field(
         7 * DAY_S, ge=0, description="How long shards covered by a compaction stay readable."

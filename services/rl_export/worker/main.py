@@ -75,23 +75,34 @@ def table_sync(settings: Settings) -> TableSync | None:
     return TableSync(formats=formats, retention_s=settings.shard_retention_s)
 
 
-async def compact_corpora(sink: Sink, settings: Settings) -> None:
-    """Compact what this worker writes; other workers may race, create-only decides."""
+async def compact_corpora(
+    sink: Sink, settings: Settings, waiting: dict[CorpusRef, float] | None = None
+) -> None:
+    """Compact what this worker writes; other workers may race, create-only decides.
+
+    A corpus whose tail is short waits for ``compaction_min_commits`` commits, but no more
+    than ``compaction_max_wait_s`` after this worker first let it wait (``waiting``: since
+    when, kept by the caller between passes; no request is spent on it).
+    """
+    waiting = {} if waiting is None else waiting
     for ref in sink.corpora_written():
         table = table_sync(settings)
         started = time.monotonic()
+        overdue = started - waiting.setdefault(ref, started) >= settings.compaction_max_wait_s
         try:
             made = await compact(
                 sink.store, ref, writer=sink.writer, compression=settings.shard_compression,
                 partitioning=(settings.partitioner, settings.partitions),
                 tombstone_retention_s=settings.tombstone_retention_s,
-                sidecars=settings.shard_sidecars, min_commits=settings.compaction_min_commits,
-                table=table,
+                sidecars=settings.shard_sidecars,
+                min_commits=1 if overdue else settings.compaction_min_commits, table=table,
             )  # fmt: skip
             await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
         except StoreError as exc:
             log.error("compaction of %s failed, will retry: %s", ref.root, exc)
             continue
+        if made is not None or overdue:  # compacted, or nothing new: the clock starts again
+            waiting.pop(ref, None)
         if made is None:
             continue
         sink.metrics.compactions.inc()
@@ -134,11 +145,12 @@ async def serve_worker(settings: Settings, stop: asyncio.Event) -> None:
     runner = await serve_pages(settings.web_host, settings.worker_web_port, ready, metrics_text)
 
     async def compaction_timer() -> None:
+        waiting: dict[CorpusRef, float] = {}  # short tails let wait, since when (monotonic)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.compaction_interval_s)
             if not stop.is_set():
-                await compact_corpora(sink, settings)
+                await compact_corpora(sink, settings, waiting)
 
     tasks = [
         asyncio.create_task(join.run(stop), name="join"),
