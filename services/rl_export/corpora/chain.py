@@ -6,8 +6,9 @@ numbers the steps) and of the backfill (:mod:`rl_export.corpora.backfill` seeds 
 through :meth:`ChainWriter.load`). A :class:`ChainWriter` decides what its corpus writes for
 each snapshot (step 2: repeats and revisions the corpus already holds are dropped), buffers
 the lines, and commits them in a fixed order (step 3 (a) the data object, named by its
-content hash, then (b) the create-only commit); a writer that loses the create-only race
-reloads its chain and keeps only what the winner did not cover (step 4).
+content hash, then (b) the create-only commit; a commit of few lines holds them itself, and
+(a) writes nothing); a writer that loses the create-only race reloads its chain and keeps
+only what the winner did not cover (step 4).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class SinkConfig:
     # What all the partitions may hold together (the bounds above are each partition's).
     buffer_bytes: int = 32 * 1024 * 1024
     compression: Compression = "none"
+    # A commit whose shard is at most this many bytes (uncompressed, no sidecar) holds its
+    # lines itself: one object, not a data object and a commit (0: never).
+    inline_max_bytes: int = 0
     sidecars: bool = False  # index sidecars beside uncompressed trajectory shards (costly)
     partitions: int = 8
     partitioner: Partitioner = "murmur2"  # how trace_id maps to a trajectories partition
@@ -308,8 +312,17 @@ class ChainWriter:
             rows = [p.index for p in self.pending if p.index is not None]
             lengths = [len(p.line) for p in self.pending]
             started = time.monotonic()
-            data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
-            await self.store.put(data_key, shard.data)
+            commit_key = self.ref.manifest_key(self.stream, state.head)
+            inline = (
+                len(shard.data) <= self.config.inline_max_bytes
+                and shard.compression == "none" and not (self.sidecars and rows)
+            )  # fmt: skip
+            if inline:  # (a): the commit holds the lines; nothing to write before it
+                data_key = commit_key
+            else:
+                data_key = self.ref.data_key(self.stream, state.head, shard.sha256,
+                                             shard.compression)  # fmt: skip
+                await self.store.put(data_key, shard.data)
             erased = [(p.offset, p.trace_id, p.revision) for p in self.pending if p.erased]
             if erased:  # before the commit that holds their tombstones: see erasures.py
                 await record_erasures(
@@ -318,7 +331,7 @@ class ChainWriter:
             if self.config.crash_at == "after_data":
                 os.kill(os.getpid(), signal.SIGKILL)
             index = None
-            if self.sidecars and len(rows) == len(lengths):
+            if self.sidecars and not inline and len(rows) == len(lengths):
                 from rl_export.corpora import sidecar
 
                 index = await sidecar.write_sidecar(
@@ -341,11 +354,10 @@ class ChainWriter:
                 created_at=utc_now(),
                 index=index,
                 new_records=sum(1 for p in self.pending if p.new),
+                inline=shard.data.decode() if inline else None,
             )
             try:
-                await self.store.put_if_absent(
-                    self.ref.manifest_key(self.stream, state.head), commit.to_json()
-                )
+                await self.store.put_if_absent(commit_key, commit.to_json())
             except ObjectExistsError:
                 self.metrics.conflicts.inc()
                 self.state = None  # reloaded, and pending re-checked, at the top of the loop

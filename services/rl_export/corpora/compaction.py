@@ -448,8 +448,9 @@ async def expire(
                 commit = await read_commit(store, key)
             except ObjectNotFoundError:
                 continue
-            if commit.last_offset < bound:
-                covered.append((from_offset, key, ref.key(commit.shard)))
+            if commit.last_offset < bound:  # (a commit holding its lines has no data object)
+                covered.append((from_offset, key, None if commit.inline is not None else (
+                    ref.key(commit.shard))))  # fmt: skip
         if not covered:
             continue
         # Data first: the commit's shard, and any object a losing writer left at its offset
@@ -460,7 +461,7 @@ async def expire(
             for key in await store.list(f"{ref.root}/data/{stream}/")
             if key.rsplit("/", 1)[-1][: OFFSET_WIDTH + 1] in starts
         }
-        for key in sorted(leftovers | {shard for _, _, shard in covered}):
+        for key in sorted(leftovers | {shard for _, _, shard in covered if shard is not None}):
             await store.delete(key)
             deleted.append(key)
         for _, key, _ in covered:

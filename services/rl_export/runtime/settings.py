@@ -226,6 +226,13 @@ class Settings(BaseSettings):
         description="Bytes of records the sink holds for its next shards, over all its "
         "partitions and corpora; past it, the partitions holding most commit early.",
     )
+    shard_inline_max_bytes: int = Field(
+        65536,
+        ge=0,
+        description="A commit whose shard is at most this many bytes (uncompressed, no "
+        "sidecar) holds its lines itself: one object written instead of a data object and a "
+        "commit, what a quiet corpus's commits cost. 0: every commit names a data object.",
+    )
     shard_compression: Literal["none", "gzip"] = Field(
         "none", description="Compression of the shards' data objects: none or gzip."
     )

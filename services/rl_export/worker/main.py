@@ -55,6 +55,7 @@ def build_sink(settings: Settings, registry: CollectorRegistry) -> Sink:
             quiet_records=settings.quiet_chain_records,
             buffer_bytes=settings.sink_buffer_mib * MIB,
             compression=settings.shard_compression,
+            inline_max_bytes=settings.shard_inline_max_bytes,
             sidecars=settings.shard_sidecars and settings.sink_sidecars,
             partitions=settings.partitions,
             partitioner=settings.partitioner,
