@@ -141,6 +141,7 @@ class ChainWriter:
         self.pending_bytes = 0
         self.first_pending_at = 0.0  # monotonic: when its oldest pending line came
         self.waited = False  # its pending lines were held past a partition's commit (quiet)
+        self.commits = 0  # made since its corpus was last compacted (Sink.tail_commits)
         # Index sidecars need the lines' byte offsets: uncompressed trajectory shards only.
         self.sidecars = (
             config.sidecars and config.compression == "none" and spec.format == "trajectory"
@@ -376,6 +377,7 @@ class ChainWriter:
             self.waited = False
             state.head = last_offset + 1
             self._take_pending()
+            self.commits += 1
             if self.on_commit is not None:
                 self.on_commit(self.ref, commit)
 

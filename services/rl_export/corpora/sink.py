@@ -101,6 +101,24 @@ class Sink:
         refs = {w.ref for part in self.parts.values() for w in part.writers.values()}
         return sorted(refs, key=lambda r: r.root)
 
+    def tail_commits(self) -> dict[CorpusRef, int]:
+        """Per corpus this sink writes, the commits it made since :meth:`compacted` was last
+        told of it, scaled to every partition from the ones it holds: an estimate of the
+        corpus's tail, without listing a chain (compaction's schedule: worker/main.py)."""
+        counts: dict[CorpusRef, int] = {}
+        for part in self.parts.values():
+            for writer in part.writers.values():
+                counts[writer.ref] = counts.get(writer.ref, 0) + writer.commits
+        share = self.config.partitions / max(1, len(self.parts))
+        return {ref: round(n * share) for ref, n in counts.items()}
+
+    def compacted(self, ref: CorpusRef) -> None:
+        """The corpus was compacted (or found with nothing new): count its commits afresh."""
+        for part in self.parts.values():
+            for writer in part.writers.values():
+                if writer.ref == ref:
+                    writer.commits = 0
+
     def _part(self, partition: int) -> PartitionSink:
         part = self.parts.get(partition)
         if part is None:

@@ -379,6 +379,7 @@ class TableSync:
     catch_up: bool = False
     written: TableCommit | None = None  # the last write (None: nothing written)
     error: TableError | None = None  # the last write's failure
+    seconds: float = 0.0  # the last write's time
 
     def format_of(self, ref: CorpusRef) -> str:
         return self.formats.get(ref.corpus, "trajectory")
@@ -399,6 +400,7 @@ class TableSync:
         Never raises :class:`TableError`: it is logged and kept in :attr:`error` (the
         corpus itself is written; the next generation tries the table again)."""
         self.written = self.error = None
+        started = time.monotonic()
         try:
             location = await asyncio.to_thread(locate, store, ref)
             if location is None:
@@ -418,6 +420,7 @@ class TableSync:
         except StoreError as exc:  # TableError, or the erasures or versions unreadable
             log.error("the table of %s was not written: %s", ref.root, exc)
             self.error = exc if isinstance(exc, TableError) else TableError(str(exc))
+        self.seconds = time.monotonic() - started
         return self.written
 
 

@@ -270,11 +270,12 @@ class Settings(BaseSettings):
         64,
         ge=1,
         description="A corpus is compacted once its chains hold this many commits after its "
-        "latest compaction: a generation rewrites the corpus (about ten objects), which a "
-        "quiet corpus's one new commit does not pay for when there are many tenants.",
+        "latest compaction (as the worker counts its own, scaled to every partition): a "
+        "generation rewrites the corpus (about a dozen objects), which a quiet corpus's one "
+        "new commit does not pay for when there are many tenants.",
     )
     compaction_max_wait_s: float = Field(
-        3600.0,
+        86400.0,
         gt=0,
         description="A corpus whose tail stays under compaction_min_commits is compacted "
         "anyway (its open table written) once a worker has seen it wait this long.",

@@ -81,40 +81,46 @@ async def compact_corpora(
 ) -> None:
     """Compact what this worker writes; other workers may race, create-only decides.
 
-    A corpus whose tail is short waits for ``compaction_min_commits`` commits, but no more
-    than ``compaction_max_wait_s`` after this worker first let it wait (``waiting``: since
-    when, kept by the caller between passes; no request is spent on it).
+    A corpus is compacted once its tail is worth rewriting: ``compaction_min_commits``
+    commits, counted by the sink as it makes them (:meth:`Sink.tail_commits`, so a quiet
+    corpus costs no request until then), or once it has waited ``compaction_max_wait_s``
+    since this worker first let it wait (``waiting``: since when, kept between passes).
     """
     waiting = {} if waiting is None else waiting
+    tails = sink.tail_commits()
     for ref in sink.corpora_written():
+        now = time.monotonic()
+        if not tails.get(ref):
+            waiting.pop(ref, None)
+            continue  # nothing committed here since its last compaction
+        overdue = now - waiting.setdefault(ref, now) >= settings.compaction_max_wait_s
+        if tails[ref] < settings.compaction_min_commits and not overdue:
+            continue
         table = table_sync(settings)
-        started = time.monotonic()
-        overdue = started - waiting.setdefault(ref, started) >= settings.compaction_max_wait_s
         try:
             made = await compact(
                 sink.store, ref, writer=sink.writer, compression=settings.shard_compression,
                 partitioning=(settings.partitioner, settings.partitions),
                 tombstone_retention_s=settings.tombstone_retention_s,
-                sidecars=settings.shard_sidecars,
-                min_commits=1 if overdue else settings.compaction_min_commits, table=table,
+                sidecars=settings.shard_sidecars, table=table,
             )  # fmt: skip
             await expire(sink.store, ref, retention_s=settings.shard_retention_s, now=time.time())
         except StoreError as exc:
             log.error("compaction of %s failed, will retry: %s", ref.root, exc)
             continue
-        if made is not None or overdue:  # compacted, or nothing new: the clock starts again
-            waiting.pop(ref, None)
+        sink.compacted(ref)  # compacted, or nothing new (another worker's generation)
+        waiting.pop(ref, None)
         if made is None:
             continue
         sink.metrics.compactions.inc()
         log.info("%s: generation %d, %d records", ref.root, made.generation, made.records)
         written = None if table is None else table.written
         if table is not None:
-            note_table(sink, ref, table, time.monotonic() - started)
+            note_table(sink, ref, table)
         await sink.announce_compaction(ref, made, written)
 
 
-def note_table(sink: Sink, ref: CorpusRef, table: TableSync, seconds: float) -> None:
+def note_table(sink: Sink, ref: CorpusRef, table: TableSync) -> None:
     """A table write's metrics: its outcome, time and the files it wrote."""
     written, metrics = table.written, sink.metrics
     if table.error is not None:
@@ -123,7 +129,7 @@ def note_table(sink: Sink, ref: CorpusRef, table: TableSync, seconds: float) -> 
         return
     outcome = "vacuumed" if written.vacuumed else "full" if written.full else "merged"
     metrics.table_writes.labels(outcome).inc()
-    metrics.table_seconds.observe(seconds)
+    metrics.table_seconds.observe(table.seconds)
     if isinstance(sink.store, MeteredStore):
         sink.store.count(ref.org, ref.project, "table", written.objects)
 
