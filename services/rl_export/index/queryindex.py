@@ -271,12 +271,14 @@ class QueryIndex:
             "UPDATE corpora SET cursor = ? WHERE id = ?", [dumps(cursor).decode(), corpus_id]
         )
 
-    def ingest(self, corpus_id: int, data: bytes, cursor: Cursor) -> None:
+    def ingest(self, corpus_id: int, data: bytes, cursor: Cursor | None) -> None:
         """Take verified corpus lines (one buffer, each line ending with a newline) and the
-        cursor after them (see the module)."""
+        cursor after them (see the module); None: lines the corpus will hold but does not
+        yet (rl_export.web.fresh), which move no cursor."""
         with self._gate.shared():
             if not data:
-                self._save_cursor(corpus_id, cursor)
+                if cursor is not None:
+                    self._save_cursor(corpus_id, cursor)
                 return
             if not data.endswith(b"\n"):
                 raise IndexError_("the lines do not end with a newline")

@@ -141,3 +141,33 @@ async def test_an_offered_line_is_in_the_index_after_the_next_pass(tmp_path: Pat
     finally:
         indexer.stop()
         index.close()
+
+
+async def test_once_the_corpus_is_read_offered_lines_go_in_at_once(tmp_path: Path) -> None:
+    """After a pass over the chains, an offered line is ingested within a batch, not at the
+    next pass (the index polls every 30 s here)."""
+    from rl_export.formats.filters import Filters
+
+    store = LocalStore(tmp_path / "store")
+    sink, _ = make_sink(store)  # type: ignore[arg-type]
+    await sink.handle(0, encode_snapshot(Trace("tr-old").completed())[0], None)
+    await sink.flush()
+    index = QueryIndex(tmp_path / "index", writers=1)
+    indexer = Indexer(index, LocalStore(tmp_path / "store"), WebMetrics(CollectorRegistry()),
+                      poll_interval_s=30)  # fmt: skip
+    fresh = FreshLines(DEFAULT_CORPORA, indexer.offer, keep_s=60)
+    indexer.start()
+    try:
+        followed = await indexer.ready(CorpusKey(ORG, PROJECT, "traces"), 30)
+        await passes_beyond(followed, 0)
+        assert followed.corpus_id is not None
+        passes = followed.passes
+        fresh.note(encode_snapshot(Trace("tr-new").completed())[0])
+        deadline = asyncio.get_running_loop().time() + 5
+        while index.stats(followed.corpus_id, Filters()).records < 2:
+            assert asyncio.get_running_loop().time() < deadline, "not ingested within 5 s"
+            await asyncio.sleep(0.05)
+        assert followed.passes == passes  # no pass was needed
+    finally:
+        indexer.stop()
+        index.close()
