@@ -273,12 +273,11 @@ class QueryIndex:
 
     def ingest(self, corpus_id: int, data: bytes, cursor: Cursor | None) -> None:
         """Take verified corpus lines (one buffer, each line ending with a newline) and the
-        cursor after them (see the module); None: lines the corpus will hold but does not
-        yet (rl_export.web.fresh), which move no cursor."""
+        cursor after them (see the module; None: lines from rl_export.web.fresh)."""
         with self._gate.shared():
+            if not data and cursor is not None:
+                self._save_cursor(corpus_id, cursor)
             if not data:
-                if cursor is not None:
-                    self._save_cursor(corpus_id, cursor)
                 return
             if not data.endswith(b"\n"):
                 raise IndexError_("the lines do not end with a newline")
