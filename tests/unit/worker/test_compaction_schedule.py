@@ -74,3 +74,27 @@ async def test_a_corpus_is_compacted_once_its_tail_is_worth_it(tmp_path: Path) -
     made = await latest_compaction(store, TRACES)
     assert made is not None
     assert made.records == 4
+
+
+async def test_a_compaction_is_announced_with_its_table_s_delta_version(tmp_path: Path) -> None:
+    from rl_export.corpora.feed import Feed
+    from rl_export.model.codec import loads
+    from tests.unit.corpora.test_feed import Producer
+
+    producer = Producer()
+    metrics = SinkMetrics(CollectorRegistry())
+    feed = Feed("corpus.commits", lambda: producer, metrics)  # type: ignore[arg-type,return-value]
+    store = LocalStore(tmp_path)
+    settings = Settings(partitions=1, compaction_min_commits=1, store_url=str(tmp_path))
+    sink = Sink(
+        kafka=KafkaConnection("127.0.0.1:1"), topic="trajectories", group="g", store=store,
+        metrics=metrics, config=SinkConfig(partitions=1), feed=feed,
+    )  # fmt: skip
+    await commit(sink, 0, "tr-a")
+    await compact_corpora(sink, settings)
+    sent = [loads(value) for _, key, value in producer.sent if key == TRACES.root.encode()]
+    compactions = [m for m in sent if m["kind"] == "compaction"]
+    assert len(compactions) == 1
+    assert compactions[0]["position"]["generation"] == 1
+    assert compactions[0]["delta_version"] is not None  # the table written at generation 1
+    assert compactions[0]["records"] == compactions[0]["new_records"] == 1
