@@ -7,8 +7,9 @@ Label queue, stats and preview that much later. So every web instance reads the
 turns each snapshot into the line each corpus will hold for it (:func:`corpus_lines`: the
 sink's own decision, :meth:`~rl_export.formats.specs.CorpusSpec.line`, scrubbed as the
 corpus is), and hands the lines of the corpora the index follows to the indexer
-(:meth:`~rl_export.index.follower.Indexer.offer`), which ingests them after its next pass
-over the corpus's chains: within the index's poll (1 s) of the snapshot. When the corpus
+(:meth:`~rl_export.index.follower.Indexer.offer`), which ingests them at once (after its
+first pass over the corpus's chains). A direct export reads them too, as a virtual chain
+(:class:`FreshStore`). When the corpus
 commits the same line, the index already holds it (a line ingested twice changes nothing;
 a newer revision replaces an older one whichever came first), so the index never differs
 from what the corpus will say.
@@ -22,11 +23,16 @@ committed, as before. Pure but for the clock; the tail is the I/O.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 
+from rl_export.corpora.commits import Commit
+from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef, utc_now
+from rl_export.corpora.store import CHUNK, ObjectStore
 from rl_export.formats.specs import CorpusSpec
 from rl_export.index.queryindex import CorpusKey
 from rl_export.model.records import SnapshotLines, decode_snapshot
@@ -102,3 +108,75 @@ class FreshLines:
         while recent and (self._held > self.buffer_bytes or recent[0][0] < now - self.keep_s):
             _, _, line = recent.popleft()
             self._held -= len(line)
+
+
+FRESH_TOPIC = "fresh"
+"""The virtual chain ``fresh-0`` a direct export reads fresh lines from (:class:`FreshStore`)."""
+
+
+class FreshStore:
+    """The store as a direct export reads it: one corpus gets a virtual chain, ``fresh-0``,
+    of one commit holding the lines the web service has from the trajectories topic (the
+    corpus's lines of the last few minutes), so an export has a new trace within a second
+    or two of its event, as the queue and the stats do. The latest view reads that chain
+    first (its name sorts first), and a line the corpus also holds is the same line: the
+    view keeps one. Only the export of the latest state uses it: a pinned version's, and
+    an export job's (which writes a manifest that must make the same bytes again), do not.
+    """
+
+    def __init__(self, inner: ObjectStore, ref: CorpusRef, lines: bytes) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.ref = ref
+        self.stream = f"{FRESH_TOPIC}-0"
+        self.key = ref.manifest_key(self.stream, 0)
+        count = lines.count(b"\n")
+        self.commit = Commit(
+            topic=FRESH_TOPIC, partition=0, from_offset=0, last_offset=max(count - 1, 0),
+            shard=ref.relative(self.key), records=count, bytes=len(lines),
+            sha256=hashlib.sha256(lines).hexdigest(), compression="none",
+            schema_version=SCHEMA_VERSION, min_updated_at=None, max_updated_at=None,
+            writer="web", created_at=utc_now(), inline=lines.decode(),
+        ).to_json()  # fmt: skip
+
+    async def folders(self, prefix: str) -> list[str]:
+        found = await self.inner.folders(prefix)
+        if prefix == self.ref.manifest_root():
+            found = sorted({*found, self.stream})
+        return found
+
+    async def get(self, key: str) -> bytes:
+        return self.commit if key == self.key else await self.inner.get(key)
+
+    async def put(self, key: str, data: bytes) -> None:
+        await self.inner.put(key, data)
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        await self.inner.put_if_absent(key, data)
+
+    async def put_file(self, key: str, path: Path) -> None:
+        await self.inner.put_file(key, path)
+
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return await self.inner.get_ranges(key, ranges)
+
+    def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
+        return self.inner.chunks(key, size)
+
+    async def sha256(self, key: str) -> str:
+        return await self.inner.sha256(key)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def check(self) -> None:
+        await self.inner.check()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
+        keys = await self.inner.list(prefix, start_after)
+        if self.key.startswith(prefix) and self.key > start_after:
+            keys = sorted({*keys, self.key})
+        return keys

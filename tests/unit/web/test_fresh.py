@@ -171,3 +171,31 @@ async def test_once_the_corpus_is_read_offered_lines_go_in_at_once(tmp_path: Pat
     finally:
         indexer.stop()
         index.close()
+
+
+async def test_a_direct_export_reads_the_fresh_lines_as_a_chain_of_its_own() -> None:
+    """The latest view through a FreshStore: the corpus's records, the fresh lines' new
+    traces and re-scores, a fresh deletion applied, and a line the corpus also holds once."""
+    from rl_export.export.latest import LatestView
+    from rl_export.web.fresh import FreshStore
+
+    store = MemoryStore()
+    sink, _ = make_sink(store)
+    old, same, gone = Trace("tr-old"), Trace("tr-same"), Trace("tr-gone")
+    committed = [old.completed(), same.completed(), gone.completed()]
+    for offset, snapshot in enumerate(committed):
+        await sink.handle(offset, encode_snapshot(snapshot)[0], None)
+    await sink.flush()
+    offered: dict[CorpusKey, list[bytes]] = {}
+    fresh = FreshLines(DEFAULT_CORPORA, lambda k, line: bool(offered.setdefault(k, []).append(
+        line) or True), keep_s=60)  # fmt: skip
+    for snapshot in (committed[1], old.evaluated(), Trace("tr-new").completed(), gone.deleted()):
+        fresh.note(encode_snapshot(snapshot)[0])
+    ref = CorpusRef(ORG, PROJECT, "traces")
+    lines = fresh.recent(CorpusKey(ORG, PROJECT, "traces"))
+
+    view = await LatestView(FreshStore(store, ref, lines), ref).open()
+    rows = {r["trace_id"]: r["revision"] for batch in [b async for b in view.lines()]
+            for r in map(loads, batch)}  # fmt: skip
+    assert rows == {"tr-old": 2, "tr-same": 1, "tr-new": 1}
+    assert await store.list(f"{ref.root}/_manifest/fresh-0/") == []  # nothing written
