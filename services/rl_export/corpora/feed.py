@@ -89,7 +89,7 @@ class Feed:
         topic: str,
         producer: Callable[[], AIOKafkaProducer],
         metrics: SinkMetrics,
-        timeout_s: float = 10.0,
+        timeout_s: float = 5.0,  # a flush waits this long for the broker, then keeps them
     ) -> None:
         self.topic = topic
         self._make = producer
@@ -153,13 +153,19 @@ class Feed:
         return self._producer
 
     async def _reset(self) -> None:
+        """Stop the producer, whether or not the broker answers (within 5 s). Awaited
+        directly, not as a task of its own: its ``stop`` starts (and marks it closed) even
+        when this task is being cancelled."""
         producer, self._producer = self._producer, None
-        if producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), 5)
+        if producer is None:
+            return
+        try:
+            async with asyncio.timeout(5):
+                await producer.stop()
+        except (TimeoutError, KafkaError, OSError) as exc:
+            log.warning("change feed: its producer stopped while Kafka was unreachable (%r)", exc)
 
     async def close(self) -> None:
-        """Try the last messages once more, then stop the producer."""
-        with contextlib.suppress(Exception):
-            await self.flush()
+        """Stop the producer. Messages not acknowledged yet are not tried again: the Kafka
+        offsets did not pass their commits, which are announced again after a restart."""
         await self._reset()

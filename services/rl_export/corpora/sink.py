@@ -184,9 +184,11 @@ class Sink:
                 await self._seed(consumer, epoch)
                 await self._flush_due(consumer)
         finally:
-            await stop_quietly(consumer.stop, "sink consumer", log)
-            if self.feed is not None:
-                await self.feed.close()
+            try:  # the feed's producer first: its stop begins even if we are cancelled
+                if self.feed is not None:
+                    await self.feed.close()
+            finally:
+                await stop_quietly(consumer.stop, "sink consumer", log)
 
     async def announce_compaction(
         self, ref: CorpusRef, compaction: Compaction, table: TableCommit | None
