@@ -12,6 +12,12 @@ NATIVE_STAMP := $(VENV)/.installed-native
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
 	native/rl_export_native.pyi $(wildcard native/src/*.rs)
 TRAINERS_STAMP := $(VENV)/.installed-trainers
+ENGINES_STAMP := $(VENV)/.installed-engines
+# Spark's readers of the open tables: Delta Lake and S3A jars (deploy/spark/pom.xml) copied
+# from Maven Central with `mvn dependency:copy-dependencies` (not Spark's ivy, which cannot
+# resolve them here): a version bump is a new path.
+DELTA_SPARK_VERSION := 4.4.0
+SPARK_JARS := .cache/spark-delta/$(DELTA_SPARK_VERSION)/jars
 # The chat templates of the render matrix (trl installed without its dependencies).
 TRL_VERSION := 1.16.0
 PYTEST_ARGS ?=
@@ -36,7 +42,7 @@ AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 PEERS_VENV := .cache/peers/venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help prereqs install native browser kustomize promtool axe run test test-trainers unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
+.PHONY: help prereqs install native browser kustomize promtool axe run test test-trainers test-engines unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -173,6 +179,25 @@ $(TRAINERS_STAMP): $(STAMP)
 test-trainers: $(TRAINERS_STAMP) ## TRL and verl on the exports, a tiny model built locally on CPU (installs the trainers extra)
 	@$(BIN)/python -m pytest tests/trainers $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test-trainers: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The engines extra (PySpark, delta-spark, Polars, pandas) and Spark's jars are installed only
+# here, and tests/engines/ runs only here (norecursedirs in pyproject.toml). Spark needs Java
+# 17 or later (make prereqs checks it).
+$(ENGINES_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[engines]"
+	@touch $(ENGINES_STAMP)
+
+$(SPARK_JARS)/.fetched: deploy/spark/pom.xml
+	@echo "fetching Delta Lake's and S3A's jars for Spark from Maven Central ..."
+	@mkdir -p $(SPARK_JARS)
+	mvn -q -B -f deploy/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory="$(abspath $(SPARK_JARS))" \
+	  || { echo "make: mvn could not fetch Spark's Delta Lake jars" >&2; exit 1; }
+	@touch $@
+
+test-engines: $(ENGINES_STAMP) $(SPARK_JARS)/.fetched ## Spark (delta-spark), Polars and pandas read the corpora's open tables and equal our latest view (installs the engines extra)
+	@SPARK_JARS_DIR="$(abspath $(SPARK_JARS))" $(BIN)/python -m pytest tests/engines $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test-engines: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean: ## remove the virtualenv, caches, var/ and site/ (the Kafka jars in .cache/ are kept)
 	rm -rf $(VENV) var site .mypy_cache .ruff_cache .pytest_cache .hypothesis native/target

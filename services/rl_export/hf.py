@@ -68,7 +68,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from rl_export.corpora.commits import ChainError, Part, chain_keys, object_blocks, read_commit
+from rl_export.corpora.commits import (
+    ChainError,
+    Part,
+    chain_keys,
+    commit_part,
+    object_blocks,
+    read_commit,
+)
 from rl_export.corpora.identity import block_identities
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore, open_store
@@ -279,7 +286,7 @@ async def _next_commit(
         raise ChainError(f"{keys[0][1]}: listed but gone") from None
     if commit.stream != stream or commit.from_offset != position:
         raise ChainError(f"{keys[0][1]}: does not continue {stream} at {position}")
-    part = Part(ref.key(commit.shard), commit.sha256, commit.records, commit.compression)
+    part = commit_part(ref, commit)
     lines = await _object_rows(store, part)
     rows = [
         upgrade_record(r)

@@ -24,7 +24,7 @@ from rl_export.runtime.settings import Settings
 from rl_export.web.app import create_app
 from rl_export.web.services import Services, build_services
 
-_HELD = ("/data/", "/_compacted/")
+_HELD = ("/data/", "/_compacted/", "/_manifest/")  # a commit may hold its lines (inline)
 
 
 class Gate:

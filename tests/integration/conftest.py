@@ -56,23 +56,28 @@ def unique(prefix: str) -> str:
 def run_settings(kafka: LocalKafka, run: str, data_dir: Path, store_url: str,
                  **extra: Any) -> Settings:  # fmt: skip
     """Settings of one run on the session's broker: topics and groups named after ``run``,
-    four partitions, the table in memory."""
-    return Settings(
-        kafka_bootstrap=kafka.bootstrap,
-        topic_traces=f"{run}.traces.completed",
-        topic_evaluations=f"{run}.evaluations.finished",
-        topic_labels=f"{run}.labels.submitted",
-        topic_trajectories=f"{run}.trajectories",
-        topic_dead_letter=f"{run}.dead-letter",
-        topic_claims=f"{run}.claims",
-        partitions=4,
-        app_id=f"{run}-join",
-        sink_group=f"{run}-sink",
-        data_dir=data_dir,
-        store_url=store_url,
-        state_store="memory://",
-        **extra,
-    )
+    four partitions, the table in memory. Quiet chains do not wait and every commit is
+    worth compacting, as before those defaults (tests wait for the corpora to show what
+    they sent): the tests of the defaults (web/test_fresh_traces.py) set them again."""
+    fields: dict[str, Any] = {
+        "corpus_max_age_s": 0.0,
+        "compaction_min_commits": 1,
+        "kafka_bootstrap": kafka.bootstrap,
+        "topic_traces": f"{run}.traces.completed",
+        "topic_evaluations": f"{run}.evaluations.finished",
+        "topic_labels": f"{run}.labels.submitted",
+        "topic_trajectories": f"{run}.trajectories",
+        "topic_dead_letter": f"{run}.dead-letter",
+        "topic_claims": f"{run}.claims",
+        "topic_commits": f"{run}.corpus.commits",
+        "partitions": 4,
+        "app_id": f"{run}-join",
+        "sink_group": f"{run}-sink",
+        "data_dir": data_dir,
+        "store_url": store_url,
+        "state_store": "memory://",
+    }
+    return Settings(**{**fields, **extra})
 
 
 @pytest.fixture

@@ -492,7 +492,7 @@ def fresh(settings: Settings, tag: str, store: Path) -> Settings:
 def own_topics(settings: Settings, prefix: str) -> Settings:
     """The same settings on input and output topics of their own (``<prefix>.<topic>``)."""
     names = ("topic_traces", "topic_evaluations", "topic_labels", "topic_trajectories",
-             "topic_dead_letter")  # fmt: skip
+             "topic_dead_letter", "topic_commits")  # fmt: skip
     return settings.model_copy(
         update={name: f"{prefix}.{getattr(settings, name)}" for name in names}
     )

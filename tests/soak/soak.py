@@ -191,6 +191,10 @@ class Soak:
             data_dir=self.work / "var",
             store_url=f"s3://{BUCKET}/soak",
             shard_max_age_s=1.0,
+            # Quiet chains wait (the default's rule, a bound of the soak's time scale), so
+            # held lines live through the kills; every tail is worth compacting.
+            corpus_max_age_s=5.0,
+            compaction_min_commits=1,
             session_timeout_s=6.0,
             max_event_bytes=self.size.max_event_bytes,
             compaction_interval_s=self.size.compaction_interval_s,

@@ -47,6 +47,9 @@ REQUIRED_PANELS = {
     "redactions": "rl_export_redactions_total",
     "labels over target": "rl_export_labels_over_target_total",
     "claims": "rl_export_web_claims_total",
+    # Issue 58: objects written per org/project, and the open tables' writes.
+    "objects written": "rl_export_objects_written_total",
+    "table writes": "rl_export_table_writes_total",
 }
 
 

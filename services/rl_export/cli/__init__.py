@@ -40,6 +40,7 @@ from rl_export.cli.processes import (
 )
 from rl_export.cli.rubric import cmd_rubric
 from rl_export.cli.templates import cmd_template
+from rl_export.cli.watching import add_watch
 from rl_export.model.errors import ConfigError, RlExportError
 
 __all__ = ["build_parser", "main"]
@@ -315,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers")
     p.set_defaults(func=cmd_produce)
+
+    add_watch(sub)
     return parser
 
 

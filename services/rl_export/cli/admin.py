@@ -43,11 +43,17 @@ def cmd_shards(args: argparse.Namespace) -> int:
             elif args.action == "compact":
                 from rl_export.corpora.chain import writer_id
                 from rl_export.corpora.compaction import compact_all
+                from rl_export.corpora.table import TableSync
 
+                # The open tables too, those that are behind included (nothing new).
+                table = TableSync(
+                    formats={spec.name: spec.format for spec in settings.corpora},
+                    retention_s=settings.shard_retention_s, catch_up=True,
+                ) if settings.tables else None  # fmt: skip
                 written = await compact_all(
                     store, args.prefix, writer=writer_id(),
                     partitioning=(settings.partitioner, settings.partitions),
-                    tombstone_retention_s=settings.tombstone_retention_s,
+                    tombstone_retention_s=settings.tombstone_retention_s, table=table,
                 )  # fmt: skip
                 for compaction in written:
                     print(f"generation {compaction.generation}: {compaction.records} records")

@@ -226,7 +226,7 @@ def _add_version(p: argparse.ArgumentParser) -> None:
 def cmd_versions(args: argparse.Namespace) -> int:
     from rl_export.corpora.layout import CorpusRef
     from rl_export.corpora.versions import delete_version, get_version, list_versions
-    from rl_export.export.versions import pin
+    from rl_export.export.versions import pin, table_format
     from rl_export.formats.specs import check_name
     from rl_export.model.codec import dumps
 
@@ -242,7 +242,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
         store = _open(args.store, settings)
         try:
             if args.action == "create":
-                version = await pin(store, ref, args.name, args.note or "")
+                version = await pin(store, ref, args.name, args.note or "",
+                                    fmt=table_format(settings, ref.corpus))  # fmt: skip
             elif args.action == "show":
                 version = await get_version(store, ref, args.name)
             elif args.action == "delete":

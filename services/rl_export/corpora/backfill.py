@@ -47,6 +47,7 @@ from rl_export.corpora.commits import (
     Part,
     block_lines,
     check_count,
+    commit_part,
     encode_lines,
     follow_chain,
     object_blocks,
@@ -88,9 +89,7 @@ async def _segments(
             ]
         )
     for commit in await follow_chain(store, seed, stream, position):
-        segments.append(
-            [Part(seed.key(commit.shard), commit.sha256, commit.records, commit.compression)]
-        )
+        segments.append([commit_part(seed, commit)])
         position = commit.last_offset + 1
     return segments, position, compaction is not None
 

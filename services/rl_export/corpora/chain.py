@@ -6,8 +6,9 @@ numbers the steps) and of the backfill (:mod:`rl_export.corpora.backfill` seeds 
 through :meth:`ChainWriter.load`). A :class:`ChainWriter` decides what its corpus writes for
 each snapshot (step 2: repeats and revisions the corpus already holds are dropped), buffers
 the lines, and commits them in a fixed order (step 3 (a) the data object, named by its
-content hash, then (b) the create-only commit); a writer that loses the create-only race
-reloads its chain and keeps only what the winner did not cover (step 4).
+content hash, then (b) the create-only commit; a commit of few lines holds them itself, and
+(a) writes nothing); a writer that loses the create-only race reloads its chain and keeps
+only what the winner did not cover (step 4).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,9 @@ class SinkConfig:
     # What all the partitions may hold together (the bounds above are each partition's).
     buffer_bytes: int = 32 * 1024 * 1024
     compression: Compression = "none"
+    # A commit whose shard is at most this many bytes (uncompressed, no sidecar) holds its
+    # lines itself: one object, not a data object and a commit (0: never).
+    inline_max_bytes: int = 0
     sidecars: bool = False  # index sidecars beside uncompressed trajectory shards (costly)
     partitions: int = 8
     partitioner: Partitioner = "murmur2"  # how trace_id maps to a trajectories partition
@@ -81,6 +86,7 @@ class Pending:
     updated_at: str | None  # the record's, for the commit (a tombstone has none)
     event_ms: int | None
     index: tuple[Any, ...] | None = None  # its index sidecar row, when the corpus has sidecars
+    new: bool = False  # a record of a trace the corpus did not hold (the feed's new_records)
 
 
 @dataclass(slots=True)
@@ -111,8 +117,15 @@ class ChainWriter:
         writer: str,
         totals: PendingTotals | None = None,
         seed: CorpusRef | None = None,
+        on_commit: Callable[[CorpusRef, Commit], None] | None = None,
+        announce_from: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
+        # The change feed (rl_export.corpora.feed): told of every commit this writer makes,
+        # and, when the chain loads, of its commits from ``announce_from()`` on (records
+        # read again after a crash: their commits' announcements may not have gone out).
+        self.on_commit = on_commit
+        self.announce_from = announce_from
         self.seed = seed  # the corpus a new chain is seeded from (backfill), if any
         self.ref = ref
         self.spec = spec
@@ -127,6 +140,8 @@ class ChainWriter:
         self.pending: list[Pending] = []
         self.pending_bytes = 0
         self.first_pending_at = 0.0  # monotonic: when its oldest pending line came
+        self.waited = False  # its pending lines were held past a partition's commit (quiet)
+        self.commits = 0  # made since its corpus was last compacted (Sink.tail_commits)
         # Index sidecars need the lines' byte offsets: uncompressed trajectory shards only.
         self.sidecars = (
             config.sidecars and config.compression == "none" and spec.format == "trajectory"
@@ -158,6 +173,12 @@ class ChainWriter:
                     metrics=self.metrics,
                 )  # fmt: skip
             self.state = state
+            if self.on_commit is not None and self.announce_from is not None:
+                start = self.announce_from()
+                for commit in state.commits:
+                    if commit.last_offset >= start:
+                        self.on_commit(self.ref, commit)
+            state.commits = []
         return self.state
 
     async def loaded(self) -> ChainState:
@@ -188,6 +209,7 @@ class ChainWriter:
         if holds and spec.format != "trajectory":  # a row only if the format has one
             line = spec.held_line(snapshot, self._left_out)
             holds = line is not None
+        held = state.held.get(snapshot.trace_id)
         if self._keep(state, snapshot.trace_id, snapshot.revision, deleted=not holds,
                       erased=erased):  # fmt: skip
             if line is None:
@@ -201,6 +223,7 @@ class ChainWriter:
                 Pending(
                     offset, snapshot.trace_id, snapshot.revision, not holds, erased, line,
                     updated_at, event_ms, self._index_row(snapshot, line, holds),
+                    new=holds and (held is None or bool(held & 1)),
                 )
             )  # fmt: skip
 
@@ -299,8 +322,17 @@ class ChainWriter:
             rows = [p.index for p in self.pending if p.index is not None]
             lengths = [len(p.line) for p in self.pending]
             started = time.monotonic()
-            data_key = self.ref.data_key(self.stream, state.head, shard.sha256, shard.compression)
-            await self.store.put(data_key, shard.data)
+            commit_key = self.ref.manifest_key(self.stream, state.head)
+            inline = (
+                len(shard.data) <= self.config.inline_max_bytes
+                and shard.compression == "none" and not (self.sidecars and rows)
+            )  # fmt: skip
+            if inline:  # (a): the commit holds the lines; nothing to write before it
+                data_key = commit_key
+            else:
+                data_key = self.ref.data_key(self.stream, state.head, shard.sha256,
+                                             shard.compression)  # fmt: skip
+                await self.store.put(data_key, shard.data)
             erased = [(p.offset, p.trace_id, p.revision) for p in self.pending if p.erased]
             if erased:  # before the commit that holds their tombstones: see erasures.py
                 await record_erasures(
@@ -309,7 +341,7 @@ class ChainWriter:
             if self.config.crash_at == "after_data":
                 os.kill(os.getpid(), signal.SIGKILL)
             index = None
-            if self.sidecars and len(rows) == len(lengths):
+            if self.sidecars and not inline and len(rows) == len(lengths):
                 from rl_export.corpora import sidecar
 
                 index = await sidecar.write_sidecar(
@@ -331,11 +363,11 @@ class ChainWriter:
                 writer=self.writer,
                 created_at=utc_now(),
                 index=index,
+                new_records=sum(1 for p in self.pending if p.new),
+                inline=shard.data.decode() if inline else None,
             )
             try:
-                await self.store.put_if_absent(
-                    self.ref.manifest_key(self.stream, state.head), commit.to_json()
-                )
+                await self.store.put_if_absent(commit_key, commit.to_json())
             except ObjectExistsError:
                 self.metrics.conflicts.inc()
                 self.state = None  # reloaded, and pending re-checked, at the top of the loop
@@ -345,11 +377,18 @@ class ChainWriter:
             self.metrics.commits.labels(self.spec.name).inc()
             self.metrics.records.labels(self.spec.name).inc(shard.records)
             self.metrics.bytes.labels(self.spec.name).inc(len(shard.data))
-            self.metrics.freshness.observe_many(
+            # Lines that waited as a quiet chain's have a histogram of their own: they are
+            # late by design (the web shows them meanwhile), the others by fault.
+            histogram = self.metrics.quiet_freshness if self.waited else self.metrics.freshness
+            histogram.observe_many(
                 [max(0.0, now - p.event_ms / 1000) for p in self.pending if p.event_ms is not None]
             )
+            self.waited = False
             state.head = last_offset + 1
             self._take_pending()
+            self.commits += 1
+            if self.on_commit is not None:
+                self.on_commit(self.ref, commit)
 
     async def _after_losing(self) -> ChainState:
         """Another writer created our commit first: take its chain, keep what it left.

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_export.corpora.commits import read_chain
+from rl_export.corpora.commits import Commit, read_chain
 from rl_export.corpora.compacted import (
     latest_compaction,
     read_compaction,
@@ -51,6 +51,9 @@ class ChainState:
     head: int = 0
     held: dict[str, int] = field(default_factory=dict)
     erased: frozenset[str] = frozenset()  # deleted traces (the erasure log): no record again
+    # The chain's own commits read while loading (after the latest compaction), for the
+    # change feed to announce again (ChainWriter.load); emptied once it has.
+    commits: list[Commit] = field(default_factory=list)
 
     def hold(self, trace_id: str, revision: int, deleted: bool) -> None:
         self.held[trace_id] = revision * 2 + deleted
@@ -112,6 +115,7 @@ async def load_chain_state(
             if chain == stream:
                 state.apply(rows)
                 state.head = commit.last_offset + 1
+                state.commits.append(commit)
             else:
                 state.apply(r for r in rows if belongs is None or belongs(r["trace_id"]))
     return state

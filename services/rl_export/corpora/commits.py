@@ -4,6 +4,8 @@ Per corpus and ``<topic>-<partition>`` the commits form a *chain*: a commit cove
 ``from_offset`` .. ``last_offset`` (inclusive) of the topic, the first commit starts at 0, and
 each next one starts at the previous ``last_offset + 1``. A commit is created only after its
 data object, with create-only semantics, so whoever creates ``<from_offset>.json`` first wins.
+A commit of few lines may hold them itself (``inline``: its shard's text, ``shard`` naming
+the commit): one object written instead of two, which is what a quiet corpus's commits cost.
 
 Here: the commit record and its sidecar reference, shards encoded and decoded, an object as
 a :class:`Part` read in verified blocks, and chains listed, followed and read.
@@ -68,6 +70,12 @@ class Commit(BaseModel):
     writer: str
     created_at: str
     index: SidecarRef | None = None  # the shard's index sidecar (rl_export.corpora.sidecar)
+    # Of ``records``, the lines of traces the corpus did not hold (the change feed's
+    # new_records); None in commits written before it was counted.
+    new_records: int | None = Field(default=None, ge=0)
+    # The shard's lines themselves (UTF-8 JSON Lines, uncompressed), when the commit holds
+    # them: ``shard`` is then the commit's own name and ``sha256`` that of these bytes.
+    inline: str | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> Commit:
@@ -80,9 +88,9 @@ class Commit(BaseModel):
         return f"{self.topic}-{self.partition}"
 
     def to_json(self) -> builtins.bytes:
-        """The commit object's bytes (no ``index`` key when it has no sidecar)."""
-        return dumps(self.model_dump(mode="json", exclude={"index"} if self.index is None
-                                     else None))  # fmt: skip
+        """The commit object's bytes (no ``index`` or ``new_records`` key when unknown)."""
+        absent = {k for k in ("index", "new_records", "inline") if getattr(self, k) is None}
+        return dumps(self.model_dump(mode="json", exclude=absent or None))
 
 
 @dataclass(frozen=True)
@@ -140,12 +148,14 @@ class Part:
     compression: Compression
     bytes: int | None = None  # stored size, where the commit or compaction says
     index: SidecarRef | None = None  # its index sidecar, key relative to the corpus
+    data: builtins.bytes | None = None  # its bytes, when its commit holds them (inline)
 
 
 def commit_part(ref: CorpusRef, commit: Commit) -> Part:
-    """A commit's shard as a :class:`Part`."""
+    """A commit's shard as a :class:`Part` (its bytes with it when the commit holds them)."""
+    data = None if commit.inline is None else commit.inline.encode()
     return Part(ref.key(commit.shard), commit.sha256, commit.records, commit.compression,
-                commit.bytes, commit.index)  # fmt: skip
+                commit.bytes, commit.index, data)  # fmt: skip
 
 
 READ_CHUNK = 4 << 20
@@ -168,6 +178,14 @@ async def object_blocks(
     bytes are read as they are: for an object this process verified earlier (objects are
     named by their content and never rewritten).
     """
+    if part.data is not None:  # a commit's own lines: in memory already
+        if verify and hashlib.sha256(part.data).hexdigest() != part.sha256:
+            raise ChainError(f"{part.key}: the lines it holds do not match its sha256")
+        if part.data and not part.data.endswith(b"\n"):
+            raise ChainError(f"{part.key}: does not end with a newline")
+        if part.data:
+            yield part.data, 0, len(part.data)
+        return
     digest = hashlib.sha256() if verify else None
     inflate = zlib.decompressobj(wbits=31) if part.compression == "gzip" else None
     rest = b""
@@ -244,7 +262,7 @@ async def read_commit(store: ObjectStore, key: str) -> Commit:
 async def read_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list[dict[str, Any]]:
     """Fetch a commit's shard, check its checksum and count, and parse it."""
     key = ref.key(commit.shard)
-    data = await store.get(key)
+    data = commit.inline.encode() if commit.inline is not None else await store.get(key)
     digest = hashlib.sha256(data).hexdigest()
     if digest != commit.sha256:
         raise ChainError(f"{key}: sha256 {digest[:16]}… does not match its commit")

@@ -21,6 +21,9 @@ How a generation is made (:func:`compact`):
    ids and revisions), so a writer starting up reads its partition's index, not the parts.
 5. Create ``_compacted/<g+1>/_compaction.json`` create-only. Whoever creates it first wins;
    a loser leaves the winner alone, and its parts are harmless leftovers.
+6. With a :class:`~rl_export.corpora.table.TableSync`, the winner brings the corpus's open
+   table (``_table/``, Delta Lake) to the new generation: a MERGE of the traces that changed
+   since the base (:mod:`rl_export.corpora.table`).
 
 :func:`expire` removes what no reader starting from one of the newest compactions needs:
 data objects, then commits, covered by an old enough compaction, then the folders of
@@ -58,6 +61,7 @@ from rl_export.corpora.layout import (
     utc_now,
 )
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.table import TableSync, locate, read_generation
 from rl_export.corpora.versions import list_versions
 from rl_export.model.codec import dumps, dumps_lines, loads
 from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError
@@ -85,6 +89,10 @@ class Latest:
     def records(self) -> list[dict[str, Any]]:
         """The live records, sorted by ``trace_id`` (tombstones dropped)."""
         return [self._rows[t] for t in sorted(self._rows) if not self._rows[t].get("deleted")]
+
+    def current(self, trace_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The latest row (record or tombstone) of each of ``trace_ids``."""
+        return [self._rows[t] for t in sorted(set(trace_ids)) if t in self._rows]
 
     def tombstones(self, since: str) -> list[dict[str, Any]]:
         """The tombstones written at ``since`` or later (ISO 8601), sorted by ``trace_id``."""
@@ -164,6 +172,7 @@ async def compact(
     now: float | None = None,
     sidecars: bool = True,
     min_commits: int = 1,
+    table: TableSync | None = None,
 ) -> Compaction | None:
     """Write the next generation of a corpus; None when nothing is new or another won.
 
@@ -171,7 +180,8 @@ async def compact(
     ``sidecars`` an index sidecar beside each uncompressed part (:mod:`.sidecar`);
     ``min_commits``: None too while the chains hold fewer commits after the base (counted
     from their listings, nothing read): a generation rewrites the whole corpus, about ten
-    objects, which a quiet corpus's few new lines do not pay for.
+    objects, which a quiet corpus's few new lines do not pay for; ``table``: keep the
+    corpus's open table (step 6; ``table.written`` says what was written).
     """
     # 1. The base: the latest readable compaction.
     folders = await _generation_folders(store, ref)
@@ -196,6 +206,8 @@ async def compact(
 
     # 3. Nothing new.
     if not new:
+        if table is not None and table.catch_up and base is not None:
+            await _catch_up(store, ref, base, table)
         return None
     # The heavy, CPU-bound steps run in a thread, so the worker's event loop (its consumers'
     # heartbeats, /healthz) keeps its turn while a large corpus is compacted.
@@ -262,7 +274,29 @@ async def compact(
         )
     except ObjectExistsError:
         return None
+
+    # 6. The open table, from the traces the new lines touched.
+    if table is not None:
+        touched = {row["trace_id"] for _, rows in new for row in rows}
+        await table.update(
+            store, ref, applies_to=base.generation if base else 0, generation=generation,
+            positions=compaction.positions, changes=latest.current(touched),
+            records=lambda: records,
+        )  # fmt: skip
     return compaction
+
+
+async def _catch_up(store: ObjectStore, ref: CorpusRef, base: Compaction, table: TableSync) -> None:
+    """Nothing is new, but the table may be behind the latest generation: bring it there
+    from the generation's records (a table that is there costs one read of its log)."""
+    location = await asyncio.to_thread(locate, store, ref)
+    if location is None or await asyncio.to_thread(read_generation, location) == base.generation:
+        return
+    records = list(await read_compaction(store, ref, base))
+    await table.update(
+        store, ref, applies_to=-1, generation=base.generation, positions=base.positions,
+        changes=(), records=lambda: records,
+    )  # fmt: skip
 
 
 async def _write_holdings(
@@ -332,6 +366,7 @@ async def compact_all(
     partitioning: tuple[Partitioner, int] | None = None,
     tombstone_retention_s: float = 7 * 86400.0,
     sidecars: bool = True,
+    table: TableSync | None = None,
 ) -> list[Compaction]:
     """Compact every corpus under ``prefix``; the generations written."""
     written = []
@@ -345,6 +380,7 @@ async def compact_all(
             partitioning=partitioning,
             tombstone_retention_s=tombstone_retention_s,
             sidecars=sidecars,
+            table=table,
         )
         if compaction is not None:
             written.append(compaction)
@@ -418,8 +454,9 @@ async def expire(
                 commit = await read_commit(store, key)
             except ObjectNotFoundError:
                 continue
-            if commit.last_offset < bound:
-                covered.append((from_offset, key, ref.key(commit.shard)))
+            if commit.last_offset < bound:  # (a commit holding its lines has no data object)
+                covered.append((from_offset, key, None if commit.inline is not None else (
+                    ref.key(commit.shard))))  # fmt: skip
         if not covered:
             continue
         # Data first: the commit's shard, and any object a losing writer left at its offset
@@ -430,7 +467,7 @@ async def expire(
             for key in await store.list(f"{ref.root}/data/{stream}/")
             if key.rsplit("/", 1)[-1][: OFFSET_WIDTH + 1] in starts
         }
-        for key in sorted(leftovers | {shard for _, _, shard in covered}):
+        for key in sorted(leftovers | {shard for _, _, shard in covered if shard is not None}):
             await store.delete(key)
             deleted.append(key)
         for _, key, _ in covered:

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rl_export.corpora.chain import ChainWriter, PendingTotals, SinkConfig
+from rl_export.corpora.commits import Commit
+from rl_export.corpora.feed import Feed, commit_message
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import SAFE_NAME, CorpusSpec
@@ -60,6 +62,8 @@ class PartitionSink:
     held_until: float | None = None  # quiet writers held back: when the first is due
     committed: int = -1  # the Kafka offset last committed for this partition
     retry_after: float = 0.0  # a flush the store refused: not tried early before this
+    feed: Feed | None = None  # the change feed, told of every commit (rl_export.corpora.feed)
+    first_offset: int = -1  # of the first record handled: commits from there are announced
     totals: PendingTotals = field(default_factory=PendingTotals, init=False)
     # The writers of each (org, project), one per spec in order: one lookup per record.
     _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
@@ -91,9 +95,16 @@ class PartitionSink:
                 config=self.config, metrics=self.metrics, writer=self.writer,
                 totals=self.totals,
                 seed=None if seed is None or seed is spec else CorpusRef(org, project, seed.name),
+                on_commit=None if self.feed is None else self._announce,
+                announce_from=lambda: self.first_offset if self.first_offset >= 0 else (
+                    self.last_offset + 1),
             )  # fmt: skip
             self.writers[key] = writer
         return writer
+
+    def _announce(self, ref: CorpusRef, commit: Commit) -> None:
+        if self.feed is not None:
+            self.feed.announce(ref, commit_message(ref, commit))
 
     def _writers_of(self, org: str, project: str) -> tuple[ChainWriter, ...]:
         writers = self._project_writers.get((org, project))
@@ -150,6 +161,8 @@ class PartitionSink:
         for a snapshot in the record layout, whose value holds them.
         """
         self.last_offset = max(self.last_offset, offset)
+        if self.first_offset < 0:
+            self.first_offset = offset
         lines = None if record_at is None else SnapshotLines.from_record(value, record_at)
         if lines is None:
             try:
@@ -228,6 +241,8 @@ class PartitionSink:
         if self.config.crash_at == "after_commit":
             os.kill(os.getpid(), signal.SIGKILL)
         if held:
+            for writer in held:
+                writer.waited = True
             self.held_until = min(w.first_pending_at for w in held) + self.config.quiet_max_age_s
             return min(w.pending[0].offset for w in held)
         self.held_until = None

@@ -19,10 +19,12 @@ How a snapshot travels (per ``trajectories`` partition, the steps match the code
    partitions together hold the sink's buffer bound, and this one holds most:
    :func:`flushed_early`), every writer with pending records commits, in this fixed order:
    (a) the data object, named by its content hash; (b) the commit, create-only, covering
-   ``head`` .. the last offset read; (c) once all writers of the partition committed, the
-   Kafka offset after that record. A flush the store refused is tried again one age bound
-   later; while the partitions together hold more than the buffer bound after a flush
-   (the store is refusing commits), the consumer is paused (:meth:`Sink._hold_back`).
+   ``head`` .. the last offset read, then its message queued for the change feed
+   (:mod:`rl_export.corpora.feed`); (c) once all writers of the partition committed and
+   the broker acknowledged every queued message, the Kafka offset after that record. A
+   flush the store refused is tried again one age bound later; while the partitions
+   together hold more than the buffer bound after a flush (the store is refusing commits),
+   the consumer is paused (:meth:`Sink._hold_back`).
 4. A writer that loses the create-only race reloads its chain and keeps only what the
    winner did not cover. After any crash the group offset is at or before every chain head,
    so records are read again and step 2 skips what is already committed. A batch fetched or
@@ -44,9 +46,12 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from rl_export.corpora.chain import SinkConfig, writer_id
+from rl_export.corpora.compacted import Compaction
+from rl_export.corpora.feed import Feed, compaction_message
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.partition import PartitionSink
 from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.table import TableCommit
 from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec
 from rl_export.kafka.client import KafkaConnection
 from rl_export.kafka.retrying import AUTHORIZATION_FAILED, start_when_reachable, stop_quietly
@@ -73,8 +78,10 @@ class Sink:
         session_timeout_s: float = 10.0,
         instance_id: str | None = None,
         on_refused: Callable[[BaseException], Exception | None] = lambda exc: None,
+        feed: Feed | None = None,
     ) -> None:
         self.kafka = kafka
+        self.feed = feed  # the change feed (None: no messages)
         self.topic = topic
         self.group = group
         self.store = store
@@ -96,12 +103,30 @@ class Sink:
         refs = {w.ref for part in self.parts.values() for w in part.writers.values()}
         return sorted(refs, key=lambda r: r.root)
 
+    def tail_commits(self) -> dict[CorpusRef, int]:
+        """Per corpus this sink writes, the commits it made since :meth:`compacted` was last
+        told of it, scaled to every partition from the ones it holds: an estimate of the
+        corpus's tail, without listing a chain (compaction's schedule: worker/main.py)."""
+        counts: dict[CorpusRef, int] = {}
+        for part in self.parts.values():
+            for writer in part.writers.values():
+                counts[writer.ref] = counts.get(writer.ref, 0) + writer.commits
+        share = self.config.partitions / max(1, len(self.parts))
+        return {ref: round(n * share) for ref, n in counts.items()}
+
+    def compacted(self, ref: CorpusRef) -> None:
+        """The corpus was compacted (or found with nothing new): count its commits afresh."""
+        for part in self.parts.values():
+            for writer in part.writers.values():
+                if writer.ref == ref:
+                    writer.commits = 0
+
     def _part(self, partition: int) -> PartitionSink:
         part = self.parts.get(partition)
         if part is None:
             part = self.parts[partition] = PartitionSink(
                 self.store, self.topic, partition, self.specs, self.config, self.metrics,
-                self.writer,
+                self.writer, feed=self.feed,
             )  # fmt: skip
         return part
 
@@ -163,7 +188,23 @@ class Sink:
         except AUTHORIZATION_FAILED as exc:  # the broker's ACLs refuse us: name what is missing
             raise self.on_refused(exc) or exc from None
         finally:
-            await stop_quietly(consumer.stop, "sink consumer", log)
+            try:  # the feed's producer first: its stop begins even if we are cancelled
+                if self.feed is not None:
+                    await self.feed.close()
+            finally:
+                await stop_quietly(consumer.stop, "sink consumer", log)
+
+    async def announce_compaction(
+        self, ref: CorpusRef, compaction: Compaction, table: TableCommit | None
+    ) -> None:
+        """Tell the change feed of a compaction generation (best effort: see the feed)."""
+        if self.feed is None:
+            return
+        self.feed.announce(ref, compaction_message(
+            ref, compaction, None if table is None else table.version,
+            None if table is None else table.inserted,
+        ))  # fmt: skip
+        await self.feed.flush()
 
     async def _seed(self, consumer: AIOKafkaConsumer, epoch: int) -> None:
         """Step 0 for the partitions assigned since the last round: seed their new chains
@@ -268,6 +309,8 @@ class Sink:
         ready = {p: (part, o) for p, (part, o) in offsets.items() if self.parts.get(p) is part}
         if not ready:
             return
+        if self.feed is not None and not await self.feed.flush():
+            return  # step 3 (c) waits for the feed: its messages go again at the next round
         try:  # step 3 (c)
             await consumer.commit(
                 {

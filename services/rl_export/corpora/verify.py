@@ -163,13 +163,17 @@ async def _check_commit(store: ObjectStore, ref: CorpusRef, key: str) -> _Commit
             f"{key}: last_offset {commit.last_offset} < from_offset {commit.from_offset}"
         )
     shard_key = ref.key(commit.shard)
-    expected = ref.data_key(stream, offset, commit.sha256, commit.compression)
+    # A commit holding its lines names itself; the others their data object.
+    expected = key if commit.inline is not None else (
+        ref.data_key(stream, offset, commit.sha256, commit.compression))  # fmt: skip
     if shard_key != expected:
         check.problems.append(
             f"{key}: shard {commit.shard} is not where the layout puts it "
             f"({ref.relative(expected)})"
         )
-    data = await _get(store, shard_key)
+    if commit.inline is not None and commit.compression != "none":
+        check.problems.append(f"{key}: holds its lines but says they are {commit.compression}")
+    data = commit.inline.encode() if commit.inline is not None else await _get(store, shard_key)
     if isinstance(data, str):
         check.problems.append(f"{data} (the shard of {key})")
         check.missing = True
@@ -518,7 +522,7 @@ async def _version_problems(store: ObjectStore, key: str, version: Version) -> l
             except (ObjectNotFoundError, ChainError) as exc:
                 problems.append(f"{key}: commit {commits[position]} unreadable ({exc})")
                 break
-            if ref.key(commit.shard) not in data:
+            if commit.inline is None and ref.key(commit.shard) not in data:
                 problems.append(f"{key}: shard {commit.shard} is gone")
                 break
             position = commit.last_offset + 1

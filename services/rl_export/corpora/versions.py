@@ -42,6 +42,9 @@ class Version(BaseModel):
     created_at: str
     generation: int | None = Field(default=None, ge=1)
     ends: dict[str, int] = {}
+    # The Delta version of the corpus's table that holds this position (DESIGN.md section
+    # 13); None when no table version does (no table, or it could not be written).
+    delta_version: int | None = Field(default=None, ge=0)
 
     def position(self) -> dict[str, object]:
         """The position as :meth:`~rl_export.export.latest.ViewPosition.to_json` gives it."""
@@ -78,6 +81,7 @@ async def create_version(
     generation: int | None,
     ends: dict[str, int],
     note: str = "",
+    delta_version: int | None = None,
 ) -> Version:
     """Pin ``(generation, ends)`` of ``ref`` as ``name``; VersionError when it exists."""
     if len(note) > NOTE_MAX:
@@ -85,9 +89,14 @@ async def create_version(
     version = Version(
         name=check_version_name(name), org=ref.org, project=ref.project, corpus=ref.corpus,
         note=note, created_at=utc_now(), generation=generation, ends=dict(sorted(ends.items())),
+        delta_version=delta_version,
     )  # fmt: skip
     try:
-        await store.put_if_absent(version_key(ref, name), dumps(version.model_dump(mode="json")))
+        # Without a Delta version the object is as it was before tables (older readers).
+        body = version.model_dump(
+            mode="json", exclude={"delta_version"} if delta_version is None else None
+        )
+        await store.put_if_absent(version_key(ref, name), dumps(body))
     except ObjectExistsError:
         raise VersionError(
             f"version {name!r} of {ref.root} already exists (versions are never rewritten: "

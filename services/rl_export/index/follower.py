@@ -13,7 +13,10 @@ Per corpus (:meth:`Indexer.follow`, thread-safe, idempotent):
 2. Follow it with the corpora's reader (:meth:`CorpusReader.follow_objects`), one verified
    object at a time; each object's lines and the cursor after them go into the index, so a
    restart resumes there (lines ingested twice change nothing).
-3. After each pass over the chains, note when it began: the index then holds every commit
+3. After each pass over the chains, ingest the lines offered since (:meth:`Indexer.offer`:
+   what the corpus will hold, read from the trajectories topic before the sink commits it;
+   once a pass is done they are ingested as they come, a batch every
+   :data:`FRESH_BATCH_S`), and note when the pass began: the index then holds every commit
    made before that moment (the lag). The first pass releases the requests waiting for it.
 4. When the chains no longer continue at the cursor (history expired under it), forget the
    corpus and start again from the latest compaction. A store that fails is retried on the
@@ -45,6 +48,8 @@ from rl_export.runtime.metrics import WebMetrics
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 60.0
 FETCH_TIMEOUT_S = 30.0
+FRESH_BATCH_S = 0.05
+"""Offered lines that come this close together are ingested in one write."""
 BATCH_ROWS = 200_000
 """Most sidecar rows the index takes in one transaction."""
 T = TypeVar("T")
@@ -88,6 +93,14 @@ class Followed:
     live: int = 0
     passes: int = 0
     restarting: bool = False  # read again from the latest compaction (a body expired)
+    # Lines the corpus does not hold yet (the trajectories topic: rl_export.web.fresh),
+    # ingested after the next pass; only the indexer's loop touches it once following.
+    fresh: list[bytes] = field(default_factory=list, repr=False)
+    # The index holds the corpus read through a pass (not between a reset and the pass
+    # after it, when the compaction's first rows are inserted unchecked): offered lines are
+    # then ingested at once, a batch every FRESH_BATCH_S, not at the pass's end.
+    settled: bool = False
+    flushing: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     # Held by each of the corpus's writes to the index (of the indexer's loop; FIFO): one at
     # a time and in order, and a restart's reset after the writes of the task it replaces.
@@ -108,8 +121,10 @@ class Indexer:
         metrics: WebMetrics,
         *,
         poll_interval_s: float = 1.0,
+        recent: Callable[[CorpusKey], bytes] | None = None,
     ) -> None:
         self.index = index
+        self.recent = recent  # the fresh lines kept for a corpus followed now (web.fresh)
         self.store = store
         self.metrics = metrics
         self.poll_interval_s = poll_interval_s
@@ -194,11 +209,49 @@ class Indexer:
             if found is not None:
                 return found
             followed = Followed(key, asyncio.Event(), time.monotonic())
+            if self.recent is not None and (lines := self.recent(key)):
+                followed.fresh.append(lines)
             self.followed[key] = followed
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._begin, followed)
         self.metrics.index_corpora.set(len(self.followed))
         return followed
+
+    def offer(self, key: CorpusKey, lines: bytes) -> bool:
+        """Lines of a corpus it does not hold yet (whole JSON Lines lines), for the index
+        after the corpus's next pass; True when the corpus is followed (else they are not
+        taken). Called from the API's event loop."""
+        followed = self.followed.get(key)
+        loop = self._loop
+        if followed is None or loop is None or loop.is_closed():
+            return False
+        loop.call_soon_threadsafe(self._take_fresh, followed, lines)
+        return True
+
+    def _take_fresh(self, followed: Followed, lines: bytes) -> None:
+        """On the indexer's loop: keep offered lines, and ingest them soon if the corpus is
+        settled (else the next pass's end does)."""
+        followed.fresh.append(lines)
+        if followed.settled and not followed.flushing and followed.corpus_id is not None:
+            followed.flushing = True
+            loop = asyncio.get_running_loop()
+            loop.call_later(FRESH_BATCH_S, lambda: loop.create_task(self._flush_fresh(followed)))
+
+    async def _flush_fresh(self, followed: Followed) -> None:
+        followed.flushing = False
+        if not followed.settled or not followed.fresh or followed.corpus_id is None:
+            return  # a reset came: the pass after it takes them
+        data = b"".join(followed.fresh)
+        followed.fresh.clear()
+        try:
+            await self._write(followed, self.index.ingest, followed.corpus_id, data, None)
+        except (IndexError_, OSError) as exc:
+            log.warning("index: %s: fresh lines not taken (%s); the corpus will have them",
+                        followed.key.name, exc)  # fmt: skip
+            return
+        taken = data.count(b"\n")
+        self.metrics.index_fresh_lines.labels(followed.key.corpus).inc(taken)
+        followed.lines += taken
 
     async def ready(self, key: CorpusKey, timeout_s: float) -> Followed:
         """Follow the corpus and wait (at most ``timeout_s``) for its first pass."""
@@ -225,6 +278,7 @@ class Indexer:
 
         cid = followed.corpus_id = await write(self.index.corpus_id, key)
         if reset:  # after the writes of the task it replaces (they run in order)
+            followed.settled = False
             await write(self.index.reset, cid)
             followed.restarting = False
         reader = CorpusReader(
@@ -235,6 +289,7 @@ class Indexer:
         ingested = self.metrics.index_ingested.labels(key.corpus)
         as_columns = self.metrics.index_objects.labels(key.corpus, "columns")
         as_lines = self.metrics.index_objects.labels(key.corpus, "lines")
+        fresh = self.metrics.index_fresh_lines.labels(key.corpus)
         assert self._stop is not None
         pending: asyncio.Future[None] | None = None
         counted = -1  # lines read when ``live`` was last counted
@@ -264,7 +319,16 @@ class Indexer:
                 ))  # fmt: skip
 
         def caught_up(began: float) -> None:
+            nonlocal pending
             hand_over()  # the pass is done: what waits goes now (settle waits for it)
+            if followed.fresh:  # after the pass: never among a compaction's first rows
+                data = b"".join(followed.fresh)
+                followed.fresh.clear()
+                pending = write(self.index.ingest, cid, data, None)
+                taken = data.count(b"\n")
+                fresh.inc(taken)
+                followed.lines += taken  # the live count is taken again
+            followed.settled = True
             task = loop.create_task(settle(began))
             settling.add(task)
             task.add_done_callback(settling.discard)
@@ -302,6 +366,7 @@ class Indexer:
                 log.warning("index: %s: %s; reading it again from its latest compaction",
                             key.name, exc)  # fmt: skip
                 await self._drain(pending)
+                followed.settled = False
                 await write(self.index.reset, cid)
                 followed.error = str(exc)
             except (StoreError, IndexError_, OSError) as exc:

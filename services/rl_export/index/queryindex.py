@@ -271,12 +271,13 @@ class QueryIndex:
             "UPDATE corpora SET cursor = ? WHERE id = ?", [dumps(cursor).decode(), corpus_id]
         )
 
-    def ingest(self, corpus_id: int, data: bytes, cursor: Cursor) -> None:
+    def ingest(self, corpus_id: int, data: bytes, cursor: Cursor | None) -> None:
         """Take verified corpus lines (one buffer, each line ending with a newline) and the
-        cursor after them (see the module)."""
+        cursor after them (see the module; None: lines from rl_export.web.fresh)."""
         with self._gate.shared():
-            if not data:
+            if not data and cursor is not None:
                 self._save_cursor(corpus_id, cursor)
+            if not data:
                 return
             if not data.endswith(b"\n"):
                 raise IndexError_("the lines do not end with a newline")

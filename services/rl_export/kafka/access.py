@@ -164,6 +164,11 @@ def sink_consumer(settings: Settings) -> Client:
     )
 
 
+def commits_feed(settings: Settings) -> Client:
+    """The change feed's producer: the sink and compaction announce each corpus commit."""
+    return Client("the change feed's producer", writes=(settings.topic_commits,))
+
+
 def label_publisher(settings: Settings) -> Client:
     """The web service's producer: label events, and the news of claims."""
     return Client("the label publisher", writes=(settings.topic_labels, settings.topic_claims))
@@ -179,14 +184,20 @@ def claims_tail(settings: Settings) -> Client:
     return Client("the claims tail", reads=(settings.topic_claims,))
 
 
+def trajectories_tail(settings: Settings) -> Client:
+    """The web service's follower of the trajectories topic (no group): new traces for the
+    index before the corpora commit them."""
+    return Client("the trajectories tail", reads=(settings.topic_trajectories,))
+
+
 def event_producer(settings: Settings) -> Client:
     """``produce``: events to the three input topics."""
     return Client("the event producer", writes=settings.input_topics)
 
 
 _ROLE_CLIENTS = {
-    Role.WORKER: (join_consumer, join_producer, table_restore, sink_consumer),
-    Role.WEB: (label_publisher, labels_tail, claims_tail),
+    Role.WORKER: (join_consumer, join_producer, table_restore, sink_consumer, commits_feed),
+    Role.WEB: (label_publisher, labels_tail, claims_tail, trajectories_tail),
     Role.PRODUCE: (event_producer,),
 }
 

@@ -15,7 +15,8 @@ Hierarchy::
     ├── BrokerUnavailableError     Kafka cannot be reached at the configured bootstrap address
     ├── StoreError                 the object store failed or refused a request
     │   ├── ObjectExistsError      a create-only write lost: the object is already there
-    │   └── ObjectNotFoundError    a read asked for a key that is not there
+    │   ├── ObjectNotFoundError    a read asked for a key that is not there
+    │   └── TableError             a corpus's open table (Delta Lake) could not be written or read
     └── LocalStackError            a local component (Kafka, SeaweedFS) could not be set up
 """
 
@@ -94,6 +95,11 @@ class LocalStackError(RlExportError):
 
 class ObjectNotFoundError(StoreError):
     """A read asked for a key that does not exist."""
+
+
+class TableError(StoreError):
+    """A corpus's Delta Lake table (``_table/``) could not be written or read; the corpus's
+    own objects are unaffected, and the next compaction tries the table again."""
 
 
 class WorkerError(RlExportError):

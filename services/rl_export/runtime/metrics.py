@@ -1,7 +1,8 @@
 """Every Prometheus metric of rl-export, in one container bound to a registry.
 
 Names follow ``rl_export_<noun>_<unit>[_total]``; label values come from closed sets
-(event types, :class:`~rl_export.model.events.RejectReason`, outcomes), so cardinality is bounded.
+(event types, :class:`~rl_export.model.events.RejectReason`, outcomes), or are bounded
+(:class:`ProjectLabels`), so cardinality is bounded.
 Tests build ``Metrics(CollectorRegistry())`` and read the values back.
 """
 
@@ -34,6 +35,41 @@ CLAIM_OUTCOMES = ("granted", "renewed", "lost", "released", "ended")
 """What became of a claim attempt or a claim (the ``outcome`` label of the claims counter):
 granted a place, handed back unexpired on a repeated ask, lost a create-only race, released
 by its holder, ended by the holder's label or skip."""
+
+
+OBJECT_KINDS = ("shard", "commit", "sidecar", "erasure", "compaction", "table", "other")
+"""What an object written is (the ``kind`` label of the objects counter): a data shard, a
+commit entry, an index sidecar, an erasure entry, a compaction's object, a Delta table's file
+(data or log), anything else."""
+TABLE_OUTCOMES = ("merged", "full", "vacuumed", "failed")
+"""What a table write did: merged the changes, merged every record (the table was behind),
+merged and then deleted earlier versions' files (an erasure), or failed."""
+FEED_KINDS = ("commit", "compaction")
+OTHER = "_other"
+"""The org and project label values of every pair past the bound (:class:`ProjectLabels`)."""
+PROJECT_SERIES = 50
+"""Org/project pairs with series of their own in the per-project metrics (the first met)."""
+
+
+class ProjectLabels:
+    """``org`` and ``project`` label values, at most ``limit`` distinct pairs: the first
+    pairs met keep their names (a series stays one tenant's for the process's life), every
+    later one is counted as ``(_other, _other)``. Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._named: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, org: str, project: str) -> tuple[str, str]:
+        pair = (org, project)
+        if pair in self._named:
+            return pair
+        with self._lock:
+            if len(self._named) < self.limit:
+                self._named.add(pair)
+                return pair
+        return (OTHER, OTHER)
 
 
 def redactions_counter(registry: CollectorRegistry) -> Counter:
@@ -187,9 +223,53 @@ class BatchHistogram:
 
 
 class SinkMetrics:
-    """The sink's metrics (registered on the same registry as the join's)."""
+    """The sink's metrics (registered on the same registry as the join's).
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    ``projects`` bounds the org/project label values of the objects counter
+    (:class:`ProjectLabels`).
+    """
+
+    def __init__(self, registry: CollectorRegistry, projects: int = PROJECT_SERIES) -> None:
+        self.projects = ProjectLabels(projects)
+        self.objects = Counter(
+            "rl_export_objects_written_total",
+            "Objects the worker wrote to the store (the sink, compaction and the open "
+            "tables), by org, project (the first 50 pairs met; the others as _other) and "
+            "kind (shard, commit, sidecar, erasure, compaction, table, other): what an "
+            "object store bills.",
+            ["org", "project", "kind"],
+            registry=registry,
+        )
+        self.table_writes = Counter(
+            "rl_export_table_writes_total",
+            "Writes of corpora's open tables (Delta Lake) by compaction, by outcome (merged, "
+            "full, vacuumed, failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in TABLE_OUTCOMES:
+            self.table_writes.labels(outcome)
+        self.table_seconds = Histogram(
+            "rl_export_table_write_seconds",
+            "Time to bring a corpus's open table to a new compaction generation.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.feed_messages = Counter(
+            "rl_export_feed_messages_total",
+            "Messages sent to the change feed (RL_EXPORT_TOPIC_COMMITS), by kind (commit, "
+            "compaction).",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in FEED_KINDS:
+            self.feed_messages.labels(kind)
+        self.feed_errors = Counter(
+            "rl_export_feed_errors_total",
+            "Change-feed messages the broker did not take (sent again when the chain is "
+            "read again; see docs/guides/tables.md).",
+            registry=registry,
+        )
         self.records = Counter(
             "rl_export_sink_records_total",
             "Records (and tombstones) committed to corpora, by corpus name.",
@@ -217,6 +297,15 @@ class SinkMetrics:
         self.freshness = BatchHistogram(
             "rl_export_sink_freshness_seconds",
             "From an input event's Kafka timestamp to its record being visible in a corpus.",
+            buckets=_FRESHNESS_BUCKETS,
+            registry=registry,
+        )
+        self.quiet_freshness = BatchHistogram(
+            "rl_export_sink_quiet_freshness_seconds",
+            "From an input event's Kafka timestamp to its record being visible in a corpus, "
+            "for the lines of quiet chains that waited past their partition's commit "
+            "(RL_EXPORT_CORPUS_MAX_AGE_S; the web service shows them from the trajectories "
+            "topic meanwhile). The others are in rl_export_sink_freshness_seconds.",
             buckets=_FRESHNESS_BUCKETS,
             registry=registry,
         )
@@ -305,6 +394,13 @@ class WebMetrics:
             buckets=_WEB_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.index_fresh_lines = Counter(
+            "rl_export_web_index_fresh_lines_total",
+            "Lines the query index took from the trajectories topic before their corpus "
+            "committed them (new traces reach the queue and stats within a poll), by corpus.",
+            ["corpus"],
+            registry=registry,
+        )
         self.auth_failures = Counter(
             "rl_export_web_auth_failures_total",
             "Requests refused by the token check, by reason (missing, malformed, unknown, "
@@ -332,8 +428,8 @@ class WebMetrics:
         )
         self.tail_skipped = Counter(
             "rl_export_web_tail_skipped_total",
-            "Records of the labels or claims topic the web service's followers could not "
-            "take: skipped, and the records behind them read on; by topic (labels, claims).",
+            "Records of the labels, claims or trajectories topic the web service's followers "
+            "could not take: skipped, and the records behind them read on; by topic.",
             ["topic"],
             registry=registry,
         )

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rl_export.formats.specs import DEFAULT_CORPORA, CorpusSpec, check_name
 from rl_export.model.errors import ConfigError
 from rl_export.model.partitioning import Partitioner
 from rl_export.privacy.attachment_sources import AttachmentSource, parse_sources
 from rl_export.privacy.kinds import RedactError, parse_kinds
+from rl_export.runtime.environment import ENV_PREFIX, env_name, load_settings
 from rl_export.runtime.kafkasettings import check_kafka_security
 from rl_export.runtime.net import checked_networks
 from rl_export.runtime.storeurl import parse_store_url
 
-ENV_PREFIX = "RL_EXPORT_"
+__all__ = ["ENV_PREFIX", "MIB", "Settings", "env_name", "load_settings"]
+
 MIB = 1024 * 1024
 DAY_S = 24 * 3600
 
@@ -111,6 +113,11 @@ class Settings(BaseSettings):
         "rl-export.claims",
         description="Where web instances tell each other of the labeling claims they write "
         "(the object store decides who holds a place; the topic only spreads the news).",
+    )
+    topic_commits: str = Field(
+        "corpus.commits",
+        description="The change feed (compacted): one JSON message per corpus commit, keyed "
+        "by <org>/<project>/<corpus>, for orchestrators' sensors (docs/guides/tables.md).",
     )
     partitions: int = Field(8, ge=1, le=1024, description="Partitions of every topic we create.")
     partitioner: Partitioner = Field(
@@ -230,6 +237,13 @@ class Settings(BaseSettings):
         description="Bytes of records the sink holds for its next shards, over all its "
         "partitions and corpora; past it, the partitions holding most commit early.",
     )
+    shard_inline_max_bytes: int = Field(
+        65536,
+        ge=0,
+        description="A commit whose shard is at most this many bytes (uncompressed, no "
+        "sidecar) holds its lines itself: one object written instead of a data object and a "
+        "commit, what a quiet corpus's commits cost. 0: every commit names a data object.",
+    )
     shard_compression: Literal["none", "gzip"] = Field(
         "none", description="Compression of the shards' data objects: none or gzip."
     )
@@ -247,13 +261,14 @@ class Settings(BaseSettings):
         "compaction are read whole.",
     )
     corpus_max_age_s: float = Field(
-        0.0,
+        120.0,
         ge=0,
         description="Quiet chains wait up to this long (0: off). A corpus's chain on a "
         "partition holding fewer than quiet_chain_records lines when its partition commits "
         "is left pending until it has that many or its oldest line is this old: fewer, "
         "larger objects for projects with little traffic (object writes per event stop "
-        "growing with tenants), at the cost of those corpora's freshness. Deletions are "
+        "growing with tenants), at the cost of those corpora's freshness in the store (the "
+        "web service shows new traces from the trajectories topic meanwhile). Deletions are "
         "never held.",
     )
     quiet_chain_records: int = Field(
@@ -263,14 +278,27 @@ class Settings(BaseSettings):
         300.0, gt=0, description="How often a worker compacts the corpora it writes."
     )
     compaction_min_commits: int = Field(
-        1,
+        64,
         ge=1,
         description="A corpus is compacted once its chains hold this many commits after its "
-        "latest compaction: a generation rewrites the corpus (about ten objects), which a "
-        "quiet corpus's one new commit does not pay for when there are many tenants.",
+        "latest compaction (as the worker counts its own, scaled to every partition): a "
+        "generation rewrites the corpus (about a dozen objects), which a quiet corpus's one "
+        "new commit does not pay for when there are many tenants.",
+    )
+    compaction_max_wait_s: float = Field(
+        86400.0,
+        gt=0,
+        description="A corpus whose tail stays under compaction_min_commits is compacted "
+        "anyway (its open table written) once a worker has seen it wait this long.",
     )
     shard_retention_s: float = Field(
         7 * DAY_S, ge=0, description="How long shards covered by a compaction stay readable."
+    )
+    tables: bool = Field(
+        True,
+        description="Keep each corpus's open table: a Delta Lake table of its latest view in "
+        "<org>/<project>/<corpus>/_table/, brought to each new compaction generation with a "
+        "MERGE of what changed (docs/guides/tables.md). The memory store has none.",
     )
     corpora: tuple[CorpusSpec, ...] = Field(
         DEFAULT_CORPORA, description="JSON list of {name, source, format, filter}."
@@ -544,37 +572,16 @@ class Settings(BaseSettings):
     @property
     def all_topics(self) -> tuple[str, ...]:
         """Every topic the service creates and checks at start."""
-        return (*self.input_topics, self.topic_trajectories, self.topic_dead_letter,
-                self.topic_changelog, self.topic_claims)  # fmt: skip
+        return (
+            *self.input_topics,
+            self.topic_trajectories,
+            self.topic_dead_letter,
+            self.topic_changelog,
+            self.topic_claims,
+            self.topic_commits,
+        )
 
     @property
     def topic_changelog(self) -> str:
         """The join table's changelog (compacted; one per ``app_id``)."""
         return f"{self.app_id}-trace-state-changelog"
-
-
-def env_name(field: str) -> str:
-    """Return the environment variable that sets ``field``."""
-    return f"{ENV_PREFIX}{field.upper()}"
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """Load settings from the environment, apply overrides, and report errors as ConfigError.
-
-    The error names the environment variable of the first invalid setting, so the command
-    line can print one line instead of a validation traceback.
-    """
-    clean = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return Settings(**clean)
-    except SettingsError as exc:  # a complex value (e.g. corpora) that is not valid JSON
-        field = str(exc).split('"')[1] if '"' in str(exc) else "settings"
-        raise ConfigError(env_name(field), "not valid JSON") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if not first["loc"] and message.startswith(ENV_PREFIX):  # a check across settings
-            variable, _, detail = message.partition(": ")
-            raise ConfigError(variable, detail) from None
-        field = str(first["loc"][0]) if first["loc"] else "settings"
-        raise ConfigError(env_name(field), message) from None

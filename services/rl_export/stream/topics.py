@@ -103,7 +103,7 @@ def topic_specs(settings: Settings, role: Role | None = None) -> list[TopicSpec]
         if name == settings.topic_dead_letter:
             return {MAX_MESSAGE_BYTES: str(dead_letter_max_bytes(settings))}
         limit = {MAX_MESSAGE_BYTES: str(topic_max_bytes(settings))}
-        if name == settings.topic_changelog:
+        if name in (settings.topic_changelog, settings.topic_commits):  # commits: a feed
             return limit | {"cleanup.policy": "compact"}
         if name == settings.topic_claims:  # news of claims: the store keeps the claims
             return limit | {"retention.ms": str(2 * DAY_MS)}

@@ -302,6 +302,9 @@ class VersionOut(BaseModel):
     created_at: str
     generation: int | None
     ends: dict[str, int]
+    delta_version: int | None = Field(
+        None, description="The Delta version of the corpus's open table at this position"
+    )
 
 
 class VersionsOut(BaseModel):

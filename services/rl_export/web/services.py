@@ -41,6 +41,7 @@ from rl_export.privacy.redact import warm_up
 from rl_export.runtime.metrics import WebMetrics
 from rl_export.runtime.settings import Settings
 from rl_export.stream.topics import ensure_service_topics
+from rl_export.web.fresh import FreshLines
 from rl_export.web.jobs import Jobs
 from rl_export.web.limits import FailureLimit
 from rl_export.web.metricsport import serve_metrics
@@ -65,6 +66,7 @@ class Services:
     index: QueryIndex
     indexer: Indexer
     overlay: Overlay
+    fresh: FreshLines
     publisher: Publisher
     jobs: Jobs
     exports: ExportPool
@@ -117,6 +119,9 @@ class Services:
             ),
             asyncio.create_task(
                 self._fatal_ends(self._claims_tail().run(self._stop)), name="claims"
+            ),
+            asyncio.create_task(
+                self._fatal_ends(self._trajectories_tail().run(self._stop)), name="fresh"
             ),
             asyncio.create_task(self.jobs.sweep_forever(self._stop), name="sweep"),
             asyncio.create_task(self.store_health.run(self._stop), name="store-health"),
@@ -181,6 +186,14 @@ class Services:
                     lookback_s=self.overlay.ttl_s, note=note,
                     tick=lambda: book.forget(time.time(), keep_s), skipped=skipped.inc)  # fmt: skip
 
+    def _trajectories_tail(self) -> Tail:
+        """The snapshots of the last few minutes and every new one, as corpus lines for the
+        index: new traces reach the queue and stats before the sink commits them."""
+        skipped = self.metrics.tail_skipped.labels("trajectories")
+        return Tail(self.settings, access.trajectories_tail(self.settings),
+                    lookback_s=self.fresh.keep_s, note=self.fresh.note,
+                    skipped=skipped.inc, committed_only=True)  # fmt: skip
+
     async def _topics(self) -> None:
         """Check what the broker's ACLs let us do and create or check the topics, then start
         the label producer; a broker that is down now is tried again later, and so are
@@ -241,6 +254,16 @@ def build_services(
         writers=settings.web_index_threads,
     )  # fmt: skip
     publisher = Publisher(settings, metrics)  # its on_refused is set by the container
+    indexer = Indexer(
+        index,
+        open_store(settings.store_url),  # the indexer's thread has a loop of its own
+        metrics,
+        poll_interval_s=settings.web_index_poll_s,
+    )
+    # What the sink may hold back (quiet chains, the shard age bound), and a minute more.
+    keep_s = settings.corpus_max_age_s + settings.shard_max_age_s + 60.0
+    fresh = FreshLines(settings.corpora, indexer.offer, keep_s=keep_s)
+    indexer.recent = fresh.recent
     # A label made through a claim counts before the index shows it for one overlay TTL.
     claim_book = ClaimBook(label_grace_s=settings.web_overlay_ttl_s)
     defaults = LabelingSettings(labels_per_trace=settings.labels_per_trace,
@@ -253,14 +276,9 @@ def build_services(
         tokens=TokenVerifier(TokenStore(store), settings.web_token_cache_s),
         auth_limit=FailureLimit(settings.web_auth_failures_per_minute),
         index=index,
-        # The indexer's thread has an event loop of its own, so a store client of its own.
-        indexer=Indexer(
-            index,
-            open_store(settings.store_url),
-            metrics,
-            poll_interval_s=settings.web_index_poll_s,
-        ),
+        indexer=indexer,
         overlay=Overlay(settings.web_overlay_ttl_s),
+        fresh=fresh,
         publisher=publisher,
         jobs=Jobs(settings, store, metrics),
         exports=ExportPool(

@@ -1,8 +1,9 @@
 """Reading a topic's every partition from a moment ago on, with no consumer group.
 
-Each web instance keeps two pictures of what other instances and labelers did that the
-corpora may not show yet: the labels topic feeds the overlay (:mod:`rl_export.web.overlay`)
-and the claims topic the claim book (:mod:`rl_export.labeling.claims`). A :class:`Tail`
+Each web instance keeps pictures of what other instances and labelers did that the
+corpora may not show yet: the labels topic feeds the overlay (:mod:`rl_export.web.overlay`),
+the claims topic the claim book (:mod:`rl_export.labeling.claims`) and the trajectories topic
+the index's fresh lines (:mod:`rl_export.web.fresh`). A :class:`Tail`
 assigns itself every partition of its client's topic (no group: each instance reads
 everything), starts from ``lookback_s`` ago (``offsets_for_times``), hands each value to
 ``note``, calls ``tick`` after each fetch, and reconnects after any Kafka error but two:
@@ -40,6 +41,7 @@ class Tail:
         self, settings: Settings, client: Client, *, lookback_s: float,
         note: Callable[[bytes | None], None], tick: Callable[[], object] = lambda: None,
         skipped: Callable[[], object] = lambda: None,
+        committed_only: bool = False,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.kafka = KafkaConnection.of(settings)
@@ -49,6 +51,8 @@ class Tail:
         self.note = note
         self.tick = tick
         self.skipped = skipped
+        # A topic written in transactions (trajectories): an aborted one is never read.
+        self.isolation = "read_committed" if committed_only else "read_uncommitted"
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -70,6 +74,7 @@ class Tail:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="latest",
+            isolation_level=self.isolation,
         )
         try:
             await consumer.start()

@@ -1229,6 +1229,22 @@ async def test_a_quiet_chain_waits_and_the_safe_offset_stays_at_its_first_line()
     await verified(store)
 
 
+async def test_lines_that_waited_count_in_the_quiet_freshness_histogram() -> None:
+    """The freshness objective (and its alert) is for lines that did not wait by design:
+    a quiet chain's held lines are observed in a histogram of their own."""
+    store = MemoryStore()
+    sink, registry = make_sink(store, max_age_s=1.0, quiet_max_age_s=60.0, quiet_records=3)
+    await feed(sink, [(0, Trace("tr-b0").completed()), (1, Trace("tr-b1").completed()),
+                      (2, Trace("tr-b2").completed()),
+                      (3, Trace("tr-q").completed(project="quiet"))], event_ms=1)  # fmt: skip
+    await sink.flush(everything=False)  # the busy chain commits, the quiet one waits
+    assert sample(registry, "rl_export_sink_freshness_seconds_count") == 3
+    sink.writers[(ORG, "quiet", "traces")].first_pending_at -= 60.0
+    await sink.flush(everything=False)
+    assert sample(registry, "rl_export_sink_quiet_freshness_seconds_count") == 1
+    assert sample(registry, "rl_export_sink_freshness_seconds_count") == 3
+
+
 async def test_more_lines_or_a_deletion_end_the_wait_and_everything_flushes_all() -> None:
     store = MemoryStore()
     sink = quiet_sink(store)

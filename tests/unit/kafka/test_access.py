@@ -77,10 +77,10 @@ def test_the_grants_are_enough_for_every_client_and_none_is_spare(
 def test_each_process_touches_only_its_own_topics(settings: Settings) -> None:
     inputs = set(settings.input_topics)
     worker = {*inputs, settings.topic_trajectories, settings.topic_dead_letter,
-              settings.topic_changelog}  # fmt: skip
+              settings.topic_changelog, settings.topic_commits}  # fmt: skip
     assert set(access.role_topics(settings, Role.WORKER)) == worker
-    assert set(access.role_topics(settings, Role.WEB)) == {settings.topic_labels,
-                                                          settings.topic_claims}  # fmt: skip
+    web = {settings.topic_labels, settings.topic_claims, settings.topic_trajectories}
+    assert set(access.role_topics(settings, Role.WEB)) == web
     assert set(access.role_topics(settings, Role.PRODUCE)) == inputs
     for role in Role:  # every topic the process uses is checked at its start
         check = access.topic_check(settings, role)

@@ -25,6 +25,17 @@ def test_quiet_chains_waiting_write_fewer_objects_and_wait_at_most_their_bound()
     assert held["wait_p99_s"] == pytest.approx(120, abs=0.1)  # at the first trace after
 
 
+def test_commits_holding_their_lines_halve_the_objects_of_the_two_minutes_run() -> None:
+    """The issue's shape: 200 projects, a trace and its evaluation each every 10 s, for two
+    minutes with their last lines committed: each chain touched commits at least once, two
+    objects each (over one a event) unless a commit holds its lines."""
+    two = simulate(200, 20, 120, 10, 8, quiet_age=120)
+    one = simulate(200, 20, 120, 10, 8, quiet_age=120, inline=True)
+    assert two["objects_per_event"] > 1
+    assert one["objects_per_event"] == pytest.approx(two["objects_per_event"] / 2)
+    assert one["objects_per_event"] < 0.6
+
+
 def test_objects_per_partition_do_not_grow_with_tenants() -> None:
     counts = {simulate(n, 20, 600, 10, 8, per_partition=True)["objects"] for n in (10, 10_000)}
     assert len(counts) == 1
@@ -39,6 +50,7 @@ def test_objects_per_partition_do_not_grow_with_tenants() -> None:
         ("acme/bot/traces/data/trajectories-1/00000000000000000042-ab.jsonl", "data shards"),
         ("acme/bot/traces/data/trajectories-1/00000000000000000042-ab.parquet", "index sidecars"),
         ("_erasures/acme/bot/trajectories-1/00000000000000000042.dHI.json", "erasure entries"),
+        ("acme/bot/traces/_table/_delta_log/00000000000000000003.json", "open tables"),
     ],
 )
 def test_store_files_are_counted_by_kind(path: str, kind: str) -> None:

@@ -45,7 +45,7 @@ from rl_export.formats.chat import HF, Chat, ChatStyle, SystemMode
 from rl_export.formats.filters import Filters
 from rl_export.formats.render import TABULAR_FORMATS, Completion, preference_pairs, render_row
 from rl_export.formats.turns import TurnMask
-from rl_export.index.queryindex import QueryIndex
+from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.index.sql import BINS
 from rl_export.model.errors import (
     ExportError,
@@ -81,6 +81,7 @@ from rl_export.web.api.exportparams import (
     version_at,
 )
 from rl_export.web.errors import ClientGone, Invalid, NotFound
+from rl_export.web.fresh import FreshStore
 from rl_export.web.models import (
     CHAT_STYLE_HELP,
     CHAT_TEMPLATE_HELP,
@@ -421,7 +422,12 @@ async def get_export(
     at = await version_at(svc, org, project, source, version)
     summary = ExportSummary()
 
+    # The latest state has the trajectories topic's new lines too (web/fresh.py).
+    fresh = b"" if at is not None else svc.fresh.recent(CorpusKey(org, project, ref.corpus))
+
     def make(store: ObjectStore) -> AsyncIterator[bytes]:
+        if fresh:
+            store = FreshStore(store, ref, fresh)
         return iter_export(
             store, ref, format=format, filters=filters, columns=columns, mask=mask, file=file,
             redact=kinds, summary=summary, chat=chat, completion=pairing, split=picked_split,

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.versions import delete_version, list_versions, project_versions
-from rl_export.export.versions import pin
+from rl_export.export.versions import pin, table_format
 from rl_export.formats.specs import check_name
 from rl_export.model.errors import NoDataError, VersionError
 from rl_export.web.api.deps import AdminCaller, ExportCaller, OrgPath, ProjectPath, Svc
@@ -48,7 +48,8 @@ async def post_version(
 ) -> VersionOut:
     ref = _ref(org, project, body.corpus)
     try:
-        version = await pin(svc.store, ref, body.name, body.note)
+        version = await pin(svc.store, ref, body.name, body.note,
+                            fmt=table_format(svc.settings, ref.corpus))  # fmt: skip
     except NoDataError as exc:
         raise NotFound(exc.detail) from None
     except VersionError as exc:
