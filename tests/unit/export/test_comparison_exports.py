@@ -1,0 +1,196 @@
+"""Exports of source ``comparisons`` (DESIGN.md section 12; export/comparisons.py): the pair
+corpus written the real way (replay: the join, its mirrors and notices, the sink) from
+comparisons in any order, and its ``preference``, ``reward_pairs`` and ``kto`` rows, checked
+against a reference computed from the events alone."""
+
+from __future__ import annotations
+
+import io
+import random
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.store import MemoryStore
+from rl_export.export import parse_split, write_export
+from rl_export.formats.schemas import build_schemas
+from rl_export.model.errors import ExportError, NoDataError
+from rl_export.model.pairs import pair_id
+from tests.exportdata import ORG, PROJECT, replay_events
+from tests.factories import event
+
+COMPARISONS = CorpusRef(ORG, PROJECT, "comparisons")
+# Traces t0..t4 share prompt "q0"; t5 has another prompt.
+TRACES = [f"t{n}" for n in range(6)]
+PAIRS = [(a, b) for i, a in enumerate(TRACES) for b in TRACES[i + 1 :]]
+
+
+def prompt_of(trace_id: str) -> str:
+    return "q1" if trace_id == "t5" else "q0"
+
+
+def trace(trace_id: str) -> dict[str, Any]:
+    messages = [{"role": "user", "content": prompt_of(trace_id)},
+                {"role": "assistant", "content": f"answer of {trace_id}"}]  # fmt: skip
+    return event("trace.completed", f"tc-{trace_id}", trace_id=trace_id, messages=messages,
+                 agent_version=f"v{int(trace_id[1:]) % 2}")  # fmt: skip
+
+
+def at(second: int) -> str:
+    return f"2026-01-01T00:{second // 60:02d}:{second % 60:02d}Z"
+
+
+def vote(n: int, a: str, b: str, labeler: str, choice: str | None, second: int,  # noqa: PLR0917
+         strength: int | None) -> dict[str, Any]:  # fmt: skip
+    if choice is None:
+        return event("label.uncompared", f"c-{n}", at(second), trace_id=a, trace_a=a,
+                     trace_b=b, labeler=labeler)  # fmt: skip
+    more = {} if strength is None else {"strength": strength}
+    return event("label.compared", f"c-{n}", at(second), trace_id=a, trace_a=a, trace_b=b,
+                 labeler=labeler, choice=choice, **more)  # fmt: skip
+
+
+def reference(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """pair id -> {labeler: (choice, strength)}: the live pairs' current votes."""
+    deleted = {e["trace_id"] for e in events if e["event_type"] == "trace.deleted"}
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for e in events:
+        if e["event_type"] in ("label.compared", "label.uncompared"):
+            key = (e["trace_a"], e["trace_b"], e["labeler"])
+            old = latest.get(key)
+            if old is None or (e["occurred_at"], e["event_id"]) > (
+                old["occurred_at"], old["event_id"]
+            ):  # fmt: skip
+                latest[key] = e
+    pairs: dict[str, dict[str, Any]] = {}
+    for (a, b, labeler), e in latest.items():
+        if a in deleted or b in deleted or e["event_type"] != "label.compared":
+            continue
+        pairs.setdefault(pair_id(a, b), {"a": a, "b": b, "votes": {}})["votes"][labeler] = (
+            e["choice"], e.get("strength"))  # fmt: skip
+    return pairs
+
+
+def expected_rows(pairs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """format -> rows, by pair id, from the reference's pairs (the module docstring's rules
+    written out again)."""
+    rows: dict[str, list[dict[str, Any]]] = {"preference": [], "reward_pairs": [], "kto": []}
+    for _, pair in sorted(pairs.items()):
+        choices = [c for c, _ in pair["votes"].values()]
+        wins_a, wins_b = choices.count("a"), choices.count("b")
+        if wins_a == wins_b or prompt_of(pair["a"]) != prompt_of(pair["b"]):
+            continue
+        side = "a" if wins_a > wins_b else "b"
+        winner, loser = (pair["a"], pair["b"]) if side == "a" else (pair["b"], pair["a"])
+        strengths = [s or 1 for c, s in pair["votes"].values() if c == side]
+        prompt = [{"role": "user", "content": prompt_of(winner)}]
+
+        def said(t: str) -> list[dict[str, Any]]:
+            return [{"role": "assistant", "content": f"answer of {t}"}]
+
+        rows["preference"].append({
+            "prompt": prompt, "chosen": said(winner), "rejected": said(loser),
+            "score_chosen": max(wins_a, wins_b) / len(choices),
+            "score_rejected": min(wins_a, wins_b) / len(choices),
+            "trace_chosen": winner, "trace_rejected": loser,
+        })  # fmt: skip
+        rows["reward_pairs"].append({"prompt": prompt, "chosen": said(winner),
+                                     "rejected": said(loser),
+                                     "margin": sum(strengths) / len(strengths)})  # fmt: skip
+        rows["kto"] += [{"prompt": prompt, "completion": said(winner), "label": True},
+                        {"prompt": prompt, "completion": said(loser), "label": False}]  # fmt: skip
+    return rows
+
+
+async def export(store: MemoryStore, fmt: str, **kw: Any) -> list[dict[str, Any]]:
+    """The export's rows; none when no pair record was ever written (no corpus)."""
+    out = io.BytesIO()
+    try:
+        await write_export(store, COMPARISONS, format=fmt, out=out, **kw)
+    except NoDataError:
+        return []
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+_votes = st.lists(
+    st.tuples(st.sampled_from(PAIRS), st.sampled_from(["ana", "bo", "cy"]),
+              st.sampled_from(["a", "b", "b", "tie", "both_bad", None]), st.integers(0, 300),
+              st.sampled_from([None, 1, 2, 3])),
+    min_size=1, max_size=14,
+)  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(votes=_votes, deletions=st.sets(st.sampled_from(TRACES), max_size=1),
+       seed=st.integers(0, 2**32))  # fmt: skip
+async def test_the_pair_corpus_and_its_exports_follow_the_votes_in_any_order(
+    votes: list[tuple[tuple[str, str], str, str | None, int, int | None]],
+    deletions: set[str], seed: int,
+) -> None:  # fmt: skip
+    events = [trace(t) for t in TRACES]
+    events += [vote(n, a, b, who, choice, second, strength)
+               for n, ((a, b), who, choice, second, strength) in enumerate(votes)]  # fmt: skip
+    events += [event("trace.deleted", f"d-{t}", at(400), trace_id=t) for t in deletions]
+    random.Random(seed).shuffle(events)
+    store = MemoryStore()
+    await replay_events(store, events, "one")
+
+    pairs = reference(events)
+    records = {r["pair_id"]: r for r in await export(store, "trajectory")}
+    live = {pid: p for pid, p in pairs.items() if p["votes"]}
+    assert set(records) == set(live)
+    for pid, record in records.items():
+        assert (record["trace_a"], record["trace_b"]) == (live[pid]["a"], live[pid]["b"])
+        assert {v["labeler"]: (v["choice"], v["strength"]) for v in record["votes"]} == (
+            live[pid]["votes"])  # fmt: skip
+        choices = [c for c, _ in live[pid]["votes"].values()]
+        assert [record[k] for k in ("wins_a", "wins_b", "ties", "both_bad")] == [
+            choices.count(c) for c in ("a", "b", "tie", "both_bad")]  # fmt: skip
+    wanted = expected_rows(pairs)
+    for fmt, rows in wanted.items():
+        assert await export(store, fmt) == rows, fmt
+
+
+async def test_a_pair_never_straddles_splits_and_ties_are_left_out() -> None:
+    events = [trace(t) for t in TRACES]
+    n = 0
+    for a, b in PAIRS:
+        events.append(vote(n := n + 1, a, b, "ana", "a", 1, 2))
+    events.append(vote(n + 1, "t0", "t1", "bo", "b", 2, None))  # now one each way: a tie
+    store = MemoryStore()
+    await replay_events(store, events, "one")
+    every = await export(store, "kto")
+    assert len(every) == 2 * (len(PAIRS) - 1 - 5)  # t0-t1 tied; t5's prompt is another
+    parts = []
+    for name in ("train", "test"):
+        split = parse_split(name, "train=0.5,test=0.5")
+        parts.append(await export(store, "kto", split=split))
+    # Split by the shared prompt: all of q0's pairs in one split, both rows of each pair.
+    assert sorted(map(len, parts)) == [0, len(every)]
+
+
+async def test_reward_pairs_is_of_source_comparisons_only_and_formats_are_checked() -> None:
+    store = MemoryStore()
+    await replay_events(store, [trace("t0"), trace("t1"), vote(1, "t0", "t1", "ana", "a", 1, 3)],
+                        "one")  # fmt: skip
+    with pytest.raises(ExportError, match="--source comparisons"):
+        await write_export(store, CorpusRef(ORG, PROJECT, "traces"), format="reward_pairs",
+                           out=io.BytesIO())  # fmt: skip
+    with pytest.raises(ExportError, match="source comparisons exports"):
+        await write_export(store, COMPARISONS, format="messages", out=io.BytesIO())
+    schemas = build_schemas()
+    for fmt in ("preference", "reward_pairs", "kto"):
+        rows = await export(store, fmt)
+        assert rows, fmt
+        for row in rows:
+            jsonschema.validate(row, schemas[f"format.{fmt}"])
+    assert await export(store, "reward_pairs") == [{
+        "prompt": [{"role": "user", "content": "q0"}],
+        "chosen": [{"role": "assistant", "content": "answer of t0"}],
+        "rejected": [{"role": "assistant", "content": "answer of t1"}], "margin": 3.0,
+    }]  # fmt: skip
