@@ -20,91 +20,20 @@ from rl_export.corpora.store import MemoryStore
 from rl_export.export import parse_split, write_export
 from rl_export.formats.schemas import build_schemas
 from rl_export.model.errors import ExportError, NoDataError
-from rl_export.model.pairs import pair_id
+from tests.comparisondata import (
+    PAIRS,
+    TRACES,
+    at,
+    expected_rows,
+    reference,
+    trace,
+    trace_entries,
+    vote,
+)
 from tests.exportdata import ORG, PROJECT, replay_events
 from tests.factories import event
 
 COMPARISONS = CorpusRef(ORG, PROJECT, "comparisons")
-# Traces t0..t4 share prompt "q0"; t5 has another prompt.
-TRACES = [f"t{n}" for n in range(6)]
-PAIRS = [(a, b) for i, a in enumerate(TRACES) for b in TRACES[i + 1 :]]
-
-
-def prompt_of(trace_id: str) -> str:
-    return "q1" if trace_id == "t5" else "q0"
-
-
-def trace(trace_id: str) -> dict[str, Any]:
-    messages = [{"role": "user", "content": prompt_of(trace_id)},
-                {"role": "assistant", "content": f"answer of {trace_id}"}]  # fmt: skip
-    return event("trace.completed", f"tc-{trace_id}", trace_id=trace_id, messages=messages,
-                 agent_version=f"v{int(trace_id[1:]) % 2}")  # fmt: skip
-
-
-def at(second: int) -> str:
-    return f"2026-01-01T00:{second // 60:02d}:{second % 60:02d}Z"
-
-
-def vote(n: int, a: str, b: str, labeler: str, choice: str | None, second: int,  # noqa: PLR0917
-         strength: int | None) -> dict[str, Any]:  # fmt: skip
-    if choice is None:
-        return event("label.uncompared", f"c-{n}", at(second), trace_id=a, trace_a=a,
-                     trace_b=b, labeler=labeler)  # fmt: skip
-    more = {} if strength is None else {"strength": strength}
-    return event("label.compared", f"c-{n}", at(second), trace_id=a, trace_a=a, trace_b=b,
-                 labeler=labeler, choice=choice, **more)  # fmt: skip
-
-
-def reference(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """pair id -> {labeler: (choice, strength)}: the live pairs' current votes."""
-    deleted = {e["trace_id"] for e in events if e["event_type"] == "trace.deleted"}
-    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for e in events:
-        if e["event_type"] in ("label.compared", "label.uncompared"):
-            key = (e["trace_a"], e["trace_b"], e["labeler"])
-            old = latest.get(key)
-            if old is None or (e["occurred_at"], e["event_id"]) > (
-                old["occurred_at"], old["event_id"]
-            ):  # fmt: skip
-                latest[key] = e
-    pairs: dict[str, dict[str, Any]] = {}
-    for (a, b, labeler), e in latest.items():
-        if a in deleted or b in deleted or e["event_type"] != "label.compared":
-            continue
-        pairs.setdefault(pair_id(a, b), {"a": a, "b": b, "votes": {}})["votes"][labeler] = (
-            e["choice"], e.get("strength"))  # fmt: skip
-    return pairs
-
-
-def expected_rows(pairs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """format -> rows, by pair id, from the reference's pairs (the module docstring's rules
-    written out again)."""
-    rows: dict[str, list[dict[str, Any]]] = {"preference": [], "reward_pairs": [], "kto": []}
-    for _, pair in sorted(pairs.items()):
-        choices = [c for c, _ in pair["votes"].values()]
-        wins_a, wins_b = choices.count("a"), choices.count("b")
-        if wins_a == wins_b or prompt_of(pair["a"]) != prompt_of(pair["b"]):
-            continue
-        side = "a" if wins_a > wins_b else "b"
-        winner, loser = (pair["a"], pair["b"]) if side == "a" else (pair["b"], pair["a"])
-        strengths = [s or 1 for c, s in pair["votes"].values() if c == side]
-        prompt = [{"role": "user", "content": prompt_of(winner)}]
-
-        def said(t: str) -> list[dict[str, Any]]:
-            return [{"role": "assistant", "content": f"answer of {t}"}]
-
-        rows["preference"].append({
-            "prompt": prompt, "chosen": said(winner), "rejected": said(loser),
-            "score_chosen": max(wins_a, wins_b) / len(choices),
-            "score_rejected": min(wins_a, wins_b) / len(choices),
-            "trace_chosen": winner, "trace_rejected": loser,
-        })  # fmt: skip
-        rows["reward_pairs"].append({"prompt": prompt, "chosen": said(winner),
-                                     "rejected": said(loser),
-                                     "margin": sum(strengths) / len(strengths)})  # fmt: skip
-        rows["kto"] += [{"prompt": prompt, "completion": said(winner), "label": True},
-                        {"prompt": prompt, "completion": said(loser), "label": False}]  # fmt: skip
-    return rows
 
 
 async def export(store: MemoryStore, fmt: str, **kw: Any) -> list[dict[str, Any]]:
@@ -151,6 +80,15 @@ async def test_the_pair_corpus_and_its_exports_follow_the_votes_in_any_order(
         choices = [c for c, _ in live[pid]["votes"].values()]
         assert [record[k] for k in ("wins_a", "wins_b", "ties", "both_bad")] == [
             choices.count(c) for c in ("a", "b", "tie", "both_bad")]  # fmt: skip
+    out = io.BytesIO()
+    await write_export(store, CorpusRef(ORG, PROJECT, "traces"), format="trajectory", out=out)
+    traces = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert {t["trace_id"] for t in traces} == set(TRACES) - deletions
+    entries = trace_entries(live)
+    for record in traces:  # each trace's record: its current comparisons
+        said = [{k: v for k, v in e.items() if k != "occurred_at"}
+                for e in record.get("comparisons") or []]  # fmt: skip
+        assert said == entries.get(record["trace_id"], []), record["trace_id"]
     wanted = expected_rows(pairs)
     for fmt, rows in wanted.items():
         assert await export(store, fmt) == rows, fmt
