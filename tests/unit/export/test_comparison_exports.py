@@ -122,6 +122,8 @@ async def test_reward_pairs_is_of_source_comparisons_only_and_formats_are_checke
     with pytest.raises(ExportError, match="source comparisons exports"):
         await write_export(store, COMPARISONS, format="messages", out=io.BytesIO())
     schemas = build_schemas()
+    for record in await export(store, "trajectory"):
+        jsonschema.validate(record, schemas["record.pair"])
     for fmt in ("preference", "reward_pairs", "kto"):
         rows = await export(store, fmt)
         assert rows, fmt
