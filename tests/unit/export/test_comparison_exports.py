@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
+from rl_export.corpora.verify import verify
 from rl_export.export import parse_split, write_export
 from rl_export.formats.schemas import build_schemas
 from rl_export.model.errors import ExportError, NoDataError
@@ -92,6 +94,12 @@ async def test_the_pair_corpus_and_its_exports_follow_the_votes_in_any_order(
     wanted = expected_rows(pairs)
     for fmt, rows in wanted.items():
         assert await export(store, fmt) == rows, fmt
+    if records:  # compacted, the pair corpus reads the same
+        await compact(store, COMPARISONS, writer="test")
+        assert {r["pair_id"]: r for r in await export(store, "trajectory")} == records
+        assert await export(store, "preference") == wanted["preference"]
+    report = await verify(store)  # no (trace_id, revision) twice, chains whole (shards verify)
+    assert report.ok, report.problems
 
 
 async def test_a_pair_never_straddles_splits_and_ties_are_left_out() -> None:
