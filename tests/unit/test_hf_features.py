@@ -67,9 +67,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def records(root: Path) -> list[dict[str, Any]]:
+    """The corpus's live records as the reader gives them, ``comparisons`` null where a
+    trace has none (a declared column: the row of such a record has it null)."""
+
     async def read() -> list[dict[str, Any]]:
         reader = CorpusReader(LocalStore(root), EVALUATOR)
-        return [r async for r in reader.records(latest_only=True) if not r.get("deleted")]
+        live = [r async for r in reader.records(latest_only=True) if not r.get("deleted")]
+        return [{**r, "comparisons": r.get("comparisons")} for r in live]
 
     return asyncio.run(read())
 

@@ -363,11 +363,8 @@ class LabelCompared(PairEvent):
 
 
 class LabelUncompared(PairEvent):
-    """The retraction of a comparison (``DELETE comparisons/{pair_id}``): this labeler's
-    current comparison of the pair ``(trace_a, trace_b)`` no longer counts. Like
-    ``label.compared`` it is keyed by ``trace_a`` and reaches both traces; the latest of the
-    two by (``occurred_at``, ``event_id``) per (pair, labeler) decides, as ``label.retracted``
-    does for a label."""
+    """A comparison's retraction (``DELETE comparisons/{pair_id}``), keyed like it: per
+    (pair, labeler) the latest of the two decides, as ``label.retracted`` does for a label."""
 
     event_type: Literal["label.uncompared"]
     labeler: NonEmptyStr
@@ -375,8 +372,7 @@ class LabelUncompared(PairEvent):
 
 class PairVoid(PairEvent):
     """Internal: the join's notice to a pair's other trace (``trace_id``) that the pair is
-    gone (a trace deleted, or of another org/project). Its ``event_id`` is ``<pair_id>/void/
-    <sender trace>``, so repeats count once; producers have no reason to send it."""
+    gone (a trace deleted, or of another org/project); ``event_id`` ``<pair_id>/void/<sender>``."""
 
     event_type: Literal["pair.void"]
 

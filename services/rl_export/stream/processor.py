@@ -33,6 +33,8 @@ from rl_export.stream.state import dump_state_parts, expiry_since, load_state
 
 log = logging.getLogger(__name__)
 
+_VOID_TYPE = b'"event_type":"pair.void"'  # as comparisons.notice encodes it
+
 
 @dataclass(slots=True)
 class InMessage:
@@ -383,6 +385,8 @@ class JoinProcessor:
             key = target.encode()
             origin = InMessage(topic, message.partition, message.offset, key, value)
             await self.emitter.forward(origin, key, self._partition_of(target))
+            kind = comparisons.VOID if _VOID_TYPE in value else "mirror"
+            self.metrics.pair_sends.labels(kind).inc()
         if effects.pairs:
             entry.pairs = (entry.pairs or set()) | effects.pairs
 

@@ -192,6 +192,8 @@ async def test_the_mirror_carries_the_comparison_to_the_other_partition_once() -
     assert net.snapshots[a]["comparisons"][0]["outcome"] == "loss"
     assert net.snapshots[b]["comparisons"][0]["outcome"] == "win"
     assert net.snapshots[a]["revision"] == net.snapshots[b]["revision"] == 2
+    assert net.harness.metric("rl_export_join_pair_sends_total", kind="mirror") == 1
+    assert net.harness.metric("rl_export_join_pair_sends_total", kind="pair.void") is None
     record = net.pairs[pair_id(a, b)]
     assert record["votes"] == [{"labeler": "ana", "choice": "b", "strength": 3, "answers": None,
                                 "rubric_version": None, "comment": "clearer",
@@ -214,6 +216,7 @@ async def test_deleting_the_other_trace_removes_the_pair_from_both() -> None:
     assert "comparisons" not in net.snapshots[a]
     assert net.snapshots[a]["revision"] == 3  # its trace, the comparison, b's notice
     assert net.pairs[pair_id(a, b)]["deleted"] is True
+    assert net.harness.metric("rl_export_join_pair_sends_total", kind="pair.void") == 1
     # A later comparison of the pair counts in a's revision and changes nothing.
     net.add(compared("c-2", a, b, "bo", "b", 20))
     await net.drain(random.Random(4))
