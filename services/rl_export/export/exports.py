@@ -547,9 +547,9 @@ async def preview(
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``; at
     ``at``: of the view of that position)."""
-    if format not in JSONL_FORMATS:
+    if format not in JSONL_FORMATS + PAIR_FORMATS:
         raise ExportError("format", f"{format!r} is not a JSON Lines format (preview: "
-                          f"{', '.join(JSONL_FORMATS)})")  # fmt: skip
+                          f"{', '.join(JSONL_FORMATS + PAIR_FORMATS)})")  # fmt: skip
     # ``limit`` is rows of the format: a preference row is a pair of records, made among
     # every matching record (the filters' own limit, if any), the first ``limit`` pairs kept.
     filters = (filters or Filters()).model_copy(

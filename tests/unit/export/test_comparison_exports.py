@@ -19,7 +19,7 @@ from rl_export.corpora.compaction import compact
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.corpora.verify import verify
-from rl_export.export import parse_split, write_export
+from rl_export.export import parse_split, preview, write_export
 from rl_export.formats.schemas import build_schemas
 from rl_export.model.errors import ExportError, NoDataError
 from tests.comparisondata import (
@@ -137,6 +137,8 @@ async def test_reward_pairs_is_of_source_comparisons_only_and_formats_are_checke
         assert rows, fmt
         for row in rows:
             jsonschema.validate(row, schemas[f"format.{fmt}"])
+    previewed = await preview(store, COMPARISONS, format="reward_pairs", limit=5)  # GET records
+    assert previewed == await export(store, "reward_pairs")
     assert await export(store, "reward_pairs") == [{
         "prompt": [{"role": "user", "content": "q0"}],
         "chosen": [{"role": "assistant", "content": "answer of t0"}],
