@@ -303,6 +303,11 @@ async def _export_chunks(
     scrub = redactor(kinds) if kinds else None
     summary = summary if summary is not None else ExportSummary()
     if ref.corpus == COMPARISONS and format != "trajectory":  # pairs of two traces' messages
+        given = {"pair-by": bool(pair_by), "margin": bool(margin), "max-pairs": max_pairs != 1,
+                 "chat-template": template is not None, "file": file != "jsonl"}  # fmt: skip
+        refused = [flag for flag, on in given.items() if on]
+        if refused:
+            raise ExportError(refused[0], "does not apply to --source comparisons (people chose)")
         async for piece in comparison_chunks(
             store, ref, format=format, filters=filters, summary=summary, redactor=scrub,
             chat=chat, completion=completion, split=split, dedup=dedup, progress=progress, at=at,

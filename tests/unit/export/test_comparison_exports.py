@@ -127,6 +127,8 @@ async def test_reward_pairs_is_of_source_comparisons_only_and_formats_are_checke
     with pytest.raises(ExportError, match="--source comparisons"):
         await write_export(store, CorpusRef(ORG, PROJECT, "traces"), format="reward_pairs",
                            out=io.BytesIO())  # fmt: skip
+    with pytest.raises(ExportError, match="margin: does not apply to --source comparisons"):
+        await write_export(store, COMPARISONS, format="preference", margin=0.2, out=io.BytesIO())
     with pytest.raises(ExportError, match="source comparisons exports"):
         await write_export(store, COMPARISONS, format="messages", out=io.BytesIO())
     schemas = build_schemas()
