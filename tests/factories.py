@@ -31,6 +31,9 @@ def event(event_type: str, event_id: str = "e-1", at: str = "2026-01-01T00:00:00
         "label.submitted": {"labeler": "ana", "rubric": dict(RUBRIC)},
         "label.skipped": {"labeler": "ana"},
         "label.retracted": {"labeler": "ana"},
+        "label.compared": {"labeler": "ana", "trace_a": "tr-1", "trace_b": "tr-2", "choice": "a"},
+        "label.uncompared": {"labeler": "ana", "trace_a": "tr-1", "trace_b": "tr-2"},
+        "pair.void": {"trace_a": "tr-1", "trace_b": "tr-2"},
     }
     return {"event_id": event_id, "event_type": event_type, "occurred_at": at, **BASE,
             **payloads[event_type], **fields}  # fmt: skip

@@ -105,7 +105,7 @@ class _Capture:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None:  # fmt: skip
         self.last = (value, list(headers))
 

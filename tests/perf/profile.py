@@ -83,7 +83,7 @@ class BatchingEmitter:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None:  # fmt: skip
         if event_ms:
             headers = [(HEADER_EVENT_MS, str(event_ms).encode()), *headers]

@@ -1,7 +1,8 @@
 """What the trainer tests share: a corpus made by ``rl-export replay``, its exports made by
 ``rl-export export``, and a tiny chat model built here (no model can be downloaded).
 
-- The corpus: conversations of ``tests/records.py`` (a system prompt, two user turns, a tool
+- The corpus: comparisons between some of them (the ``comparisons`` source's preference
+  export), conversations of ``tests/records.py`` (a system prompt, two user turns, a tool
   call with its result, text parts, null content, unicode) and a slice of the embedded stack's
   synthetic traffic, through the real join and sink (``replay``), then exported by the CLI as
   a user would.
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from rl_export.model.codec import dumps
+from tests.factories import event
 from tests.records import trace_events
 
 # transformers uses the `kernels` package's hub kernels when it is installed (dev's newer
@@ -63,6 +65,13 @@ def corpus_events() -> list[dict[str, Any]]:
             outcomes=None if passed else failed_second_turn,
             scenario="refund" if n <= 6 else "shipping",
         )  # fmt: skip
+    # Comparisons (DESIGN.md section 12) of neighbours: the later trace preferred.
+    events += [
+        event("label.compared", f"cmp-{n}", f"2026-01-01T01:{n:02d}:00Z",
+              trace_id=f"tr-{n:03d}", trace_a=f"tr-{n:03d}", trace_b=f"tr-{n + 1:03d}",
+              labeler="ana", choice="b", strength=1 + n % 3)
+        for n in range(1, 8)
+    ]  # fmt: skip
     return events + list(generate(24, seed=7))
 
 
@@ -99,6 +108,10 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Exports:
         files[fmt] = root / (f"{fmt}.parquet" if fmt == "rl_prompts" else f"{fmt}.jsonl")
         rl_export("export", "--store", str(store), "--org", ORG, "--project", PROJECT,
                   "--source", "evaluator", *flags, "-o", str(files[fmt]))  # fmt: skip
+    files["comparisons"] = root / "comparisons.jsonl"
+    rl_export("export", "--store", str(store), "--org", ORG, "--project", PROJECT,
+              "--source", "comparisons", "--format", "preference", "-o",
+              str(files["comparisons"]))  # fmt: skip
     files["events"] = events
     return Exports(store, files)
 

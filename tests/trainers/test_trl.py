@@ -75,6 +75,21 @@ def test_dpo_on_preference(exports: Exports, tokenizer: Any, model: str, tmp_pat
     train(trainer)
 
 
+def test_dpo_on_the_preference_export_of_comparisons(
+    exports: Exports, tokenizer: Any, model: str, tmp_path: Path
+) -> None:
+    from trl import DPOConfig, DPOTrainer
+
+    dataset = load(exports.files["comparisons"])
+    assert len(dataset) == 7  # every comparison of the conftest's corpus has a winner
+    assert set(dataset["trace_chosen"]) == {f"tr-{n:03d}" for n in range(2, 9)}
+    trainer = DPOTrainer(
+        model=model, args=DPOConfig(**common(tmp_path), max_length=1024),
+        train_dataset=dataset, processing_class=tokenizer,
+    )  # fmt: skip
+    train(trainer)
+
+
 def test_kto_on_kto(exports: Exports, tokenizer: Any, model: str, tmp_path: Path) -> None:
     from trl import KTOConfig, KTOTrainer
 

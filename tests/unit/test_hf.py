@@ -48,12 +48,13 @@ def identities(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 async def reader_rows(root: Path, ref: CorpusRef, *, latest_only: bool) -> list[dict[str, Any]]:
     """What the corpora reader gives (the reference): live rows, tombstones dropped, and
-    (every revision) the revisions of deleted traces dropped too."""
+    (every revision) the revisions of deleted traces dropped too; ``comparisons`` null where
+    a trace has none (a declared column of trajectory rows)."""
     reader = CorpusReader(LocalStore(root), ref)
     rows = [r async for r in reader.records(latest_only=latest_only)]
     deleted = {r["trace_id"]: r["revision"] for r in rows if r.get("deleted")}
-    return [r for r in rows if not r.get("deleted") and r["revision"] > deleted.get(
-        r["trace_id"], 0)]  # fmt: skip
+    return [{**r, "comparisons": r.get("comparisons")} for r in rows
+            if not r.get("deleted") and r["revision"] > deleted.get(r["trace_id"], 0)]  # fmt: skip
 
 
 @pytest.mark.parametrize("latest_only", [True, False])

@@ -67,9 +67,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def records(root: Path) -> list[dict[str, Any]]:
+    """The corpus's live records as the reader gives them, ``comparisons`` null where a
+    trace has none (a declared column: the row of such a record has it null)."""
+
     async def read() -> list[dict[str, Any]]:
         reader = CorpusReader(LocalStore(root), EVALUATOR)
-        return [r async for r in reader.records(latest_only=True) if not r.get("deleted")]
+        live = [r async for r in reader.records(latest_only=True) if not r.get("deleted")]
+        return [{**r, "comparisons": r.get("comparisons")} for r in live]
 
     return asyncio.run(read())
 
@@ -241,3 +245,18 @@ def test_a_chat_template_makes_the_rows_the_export_makes(store: Path, tmp_path: 
         corpus_dataset(str(store), ORG, PROJECT, "evaluator", chat_template="chatml")
     with pytest.raises(ValueError, match="chat_template: no chat template 'nope'"):
         corpus_dataset(str(store), ORG, PROJECT, "evaluator", format="kto", chat_template="nope")
+
+
+def test_records_with_comparisons_load_with_their_declared_features(tmp_path: Path) -> None:
+    """A trace's ``comparisons`` (DESIGN.md section 12) is a declared column: records with
+    and without it load, those without it as null."""
+    from tests.comparisondata import TRACES, trace, vote
+
+    events = [trace(t) for t in TRACES] + [vote(1, "t0", "t1", "ana", "b", 5, 2)]
+    lines = [(f"e:{n}", dumps(e)) for n, e in enumerate(events)]
+    asyncio.run(replay(load_settings(partitions=4), LocalStore(tmp_path), lines))
+    rows = list(corpus_dataset(str(tmp_path), ORG, PROJECT, "traces"))
+    compared = {r["trace_id"]: r["comparisons"] for r in rows}
+    assert [e["outcome"] for e in compared.pop("t0")] == ["loss"]
+    assert [(e["other"], e["strength"]) for e in compared.pop("t1")] == [("t0", 2)]
+    assert set(compared.values()) == {None}

@@ -63,7 +63,7 @@ def _add_source(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
     p.add_argument("--org", required=required)
     p.add_argument("--project", required=required)
-    p.add_argument("--source", required=required, metavar="human|evaluator|traces")
+    p.add_argument("--source", required=required, metavar="human|evaluator|traces|comparisons")
 
 
 def _pinned(args: argparse.Namespace, settings: Settings, ref: CorpusRef) -> Any:

@@ -145,7 +145,8 @@ class ChainWriter:
         # Index sidecars need the lines' byte offsets: uncompressed trajectory shards only.
         self.sidecars = (
             config.sidecars and config.compression == "none" and spec.format == "trajectory"
-        )
+            and spec.source != "comparisons"  # pair records: nothing the index reads
+        )  # fmt: skip
 
     def _belongs(self, trace_id: str) -> bool:
         config = self.config

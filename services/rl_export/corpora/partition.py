@@ -28,8 +28,10 @@ from rl_export.corpora.chain import ChainWriter, PendingTotals, SinkConfig
 from rl_export.corpora.commits import Commit
 from rl_export.corpora.feed import Feed, commit_message
 from rl_export.corpora.layout import CorpusRef
+from rl_export.corpora.pairlines import PairLines, pair_lines
 from rl_export.corpora.store import ObjectStore
 from rl_export.formats.specs import SAFE_NAME, CorpusSpec
+from rl_export.model.pairs import COMPARISONS
 from rl_export.model.snapshots import SnapshotLines, decode_snapshot
 from rl_export.runtime.metrics import SinkMetrics
 
@@ -65,8 +67,9 @@ class PartitionSink:
     feed: Feed | None = None  # the change feed, told of every commit (rl_export.corpora.feed)
     first_offset: int = -1  # of the first record handled: commits from there are announced
     totals: PendingTotals = field(default_factory=PendingTotals, init=False)
-    # The writers of each (org, project), one per spec in order: one lookup per record.
-    _project_writers: dict[tuple[str, str], tuple[ChainWriter, ...]] = field(
+    # The writers of each (org, project), one per spec in order: one lookup per record; a
+    # trace's snapshots go to the first, a pair's to the second (the comparisons corpora).
+    _project_writers: dict[tuple[str, str], tuple[tuple[ChainWriter, ...], ...]] = field(
         default_factory=dict, init=False, repr=False
     )
     # Projects whose org or project cannot name a folder: their snapshots are skipped.
@@ -90,11 +93,13 @@ class PartitionSink:
         if writer is None:
             ref = CorpusRef(org, project, spec.name)
             seed = seed_source(self.specs)
+            # Pair records are not in the traces' history: a comparisons corpus starts empty.
+            seeded = seed is not None and seed is not spec and spec.source != COMPARISONS
             writer = ChainWriter(
                 self.store, ref, spec, topic=self.topic, partition=self.partition,
                 config=self.config, metrics=self.metrics, writer=self.writer,
                 totals=self.totals,
-                seed=None if seed is None or seed is spec else CorpusRef(org, project, seed.name),
+                seed=CorpusRef(org, project, seed.name) if seed is not None and seeded else None,
                 on_commit=None if self.feed is None else self._announce,
                 announce_from=lambda: self.first_offset if self.first_offset >= 0 else (
                     self.last_offset + 1),
@@ -106,16 +111,18 @@ class PartitionSink:
         if self.feed is not None:
             self.feed.announce(ref, commit_message(ref, commit))
 
-    def _writers_of(self, org: str, project: str) -> tuple[ChainWriter, ...]:
+    def _writers_of(self, org: str, project: str, pair: bool = False) -> tuple[ChainWriter, ...]:
         writers = self._project_writers.get((org, project))
         if writers is None:
             if SAFE_NAME.match(org) and SAFE_NAME.match(project):
-                writers = tuple(self._writer(org, project, spec) for spec in self.specs)
+                made = [self._writer(org, project, spec) for spec in self.specs]
+                writers = (tuple(w for w in made if w.spec.source != COMPARISONS),
+                           tuple(w for w in made if w.spec.source == COMPARISONS))  # fmt: skip
             else:  # checked once per project, not per record
-                writers = ()
+                writers = ((), ())
                 self._unnamable.add((org, project))
             self._project_writers[(org, project)] = writers
-        return writers
+        return writers[pair]
 
     def _skip(self, offset: int, why: str) -> None:
         self.metrics.bad_snapshots.inc()
@@ -141,7 +148,7 @@ class PartitionSink:
                     history.manifest_root()
                 ):
                     continue
-                for writer in self._writers_of(org, project):
+                for writer in self._writers_of(org, project):  # (pair records: no history)
                     if writer.state is not None or writer.spec is seed:
                         continue
                     if writer.spec.name in corpora and stream in await self.store.folders(
@@ -166,14 +173,14 @@ class PartitionSink:
         lines = None if record_at is None else SnapshotLines.from_record(value, record_at)
         if lines is None:
             try:
-                lines = SnapshotLines(decode_snapshot(value))
+                lines = pair_lines(value) or SnapshotLines(decode_snapshot(value))
             except ValueError as exc:
                 self._skip(offset, f"not a snapshot ({exc})")
                 return
             except Exception as exc:  # a value our decoding does not survive
                 self._skip(offset, f"not a snapshot ({type(exc).__name__})")
                 return
-        writers = self._writers_of(lines.org, lines.project)
+        writers = self._writers_of(lines.org, lines.project, type(lines) is PairLines)
         if not writers and (lines.org, lines.project) in self._unnamable:
             self._skip(offset, "its org or project cannot name a folder")
             return

@@ -68,13 +68,14 @@ class _Collector:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None:  # fmt: skip
         self.snapshots.append((key, value, dict(headers).get(HEADER_RECORD_AT)))
 
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
-        """Replay routes every line with the configured partitioner, so the join never asks
-        this; if it does, the event is joined again on its partition, as the stream would."""
+        """Replay routes every line with the configured partitioner, so the join asks this
+        only for what it sends other traces (a comparison's mirror or notice): joined again
+        on its partition, as the stream would."""
         self.forwards.append(
             InMessage(message.topic, partition, message.offset, key, message.value)
         )

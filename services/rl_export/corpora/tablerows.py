@@ -50,7 +50,7 @@ SCALARS: dict[str, pa.DataType] = {
 KEYS = ("trace_id", "revision")
 """Typed in every table: the merge key and the order of revisions."""
 
-TRAJECTORY_FIELDS: tuple[str, ...] = (*TrajectoryRecord.model_fields, "comparisons")
+TRAJECTORY_FIELDS: tuple[str, ...] = tuple(TrajectoryRecord.model_fields)
 """The record's fields, in its order; ``comparisons`` is present only where a trace has any."""
 
 DELETED = "_deleted"

@@ -90,6 +90,7 @@ from rl_export.export.attachments import (
 )
 from rl_export.export.card import CARD_NAME, card_facts, dataset_card
 from rl_export.export.columns import Column
+from rl_export.export.comparisons import comparison_chunks
 from rl_export.export.dedup import Dedup
 from rl_export.export.latest import ViewPosition
 from rl_export.export.lazy import export_fields
@@ -112,6 +113,7 @@ from rl_export.formats.filters import Filters
 from rl_export.formats.render import (
     CHAT_FORMATS,
     JSONL_FORMATS,
+    PAIR_FORMATS,
     TABULAR_FORMATS,
     Completion,
     render_row,
@@ -119,6 +121,7 @@ from rl_export.formats.render import (
 from rl_export.formats.turns import TurnMask, outside_turns, report_of
 from rl_export.model.codec import RawJson, dumps_line, loads
 from rl_export.model.errors import ExportError
+from rl_export.model.pairs import COMPARISONS
 from rl_export.privacy.kinds import parse_kinds
 from rl_export.privacy.redact import Redactor, redactor
 
@@ -299,6 +302,20 @@ async def _export_chunks(
     kinds = parse_kinds(redact)
     scrub = redactor(kinds) if kinds else None
     summary = summary if summary is not None else ExportSummary()
+    if ref.corpus == COMPARISONS and format != "trajectory":  # pairs of two traces' messages
+        given = {"pair-by": bool(pair_by), "margin": bool(margin), "max-pairs": max_pairs != 1,
+                 "chat-template": template is not None, "file": file != "jsonl"}  # fmt: skip
+        refused = [flag for flag, on in given.items() if on]
+        if refused:
+            raise ExportError(refused[0], "does not apply to --source comparisons (people chose)")
+        async for piece in comparison_chunks(
+            store, ref, format=format, filters=filters, summary=summary, redactor=scrub,
+            chat=chat, completion=completion, split=split, dedup=dedup, progress=progress, at=at,
+        ):  # fmt: skip
+            yield piece
+        return
+    if format == "reward_pairs":
+        raise ExportError("format", "reward_pairs is made of comparisons: --source comparisons")
     summary.format = format
     view = await open_view(store, ref, progress, at)
     summary.position = view.position.to_json()
@@ -487,7 +504,8 @@ async def write_export(
     summary.sha256 = digest.hexdigest()
     if card and format != "zip":
         text = dataset_card(card_facts(
-            ref, format, target.name, file if format in JSONL_FORMATS else format,
+            ref, format, target.name,
+            file if format in JSONL_FORMATS or format in PAIR_FORMATS else format,
             filters=filters, summary=summary, mask=mask, columns=picked, split=split,
             dedup=dedup, redaction=parse_kinds(redact),
             chat=chat if format in CHAT_FORMATS else None,
@@ -534,9 +552,9 @@ async def preview(
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a JSON Lines format, as dicts (``GET records``; at
     ``at``: of the view of that position)."""
-    if format not in JSONL_FORMATS:
+    if format not in JSONL_FORMATS + PAIR_FORMATS:
         raise ExportError("format", f"{format!r} is not a JSON Lines format (preview: "
-                          f"{', '.join(JSONL_FORMATS)})")  # fmt: skip
+                          f"{', '.join(JSONL_FORMATS + PAIR_FORMATS)})")  # fmt: skip
     # ``limit`` is rows of the format: a preference row is a pair of records, made among
     # every matching record (the filters' own limit, if any), the first ``limit`` pairs kept.
     filters = (filters or Filters()).model_copy(

@@ -49,7 +49,8 @@ def row_features(fmt: str, *, corpus_row: bool = False, tools: bool = False) -> 
     ``arguments`` objects of any shape; as ``Json`` each message comes back exactly as
     rendered, so chat templates and TRL get the same dicts as without features. Chat styles
     and masks change no type. A field a stored record lacks (``metadata`` and
-    ``human_labels`` before record schema 3) is null.
+    ``human_labels`` before record schema 3, ``comparisons`` of a trace never compared) is
+    null.
     """
     ds = _datasets()
     value, json, listed = ds.Value, ds.Json, ds.List
@@ -72,6 +73,9 @@ def row_features(fmt: str, *, corpus_row: bool = False, tools: bool = False) -> 
             "human_labels": listed({"labeler": string, "rubric": dict.fromkeys(rubric, integer),
                                     "comment": string, "occurred_at": string}),
             "metadata": json(),
+            "comparisons": listed({"pair_id": string, "other": string, "outcome": string,
+                                   "labeler": string, "strength": integer,
+                                   "occurred_at": string}),
         }  # fmt: skip
     elif fmt == "messages":
         columns = {"messages": chat}

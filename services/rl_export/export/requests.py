@@ -20,6 +20,7 @@ from rl_export.formats.render import (
     COMPLETIONS,
     JSONL_FORMATS,
     MASK_FORMATS,
+    PAIR_FORMATS,
     TABULAR_FORMATS,
     Completion,
 )
@@ -28,7 +29,7 @@ from rl_export.formats.turns import TurnMask, parse_mask_types
 from rl_export.model.errors import ExportError
 from rl_export.privacy.kinds import parse_kinds
 
-SOURCES: tuple[str, ...] = ("human", "evaluator", "traces")
+SOURCES: tuple[str, ...] = ("human", "evaluator", "traces", "comparisons")
 ZipData = Literal["csv", "json"]
 
 _CONTENT_TYPES = {
@@ -41,7 +42,7 @@ _EXTENSIONS = {"csv": ".csv", "json": ".json", "parquet": ".parquet", "zip": ".z
 
 
 def source_ref(org: str, project: str, source: str) -> CorpusRef:
-    """The corpus of a reward source (``human``, ``evaluator``, ``traces``)."""
+    """The corpus of a reward source (``human``, ``evaluator``, ``traces``, ``comparisons``)."""
     if source not in SOURCES:
         raise ExportError("source", f"unknown source {source!r} (sources: {', '.join(SOURCES)})")
     try:
@@ -58,7 +59,8 @@ def content_type(fmt: str, file: str = "jsonl") -> str:
     """The HTTP content type of a format's file."""
     if file == "parquet":
         return _CONTENT_TYPES["parquet"]
-    return "application/x-ndjson" if fmt in JSONL_FORMATS else _CONTENT_TYPES[fmt]
+    jsonl = fmt in JSONL_FORMATS or fmt in PAIR_FORMATS
+    return "application/x-ndjson" if jsonl else _CONTENT_TYPES[fmt]
 
 
 def file_name(ref: CorpusRef, fmt: str, file: str = "jsonl") -> str:
@@ -66,7 +68,7 @@ def file_name(ref: CorpusRef, fmt: str, file: str = "jsonl") -> str:
     if file == "parquet":
         extension = ".parquet"
     else:
-        extension = ".jsonl" if fmt in JSONL_FORMATS else _EXTENSIONS[fmt]
+        extension = ".jsonl" if fmt in JSONL_FORMATS or fmt in PAIR_FORMATS else _EXTENSIONS[fmt]
     return f"{ref.org}-{ref.project}-{ref.corpus}-{fmt}{extension}"
 
 
@@ -210,7 +212,7 @@ def check_export(
         check_template(fmt, chat)
     if completion != "turn":
         parse_completion(fmt, completion)
-    if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS:
+    if fmt not in JSONL_FORMATS and fmt not in TABULAR_FORMATS and fmt not in PAIR_FORMATS:
         raise ExportError(
             "format",
             f"unknown format {fmt!r} (formats: {', '.join(JSONL_FORMATS + TABULAR_FORMATS)})",

@@ -4,6 +4,7 @@ Public interface (the export, the sink and the web service rely on these names):
 
     JSONL_FORMATS = ("trajectory", "prompt_completion", "messages", "kto", "preference",
                      "executions", "rl_prompts")
+    PAIR_FORMATS = ("reward_pairs",)          # of source comparisons only
     TABULAR_FORMATS = ("csv", "json", "parquet", "zip")
     CORPUS_FORMATS      # the JSON Lines formats a streaming corpus can hold (not preference,
                         # not rl_prompts)
@@ -67,6 +68,9 @@ JSONL_FORMATS: tuple[str, ...] = (
     "executions",
     "rl_prompts",
 )
+PAIR_FORMATS: tuple[str, ...] = ("reward_pairs",)
+"""JSON Lines formats of source ``comparisons`` only (:mod:`rl_export.export.comparisons`),
+beside its ``preference`` and ``kto``."""
 TABULAR_FORMATS: tuple[str, ...] = ("csv", "json", "parquet", "zip")
 ALL_FORMATS: tuple[str, ...] = JSONL_FORMATS + TABULAR_FORMATS
 CORPUS_FORMATS: tuple[str, ...] = tuple(
@@ -121,6 +125,7 @@ FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "executions": EXECUTION_COLUMNS,
     "rl_prompts": ("data_source", "prompt", "ability", "reward_model", "extra_info"),
+    "reward_pairs": ("prompt", "chosen", "rejected", "margin"),
 }
 """The columns of each format's rows, in order (``trajectory`` rows are the record)."""
 

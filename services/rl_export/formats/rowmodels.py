@@ -123,6 +123,17 @@ class RlPromptsRow(_Row):
     extra_info: RlPromptsExtra
 
 
+class RewardPairsRow(_Row):
+    """A reward model's pair (TRL's RewardTrainer, with ``margin``), of source comparisons
+    only: the trace more people preferred, the other, and the mean strength (1..3) of the
+    votes that preferred it (docs/guides/comparisons.md)."""
+
+    prompt: Messages = Field(min_length=1)
+    chosen: Messages = Field(min_length=1)
+    rejected: Messages = Field(min_length=1)
+    margin: float = Field(ge=1, le=3)
+
+
 ROW_MODELS: dict[str, type[BaseModel]] = {
     "prompt_completion": PromptCompletionRow,
     "messages": MessagesRow,
@@ -130,5 +141,6 @@ ROW_MODELS: dict[str, type[BaseModel]] = {
     "preference": PreferenceRow,
     "executions": ExecutionsRow,
     "rl_prompts": RlPromptsRow,
+    "reward_pairs": RewardPairsRow,
 }
 """The row model of each format but ``trajectory`` (whose model is the record's)."""

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from rl_export.formats.rowmodels import ROW_MODELS
 from rl_export.model.events import EVENT_ADAPTER, EVENT_MODELS
+from rl_export.model.pairs import PairRecord
 from rl_export.model.records import Tombstone, TrajectoryRecord
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -37,6 +38,7 @@ def build_schemas() -> dict[str, dict[str, Any]]:
     outputs: dict[str, type[BaseModel]] = {
         "record.trajectory": TrajectoryRecord,
         "record.tombstone": Tombstone,
+        "record.pair": PairRecord,  # the comparisons corpus's records
     }
     for name, model in outputs.items():
         out[name] = _with_header(model.model_json_schema(mode="serialization"), name, name)

@@ -58,6 +58,7 @@ from rl_export.formats.templates import load_template
 from rl_export.formats.turns import TurnMask, parse_mask_types
 from rl_export.model.codec import dumps_line
 from rl_export.model.errors import FilterError
+from rl_export.model.pairs import COMPARISONS
 from rl_export.model.records import TrajectoryRecord, render
 from rl_export.model.snapshots import SnapshotLines
 from rl_export.privacy.kinds import Counts, RedactError, parse_kinds
@@ -106,7 +107,7 @@ class CorpusSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     name: str = Field(pattern=SAFE_NAME.pattern)
-    source: Literal["human", "evaluator"] | None
+    source: Literal["human", "evaluator", "comparisons"] | None
     format: str = "trajectory"
     filter: Filters = Field(default_factory=Filters)
     # The kinds this corpus redacts; None until settings give the default (RL_EXPORT_REDACT).
@@ -179,6 +180,9 @@ class CorpusSpec(BaseModel):
                 f"{', '.join(CORPUS_FORMATS)}"
             )
         object.__setattr__(self, "everything", self.filter.is_empty() and not self.equals)
+        if self.source == COMPARISONS and (self.format != "trajectory" or not self.everything):
+            raise ValueError("a corpus of source comparisons holds the pair records as they "
+                             "are: no format but trajectory, no filter")  # fmt: skip
         if self.mask_types is not None:
             if not self.mask_failed_turns:
                 raise ValueError("mask_types needs mask_failed_turns: true")
@@ -303,11 +307,12 @@ class CorpusSpec(BaseModel):
         return None if row is None else dumps_line(row)
 
 
-SOURCE_CORPORA = ("human", "evaluator", "traces")
+SOURCE_CORPORA = ("human", "evaluator", "traces", COMPARISONS)
 """The default corpora: what exports read (by reward source) and new corpora are seeded from."""
 
 DEFAULT_CORPORA: tuple[CorpusSpec, ...] = (
     CorpusSpec(name="human", source="human", redact=()),
     CorpusSpec(name="evaluator", source="evaluator", redact=()),
     CorpusSpec(name="traces", source=None, redact=()),
+    CorpusSpec(name=COMPARISONS, source=COMPARISONS, redact=()),
 )

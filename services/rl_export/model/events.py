@@ -326,13 +326,67 @@ class LabelRetracted(BaseEvent):
     labeler: NonEmptyStr
 
 
+Choice = Literal["a", "b", "tie", "both_bad"]
+
+
+class PairEvent(BaseEvent):
+    """An event about a pair of traces (docs/guides/comparisons.md): ``trace_a`` sorts
+    before ``trace_b`` and ``trace_id`` is ``trace_a`` (``trace_b`` in the join's ``mirror``
+    of it, sent to that trace's partition; either in a ``pair.void``)."""
+
+    trace_a: NonEmptyStr
+    trace_b: NonEmptyStr
+    mirror: StrictBool | None = Field(None, description="Set by the join only.")
+
+    @model_validator(mode="after")
+    def _sides(self) -> PairEvent:
+        if not self.trace_a < self.trace_b:
+            raise ValueError("trace_a must sort before trace_b (two different traces)")
+        void = getattr(self, "event_type") == "pair.void"  # noqa: B009 - every subclass has it
+        sides = (self.trace_a, self.trace_b) if void else (
+            self.trace_b if self.mirror else self.trace_a,)  # fmt: skip
+        if self.trace_id not in sides:
+            raise ValueError(f"trace_id must be {' or '.join(sides)}")
+        return self
+
+
+class LabelCompared(PairEvent):
+    """A labeler's choice between two trajectories (``strength`` 1..3: how clearly)."""
+
+    event_type: Literal["label.compared"]
+    labeler: NonEmptyStr
+    choice: Choice
+    strength: StrictInt | None = Field(None, ge=1, le=3)
+    rubric: Answers | None = None
+    rubric_version: StrictInt | None = Field(None, ge=0)
+    comment: str | None = None
+
+
+class LabelUncompared(PairEvent):
+    """A comparison's retraction (``DELETE comparisons/{pair_id}``), keyed like it: per
+    (pair, labeler) the latest of the two decides, as ``label.retracted`` does for a label."""
+
+    event_type: Literal["label.uncompared"]
+    labeler: NonEmptyStr
+
+
+class PairVoid(PairEvent):
+    """Internal: the join's notice to a pair's other trace (``trace_id``) that the pair is
+    gone (a trace deleted, or of another org/project); ``event_id`` ``<pair_id>/void/<sender>``."""
+
+    event_type: Literal["pair.void"]
+
+
 Event = Annotated[
     TraceCompleted
     | TraceDeleted
     | EvaluationFinished
     | LabelSubmitted
     | LabelSkipped
-    | LabelRetracted,
+    | LabelRetracted
+    | LabelCompared
+    | LabelUncompared
+    | PairVoid,
     Field(discriminator="event_type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -344,7 +398,11 @@ EVENT_MODELS: dict[str, type[BaseEvent]] = {
     "label.submitted": LabelSubmitted,
     "label.skipped": LabelSkipped,
     "label.retracted": LabelRetracted,
+    "label.compared": LabelCompared,
+    "label.uncompared": LabelUncompared,
+    "pair.void": PairVoid,
 }
+PAIR_EVENT_TYPES = frozenset({"label.compared", "label.uncompared", "pair.void"})
 
 
 class EventFamily(enum.StrEnum):
@@ -362,6 +420,9 @@ FAMILY_OF_TYPE: dict[str, EventFamily] = {
     "label.submitted": EventFamily.LABELS,
     "label.skipped": EventFamily.LABELS,
     "label.retracted": EventFamily.LABELS,
+    "label.compared": EventFamily.LABELS,
+    "label.uncompared": EventFamily.LABELS,
+    "pair.void": EventFamily.LABELS,
 }
 
 

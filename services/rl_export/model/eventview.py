@@ -34,9 +34,12 @@ from rl_export.model.events import (
     EvaluationFinished,
     EventFamily,
     EventRejection,
+    LabelCompared,
     LabelRetracted,
     LabelSkipped,
     LabelSubmitted,
+    LabelUncompared,
+    PairEvent,
     RejectReason,
     TraceCompleted,
     decode_event,
@@ -80,6 +83,22 @@ class EventView:
     answers: dict[str, Any] | None = None
     rubric_version: int = 0
     kind: str = "label"
+    pair: PairView | None = None  # a pair event's (label.compared, label.uncompared, pair.void)
+
+
+@dataclass(slots=True)
+class PairView:
+    """What the join keeps of a pair event: the pair, which side this copy is for (its
+    ``trace_id``'s), and a comparison's choice, strength and answers (None: a retraction or
+    a notice). The labeler and the comment are the :class:`EventView`'s."""
+
+    trace_a: str
+    trace_b: str
+    mirror: bool = False
+    choice: str | None = None
+    strength: int | None = None
+    answers: dict[str, Any] | None = None
+    rubric_version: int | None = None
 
 
 def view_of(event: BaseEvent) -> EventView:
@@ -111,6 +130,15 @@ def view_of(event: BaseEvent) -> EventView:
             view.answers = dict(r)
     elif isinstance(event, LabelSkipped | LabelRetracted):
         view.labeler = event.labeler
+    elif isinstance(event, PairEvent):
+        pair = view.pair = PairView(event.trace_a, event.trace_b, bool(event.mirror))
+        if isinstance(event, LabelCompared):
+            view.comment = event.comment
+            pair.choice, pair.strength = event.choice, event.strength
+            pair.answers = None if event.rubric is None else dict(event.rubric)
+            pair.rubric_version = event.rubric_version
+        if isinstance(event, LabelCompared | LabelUncompared):
+            view.labeler = event.labeler
     return view
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from rl_export.model.codec import RawJson
 from rl_export.model.events import EvaluatorResult, Report, UtcDatetime
+from rl_export.model.pairs import COMPARISONS, ComparisonEntry
 from rl_export.model.rubrics import V0_NAMES
 
 RULES_VERSION = 1
@@ -119,6 +120,10 @@ class TrajectoryRecord(_Record):
         "other free text). Records written before the join kept it lack the field: unknown, "
         "not empty."
     )
+    comparisons: list[ComparisonEntry] | None = Field(
+        None, description="The trace's current comparisons (docs/guides/comparisons.md); "
+        "absent when it has none."
+    )  # fmt: skip
 
 
 class Tombstone(_Record):
@@ -127,13 +132,14 @@ class Tombstone(_Record):
     trace_id: str
     org: str
     project: str
-    reward_source: RewardSource | None
+    reward_source: RewardSource | Literal["comparisons"] | None
     revision: int = Field(ge=1)
     deleted: Literal[True] = True
 
 
-CorpusSource = RewardSource | None
-"""A corpus's reward source: ``human``, ``evaluator``, or None for the ``traces`` corpus."""
+CorpusSource = RewardSource | Literal["comparisons"] | None
+"""A corpus's reward source: ``human``, ``evaluator``, None for the ``traces`` corpus, or
+``comparisons`` (pair records: a trace's snapshot is never ready for it)."""
 
 
 def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | None:
@@ -154,8 +160,8 @@ def render(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | N
 def record_fields(snapshot: dict[str, Any]) -> list[str]:
     """The record's fields of a snapshot: all of them, but ``human_labels`` or ``metadata``
     when the snapshot was made from a state or record kept before the field existed (unknown
-    there, not empty)."""
-    return _FIELD_LISTS[HUMAN_LABELS in snapshot, "metadata" in snapshot]
+    there, not empty), and ``comparisons`` when the trace has none."""
+    return _FIELD_LISTS[HUMAN_LABELS in snapshot, "metadata" in snapshot, COMPARISONS in snapshot]
 
 
 # --- record schema 3: ``labels`` became ``human_labels`` -----------------------------------
@@ -208,7 +214,7 @@ def _scored(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any] | 
     snapshot is not ready for ``source``."""
     if source is None:
         return dict(UNSCORED)
-    reward = snapshot[source]
+    reward = snapshot[source] if source != COMPARISONS else None
     if reward is None:
         return None
     return {"reward_source": source, "reward": reward["reward"], "passed": reward["passed"]}
@@ -230,10 +236,9 @@ def tombstone(snapshot: dict[str, Any], source: CorpusSource) -> dict[str, Any]:
 RECORD_FIELDS = list(TrajectoryRecord.model_fields)
 RECORD_KEYS = frozenset(RECORD_FIELDS)
 _FIELD_LISTS = {
-    (labels, metadata): [
-        k for k in RECORD_FIELDS
-        if (k != HUMAN_LABELS or labels) and (k != "metadata" or metadata)
+    (labels, metadata, compared): [
+        k for k in RECORD_FIELDS if (k != HUMAN_LABELS or labels)
+        and (k != "metadata" or metadata) and (k != COMPARISONS or compared)
     ]
-    for labels in (False, True)
-    for metadata in (False, True)
+    for labels in (False, True) for metadata in (False, True) for compared in (False, True)
 }  # fmt: skip

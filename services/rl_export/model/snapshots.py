@@ -215,7 +215,7 @@ class SnapshotLines:
         """``_scored(snapshot, source)``, from the fields kept apart."""
         if source is None:
             return UNSCORED
-        reward = self.human if source == "human" else self.evaluator
+        reward = {"human": self.human, "evaluator": self.evaluator}.get(source)
         if reward is None:
             return None
         return {"reward_source": source, "reward": reward["reward"], "passed": reward["passed"]}

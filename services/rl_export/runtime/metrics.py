@@ -131,6 +131,14 @@ class Metrics:
             ["matches"],
             registry=registry,
         )
+        self.pair_sends = Counter(
+            "rl_export_join_pair_sends_total",
+            "What the join sent a comparison's other trace on the labels topic, by kind "
+            "(mirror: a comparison or its retraction; pair.void: the pair is gone), resends "
+            "after a failed transaction included (docs/concepts/join-rules.md).",
+            ["kind"],
+            registry=registry,
+        )
         self.expired = Counter(
             "rl_export_join_expired_total",
             "States dropped from the table after their retention, by kind (orphan, tombstone).",

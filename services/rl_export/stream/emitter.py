@@ -218,12 +218,14 @@ class KafkaEmitter:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None:  # fmt: skip
         if event_ms is not None:
             headers = [(HEADER_EVENT_MS, str(event_ms).encode()), *headers]
-        # trajectories is co-partitioned with the inputs: the task's own partition.
-        self._queue(partition, (self.settings.topic_trajectories, partition), key, value, headers)
+        # trajectories is co-partitioned with the inputs: the task's own partition (but for a
+        # pair's snapshot, on its pair id's partition).
+        self._queue(partition if task is None else task,
+                    (self.settings.topic_trajectories, partition), key, value, headers)  # fmt: skip
 
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None:
         """Send an input event on to its trace's partition, its value and headers unchanged.

@@ -39,6 +39,7 @@ import orjson
 
 from rl_export.model.codec import RawJson, dumps
 from rl_export.model.events import (
+    PAIR_EVENT_TYPES,
     BaseEvent,
     EventRejection,
     RejectReason,
@@ -48,6 +49,8 @@ from rl_export.model.eventview import EventView, reread_event, view_of
 from rl_export.model.records import ERASED_REVISION, RULES_VERSION
 from rl_export.model.rubrics import KnownRubrics
 from rl_export.model.snapshots import Headers, encode_snapshot
+from rl_export.stream import comparisons
+from rl_export.stream.comparisons import Effects, Pair
 from rl_export.stream.humans import (
     RUBRIC_DIMENSIONS,
     Adjudication,
@@ -159,6 +162,7 @@ class TraceState:
     deleted_at: float | None = None
     deleted_revision: int = 0
     adjudication: Adjudication | None = None  # the latest adjudication (any reviewer)
+    pairs: dict[str, Pair] | None = None  # its pairs by other trace (stream/comparisons.py)
 
     @property
     def revision(self) -> int:
@@ -192,6 +196,12 @@ class MergeResult:
     rejected: Sequence[tuple[Origin, EventRejection]] = ()
     accepted: int = 0  # events newly accepted (pending ones that joined the trace included)
     emits: bool = False
+    effects: Effects | None = None  # what pair events ask of the batch (comparisons.py)
+
+    def owed(self) -> Effects:
+        if self.effects is None:
+            self.effects = Effects()
+        return self.effects
 
 
 @dataclass(frozen=True)
@@ -234,7 +244,10 @@ def _merge(state: TraceState | None, event: EventView, raw: Origin, *, now: floa
     event_id = event.event_id
     if event_id in st.seen or (st.pending and any(p.event_id == event_id for p in st.pending)):
         emits = st.trace is not None or st.deleted or waiting_deletion(st) is not None
-        return MergeResult(st, "duplicate", emits=emits)
+        result = MergeResult(st, "duplicate", emits=emits)
+        if st.pairs and event_id in st.seen:  # what the event made this trace send, again
+            comparisons.resend(st, event, raw.value, result.owed(), _micros(now))
+        return result
 
     if st.trace is None and not st.deleted:
         if event.event_type != "trace.completed":
@@ -246,15 +259,22 @@ def _merge(state: TraceState | None, event: EventView, raw: Origin, *, now: floa
         return _arrive(st, event, raw, now=now)
 
     if (event.org, event.project) != (st.org, st.project):
-        return MergeResult(st, "rejected", rejected=[(raw, _org_mismatch(event, st))])
+        result = MergeResult(st, "rejected", rejected=[(raw, _org_mismatch(event, st))])
+        if event.pair is not None:
+            comparisons.on_rejected(event, result.owed(), _micros(now))
+        return result
 
     if st.deleted:
         _count(st, event)
-        return MergeResult(st, "ignored", accepted=1)
+        result = MergeResult(st, "ignored", accepted=1)
+        if event.pair is not None:
+            comparisons.on_ignored(st, event, result.owed(), _micros(now))
+        return result
 
-    _apply(st, event, now)
+    result = MergeResult(st, "accepted", accepted=1, emits=True)
+    _apply(st, event, now, result, raw.value)
     _settle_tombstone(st)
-    return MergeResult(st, "accepted", accepted=1, emits=True)
+    return result
 
 
 def _org_mismatch(event: EventView, st: TraceState) -> EventRejection:
@@ -268,9 +288,9 @@ def _org_mismatch(event: EventView, st: TraceState) -> EventRejection:
 def _arrive(st: TraceState, trace: EventView, raw: Origin, *, now: float) -> MergeResult:
     """The first ``trace.completed``: fix org/project, then settle the waiting events."""
     st.org, st.project = trace.org, trace.project
-    _apply(st, trace, now)
     rejected: list[tuple[Origin, EventRejection]] = []
     result = MergeResult(st, "accepted", rejected=rejected, accepted=1)
+    _apply(st, trace, now, result, raw.value)
     waiting, st.pending, st.first_pending_at = st.pending, [], None
     for item in waiting:
         decoded = reread_event(item.raw.value)
@@ -278,11 +298,15 @@ def _arrive(st: TraceState, trace: EventView, raw: Origin, *, now: float) -> Mer
             rejected.append((item.raw, decoded))
         elif (decoded.org, decoded.project) != (st.org, st.project):
             rejected.append((item.raw, _org_mismatch(decoded, st)))
+            if decoded.pair is not None:
+                comparisons.on_rejected(decoded, result.owed(), _micros(now))
         elif st.deleted:
             _count(st, decoded)
             result.accepted += 1
+            if decoded.pair is not None:
+                comparisons.on_ignored(st, decoded, result.owed(), _micros(now))
         else:
-            _apply(st, decoded, now)
+            _apply(st, decoded, now, result, item.raw.value)
             result.accepted += 1
     _settle_tombstone(st)
     result.emits = True
@@ -309,11 +333,17 @@ def waiting_deletion(st: TraceState) -> EventView | None:
 
 def _count(st: TraceState, event: EventView) -> None:
     st.seen.add(event.event_id)
-    st.updated_at = max(st.updated_at, event.micros)
+    if event.event_type != comparisons.VOID:  # the join's own notice: no input event
+        st.updated_at = max(st.updated_at, event.micros)
 
 
-def _apply(st: TraceState, event: EventView, now: float) -> None:
-    """Apply an accepted event of a trace that exists (or is arriving) and is not deleted."""
+def _micros(now: float) -> int:
+    return int(now * 1_000_000)
+
+
+def _apply(st: TraceState, event: EventView, now: float, result: MergeResult, raw: bytes) -> None:
+    """Apply an accepted event of a trace that exists (or is arriving) and is not deleted;
+    ``raw`` is its value (a comparison's mirror is made of it)."""
     _count(st, event)
     key = (event.micros, event.event_id)
     kind = event.event_type
@@ -348,6 +378,10 @@ def _apply(st: TraceState, event: EventView, now: float) -> None:
         st.labels.clear()
         st.skipped_by.clear()
         st.adjudication = None
+        if st.pairs:
+            comparisons.on_deleted(st, result.owed(), _micros(now))
+    elif kind in PAIR_EVENT_TYPES:
+        comparisons.apply(st, event, raw, result.owed())
 
 
 def trace_view(
@@ -486,6 +520,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
     scope = None if plain(st.labels, st.adjudication) else Scope(
         st.org or "", st.project or "", config.rubrics)  # fmt: skip
     human = human_reward(st.labels, st.adjudication, config.human_pass_threshold, scope)
+    compared = None if st.pairs is None else comparisons.entries(st)
     evaluation = st.evaluation
     scored = evaluation is not None and evaluation.scores is not None
     return {
@@ -516,6 +551,7 @@ def _snapshot(st: TraceState, config: JoinConfig, json: Any) -> dict[str, Any] |
         "rules_version": RULES_VERSION,
         "human_labels": label_details(st.labels, st.adjudication, scope),
         **({} if trace.metadata is None else {"metadata": json(trace.metadata)}),
+        **({} if compared is None else {"comparisons": compared}),
     }
 
 

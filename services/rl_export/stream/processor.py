@@ -23,7 +23,8 @@ from rl_export.model.partitioning import partition_function
 from rl_export.model.snapshots import HEADER_RECORD_AT, Headers
 from rl_export.runtime.metrics import Metrics
 from rl_export.runtime.settings import Settings
-from rl_export.stream import native
+from rl_export.stream import comparisons, native
+from rl_export.stream.comparisons import Effects
 from rl_export.stream.humans import versions_of
 from rl_export.stream.join import JoinConfig, TraceState, encode_current, expired, merge
 from rl_export.stream.native import NativeEvent, NativeState
@@ -32,6 +33,8 @@ from rl_export.stream.rubriccheck import RubricCheck, RubricSource, VersionKey
 from rl_export.stream.state import dump_state_parts, expiry_since, load_state
 
 log = logging.getLogger(__name__)
+
+_VOID_TYPE = b'"event_type":"pair.void"'  # as comparisons.notice encodes it
 
 
 @dataclass(slots=True)
@@ -73,15 +76,18 @@ class Emitter(Protocol):
     """Where snapshots, forwards and dead letters go; ``flush`` returns once they are delivered.
 
     ``forward`` sends an input event on to its trace's partition of the same topic, where
-    the join takes it as it takes any event; ``headers`` go with the snapshot's value
-    (:func:`rl_export.model.snapshots.encode_snapshot`).
+    the join takes it as it takes any event (a comparison's mirror or notice too:
+    :mod:`rl_export.stream.comparisons`); ``headers`` go with the snapshot's value
+    (:func:`rl_export.model.snapshots.encode_snapshot`). A snapshot goes to ``partition`` of
+    ``trajectories``, sent by the join partition ``task`` (None: the same partition; a pair
+    snapshot goes to its pair id's partition).
     ``flush`` gets the input offsets the batch covers (``(topic, partition) -> next
     offset``); an emitter that can commits them atomically with what it sends.
     """
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None: ...  # fmt: skip
     async def forward(self, message: InMessage, key: bytes, partition: int) -> None: ...
     async def dead_letter(self, message: InMessage, rejection: EventRejection) -> None: ...
@@ -182,6 +188,7 @@ class _Touched:
     emit: bool = False
     repeated: bool = False  # a redelivered event: rewrite everything, the first write may be lost
     event_ms: int | None = None
+    pairs: set[str] | None = None  # owned pairs whose snapshot is due, by other trace
 
 
 class JoinProcessor:
@@ -302,6 +309,8 @@ class JoinProcessor:
             if merged.emits:
                 entry.emit = True
                 entry.event_ms = message.timestamp_ms
+            if merged.effects is not None:
+                await self._owed(message, entry, merged.effects)
 
         await self._load_versions(touched.values())
         latencies: list[float] = []
@@ -332,6 +341,8 @@ class JoinProcessor:
                 )
                 if entry.event_ms is not None:
                     latencies.append(max(0.0, clock - entry.event_ms / 1000))
+            if entry.pairs:
+                await self._pair_snapshots(entry)
         self.metrics.latency.observe_many(latencies)
         self.metrics.snapshots.inc(len(result.snapshots))
         for message, rejection in result.rejected:
@@ -350,6 +361,30 @@ class JoinProcessor:
         await self.emitter.flush(consumed_offsets(messages))  # delivered before it is acked
         self.metrics.table_keys.set(len(self.table))
         return result
+
+    async def _owed(self, message: InMessage, entry: _Touched, effects: Effects) -> None:
+        """What pair events ask (:mod:`rl_export.stream.comparisons`): their mirrors and
+        notices forwarded to the other traces' partitions of the labels topic, by this
+        partition's task (committed with its offsets); the owned pairs' snapshots noted."""
+        topic = self.settings.topic_labels
+        for target, value in effects.sends:
+            key = target.encode()
+            origin = InMessage(topic, message.partition, message.offset, key, value)
+            await self.emitter.forward(origin, key, self._partition_of(target))
+            kind = comparisons.VOID if _VOID_TYPE in value else "mirror"
+            self.metrics.pair_sends.labels(kind).inc()
+        if effects.pairs:
+            entry.pairs = (entry.pairs or set()) | effects.pairs
+
+    async def _pair_snapshots(self, entry: _Touched) -> None:
+        """Step 4 for the pairs a trace owns: each changed one's snapshot, on its pair id's
+        partition of ``trajectories`` (where replay places it too), sent by this task."""
+        for other in sorted(entry.pairs or ()):
+            pid, value = comparisons.pair_snapshot(entry.state, other)
+            await self.emitter.snapshot(pid.encode(), value, entry.event_ms,
+                                        self._partition_of(pid), [],
+                                        task=entry.last.partition)  # fmt: skip
+        self.metrics.snapshots.inc(len(entry.pairs or ()))
 
     async def _check_answers(self, checked: list[Any]) -> None:
         """Labels of rubric versions other than 0, and adjudications, checked against their

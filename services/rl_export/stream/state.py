@@ -4,7 +4,9 @@ Version 3 (written now) is framed: one version byte (3), the length of a JSON he
 little-endian), the head, then the JSON the state keeps as is, one after another, their
 lengths listed in the head: the attachments, the trace's metadata (when the trace's head has a
 sixth item; states kept before metadata was kept have none), the evaluation's view and
-scores, the raw bytes of each waiting event. Loading parses the head only. The conversation
+scores, the raw bytes of each waiting event. Loading parses the head only. The head's
+fifteenth item is the adjudication and the sixteenth the trace's pairs (comparisons), each
+only in a state that has one, so other states keep their bytes. The conversation
 is kept apart (the join's table has a key of its own for it); :func:`dump_state` puts it
 last.
 Versions 1 and 2 were one JSON object (conversation inline in 1, on a second line in 2);
@@ -19,6 +21,7 @@ from typing import Any
 import orjson
 
 from rl_export.model.codec import RawJson
+from rl_export.stream.comparisons import dump_pairs, load_pairs
 from rl_export.stream.join import (
     EvaluationView,
     LabelView,
@@ -72,8 +75,10 @@ def dump_state_parts(st: TraceState) -> tuple[bytes, bytes]:
         sorted(st.skipped_by), st.updated_at, st.deleted_at, st.deleted_revision, pending,
         [len(s) for s in segments],
     ]  # fmt: skip
-    if st.adjudication is not None:  # a fifteenth item, only then: other states keep their bytes
-        fields.append(_label_item(*st.adjudication))
+    if st.adjudication is not None or st.pairs:  # 15th, 16th items only then: other states
+        fields.append(None if st.adjudication is None else _label_item(*st.adjudication))
+    if st.pairs:  # keep their bytes
+        fields.append(dump_pairs(st.pairs))
     head = orjson.dumps(fields)
     conversation = b"" if trace is None else trace.messages.data
     return b"".join([b"\x03", _HEAD_LENGTH.pack(len(head)), head, *segments]), conversation
@@ -121,7 +126,7 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
     (trace_id, org, project, seen, first_pending_at, trace_head, evaluation_head, labels,
      skipped_by, updated_at, deleted_at, deleted_revision, pending_heads,
      sizes) = d[:14]  # fmt: skip
-    adjudication = None if len(d) < 15 else (d[14][0], _label_view(d[14]))
+    adjudication = None if len(d) < 15 or d[14] is None else (d[14][0], _label_view(d[14]))
     segments = []
     for size in sizes:
         segments.append(data[start : start + size])
@@ -173,6 +178,7 @@ def load_state(data: bytes, conversation: bytes | None = None) -> TraceState:
         deleted_at=deleted_at,
         deleted_revision=deleted_revision,
         adjudication=adjudication,
+        pairs=load_pairs(d[15]) if len(d) > 15 else None,
     )
 
 

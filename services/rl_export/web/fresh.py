@@ -32,9 +32,11 @@ from pathlib import Path
 
 from rl_export.corpora.commits import Commit
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef, utc_now
+from rl_export.corpora.pairlines import PairLines, pair_lines
 from rl_export.corpora.store import CHUNK, ObjectStore
 from rl_export.formats.specs import CorpusSpec
 from rl_export.index.queryindex import CorpusKey
+from rl_export.model.pairs import COMPARISONS
 from rl_export.model.snapshots import SnapshotLines, decode_snapshot
 
 log = logging.getLogger(__name__)
@@ -83,12 +85,15 @@ class FreshLines:
         if value is None:
             return
         try:
-            snapshot = SnapshotLines(decode_snapshot(value))
+            snapshot = pair_lines(value) or SnapshotLines(decode_snapshot(value))
         except (ValueError, KeyError, TypeError):
             return  # the sink counts it; nothing for the index
         self.seen += 1
         now = self.clock()
+        pair = type(snapshot) is PairLines  # as the sink routes it: to comparisons corpora only
         for spec in self.specs:
+            if (spec.source == COMPARISONS) != pair:
+                continue
             line = corpus_lines(snapshot, spec)
             if line is None:
                 continue

@@ -14,21 +14,21 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from rl_export.export import SOURCES
 from rl_export.formats.chat import ChatStyle, SystemMode
 from rl_export.formats.filters import filter_text
-from rl_export.formats.render import JSONL_FORMATS, TABULAR_FORMATS, Completion
+from rl_export.formats.render import JSONL_FORMATS, PAIR_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.labeling.agreement import AgreementReport
 from rl_export.labeling.questions import ByQuestion
 from rl_export.labeling.settings import Order, ShowEvaluations
 from rl_export.model.events import Answer, LabelKind
 from rl_export.model.rubrics import MAX_TEXT, Question
 
-Source = Literal["human", "evaluator", "traces"]
+Source = Literal["human", "evaluator", "traces", "comparisons"]
 Format = Literal[
     "trajectory", "prompt_completion", "messages", "kto", "preference", "executions",
-    "rl_prompts", "csv", "json", "parquet", "zip",
+    "rl_prompts", "reward_pairs", "csv", "json", "parquet", "zip",
 ]  # fmt: skip
 File = Literal["jsonl", "parquet"]
 # The API's enums are the export package's lists (the OpenAPI document needs literals).
-assert set(get_args(Format)) == set(JSONL_FORMATS + TABULAR_FORMATS)
+assert set(get_args(Format)) == set(JSONL_FORMATS + PAIR_FORMATS + TABULAR_FORMATS)
 assert set(get_args(Source)) == set(SOURCES)
 
 TRACE_ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"

@@ -37,6 +37,7 @@ from rl_export.model.errors import (
     RlExportError,
     TopicMismatchError,
 )
+from rl_export.model.pairs import COMPARISONS
 from rl_export.privacy.redact import warm_up
 from rl_export.runtime.metrics import WebMetrics
 from rl_export.runtime.settings import Settings
@@ -109,7 +110,7 @@ class Services:
             self.indexer.follow(CorpusKey(org, project, name))
             for org, project in self.settings.warm_projects
             for name in SOURCE_CORPORA
-            if name in names
+            if name in names and name != COMPARISONS  # pair records: read by ratings, not indexed
         ]
         self._tasks = [
             asyncio.create_task(self._warm_redaction(), name="redact-warm-up"),

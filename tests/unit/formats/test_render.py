@@ -13,6 +13,7 @@ from rl_export.formats.render import (
     CORPUS_FORMATS,
     FORMAT_COLUMNS,
     JSONL_FORMATS,
+    PAIR_FORMATS,
     corpus_row,
     preference_pairs,
     prompt_split,
@@ -144,7 +145,7 @@ def test_corpus_rows_lead_with_identity_and_formats_are_known() -> None:
         render_row("preference", rec)
     with pytest.raises(ValueError, match="unknown format 'xml'"):
         render_row("xml", rec)
-    assert set(FORMAT_COLUMNS) == set(JSONL_FORMATS) - {"trajectory"}
+    assert set(FORMAT_COLUMNS) == set(JSONL_FORMATS + PAIR_FORMATS) - {"trajectory"}
 
 
 def test_prompt_split_first_and_last() -> None:

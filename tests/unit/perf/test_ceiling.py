@@ -41,7 +41,7 @@ class Sent:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None:  # fmt: skip
         self.batches[-1].append((key, value, event_ms, partition, list(headers)))
 

@@ -134,7 +134,8 @@ def check_record(record: dict[str, Any]) -> None:
         assert list(record) == TOMBSTONE_FIELDS == list(Tombstone.model_fields)
         Tombstone.model_validate(record)
     else:
-        assert list(record) == RECORD_FIELDS == list(TrajectoryRecord.model_fields)
+        # ``comparisons`` (section 12) follows, only in the record of a trace compared.
+        assert list(record) == RECORD_FIELDS == list(TrajectoryRecord.model_fields)[:-1]
         TrajectoryRecord.model_validate(record)
         # The JSON a trainer reads parses back to the same record.
         TrajectoryRecord.model_validate_json(dumps(record))

@@ -51,6 +51,7 @@ class CollectingEmitter:
 
     def __init__(self) -> None:
         self.snapshots: list[tuple[bytes, bytes, int | None]] = []
+        self.pair_snapshots: list[tuple[bytes, bytes, int]] = []
         self.forwards: list[tuple[InMessage, bytes, int]] = []
         self.dead_letters: list[tuple[InMessage, EventRejection]] = []
         self.flushes = 0
@@ -58,8 +59,12 @@ class CollectingEmitter:
 
     async def snapshot(
         self, key: bytes, value: bytes, event_ms: int | None, partition: int,
-        headers: Headers,
+        headers: Headers, *, task: int | None = None,
     ) -> None:  # fmt: skip
+        if task is not None:  # a pair's snapshot, on its pair id's partition
+            assert partition == partition_of(key.decode())
+            self.pair_snapshots.append((key, value, task))
+            return
         # A live snapshot says where its record is, or the sink would parse all of it.
         assert headers or decode_snapshot(value)["deleted"]
         self.snapshots.append((key, value, event_ms))
