@@ -1,4 +1,4 @@
-"""Ratings and agreement of comparisons (docs/guides/comparisons.md), pure: which agent version
+"""Ratings and agreement of comparisons (docs/guides/agreement.md), pure: which agent version
 people prefer, by how much, how sure we are, and how far the labelers agree.
 
 The input is columnar, :class:`RatingsInput` (a row per pair: the agent versions of its two
