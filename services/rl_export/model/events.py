@@ -326,6 +326,22 @@ class LabelRetracted(BaseEvent):
     labeler: NonEmptyStr
 
 
+class LabelCompared(BaseEvent):
+    """A labeler's choice between two traces of one org/project (section 12): ``trace_id``
+    is ``trace_a``, the smaller id. The web service publishes it; the join's handling (both
+    traces, any arrival order) is the stream's."""
+
+    event_type: Literal["label.compared"]
+    labeler: NonEmptyStr
+    trace_a: NonEmptyStr
+    trace_b: NonEmptyStr
+    choice: Literal["a", "b", "tie", "both_bad"]
+    strength: StrictInt | None = Field(None, ge=1, le=3)
+    rubric: dict[str, Any] | None = None
+    rubric_version: StrictInt | None = Field(None, ge=0)
+    comment: str | None = None
+
+
 Event = Annotated[
     TraceCompleted
     | TraceDeleted

@@ -23,6 +23,7 @@ from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.formats.specs import SOURCE_CORPORA
 from rl_export.index.follower import Followed, Indexer
 from rl_export.index.memo import AGREEMENT_REPORTS
+from rl_export.index.pairbook import PairBook
 from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.index.reports import Reports
 from rl_export.kafka import access
@@ -74,6 +75,7 @@ class Services:
     claims: Claims
     store_health: StoreHealth
     agreement_reports: Reports  # by (corpus id, filters), kept warm
+    pairbook: PairBook  # the comparison queue's pairs, from the traces corpora
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
     # Why the instance must end (the broker refused our TLS handshake or login), and what
@@ -275,4 +277,5 @@ def build_services(
         claims=Claims(store, claim_book, publisher.broadcast),
         store_health=StoreHealth(store),
         agreement_reports=Reports(AGREEMENT_REPORTS, settings.web_agreement_max_age_s),
+        pairbook=PairBook(index, settings.compare_partners),
     )
