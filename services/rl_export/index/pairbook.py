@@ -1,6 +1,7 @@
 """The comparison queue's read model: what each live trace of the ``traces`` corpus brings to
 pairs (its prompt key, version, evaluator reward, the comparisons its record lists), kept in
-memory beside the query index and brought up to date from it (docs/guides/labeling.md#comparisons).
+memory beside the query index and brought up to date from it
+(docs/guides/labeling.md#6-comparisons).
 
 The index's columns say which traces changed (their ``revision``) but not their prompt nor
 their ``comparisons``: those are in the bodies. So :class:`PairBook` keeps, per corpus, the

@@ -1,4 +1,4 @@
-"""Pairs to compare and the comparison queue's rules (docs/guides/labeling.md#comparisons), pure.
+"""Pairs to compare and the comparison queue's rules (docs/guides/labeling.md#6-comparisons), pure.
 
 A *pair* is two traces of one project, ``trace_a < trace_b``, named by :func:`pair_id`. The
 pairs offered share a key (:func:`pair_key`: the prompt, the messages up to and including

@@ -1,5 +1,5 @@
 """A labeler's comparison queue and claims over this instance's pair book
-(docs/guides/labeling.md#comparisons).
+(docs/guides/labeling.md#6-comparisons).
 
 The pair book (:mod:`rl_export.index.pairbook`) answers from the corpora: a project's pairs,
 who compared each, the queue's orders. The few pairs the corpora do not show right yet,

@@ -1,4 +1,4 @@
-"""Comparisons (docs/guides/labeling.md#comparisons): ``GET compare/queue``, ``POST
+"""Comparisons (docs/guides/labeling.md#6-comparisons): ``GET compare/queue``, ``POST
 compare/claim``, ``DELETE compare/claims/{pair_id}``, ``POST comparisons``, ``DELETE
 comparisons/{pair_id}`` (scope ``label``) and ``GET comparisons/ratings`` (scope ``export``).
 
@@ -38,9 +38,9 @@ from rl_export.web.api.deps import (
 )
 from rl_export.web.api.items import answer, known_trace, traces_corpus
 from rl_export.web.compare import CompareQueue
-from rl_export.web.errors import Invalid, NotFound, Unavailable
+from rl_export.web.errors import Conflict, Invalid, NotFound, Unavailable
 from rl_export.web.labels import comparison_retracted, label_compared
-from rl_export.web.models import AcceptedOut, TraceId
+from rl_export.web.models import AcceptedOut, ErrorOut, TraceId
 from rl_export.web.services import Services
 from rl_export.web.team import Team, team_of
 
@@ -139,6 +139,30 @@ async def post_compare_claim(
     found = await queue.items(pairs)
     followed = await traces_corpus(svc, org, project)
     return _answer(fields, found, queue, followed)
+
+
+@router.put(
+    "/compare/claims/{pair_id}",
+    summary="Claim (or renew) the caller's place on one pair: 409 when every place is held",
+    responses={409: {"model": ErrorOut, "description": "Every place of the pair is held, or "
+                     "the caller has a current comparison of it."}},
+)  # fmt: skip
+async def put_compare_claim(
+    *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc, pair_id: PairIdPath
+) -> dict[str, str]:
+    """The page's claim on the pair it shows again after an undo."""
+    queue = await _queue(svc, org, project, caller.subject)
+    pair = queue.pairs.pairs.get(pair_id)
+    if pair is None:
+        raise NotFound(f"no pair {pair_id!r} to compare in {org}/{project}")
+    if caller.subject in queue.voters(pair_id):
+        raise Conflict(f"you have a current comparison of pair {pair_id!r}: retract it first")
+    entry = await queue.claim_one(pair)
+    if entry is None or entry.expires_at is None:
+        svc.metrics.claims.labels("lost").inc()
+        raise Conflict(f"every place of pair {pair_id!r} is held by other labelers")
+    svc.metrics.claims.labels("granted").inc()
+    return {"pair_id": pair_id, "expires_at": stamp(entry.expires_at)}
 
 
 @router.delete("/compare/claims/{pair_id}", status_code=204,

@@ -1,0 +1,150 @@
+"""The Compare tab in headless Chromium against two web instances (DESIGN.md section 12): two
+labelers compare keyboard-only, each on an instance of their own, until every pair has its
+target; no pair gets more; the page shows nobody else's choice; a transcript's markup is text;
+U undoes a choice; and axe-core finds no serious or critical violation on the Compare tab nor on
+the Agreement tab's ratings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from rl_export.labeling.pairs import pair_id
+from tests.integration.web.conftest import SCRIPT, Stack, axe_violations
+from tests.integration.web.test_label_page import off_loop
+from tests.integration.web.test_team import make_tokens, project_events
+from tests.integration.webproc import WebProcess, wait_for
+from tests.integration.workers import publish
+from tests.records import PROMPT, SYSTEM
+
+pytestmark = pytest.mark.integration
+
+TRACES = 6  # one prompt, v1 and v2 alternating: 9 pairs
+PROJECT = "cmp-page"
+
+
+@pytest.fixture(scope="module")
+def second(browser: Browser, stack: Stack) -> Iterator[WebProcess]:
+    web = WebProcess(stack.settings, "web-cmp-page").start()
+    try:
+        yield web
+    finally:
+        web.stop()
+
+
+def seed(stack: Stack, webs: list[WebProcess]) -> dict[str, str]:
+    events = project_events(PROJECT, TRACES)
+    for event in events:
+        if event["event_type"] == "trace.completed":
+            number = int(event["trace_id"].rsplit("-", 1)[1])
+            event["agent_version"] = f"v{1 + number % 2}"
+            if number == 3:  # markup in an answer: the page shows it as text
+                event["messages"] = [SYSTEM, PROMPT, {"role": "assistant", "content": SCRIPT}]
+    off_loop(publish(stack.settings, events))  # Playwright's loop runs on this thread
+    tokens = off_loop(make_tokens(stack, PROJECT, ["lead", "pana", "pbo"]))
+    for web in webs:
+        with web.client(tokens["lead"], project=PROJECT) as api:
+
+            def indexed(api: object = api) -> bool:
+                stats = api.get("stats", params={"source": "traces"}).json()  # type: ignore[attr-defined]
+                return bool(stats.get("records") == TRACES)
+
+            wait_for(f"the traces of {PROJECT}", indexed, 180)
+    return tokens
+
+
+def open_compare(page: Page, web: WebProcess, token: str) -> None:
+    """Sign in by keyboard on the Compare tab."""
+    page.goto(f"{web.base}/acme/{PROJECT}/rl-export#compare")
+    expect(page.locator("#token-input")).to_be_focused()
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+
+
+def shown_pair(page: Page) -> str | None:
+    """The pair the page shows (None: its queue is empty)."""
+    work, empty = page.locator("#compare-work"), page.locator("#compare-empty")
+    expect(
+        page.locator("#compare-work:not([hidden]), #compare-empty:not([hidden])")
+    ).to_be_visible()
+    expect(work).not_to_have_attribute("aria-busy", "true")
+    if empty.is_visible():
+        return None
+    a = page.locator("#compare-a-meta .tag").inner_text()
+    b = page.locator("#compare-b-meta .tag").inner_text()
+    return pair_id(*sorted((a, b)))
+
+
+def test_two_labelers_compare_keyboard_only_on_two_instances(
+    stack: Stack, second: WebProcess, browser: Browser
+) -> None:
+    webs = [stack.web, second]
+    tokens = seed(stack, webs)
+    pages = []
+    for web, who in zip(webs, ("pana", "pbo"), strict=True):
+        context = browser.new_context(viewport={"width": 1360, "height": 860})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
+        open_compare(page, web, tokens[who])
+        pages.append((who, page, errors))
+    try:
+        done: Counter[str] = Counter()
+        keys = "ABTX"
+        # U: the first choice of pana is undone, and the same pair comes back, claimed.
+        who, page, _ = pages[0]
+        first = shown_pair(page)
+        assert first is not None
+        page.keyboard.press("2")
+        page.keyboard.press("A")
+        expect(page.locator("#compare-undo-line")).to_be_visible()
+        shown_pair(page)
+        page.keyboard.press("U")
+        assert shown_pair(page) == first
+        # Markup in a transcript is text, never run.
+        text = " ".join(p.locator("#panel-compare").inner_text() for _, p, _ in pages)
+        assert all(p.evaluate("() => window.pwned === undefined") for _, p, _ in pages)
+        assert axe_violations(page) == []
+        open_pages = list(pages)
+        turn = 0
+        while open_pages:
+            for entry in list(open_pages):
+                who, page, _ = entry
+                pair = shown_pair(page)
+                if pair is None:
+                    open_pages.remove(entry)
+                    continue
+                # Blind: nothing on the tab names the other labeler.
+                other = "pbo" if who == "pana" else "pana"
+                panel = page.locator("#panel-compare").inner_text()
+                assert other not in panel
+                text += panel
+                page.keyboard.press(keys[turn % len(keys)])
+                turn += 1
+                done[pair] += 1
+                expect(page.locator("#compare-undo-text")).to_contain_text(pair)
+        assert SCRIPT in text  # the markup, shown as text
+        pairs = (TRACES // 2) ** 2
+        assert len(done) == pairs
+        assert set(done.values()) == {1}  # every pair to its target (1), none over it
+        for web in webs:
+            with web.client(tokens["lead"], project=PROJECT) as api:
+                queue = api.get("compare/queue").json()
+                assert queue["team_remaining"] == 0
+        # The Agreement tab's ratings (the lead's: scope export), axe-clean.
+        lead = browser.new_context(viewport={"width": 1360, "height": 860}).new_page()
+        pages.append(("lead", lead, []))
+        lead.goto(f"{second.base}/acme/{PROJECT}/rl-export#agreement")
+        expect(lead.locator("#token-input")).to_be_focused()
+        lead.keyboard.type(tokens["lead"])
+        lead.keyboard.press("Enter")
+        expect(lead.locator("#ratings-table tbody tr").first).to_be_visible()
+        expect(lead.locator("#ratings-error")).to_be_hidden()
+        assert axe_violations(lead) == []
+    finally:
+        for _, page, errors in pages:
+            page.context.close()
+            assert errors == []
