@@ -3,23 +3,29 @@ pairs (its prompt key, version, evaluator reward, the comparisons its record lis
 memory beside the query index and brought up to date from it
 (docs/guides/labeling.md#6-comparisons).
 
-The index's columns say which traces changed (their ``revision``) but not their prompt nor
-their ``comparisons``: those are in the bodies. So :class:`PairBook` keeps, per corpus, the
-facts of each live trace at the revision it read (:class:`TraceFacts`), and on each change of
-the corpus (:meth:`QueryIndex.changes`) reads one column scan and the bodies of the traces
-whose revision moved, only: a label or a comparison re-reads one body, not the corpus.
+The index's columns say which traces changed but not their prompt nor their ``comparisons``:
+those are in the bodies. So :class:`PairBook` keeps, per corpus, the facts of each live trace
+(:class:`TraceFacts`) and follows the index's rows by ``seq`` (the order lines were read: a
+row that replaces another is read later, so has a greater one). On each change of the corpus
+(:meth:`QueryIndex.changes`) it reads the rows past the last ``seq`` it saw and the bodies of
+those whose revision moved, only: a label or a comparison re-reads one body, not the corpus.
+(Should the live rows ever number other than the facts, after the index read a corpus again,
+it reads everything again.)
 
-From the facts and a project's settings, :meth:`PairBook.pairs` makes the project's pairs
-(:func:`rl_export.labeling.pairs.pairs_of`), their current comparisons (who voted, from
-``trace_a``'s record: the record of ``trace_b`` mirrors it) and the queue's orders, kept while
-the corpus does not change (:meth:`QueryIndex.memo`). :meth:`PairBook.ratings_input` hands
-the ratings (:mod:`rl_export.labeling.ratings`) the votes of the traces that match filters.
+Per project settings (``pair_on``, ``pair_versions``, ``comparisons_per_pair``) a
+:class:`_PairView` keeps the pairs (:func:`rl_export.labeling.pairs.pairs_of`, group by group),
+who compared each (from ``trace_a``'s record: ``trace_b``'s mirrors it), the queue's orders
+(sorted lists) and counts, and applies the changed traces to the groups they leave and join,
+only. :meth:`PairBook.pairs` hands out an immutable :class:`ProjectPairs` per change of the
+corpus (:meth:`QueryIndex.memo`). :meth:`PairBook.ratings_input` gives the ratings
+(:mod:`rl_export.labeling.ratings`) the votes of the traces that match filters.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +39,18 @@ from rl_export.labeling.ratings import RatingsBuilder, RatingsInput
 from rl_export.labeling.settings import LabelingSettings, Order
 
 BODIES_PER_READ = 2048  # bodies read at once when facts are brought up to date
+CHANGE_LOG = 64  # refreshes whose changed traces are kept for the views to catch up with
+REORDER_AFTER = 2048  # pairs in and out of a view at once past which its orders are re-sorted
+ORDERS: tuple[Order, ...] = ("oldest", "newest", "uncertain")  # kept sorted (``random``: per
+# labeler, sorted on demand)
+
+Entry = tuple[str, str, str, str]  # (pair_id, other, labeler, outcome) of trace_a's record
 
 
 @dataclass(frozen=True, slots=True)
 class TraceFacts:
     """A live trace as pairing needs it, at ``revision``. ``comparisons``: its record's
-    entries where it is ``trace_a`` (``(pair_id, other, labeler, outcome)``)."""
+    entries where it is ``trace_a``."""
 
     revision: int
     prompt: str | None
@@ -46,7 +58,7 @@ class TraceFacts:
     agent_version: str | None
     eval_reward: float | None
     completed_us: int
-    comparisons: tuple[tuple[str, str, str, str], ...]
+    comparisons: tuple[Entry, ...]
 
 
 def facts_of(body: bytes, revision: int, eval_reward: float | None,
@@ -88,14 +100,108 @@ class ProjectPairs:
         return found
 
 
+class _PairView:
+    """One pairing's pairs, kept up to date group by group (see the module)."""
+
+    def __init__(self, settings: LabelingSettings, partners: int) -> None:
+        self.settings, self.partners = settings, partners
+        self.generation = -1  # of the corpus's facts it reflects (-1: none yet)
+        self.group_of: dict[str, str] = {}  # trace id -> its group's key
+        self.groups: dict[str, dict[str, PairTrace]] = {}
+        self.group_pairs: dict[str, list[Pair]] = {}
+        self.pairs: dict[str, Pair] = {}
+        self.sorted: dict[Order, list[tuple[Any, str]]] = {o: [] for o in ORDERS}
+        self.short = 0
+        self.voted_short: dict[str, int] = {}
+
+    def _key(self, f: TraceFacts) -> str | None:
+        return f.prompt if self.settings.pair_on == "prompt" else f.scenario
+
+    def _count(self, voters: frozenset[str], sign: int) -> None:
+        if short(voters, self.settings.comparisons_per_pair):
+            self.short += sign
+            for labeler in voters:
+                self.voted_short[labeler] = self.voted_short.get(labeler, 0) + sign
+
+    def _place(self, gone: list[Pair], made: list[Pair]) -> None:
+        """Take ``gone`` out of the sorted orders and put ``made`` in: one by one when they
+        are few, else by sorting again (a large group changed)."""
+        if len(gone) + len(made) > REORDER_AFTER:
+            for order in ORDERS:
+                key = order_key(order, "")
+                self.sorted[order] = sorted((key(p), p.pair_id) for p in self.pairs.values())
+            return
+        for order in ORDERS:
+            key, entries = order_key(order, ""), self.sorted[order]
+            for pair in gone:
+                del entries[bisect.bisect_left(entries, (key(pair), pair.pair_id))]
+            for pair in made:
+                bisect.insort(entries, (key(pair), pair.pair_id))
+
+    def apply(self, facts: Mapping[str, TraceFacts], changed: Iterable[str],
+              voters: Mapping[str, frozenset[str]],
+              counted: Mapping[str, frozenset[str]]) -> None:  # fmt: skip
+        """Bring the view to ``facts`` and ``voters``: ``changed`` are the traces that moved
+        since the view's generation, ``counted`` the voters the view counted of the pairs
+        whose voters moved since."""
+        touched: set[str] = set()
+        for trace_id in changed:
+            before = self.group_of.pop(trace_id, None)
+            if before is not None:
+                self.groups[before].pop(trace_id, None)
+                touched.add(before)
+            f = facts.get(trace_id)
+            key = None if f is None else self._key(f)
+            if f is not None and key is not None:
+                self.group_of[trace_id] = key
+                self.groups.setdefault(key, {})[trace_id] = PairTrace(
+                    trace_id, key, f.agent_version, f.eval_reward, f.completed_us
+                )
+                touched.add(key)
+        # A pair's voters move only with its trace_a's record, whose group is then made again
+        # below: its pairs' counts are taken out as ``counted`` says and put in as now.
+        gone: list[Pair] = []
+        made: list[Pair] = []
+        for key in touched:
+            for pair in self.group_pairs.pop(key, ()):
+                del self.pairs[pair.pair_id]
+                self._count(counted.get(pair.pair_id, voters.get(pair.pair_id, frozenset())), -1)
+                gone.append(pair)
+            members = self.groups.get(key, {})
+            if not members:
+                self.groups.pop(key, None)
+                continue
+            fresh = pairs_of(members.values(), self.settings, self.partners)
+            self.group_pairs[key] = fresh
+            for pair in fresh:
+                self.pairs[pair.pair_id] = pair
+                self._count(voters.get(pair.pair_id, frozenset()), 1)
+            made += fresh
+        self._place(gone, made)
+
+    def snapshot(self, voters: Mapping[str, frozenset[str]]) -> ProjectPairs:
+        ordered: dict[str, list[Pair]] = {
+            o: [self.pairs[pid] for _, pid in self.sorted[o]] for o in ORDERS
+        }
+        mine = {pid: voters[pid] for pid in self.pairs if pid in voters}
+        return ProjectPairs(dict(self.pairs), mine, ordered, self.short,
+                            dict(self.voted_short))  # fmt: skip
+
+
 @dataclass
 class _Corpus:
     facts: dict[str, TraceFacts] = field(default_factory=dict)
+    last_seq: int = -1
+    generation: int = 0
+    log: list[tuple[int, frozenset[str], dict[str, frozenset[str]]]] = field(default_factory=list)
+    voters: dict[str, frozenset[str]] = field(default_factory=dict)
+    traces_of: dict[str, tuple[str, str]] = field(default_factory=dict)  # pair -> (a, b)
+    views: dict[str, _PairView] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class PairBook:
-    """Every followed ``traces`` corpus's trace facts (see the module)."""
+    """Every followed ``traces`` corpus's trace facts and pairings (see the module)."""
 
     def __init__(self, index: QueryIndex, partners: int) -> None:
         self.index = index
@@ -108,74 +214,118 @@ class PairBook:
             return self._corpora.setdefault(corpus_id, _Corpus())
 
     def facts(self, corpus_id: int) -> dict[str, TraceFacts]:
-        """The corpus's live traces' facts, brought up to date once per change of its rows."""
-        return self.index.memo(corpus_id, "pair facts", lambda: self._refresh(corpus_id))
+        """The corpus's live traces' facts (a copy), brought up to date once per change."""
+        return self.index.memo(corpus_id, "pair facts", lambda: self._facts_copy(corpus_id))
 
-    def _refresh(self, corpus_id: int) -> dict[str, TraceFacts]:
+    def _facts_copy(self, corpus_id: int) -> dict[str, TraceFacts]:
         kept = self._corpus(corpus_id)
-        rows = (
-            self.index.connection()
-            .execute(
-                "SELECT trace_id, revision, seg, off, len, eval_reward, "
-                "coalesce(completed_us, 0) FROM records WHERE corpus_id = ? AND NOT deleted",
-                [corpus_id],
-            )
-            .fetchall()
-        )
         with kept.lock:
-            old = kept.facts
-            facts: dict[str, TraceFacts] = {}
-            stale = []
-            for trace_id, revision, seg, off, length, reward, completed in rows:
-                known = old.get(trace_id)
-                if known is not None and known.revision == revision:
-                    facts[trace_id] = known
-                else:
-                    stale.append((trace_id, revision, (seg, off, length), reward, completed))
-            for start in range(0, len(stale), BODIES_PER_READ):
-                chunk = stale[start : start + BODIES_PER_READ]
-                bodies = self.index.bodies_at([place for _, _, place, _, _ in chunk])
-                for row, body in zip(chunk, bodies, strict=True):
-                    trace_id, revision, _, reward, completed = row
-                    facts[trace_id] = facts_of(body, int(revision or 0), reward, int(completed))
-            kept.facts = facts
-            return facts
+            self._refresh(corpus_id, kept)
+            return dict(kept.facts)
+
+    def _refresh(self, corpus_id: int, kept: _Corpus) -> None:
+        """Read the rows past ``last_seq`` (everything when the live count disagrees)."""
+        db = self.index.connection()
+        live = db.execute("SELECT count(*) FROM records WHERE corpus_id = ? AND NOT deleted",
+                          [corpus_id]).fetchone()  # fmt: skip
+        rows = db.execute(
+            "SELECT trace_id, revision, deleted, seg, off, len, eval_reward, "
+            "coalesce(completed_us, 0), seq FROM records WHERE corpus_id = ? AND seq > ?",
+            [corpus_id, kept.last_seq],
+        ).fetchall()
+        seen = sum(1 for r in rows if r[0] in kept.facts)
+        kept_live = len(kept.facts) - seen + sum(1 for r in rows if not r[2])
+        if live is not None and kept_live != live[0] and kept.last_seq >= 0:
+            kept.facts, kept.last_seq, kept.views = {}, -1, {}  # read everything again
+            kept.voters, kept.traces_of, kept.log = {}, {}, []
+            self._refresh(corpus_id, kept)
+            return
+        stale = []
+        changed: set[str] = set()
+        for trace_id, revision, deleted, seg, off, length, reward, completed, seq in rows:
+            kept.last_seq = max(kept.last_seq, int(seq))
+            known = kept.facts.get(trace_id)
+            if deleted:
+                if known is not None:
+                    changed.add(trace_id)
+                continue
+            if known is None or known.revision != revision:
+                stale.append((trace_id, int(revision or 0), (seg, off, length), reward,
+                              int(completed)))  # fmt: skip
+        new: dict[str, TraceFacts | None] = dict.fromkeys(changed)
+        for start in range(0, len(stale), BODIES_PER_READ):
+            chunk = stale[start : start + BODIES_PER_READ]
+            bodies = self.index.bodies_at([place for _, _, place, _, _ in chunk])
+            for (trace_id, revision, _, reward, completed), body in zip(chunk, bodies,
+                                                                        strict=True):  # fmt: skip
+                new[trace_id] = facts_of(body, revision, reward, completed)
+        if new:
+            self._apply(kept, new)
+
+    @staticmethod
+    def _apply(kept: _Corpus, new: Mapping[str, TraceFacts | None]) -> None:
+        """Take the new facts (None: the trace is gone), the voters of the pairs they name."""
+        old_voters: dict[str, frozenset[str]] = {}
+        for trace_id, f in new.items():
+            before = kept.facts.pop(trace_id, None)
+            named = {e[0] for e in before.comparisons} if before else set()
+            if f is not None:
+                kept.facts[trace_id] = f
+                named |= {e[0] for e in f.comparisons}
+            for pid in named:
+                old_voters.setdefault(pid, kept.voters.get(pid, frozenset()))
+            for entry in before.comparisons if before else ():
+                kept.voters.pop(entry[0], None)
+            for pid, other, labeler, _ in f.comparisons if f else ():
+                kept.voters[pid] = kept.voters.get(pid, frozenset()) | {labeler}
+                kept.traces_of[pid] = (trace_id, other)
+        kept.generation += 1
+        kept.log.append((kept.generation, frozenset(new), old_voters))
+        del kept.log[:-CHANGE_LOG]
 
     def pairs(self, corpus_id: int, settings: LabelingSettings) -> ProjectPairs:
-        """The project's pairs, their voters and orders (kept while the corpus holds)."""
+        """The project's pairs, their voters and orders (one snapshot per change)."""
         key = repr(("pairs", settings.pair_on, settings.pair_versions,
                     settings.comparisons_per_pair, self.partners))  # fmt: skip
-        return self.index.memo(corpus_id, key, lambda: self._pairs(corpus_id, settings))
+        return self.index.memo(corpus_id, key, lambda: self._pairs(corpus_id, settings, key))
 
-    def _pairs(self, corpus_id: int, settings: LabelingSettings) -> ProjectPairs:
-        facts = self.facts(corpus_id)
-        traces = []
-        for trace_id, f in facts.items():
-            found = f.prompt if settings.pair_on == "prompt" else f.scenario
-            if found is not None:
-                traces.append(PairTrace(trace_id, found, f.agent_version, f.eval_reward,
-                                        f.completed_us))  # fmt: skip
-        pairs = {p.pair_id: p for p in pairs_of(traces, settings, self.partners)}
-        voters = _voters(facts)
-        k = settings.comparisons_per_pair
-        short_count = 0
-        voted_short: dict[str, int] = {}
-        for pid in pairs:
-            who = voters.get(pid, frozenset())
-            if short(who, k):
-                short_count += 1
-                for labeler in who:
-                    voted_short[labeler] = voted_short.get(labeler, 0) + 1
-        listed = list(pairs.values())
-        ordered = {
-            order: sorted(listed, key=order_key(order, ""))
-            for order in ("oldest", "newest", "uncertain")
-        }
-        return ProjectPairs(pairs, voters, ordered, short_count, voted_short)
+    def _pairs(self, corpus_id: int, settings: LabelingSettings, key: str) -> ProjectPairs:
+        kept = self._corpus(corpus_id)
+        with kept.lock:
+            self._refresh(corpus_id, kept)
+            view = kept.views.get(key)
+            since = [entry for entry in kept.log if view and entry[0] > view.generation]
+            caught = view is not None and (not since or since[0][0] == view.generation + 1)
+            if view is None or not caught:
+                view = kept.views[key] = _PairView(settings, self.partners)
+                view.apply(kept.facts, list(kept.facts), kept.voters, {})
+            elif since:
+                changed: set[str] = set()
+                counted: dict[str, frozenset[str]] = {}
+                for _, traces, old_voters in since:  # the earliest is what the view counted
+                    changed |= traces
+                    for pid, was in old_voters.items():
+                        counted.setdefault(pid, was)
+                view.apply(kept.facts, changed, kept.voters, counted)
+            view.generation = kept.generation
+            return view.snapshot(kept.voters)
 
     def voters(self, corpus_id: int) -> dict[str, frozenset[str]]:
         """Who compared each pair (any pairing), by pair id."""
-        return self.index.memo(corpus_id, "pair voters", lambda: _voters(self.facts(corpus_id)))
+        return self.index.memo(corpus_id, "pair voters", lambda: self._voters(corpus_id))
+
+    def _voters(self, corpus_id: int) -> dict[str, frozenset[str]]:
+        kept = self._corpus(corpus_id)
+        with kept.lock:
+            self._refresh(corpus_id, kept)
+            return dict(kept.voters)
+
+    def pair_traces(self, corpus_id: int, pair_id: str) -> tuple[str, str] | None:
+        """The traces of a pair some live record lists a comparison of."""
+        kept = self._corpus(corpus_id)
+        with kept.lock:
+            self._refresh(corpus_id, kept)
+            return kept.traces_of.get(pair_id) if pair_id in kept.voters else None
 
     def ratings_input(self, corpus_id: int, filters: Filters) -> RatingsInput:
         """The ratings' input over the live traces matching ``filters``."""
@@ -190,14 +340,6 @@ class PairBook:
             if f is not None:
                 builder.add(_record(trace_id, f))
         return builder.build()
-
-
-def _voters(facts: Mapping[str, TraceFacts]) -> dict[str, frozenset[str]]:
-    found: dict[str, set[str]] = {}
-    for f in facts.values():
-        for pid, _, labeler, _ in f.comparisons:
-            found.setdefault(pid, set()).add(labeler)
-    return {pid: frozenset(who) for pid, who in found.items()}
 
 
 def _record(trace_id: str, f: TraceFacts) -> dict[str, Any]:

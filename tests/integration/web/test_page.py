@@ -89,8 +89,9 @@ def stat(page: Page, name: str) -> int:
 
 def arrow_to(page: Page, tab: str, key: str = "ArrowRight") -> None:
     """From the focused tab, the arrow key over the tab list until ``tab`` is selected (the
-    list: Label, My labels, Review when the token may review, Rubric, Export, Agreement)."""
-    for _ in range(6):
+    list: Label, Compare, My labels, Review when the token may review, Rubric, Export,
+    Agreement)."""
+    for _ in range(7):
         if page.locator(f"#tab-{tab}").get_attribute("aria-selected") == "true":
             return
         page.keyboard.press(key)

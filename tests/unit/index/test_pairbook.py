@@ -87,3 +87,113 @@ def test_the_book_gives_what_the_records_give(tmp_path: Path) -> None:
         assert all(after[t] is before[t] for t in before if t != "t007")
     finally:
         index.close()
+
+
+def _same(found: Any, expected: Any) -> None:
+    assert found.pairs == expected.pairs
+    assert found.voters == expected.voters
+    assert found.ordered == expected.ordered
+    assert found.short == expected.short
+    assert {k: v for k, v in found.voted_short.items() if v} == {
+        k: v for k, v in expected.voted_short.items() if v}  # fmt: skip
+
+
+def test_kept_up_to_date_it_is_what_a_fresh_book_builds(tmp_path: Path) -> None:
+    """After each round of random changes (new traces, new revisions with other votes, other
+    prompts or versions, deletions), the book that followed them gives the same pairs,
+    voters, orders and counts as a new book reading the index from scratch."""
+    rng = random.Random(11)
+    values = {r["trace_id"]: r for r in records(rng, 60)}
+    index = QueryIndex(tmp_path / "index", threads=1)
+    settings = [LabelingSettings(comparisons_per_pair=2),
+                LabelingSettings(pair_on="scenario", pair_versions="any")]  # fmt: skip
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        index.ingest(cid, b"".join(dumps_line(r) for r in values.values()), {"t-0": 1})
+        book = PairBook(index, partners=2)
+        for each in settings:
+            book.pairs(cid, each)
+        for round_ in range(25):
+            lines = []
+            for _ in range(rng.randint(1, 6)):
+                trace = rng.choice(sorted(values))
+                value = values[trace]
+                what = rng.random()
+                if what < 0.15:
+                    lines.append(dumps_line({"trace_id": trace, "revision": value["revision"] + 1,
+                                             "deleted": True}))  # fmt: skip
+                    del values[trace]
+                    continue
+                changed = {**value, "revision": value["revision"] + 1}
+                if what < 0.5:  # a vote on a pair offered (or on any pair now and then)
+                    now = PairBook(index, partners=2).pairs(cid, settings[0])
+                    offered = sorted(now.pairs.values(), key=lambda p: p.pair_id)
+                    if offered and rng.random() < 0.8:
+                        pair = rng.choice(offered)
+                        trace, other = pair.trace_a, pair.trace_b
+                    else:
+                        other = rng.choice(sorted(values))
+                    if trace not in values or other not in values:
+                        continue  # deleted in this round
+                    value = values[trace]
+                    changed = {**value, "revision": value["revision"] + 1}
+                    if trace < other:
+                        vote = {
+                            "pair_id": pair_id(trace, other),
+                            "other": other,
+                            "outcome": "win",
+                            "labeler": rng.choice(["ana", "bo", "dee"]),
+                        }
+                        changed["comparisons"] = [*value["comparisons"], vote]
+                elif what < 0.7:
+                    changed["comparisons"] = []
+                elif what < 0.85:
+                    changed["messages"] = [rng.choice(PROMPTS)[0]]
+                    changed["agent_version"] = rng.choice(["v1", "v2"])
+                else:
+                    changed["scenario"] = rng.choice(["refund", "trip", "other"])
+                values[trace] = changed
+                lines.append(dumps_line(changed))
+            if rng.random() < 0.3:  # a new trace
+                fresh = records(random.Random(round_), 2)[0]
+                fresh["trace_id"] = f"n{round_:03d}"
+                values[fresh["trace_id"]] = fresh
+                lines.append(dumps_line(fresh))
+            cut = rng.randint(0, len(lines))  # one change of the index, or two before a look
+            for n, part in enumerate((lines[:cut], lines[cut:])):
+                if part:
+                    index.ingest(cid, b"".join(part), {"t-0": 100 * round_ + n})
+            for each in settings:
+                _same(book.pairs(cid, each), PairBook(index, partners=2).pairs(cid, each))
+            assert book.voters(cid) == PairBook(index, partners=2).voters(cid)
+    finally:
+        index.close()
+
+
+def test_two_changes_of_one_pairs_votes_between_two_looks(tmp_path: Path) -> None:
+    """The book counts a pair's comparisons from what it counted last, whatever happened in
+    between: two votes on one pair in two changes of the index, then one look."""
+    a = record("a", messages=[*PROMPTS[0], {"role": "assistant", "content": "1"}],
+               agent_version="v1")  # fmt: skip
+    b = record("b", messages=[*PROMPTS[0], {"role": "assistant", "content": "2"}],
+               agent_version="v2")  # fmt: skip
+    index = QueryIndex(tmp_path / "index", threads=1)
+    two = LabelingSettings(comparisons_per_pair=2)
+    try:
+        cid = index.corpus_id(CorpusKey("acme", "bot", "traces"))
+        index.ingest(cid, dumps_line({**a, "comparisons": []}) + dumps_line(b), {"t-0": 1})
+        book = PairBook(index, partners=2)
+        assert (book.pairs(cid, two).short, book.pairs(cid, two).voted_short) == (1, {})
+        vote = {"pair_id": pair_id("a", "b"), "other": "b", "outcome": "win"}
+        one = [{**vote, "labeler": "ana"}]
+        index.ingest(cid, dumps_line({**a, "revision": 4, "comparisons": one}), {"t-0": 2})
+        assert book.voters(cid) == {pair_id("a", "b"): frozenset({"ana"})}  # a look of another
+        # kind in between: the pairing's view then catches up with two changes at once
+        both = [*one, {**vote, "labeler": "bo"}]
+        index.ingest(cid, dumps_line({**a, "revision": 5, "comparisons": both}), {"t-0": 3})
+        found = book.pairs(cid, two)
+        assert found.voters == {pair_id("a", "b"): frozenset({"ana", "bo"})}
+        assert found.short == 0
+        assert {k: v for k, v in found.voted_short.items() if v} == {}
+    finally:
+        index.close()

@@ -235,19 +235,6 @@ async def post_comparison(
     return AcceptedOut(event_id=event.event_id)
 
 
-async def _pair_traces(svc: Services, org: str, project: str, corpus_id: int,
-                       pair_id: str) -> tuple[str, str] | None:  # fmt: skip
-    known = svc.overlay.votes.traces(pair_id)
-    if known is not None:
-        return known
-    facts = await query(svc.pairbook.facts, corpus_id)
-    for trace_id, f in facts.items():
-        for pid, other, _, _ in f.comparisons:
-            if pid == pair_id:
-                return trace_id, other
-    return None
-
-
 @router.delete(
     "/comparisons/{pair_id}", status_code=202,
     summary="Retract the caller's comparison of a pair (label.retracted naming it)",
@@ -259,7 +246,9 @@ async def delete_comparison(
     if followed.corpus_id is None:
         raise NotFound(f"you have no current comparison of pair {pair_id!r}")
     team = await team_of(svc, org, project)
-    traces = await _pair_traces(svc, org, project, followed.corpus_id, pair_id)
+    traces = svc.overlay.votes.traces(pair_id) or await query(
+        svc.pairbook.pair_traces, followed.corpus_id, pair_id
+    )
     voters = await _voters(svc, team, followed.corpus_id, pair_id)
     if traces is None or caller.subject not in voters:
         # Nothing to retract: publishing would only add a revision to both traces.
