@@ -89,14 +89,16 @@ class ProjectPairs:
 
     pairs: dict[str, Pair]  # by pair id
     voters: dict[str, frozenset[str]]  # pair id -> labelers with a current comparison
-    ordered: dict[str, list[Pair]]  # order name -> the pairs in that order (not ``random``)
+    ordered: dict[str, list[Pair]]  # order name -> the pairs short of their target, in that
+    # order (not ``random``)
     short: int  # pairs whose comparisons are fewer than their target
     voted_short: dict[str, int]  # labeler -> short pairs they compared
 
     def in_order(self, order: Order, labeler: str) -> list[Pair]:
+        """The pairs short of their target (the only ones a queue may hold), in ``order``."""
         found = self.ordered.get(order)
         if found is None:  # random: a shuffle per labeler, sorted on demand
-            return sorted(self.pairs.values(), key=order_key(order, labeler))
+            return sorted(self.ordered["oldest"], key=order_key(order, labeler))
         return found
 
 
@@ -110,7 +112,10 @@ class _PairView:
         self.groups: dict[str, dict[str, PairTrace]] = {}
         self.group_pairs: dict[str, list[Pair]] = {}
         self.pairs: dict[str, Pair] = {}
+        # The pairs short of their target, in each order: a pair compared k times is in nobody's
+        # queue, so a queue's head never walks past the many done ones.
         self.sorted: dict[Order, list[tuple[Any, str]]] = {o: [] for o in ORDERS}
+        self.listed: set[str] = set()  # the pair ids in ``sorted``
         self.short = 0
         self.voted_short: dict[str, int] = {}
 
@@ -126,10 +131,13 @@ class _PairView:
     def _place(self, gone: list[Pair], made: list[Pair]) -> None:
         """Take ``gone`` out of the sorted orders and put ``made`` in: one by one when they
         are few, else by sorting again (a large group changed)."""
+        gone = [p for p in gone if p.pair_id in self.listed]
+        self.listed.difference_update(p.pair_id for p in gone)
+        self.listed.update(p.pair_id for p in made)
         if len(gone) + len(made) > REORDER_AFTER:
             for order in ORDERS:
                 key = order_key(order, "")
-                self.sorted[order] = sorted((key(p), p.pair_id) for p in self.pairs.values())
+                self.sorted[order] = sorted((key(self.pairs[pid]), pid) for pid in self.listed)
             return
         for order in ORDERS:
             key, entries = order_key(order, ""), self.sorted[order]
@@ -168,15 +176,19 @@ class _PairView:
                 self._count(counted.get(pair.pair_id, voters.get(pair.pair_id, frozenset())), -1)
                 gone.append(pair)
             members = self.groups.get(key, {})
-            if not members:
-                self.groups.pop(key, None)
+            if len(members) < 2:  # most traces: a prompt of their own, no pair
+                if not members:
+                    self.groups.pop(key, None)
                 continue
             fresh = pairs_of(members.values(), self.settings, self.partners)
             self.group_pairs[key] = fresh
+            k = self.settings.comparisons_per_pair
             for pair in fresh:
                 self.pairs[pair.pair_id] = pair
-                self._count(voters.get(pair.pair_id, frozenset()), 1)
-            made += fresh
+                now = voters.get(pair.pair_id, frozenset())
+                self._count(now, 1)
+                if short(now, k):
+                    made.append(pair)
         self._place(gone, made)
 
     def snapshot(self, voters: Mapping[str, frozenset[str]]) -> ProjectPairs:

@@ -65,6 +65,14 @@ def test_the_book_gives_what_the_records_give(tmp_path: Path) -> None:
                       for r in values]  # fmt: skip
             expected = {p.pair_id for p in pairs_of(traces, settings, 3)}
             assert set(found.pairs) == expected
+            # The orders list the pairs short of their target, the only ones a queue holds.
+            k = settings.comparisons_per_pair
+            open_ = {p for p in found.pairs if len(found.voters.get(p, ())) < k}
+            for order in ("oldest", "newest", "uncertain", "random"):
+                listed = found.in_order(order, "ana")  # type: ignore[arg-type]
+                assert [p.pair_id for p in listed if p.pair_id in open_] == [
+                    p.pair_id for p in listed]  # fmt: skip
+                assert {p.pair_id for p in listed} == open_
         voters: dict[str, set[str]] = {}
         for value in values:
             for pid, who in voters_of(value).items():
