@@ -93,6 +93,7 @@ class ProjectPairs:
     # order (not ``random``)
     short: int  # pairs whose comparisons are fewer than their target
     voted_short: dict[str, int]  # labeler -> short pairs they compared
+    listed: frozenset[str] = frozenset()  # the pair ids in ``ordered``: short of their target
 
     def in_order(self, order: Order, labeler: str) -> list[Pair]:
         """The pairs short of their target (the only ones a queue may hold), in ``order``."""
@@ -197,7 +198,7 @@ class _PairView:
         }
         mine = {pid: voters[pid] for pid in self.pairs if pid in voters}
         return ProjectPairs(dict(self.pairs), mine, ordered, self.short,
-                            dict(self.voted_short))  # fmt: skip
+                            dict(self.voted_short), frozenset(self.listed))  # fmt: skip
 
 
 @dataclass

@@ -13,6 +13,7 @@ across instances (:mod:`rl_export.labeling.claims`).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import orjson
@@ -21,7 +22,7 @@ from rl_export.index import labelqueries
 from rl_export.index.pairbook import ProjectPairs
 from rl_export.labeling.claims import SlotEntry
 from rl_export.labeling.evaluations import evaluations_shown
-from rl_export.labeling.pairs import Pair, compare_space, in_queue, short
+from rl_export.labeling.pairs import Pair, compare_space, in_queue, order_key, short
 from rl_export.web.api.deps import query
 from rl_export.web.api.items import items
 from rl_export.web.services import Services
@@ -83,9 +84,16 @@ class CompareQueue:
         return PairCounts(remaining, team_remaining)
 
     def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[Pair]:
-        """The first ``limit`` pairs of the queue, in the project's order."""
+        """The first ``limit`` pairs of the queue, in the project's order: the book lists
+        the pairs short of their target by the corpora; a touched pair it does not list (a
+        fresh retraction reopened it) is merged in at its place."""
+        order = self.team.settings.order
+        key = order_key(order, self.labeler)
+        touched = {*self.fresh, *self.svc.claim_book.traces(self.team.org, self.space)}
+        known, listed = self.pairs.pairs, self.pairs.listed
+        extra = sorted((known[p] for p in touched if p in known and p not in listed), key=key)
         out: list[Pair] = []
-        for pair in self.pairs.in_order(self.team.settings.order, self.labeler):
+        for pair in heapq.merge(self.pairs.in_order(order, self.labeler), extra, key=key):
             if pair.pair_id not in exclude and self.keeps(pair.pair_id):
                 out.append(pair)
                 if len(out) >= limit:

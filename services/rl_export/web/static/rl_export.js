@@ -690,6 +690,9 @@
       order: values.order,
       adjudicate_spread: values.adjudicate_spread === undefined ? null : Number(values.adjudicate_spread),
       show_evaluations: values.show_evaluations || "after_label",
+      pair_on: values.pair_on || "prompt",
+      pair_versions: values.pair_versions || "different",
+      comparisons_per_pair: Number(values.comparisons_per_pair || 1),
     };
     const error = $("labeling-error");
     try {

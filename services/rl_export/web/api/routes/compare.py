@@ -112,10 +112,13 @@ async def get_compare_queue(
     *, org: OrgPath, project: ProjectPath, caller: LabelCaller, svc: Svc,
     limit: Annotated[int, Query(ge=1, le=QUEUE_MAX)] = 10,
 ) -> Response:  # fmt: skip
+    followed = await traces_corpus(svc, org, project)
+    fields: dict[str, Any] = {"lease_expires_at": None, "claims": []}
+    if followed.corpus_id is None:  # no trace yet: nothing to compare
+        return answer({**fields, "remaining": 0, "team_remaining": 0}, [], followed)
     queue = await _queue(svc, org, project, caller.subject)
     found = await queue.items(queue.head(limit))
-    followed = await traces_corpus(svc, org, project)
-    return _answer({"lease_expires_at": None, "claims": []}, found, queue, followed)
+    return _answer(fields, found, queue, followed)
 
 
 @router.post(
