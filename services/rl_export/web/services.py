@@ -113,6 +113,7 @@ class Services:
         ]
         self._tasks = [
             asyncio.create_task(self._warm_redaction(), name="redact-warm-up"),
+            asyncio.create_task(self._warm_pairs(), name="pairs-warm-up"),
             asyncio.create_task(self._fatal_ends(self._topics()), name="topics"),
             asyncio.create_task(
                 self._fatal_ends(self._labels_tail().run(self._stop)), name="labels"
@@ -148,6 +149,26 @@ class Services:
         then answers from what there is), and a failed pass is no reason to take traffic.
         """
         return [f.key.name for f in self.warming if f.passes == 0]
+
+    async def _warm_pairs(self) -> None:
+        """Build the warmed projects' pairs to compare once their traces are indexed (every
+        body read once: the first comparison request would otherwise wait for it); not a
+        condition of readiness."""
+        while self.cold() and not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.5)
+        for followed in self.warming:
+            if self._stop.is_set() or followed.key.corpus != "traces":
+                continue
+            cid = followed.corpus_id
+            if cid is None:
+                continue
+            try:
+                settings = await self.labeling.get(followed.key.org, followed.key.project)
+                await asyncio.to_thread(self.pairbook.pairs, cid, settings)
+            except Exception as exc:  # a warm-up: the first request builds them instead
+                log.warning("web: pairs of %s not built ahead (%s)", followed.key.name,
+                            type(exc).__name__)  # fmt: skip
 
     async def _warm_redaction(self) -> None:
         """Load the redaction libraries in a thread (Presidio's bring spaCy: 1.5 s of CPU),
