@@ -14,6 +14,7 @@ with 100,000 pairs, and the ratings over 100,000 comparisons.
    slot chains in a local store, the overlay's fresh votes), ``--rounds`` claims each: p50
    and p99 of a claim (the queue's head, counts and the slot write) and of a queue preview,
    in process (HTTP and JSON encoding, a millisecond or two in ``GET queue``, are not in it).
+   Then the ratings of the book's votes, as ``GET comparisons/ratings`` computes them.
 4. :func:`~rl_export.labeling.ratings.ratings_report` over ``--comparisons`` votes on pairs of
    ``--versions`` agent versions (1,000 bootstrap resamples), ``--ratings-rounds`` times.
 
@@ -38,6 +39,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from rl_export.corpora.store import LocalStore
+from rl_export.formats.filters import Filters
 from rl_export.index.pairbook import PairBook
 from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.labeling.claims import ClaimBook, Claims
@@ -111,8 +113,9 @@ def build_index(folder: Path, traces: int, pairs: int, seed: int) -> tuple[Query
                 pid = pair_id(a["trace_id"], b["trace_id"])
                 vote = {"pair_id": pid, "labeler": "old", "strength": None,
                         "occurred_at": "2026-01-02T00:00:00Z"}  # fmt: skip
-                a["comparisons"] = [{**vote, "other": b["trace_id"], "outcome": "win"}]
-                b["comparisons"] = [{**vote, "other": a["trace_id"], "outcome": "loss"}]
+                mine, theirs = rng.choice([("win", "loss"), ("loss", "win"), ("tie", "tie")])
+                a["comparisons"] = [{**vote, "other": b["trace_id"], "outcome": mine}]
+                b["comparisons"] = [{**vote, "other": a["trace_id"], "outcome": theirs}]
             lines += [dumps_line(a), dumps_line(b)]
             n += 2
         else:
@@ -239,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             svc.pairbook.pairs(cid, LabelingSettings())
             result["pair_book_after_one_change_s"] = time.monotonic() - started
             result |= asyncio.run(claims_run(svc, cid, args.labelers, args.rounds))
+            started = time.monotonic()  # GET comparisons/ratings' work over the book
+            report = ratings_report(svc.pairbook.ratings_input(cid, Filters()))
+            result["ratings_from_book_s"] = time.monotonic() - started
+            result["ratings_from_book_versions"] = len(report.ratings)
         finally:
             index.close()
     result["ratings"] = ratings_run(args.comparisons, args.versions, args.ratings_rounds,
@@ -251,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     first, after = result["pair_book_first_build_s"], result["pair_book_after_one_change_s"]
     print(f"pair book          first build {first:.2f} s, after one change {after:.2f} s "
           f"({result['pairs_found']:,} pairs)")  # fmt: skip
+    print(
+        f"ratings of the book {result['ratings_from_book_s']:.2f} s (its votes, as "
+        "GET comparisons/ratings computes them)"
+    )
     ratings = result["ratings"]
     met = "met" if ratings["max_s"] < RATINGS_GOAL_S else "NOT met"
     print(f"ratings            {ratings['comparisons']:,} comparisons, {ratings['versions']} "

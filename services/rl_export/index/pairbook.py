@@ -341,17 +341,28 @@ class PairBook:
             return kept.traces_of.get(pair_id) if pair_id in kept.voters else None
 
     def ratings_input(self, corpus_id: int, filters: Filters) -> RatingsInput:
-        """The ratings' input over the live traces matching ``filters``."""
+        """The ratings' input over the live traces matching ``filters``: the traces with
+        comparisons and their others (a pair counts when both match)."""
         facts = self.facts(corpus_id)
-        where, params = filter_sql(filters)
-        limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
-        sql = f"SELECT trace_id FROM records WHERE corpus_id = ? AND {where}{limit}"
-        rows = self.index.connection().execute(sql, [corpus_id, *params]).fetchall()
+        matching: set[str] | None = None
+        if filters != Filters():
+            where, params = filter_sql(filters)
+            limit = "" if filters.limit is None else f" ORDER BY seq LIMIT {int(filters.limit)}"
+            sql = f"SELECT trace_id FROM records WHERE corpus_id = ? AND {where}{limit}"
+            rows = self.index.connection().execute(sql, [corpus_id, *params]).fetchall()
+            matching = {r[0] for r in rows}
         builder = RatingsBuilder()
-        for (trace_id,) in rows:
-            f = facts.get(trace_id)
-            if f is not None:
+        others: set[str] = set()
+        for trace_id, f in facts.items():
+            if f.comparisons and (matching is None or trace_id in matching):
                 builder.add(_record(trace_id, f))
+                others.update(e[1] for e in f.comparisons)
+        for trace_id in others:
+            other = facts.get(trace_id)
+            if other is None or other.comparisons:  # gone, or added above if it matches
+                continue
+            if matching is None or trace_id in matching:
+                builder.add(_record(trace_id, other))
         return builder.build()
 
 

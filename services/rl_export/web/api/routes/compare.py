@@ -13,7 +13,6 @@ when the broker does not acknowledge it) and noted for every labeler's queue at 
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -277,5 +276,9 @@ async def get_ratings(
     followed = await traces_corpus(svc, org, project)
     if followed.corpus_id is None:
         return ratings_report(RatingsBuilder().build())
-    data = await query(svc.pairbook.ratings_input, followed.corpus_id, filters)
-    return await asyncio.to_thread(ratings_report, data)
+    cid = followed.corpus_id
+
+    def compute() -> RatingsReport:  # kept while the corpus does not change
+        return ratings_report(svc.pairbook.ratings_input(cid, filters))
+
+    return await query(svc.index.memo, cid, f"ratings {filters.model_dump_json()}", compute)
