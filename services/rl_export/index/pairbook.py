@@ -17,7 +17,8 @@ Per project settings (``pair_on``, ``pair_versions``, ``comparisons_per_pair``) 
 who compared each (from ``trace_a``'s record: ``trace_b``'s mirrors it), the queue's orders
 (sorted lists) and counts, and applies the changed traces to the groups they leave and join,
 only. :meth:`PairBook.pairs` hands out an immutable :class:`ProjectPairs` per change of the
-corpus (:meth:`QueryIndex.memo`). :meth:`PairBook.ratings_input` gives the ratings
+corpus, the latest one kept (they are large: not in the index's memo, which keeps
+hundreds). :meth:`PairBook.ratings_input` gives the ratings
 (:mod:`rl_export.labeling.ratings`) the votes of the traces that match filters.
 """
 
@@ -25,16 +26,24 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import orjson
 
 from rl_export.formats.filters import Filters
 from rl_export.index.queryindex import QueryIndex
 from rl_export.index.sql import filter_sql
-from rl_export.labeling.pairs import Pair, PairTrace, order_key, pairs_of, prompt_key, short
+from rl_export.labeling.pairs import (
+    Pair,
+    PairTrace,
+    order_key,
+    pair_id,
+    pairs_of,
+    prompt_key,
+    short,
+)
 from rl_export.labeling.ratings import RatingsBuilder, RatingsInput
 from rl_export.labeling.settings import LabelingSettings, Order
 
@@ -44,6 +53,7 @@ REORDER_AFTER = 2048  # pairs in and out of a view at once past which its orders
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "uncertain")  # kept sorted (``random``: per
 # labeler, sorted on demand)
 
+T = TypeVar("T")
 Entry = tuple[str, str, str, str]  # (pair_id, other, labeler, outcome) of trace_a's record
 
 
@@ -72,8 +82,11 @@ def facts_of(body: bytes, revision: int, eval_reward: float | None,
             continue
         values = (entry.get("pair_id"), entry.get("other"), entry.get("labeler"),
                   entry.get("outcome"))  # fmt: skip
-        if all(isinstance(v, str) for v in values) and str(trace_id) < str(values[1]):
-            entries.append((str(values[0]), str(values[1]), str(values[2]), str(values[3])))
+        if not all(isinstance(v, str) for v in values) or not str(trace_id) < str(values[1]):
+            continue  # trace_b's entries mirror trace_a's
+        if values[0] != pair_id(str(trace_id), str(values[1])):
+            continue  # not the pair it names: a pair's votes are its trace_a's entries only
+        entries.append((str(values[0]), str(values[1]), str(values[2]), str(values[3])))
     scenario, version = record.get("scenario"), record.get("agent_version")
     return TraceFacts(
         revision, prompt_key(record.get("messages")),
@@ -210,6 +223,7 @@ class _Corpus:
     voters: dict[str, frozenset[str]] = field(default_factory=dict)
     traces_of: dict[str, tuple[str, str]] = field(default_factory=dict)  # pair -> (a, b)
     views: dict[str, _PairView] = field(default_factory=dict)
+    answers: dict[str, tuple[int, Any]] = field(default_factory=dict)  # key -> (changes, it)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -226,11 +240,23 @@ class PairBook:
         with self._lock:
             return self._corpora.setdefault(corpus_id, _Corpus())
 
-    def facts(self, corpus_id: int) -> dict[str, TraceFacts]:
-        """The corpus's live traces' facts (a copy), brought up to date once per change."""
-        return self.index.memo(corpus_id, "pair facts", lambda: self._facts_copy(corpus_id))
+    def _latest(self, corpus_id: int, key: str, compute: Callable[[_Corpus], T]) -> T:
+        """``compute`` over the corpus brought up to date, kept while its rows do not change:
+        only the latest answer per key (they are large: the index's memo keeps hundreds of
+        answers, one per change, until they age out)."""
+        changes = self.index.changes(corpus_id)  # read first: never keep an older answer newer
+        kept = self._corpus(corpus_id)
+        with kept.lock:
+            found = kept.answers.get(key)
+            if found is not None and found[0] == changes:
+                return cast(T, found[1])
+            self._refresh(corpus_id, kept)
+            value = compute(kept)
+            kept.answers[key] = (changes, value)
+            return value
 
-    def _facts_copy(self, corpus_id: int) -> dict[str, TraceFacts]:
+    def facts(self, corpus_id: int) -> dict[str, TraceFacts]:
+        """The corpus's live traces' facts (a copy: for tests and benchmarks)."""
         kept = self._corpus(corpus_id)
         with kept.lock:
             self._refresh(corpus_id, kept)
@@ -249,7 +275,7 @@ class PairBook:
         seen = sum(1 for r in rows if r[0] in kept.facts)
         kept_live = len(kept.facts) - seen + sum(1 for r in rows if not r[2])
         if live is not None and kept_live != live[0] and kept.last_seq >= 0:
-            kept.facts, kept.last_seq, kept.views = {}, -1, {}  # read everything again
+            kept.facts, kept.last_seq, kept.views, kept.answers = {}, -1, {}, {}  # read again
             kept.voters, kept.traces_of, kept.log = {}, {}, []
             self._refresh(corpus_id, kept)
             return
@@ -300,38 +326,30 @@ class PairBook:
         """The project's pairs, their voters and orders (one snapshot per change)."""
         key = repr(("pairs", settings.pair_on, settings.pair_versions,
                     settings.comparisons_per_pair, self.partners))  # fmt: skip
-        return self.index.memo(corpus_id, key, lambda: self._pairs(corpus_id, settings, key))
+        return self._latest(corpus_id, key, lambda kept: self._pairs(kept, settings, key))
 
-    def _pairs(self, corpus_id: int, settings: LabelingSettings, key: str) -> ProjectPairs:
-        kept = self._corpus(corpus_id)
-        with kept.lock:
-            self._refresh(corpus_id, kept)
-            view = kept.views.get(key)
-            since = [entry for entry in kept.log if view and entry[0] > view.generation]
-            caught = view is not None and (not since or since[0][0] == view.generation + 1)
-            if view is None or not caught:
-                view = kept.views[key] = _PairView(settings, self.partners)
-                view.apply(kept.facts, list(kept.facts), kept.voters, {})
-            elif since:
-                changed: set[str] = set()
-                counted: dict[str, frozenset[str]] = {}
-                for _, traces, old_voters in since:  # the earliest is what the view counted
-                    changed |= traces
-                    for pid, was in old_voters.items():
-                        counted.setdefault(pid, was)
-                view.apply(kept.facts, changed, kept.voters, counted)
-            view.generation = kept.generation
-            return view.snapshot(kept.voters)
+    def _pairs(self, kept: _Corpus, settings: LabelingSettings, key: str) -> ProjectPairs:
+        """The pairing's view brought to the corpus's facts (under its lock: _latest)."""
+        view = kept.views.get(key)
+        since = [entry for entry in kept.log if view and entry[0] > view.generation]
+        caught = view is not None and (not since or since[0][0] == view.generation + 1)
+        if view is None or not caught:
+            view = kept.views[key] = _PairView(settings, self.partners)
+            view.apply(kept.facts, list(kept.facts), kept.voters, {})
+        elif since:
+            changed: set[str] = set()
+            counted: dict[str, frozenset[str]] = {}
+            for _, traces, old_voters in since:  # the earliest is what the view counted
+                changed |= traces
+                for pid, was in old_voters.items():
+                    counted.setdefault(pid, was)
+            view.apply(kept.facts, changed, kept.voters, counted)
+        view.generation = kept.generation
+        return view.snapshot(kept.voters)
 
     def voters(self, corpus_id: int) -> dict[str, frozenset[str]]:
         """Who compared each pair (any pairing), by pair id."""
-        return self.index.memo(corpus_id, "pair voters", lambda: self._voters(corpus_id))
-
-    def _voters(self, corpus_id: int) -> dict[str, frozenset[str]]:
-        kept = self._corpus(corpus_id)
-        with kept.lock:
-            self._refresh(corpus_id, kept)
-            return dict(kept.voters)
+        return self._latest(corpus_id, "voters", lambda kept: dict(kept.voters))
 
     def pair_traces(self, corpus_id: int, pair_id: str) -> tuple[str, str] | None:
         """The traces of a pair some live record lists a comparison of."""
@@ -343,7 +361,6 @@ class PairBook:
     def ratings_input(self, corpus_id: int, filters: Filters) -> RatingsInput:
         """The ratings' input over the live traces matching ``filters``: the traces with
         comparisons and their others (a pair counts when both match)."""
-        facts = self.facts(corpus_id)
         matching: set[str] | None = None
         if filters != Filters():
             where, params = filter_sql(filters)
@@ -351,19 +368,27 @@ class PairBook:
             sql = f"SELECT trace_id FROM records WHERE corpus_id = ? AND {where}{limit}"
             rows = self.index.connection().execute(sql, [corpus_id, *params]).fetchall()
             matching = {r[0] for r in rows}
-        builder = RatingsBuilder()
-        others: set[str] = set()
-        for trace_id, f in facts.items():
-            if f.comparisons and (matching is None or trace_id in matching):
-                builder.add(_record(trace_id, f))
-                others.update(e[1] for e in f.comparisons)
-        for trace_id in others:
-            other = facts.get(trace_id)
-            if other is None or other.comparisons:  # gone, or added above if it matches
-                continue
-            if matching is None or trace_id in matching:
-                builder.add(_record(trace_id, other))
-        return builder.build()
+        kept = self._corpus(corpus_id)
+        with kept.lock:
+            self._refresh(corpus_id, kept)
+            return _ratings_input(kept.facts, matching)
+
+
+def _ratings_input(facts: Mapping[str, TraceFacts], matching: set[str] | None) -> RatingsInput:
+    """The traces with comparisons that match, and their others that match."""
+    builder = RatingsBuilder()
+    others: set[str] = set()
+    for trace_id, f in facts.items():
+        if f.comparisons and (matching is None or trace_id in matching):
+            builder.add(_record(trace_id, f))
+            others.update(e[1] for e in f.comparisons)
+    for trace_id in others:
+        other = facts.get(trace_id)
+        if other is None or other.comparisons:  # gone, or added above if it matches
+            continue
+        if matching is None or trace_id in matching:
+            builder.add(_record(trace_id, other))
+    return builder.build()
 
 
 def _record(trace_id: str, f: TraceFacts) -> dict[str, Any]:

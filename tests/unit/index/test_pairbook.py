@@ -165,6 +165,7 @@ def test_kept_up_to_date_it_is_what_a_fresh_book_builds(tmp_path: Path) -> None:
             if rng.random() < 0.3:  # a new trace
                 fresh = records(random.Random(round_), 2)[0]
                 fresh["trace_id"] = f"n{round_:03d}"
+                fresh["comparisons"] = []  # its votes named other ids
                 values[fresh["trace_id"]] = fresh
                 lines.append(dumps_line(fresh))
             cut = rng.randint(0, len(lines))  # one change of the index, or two before a look
