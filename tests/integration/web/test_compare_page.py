@@ -6,6 +6,7 @@ the Agreement tab's ratings."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 
@@ -148,3 +149,52 @@ def test_two_labelers_compare_keyboard_only_on_two_instances(
         for _, page, errors in pages:
             page.context.close()
             assert errors == []
+
+
+def test_the_agreement_tab_draws_each_versions_interval_as_text_and_to_scale(
+    stack: Stack, second: WebProcess, browser: Browser
+) -> None:
+    """The ratings the API gives (here a fixed answer: votes cannot reach this branch's
+    corpora) are drawn: a bar per version, its interval to scale, every name as text."""
+    tokens = off_loop(make_tokens(stack, PROJECT, ["lead"]))
+    answer = {
+        "ratings": [
+            {"agent_version": SCRIPT, "rating": 1100.0, "ci95": [1050.0, 1150.0],
+             "comparisons": 40},
+            {"agent_version": "v1", "rating": 900.0, "ci95": [850.0, 950.0], "comparisons": 40},
+            {"agent_version": "v0", "rating": None, "ci95": None, "comparisons": 3},
+        ],
+        "agreement": {"pairs": 12, "percent": 0.75, "alpha": 0.5},
+    }  # fmt: skip
+    context = browser.new_context(viewport={"width": 1360, "height": 860})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.route("**/comparisons/ratings*", lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(answer)))  # fmt: skip
+        page.goto(f"{second.base}/acme/{PROJECT}/rl-export#agreement")
+        expect(page.locator("#token-input")).to_be_focused()
+        page.keyboard.type(tokens["lead"])
+        page.keyboard.press("Enter")
+        bars = page.locator("#ratings-bars li")
+        expect(bars).to_have_count(3)
+        expect(bars.nth(0)).to_contain_text(SCRIPT)  # the name, as text
+        assert page.evaluate("() => window.pwned === undefined")
+        expect(bars.nth(0).locator(".rating-track")).to_have_attribute(
+            "aria-label", "rating 1100, 95 % interval 1050 to 1150"
+        )
+        expect(bars.nth(2)).to_contain_text("no finite rating yet")
+        # To scale: the first interval lies right of the second, as wide.
+        first = bars.nth(0).locator(".rating-ci").bounding_box()
+        other = bars.nth(1).locator(".rating-ci").bounding_box()
+        assert first is not None
+        assert other is not None
+        assert first["x"] > other["x"] + other["width"]
+        assert abs(first["width"] - other["width"]) < 2
+        expect(page.locator("#ratings-agreement")).to_contain_text("75 %")
+        expect(page.locator("#ratings-table tbody tr")).to_have_count(3)
+        assert axe_violations(page) == []
+    finally:
+        context.close()
+    assert errors == []
