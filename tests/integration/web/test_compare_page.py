@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -198,3 +199,46 @@ def test_the_agreement_tab_draws_each_versions_interval_as_text_and_to_scale(
     finally:
         context.close()
     assert errors == []
+
+
+def test_a_hidden_tab_gives_its_pair_back_after_a_while(
+    stack: Stack, second: WebProcess, browser: Browser
+) -> None:
+    from tests.integration.web.test_label_page import seen
+
+    project = "cmp-hidden"
+    events = project_events(project, 2)
+    for event in events:
+        if event["event_type"] == "trace.completed":
+            event["agent_version"] = f"v{event['trace_id'][-1]}"
+    off_loop(publish(stack.settings, events))
+    tokens = off_loop(make_tokens(stack, project, ["lead", "hbo", "hcy"]))
+    for web in (stack.web, second):
+        with web.client(tokens["lead"], project=project) as api:
+
+            def indexed(api: Any = api) -> bool:
+                return bool(api.get("stats", params={"source": "traces"}).json()
+                            .get("records") == 2)  # fmt: skip
+
+            wait_for(f"the traces of {project}", indexed, 180)
+    context = browser.new_context(viewport={"width": 1360, "height": 860})
+    page = context.new_page()
+    try:
+        page.clock.install()
+        page.goto(f"{second.base}/acme/{project}/rl-export#compare")
+        expect(page.locator("#token-input")).to_be_focused()
+        page.keyboard.type(tokens["hbo"])
+        page.keyboard.press("Enter")
+        expect(page.locator("#compare-work")).to_be_visible()
+        seen(page, "hidden")
+        with stack.web.client(tokens["hcy"], project=project) as cy:
+            page.clock.fast_forward(30_000)  # a short look elsewhere keeps the claim
+            assert cy.post("compare/claim", json={}).json()["items"] == []
+            page.clock.fast_forward(31_000)  # a minute away gives it back
+            wait_for("cy to get the pair of the hidden tab",
+                     lambda: cy.post("compare/claim", json={}).json()["items"], 10)  # fmt: skip
+        seen(page, "visible")
+        expect(page.locator("#toast")).to_contain_text("A teammate took the pair")
+        expect(page.locator("#compare-empty")).to_be_visible()
+    finally:
+        context.close()

@@ -226,6 +226,27 @@
     }
   }
 
+  // A browser tab hidden a minute gives its pair back (as the Label tab its trace); seen
+  // again, it claims the next pair (maybe the same).
+  const HIDDEN_RELEASE_MS = 60000;
+  let hiddenTimer = null;
+  document.addEventListener("visibilitychange", () => {
+    clearTimeout(hiddenTimer);
+    hiddenTimer = null;
+    if (!state.entered || !state.started) return;
+    if (document.visibilityState === "hidden") {
+      hiddenTimer = setTimeout(() => { serial(giveBack); }, HIDDEN_RELEASE_MS);
+    } else if (!state.claim) {
+      serial(async () => {
+        const gone = state.current;
+        await claimNext();
+        if (gone && (!state.current || state.current.pair_id !== gone.pair_id)) {
+          toast("A teammate took the pair you were comparing while you were away.");
+        }
+      });
+    }
+  });
+
   for (const button of document.querySelectorAll("#compare-form [data-choice]")) {
     button.addEventListener("click", () => choose(button.dataset.choice));
   }
