@@ -206,6 +206,7 @@ bench: install ## benchmarks: the worker (vs a bare consumer, ~100k events, stan
 	$(BIN)/python -m tests.perf.bench $(if $(BASELINE),--baseline $(BASELINE))
 	$(BIN)/python -m tests.perf.bench_export
 	$(BIN)/python -m tests.perf.bench_web
+	$(BIN)/python -m tests.perf.bench_compare
 
 bench-ab: install ## one worker with other settings against the defaults, on one backlog: AB="join_processes=1" (SHAPE=small)
 	$(BIN)/python -m tests.perf.bench_ab --variant "" --variant "$(AB)" $(if $(SHAPE),--shape $(SHAPE))
@@ -216,8 +217,9 @@ bench-ceiling: install ## one worker against the same worker with its join repla
 bench-export: install ## export benchmark: 1,000,000 records (the web benchmark's corpus, built once, cached in var/bench/; BASELINE=<checkout>: its code interleaved, same bytes checked)
 	$(BIN)/python -m tests.perf.bench_export $(if $(BASELINE),--baseline $(BASELINE)/services --digest)
 
-bench-web: install ## web benchmark: cold start, index catch-up and query latency on 1,000,000 records, label to visible (BASELINE=<checkout>: its cold start beside)
+bench-web: install ## web benchmark: cold start, index catch-up and query latency on 1,000,000 records, label to visible (BASELINE=<checkout>: its cold start beside); the comparison queue and claims (100,000 pairs) and ratings (100,000 comparisons)
 	$(BIN)/python -m tests.perf.bench_web $(if $(BASELINE),--baseline $(BASELINE))
+	$(BIN)/python -m tests.perf.bench_compare
 
 bench-redact: install ## redaction: the secrets kind's coverage, cost per KB and per record, and the export of 1,000,000 records with --redact none/secrets/all (BASELINE=<checkout>: its code beside)
 	$(BIN)/python -m tests.perf.bench_redact $(if $(BASELINE),--baseline $(BASELINE)/services)

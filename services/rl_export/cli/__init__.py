@@ -38,6 +38,7 @@ from rl_export.cli.processes import (
     cmd_web,
     cmd_worker,
 )
+from rl_export.cli.ratings import cmd_ratings
 from rl_export.cli.rubric import cmd_rubric
 from rl_export.cli.templates import cmd_template
 from rl_export.cli.watching import add_watch
@@ -297,6 +298,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filters(p)
     _add_version(p)  # a version of the project's traces corpus
     p.set_defaults(func=cmd_agreement)
+
+    p = sub.add_parser(
+        "ratings",
+        help="print Bradley-Terry ratings per agent version and agreement of comparisons as JSON",
+        description="Ratings of agent versions from the comparisons of the latest records of "
+        "the traces corpus that match the filters (docs/guides/comparisons.md): Elo scale, "
+        "95 %% bootstrap intervals over pairs; agreement over pairs compared by two or more "
+        "labelers. One JSON object on stdout.",
+    )
+    p.add_argument("--store", metavar="URL", help="object store URL (default RL_EXPORT_STORE_URL)")
+    p.add_argument("--org", required=True)
+    p.add_argument("--project", required=True)
+    _add_filters(p)
+    _add_version(p)  # a version of the project's traces corpus
+    p.set_defaults(func=cmd_ratings)
 
     p = sub.add_parser(
         "rubric", help="a project's rubric as JSON: get the newest (or --version N), or set FILE",

@@ -2,7 +2,8 @@
 
 ``_labeling/<org>/<project>/settings.json`` holds what an admin set with ``PUT labeling``; a
 project that never set them uses the defaults from the service's settings
-(``RL_EXPORT_LABELS_PER_TRACE``, ``RL_EXPORT_LEASE_S``, order ``oldest``, no adjudication, blind).
+(``RL_EXPORT_LABELS_PER_TRACE``, ``RL_EXPORT_LEASE_S``, order ``oldest``, no adjudication, blind;
+comparisons of pairs sharing a prompt, of different agent versions, one per pair).
 Every web instance reads the object at most once per ``cache_s`` (seconds), so a change
 applies everywhere within that time; the instance that wrote it applies it at once.
 """
@@ -24,6 +25,8 @@ from rl_export.model.events import UtcDatetime
 Order = Literal["oldest", "newest", "uncertain", "random"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "uncertain", "random")
 ShowEvaluations = Literal["after_label", "always", "never"]
+PairOn = Literal["prompt", "scenario"]
+PairVersions = Literal["different", "any"]
 PREFIX = "_labeling/"
 
 
@@ -56,6 +59,19 @@ class LabelingSettings(BaseModel):
         "after_label",
         description="When a labeler sees the evaluators' verdict, scores and reasoning: "
         "after_label (once they saved a label on the trace: no anchoring), always, or never.",
+    )
+    pair_on: PairOn = Field(
+        "prompt",
+        description="What two traces of a pair to compare share: the prompt (the messages up "
+        "to and including the first user message, exactly) or the scenario.",
+    )
+    pair_versions: PairVersions = Field(
+        "different",
+        description="Whether a pair's traces must differ in agent_version (different) or may "
+        "share one (any).",
+    )
+    comparisons_per_pair: int = Field(
+        1, ge=1, le=10, description="The target of current comparisons per pair (k)."
     )
 
 
@@ -95,7 +111,8 @@ def merged(current: LabelingSettings, change: dict[str, Any]) -> LabelingSetting
         if first["type"] == "extra_forbidden":
             message = (
                 "is not a labeling setting (labels_per_trace, lease_s, order, "
-                "adjudicate_spread, blind, show_evaluations)"
+                "adjudicate_spread, blind, show_evaluations, pair_on, pair_versions, "
+                "comparisons_per_pair)"
             )
         raise SettingsInvalid(field, message) from None
 

@@ -510,6 +510,12 @@ class WebMetrics:
         )
         for outcome in CLAIM_OUTCOMES:
             self.claims.labels(outcome)
+        self.comparisons_over_target = Counter(
+            "rl_export_comparisons_over_target_total",
+            "Comparisons accepted although their pair already held its target of comparisons "
+            "and claims (a comparison whose claim had expired and whose place someone took).",
+            registry=registry,
+        )
         self.labels_over_target = Counter(
             "rl_export_labels_over_target_total",
             "Labels accepted although their trace already held its target of labels and "

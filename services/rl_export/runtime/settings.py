@@ -453,6 +453,14 @@ class Settings(BaseSettings):
         description="How long a claim holds a trace for its labeler, until an admin sets "
         "lease_s with PUT labeling.",
     )
+    compare_partners: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="Comparisons: how many traces of its group (same prompt or scenario) each "
+        "trace is paired with at most, the next ones in a fixed shuffle of the group (a group "
+        "of n traces gives at most n times this many pairs).",
+    )
     labeling_cache_s: float = Field(
         5.0,
         ge=0,

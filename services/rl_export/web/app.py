@@ -31,6 +31,7 @@ from rl_export.runtime.net import parse_networks
 from rl_export.web.api.routes import (
     agreement,
     caller,
+    compare,
     export,
     jobs,
     label,
@@ -265,6 +266,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(rubric.router)
     app.include_router(workspace.router)
     app.include_router(review.router)
+    app.include_router(compare.router)
     app.include_router(trainingset.router)
     app.include_router(pages_router)
     app.mount("/static", static_files(), name="static")

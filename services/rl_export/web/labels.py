@@ -1,5 +1,10 @@
-"""Label events the API publishes (pure): ``label.submitted``, ``label.skipped`` and
-``label.retracted`` of docs/reference/schemas.md, built from a request and the caller.
+"""Label events the API publishes (pure): ``label.submitted``, ``label.skipped``,
+``label.retracted``, ``label.compared`` and ``label.uncompared`` of docs/reference/schemas.md,
+built from a request and the caller.
+
+A comparison's retraction is a ``label.uncompared`` keyed like the comparison (the pair's
+``trace_a``, naming ``trace_b``): per pair and labeler the latest of the two decides, and
+their label of ``trace_a``, if any, is untouched.
 
 The labeler is the token's subject, never a field of the request; ``event_id`` is a fresh
 UUID and ``occurred_at`` the server's clock. Events are built through the same pydantic models
@@ -12,10 +17,19 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from rl_export.labeling.pairs import ordered
 from rl_export.model.codec import dumps
-from rl_export.model.events import LabelKind, LabelRetracted, LabelSkipped, LabelSubmitted
+from rl_export.model.events import (
+    Choice,
+    LabelCompared,
+    LabelKind,
+    LabelRetracted,
+    LabelSkipped,
+    LabelSubmitted,
+    LabelUncompared,
+)
 
-LabelEvent = LabelSubmitted | LabelSkipped | LabelRetracted
+LabelEvent = LabelSubmitted | LabelSkipped | LabelRetracted | LabelCompared | LabelUncompared
 
 
 def _base(org: str, project: str, trace_id: str, labeler: str, now: datetime) -> dict[str, object]:
@@ -57,6 +71,37 @@ def label_retracted(org: str, project: str, trace_id: str, labeler: str,
                     now: datetime) -> LabelRetracted:  # fmt: skip
     fields = _base(org, project, trace_id, labeler, now)
     return LabelRetracted.model_validate({**fields, "event_type": "label.retracted"})
+
+
+def label_compared(
+    org: str, project: str, first: str, second: str, labeler: str, *, choice: Choice,
+    strength: int | None, rubric: dict[str, Any] | None, rubric_version: int,
+    comment: str | None, now: datetime,
+) -> LabelCompared:  # fmt: skip
+    """A comparison of ``first`` and ``second`` as the client named them: the event names
+    them in order (``trace_a < trace_b``), with ``a`` and ``b`` flipped in the choice when
+    the client gave them the other way round."""
+    trace_a, trace_b, said = ordered(first, second, choice)
+    fields = _base(org, project, trace_a, labeler, now)
+    fields |= {"event_type": "label.compared", "trace_a": trace_a, "trace_b": trace_b,
+               "choice": said}  # fmt: skip
+    if strength is not None:
+        fields["strength"] = strength
+    if rubric is not None:
+        fields["rubric"] = dict(rubric)
+        if rubric_version:
+            fields["rubric_version"] = rubric_version
+    if comment:
+        fields["comment"] = comment
+    return LabelCompared.model_validate(fields)
+
+
+def comparison_retracted(org: str, project: str, trace_a: str, trace_b: str, *, labeler: str,
+                         now: datetime) -> LabelUncompared:  # fmt: skip
+    """The retraction of the labeler's comparison of the pair (see the module)."""
+    fields = _base(org, project, trace_a, labeler, now)
+    fields |= {"event_type": "label.uncompared", "trace_a": trace_a, "trace_b": trace_b}
+    return LabelUncompared.model_validate(fields)
 
 
 def encode(event: LabelEvent) -> bytes:

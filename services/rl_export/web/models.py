@@ -17,7 +17,7 @@ from rl_export.formats.filters import filter_text
 from rl_export.formats.render import JSONL_FORMATS, PAIR_FORMATS, TABULAR_FORMATS, Completion
 from rl_export.labeling.agreement import AgreementReport
 from rl_export.labeling.questions import ByQuestion
-from rl_export.labeling.settings import Order, ShowEvaluations
+from rl_export.labeling.settings import Order, PairOn, PairVersions, ShowEvaluations
 from rl_export.model.events import Answer, LabelKind
 from rl_export.model.rubrics import MAX_TEXT, Question
 
@@ -167,6 +167,11 @@ class LabelingOut(BaseModel):
     show_evaluations: ShowEvaluations = Field(
         description="When labelers see the evaluators' verdict: after_label, always or never."
     )
+    pair_on: PairOn = Field(description="Comparisons: pairs share the prompt or the scenario.")
+    pair_versions: PairVersions = Field(
+        description="Comparisons: a pair's agent versions differ (different) or not (any)."
+    )
+    comparisons_per_pair: int = Field(description="Comparisons: the target per pair.")
     editable: bool = Field(False, description="Whether the caller may change them (admin).")
 
 
@@ -183,6 +188,9 @@ class LabelingIn(_In):
     show_evaluations: str | None = Field(
         None, description="after_label (the default), always or never"
     )
+    pair_on: str | None = Field(None, description="prompt (the default) or scenario")
+    pair_versions: str | None = Field(None, description="different (the default) or any")
+    comparisons_per_pair: int | None = Field(None, description="1..10")
 
 
 class LabelIn(_In):

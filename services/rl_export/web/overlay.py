@@ -12,6 +12,9 @@ next request lands on another instance behind a load balancer sees the same queu
 instance's consumer lag (milliseconds), not the corpora's. An entry is dropped after
 ``web_overlay_ttl_s``: by then the corpora hold the event (or the worker is down, and the
 queue shows what the corpora say). Pure but for the clock; the tail is the I/O.
+
+Comparisons the same way (:class:`FreshVotes`, the overlay's ``votes``): per pair, each
+labeler's latest comparison or retraction of a comparison, for the comparison queue.
 """
 
 from __future__ import annotations
@@ -20,11 +23,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
 from rl_export.labeling.queue import FreshAction
-from rl_export.model.events import EVENT_ADAPTER, LabelRetracted, LabelSkipped, LabelSubmitted
+from rl_export.model.events import (
+    EVENT_ADAPTER,
+    LabelCompared,
+    LabelRetracted,
+    LabelSkipped,
+    LabelSubmitted,
+    LabelUncompared,
+)
+from rl_export.model.pairs import pair_id
 
 
 @dataclass
@@ -39,6 +51,55 @@ class Known:
     ratings_sum: int | None = None  # of the latest label (for the team's adjudication)
 
 
+class FreshVotes:
+    """Per pair, each labeler's latest comparison (True) or retraction of one (False) that
+    the corpora may not show yet, for one TTL."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float]) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        # (org, project) -> pair id -> labeler -> (order, voted, noted at)
+        self._known: dict[tuple[str, str], dict[str, dict[str, tuple[tuple[datetime, str], bool,
+                                                                      float]]]] = {}  # fmt: skip
+        self._traces: dict[str, tuple[str, str]] = {}  # pair id -> (trace_a, trace_b)
+
+    def note(self, event: LabelCompared | LabelUncompared) -> None:
+        pid, voted = pair_id(event.trace_a, event.trace_b), isinstance(event, LabelCompared)
+        if voted:
+            self._traces[pid] = (event.trace_a, event.trace_b)
+        per_pair = self._known.setdefault((event.org, event.project), {}).setdefault(pid, {})
+        known = per_pair.get(event.labeler)
+        order = event.order_key()
+        if known is None or order > known[0]:
+            per_pair[event.labeler] = (order, voted, self.clock())
+
+    def fresh(self, org: str, project: str) -> dict[str, dict[str, bool]]:
+        """pair id -> labeler -> voted (True) or retracted (False), within the TTL."""
+        pairs = self._known.get((org, project), {})
+        now = self.clock()
+        out: dict[str, dict[str, bool]] = {}
+        for pid in list(pairs):
+            kept = {who: v for who, v in pairs[pid].items() if now - v[2] <= self.ttl_s}
+            if not kept:
+                del pairs[pid]
+                continue
+            pairs[pid] = kept
+            out[pid] = {who: v[1] for who, v in kept.items()}
+        return out
+
+    def traces(self, pid: str) -> tuple[str, str] | None:
+        """The traces of a pair a fresh comparison named (None: none known)."""
+        return self._traces.get(pid)
+
+    def expire(self) -> None:
+        for key in list(self._known):
+            self.fresh(*key)
+            if not self._known[key]:
+                del self._known[key]
+        live = {pid for pairs in self._known.values() for pid in pairs}
+        self._traces = {pid: t for pid, t in self._traces.items() if pid in live}
+
+
 class Overlay:
     """Per labeler, their recent label actions by trace (see the module)."""
 
@@ -46,9 +107,17 @@ class Overlay:
         self.ttl_s = ttl_s
         self.clock = clock
         self._known: dict[tuple[str, str, str], dict[str, Known]] = {}
+        self.votes = FreshVotes(ttl_s, clock)
 
-    def note(self, event: LabelSubmitted | LabelSkipped | LabelRetracted) -> None:
+    def note(
+        self,
+        event: LabelSubmitted | LabelSkipped | LabelRetracted | LabelCompared | LabelUncompared,
+    ) -> None:
         """Remember a label event (a repeated or older one changes nothing)."""
+        if isinstance(event, LabelCompared | LabelUncompared):
+            if not event.mirror:  # the join's copy for trace_b's partition: the same vote
+                self.votes.note(event)
+            return
         if isinstance(event, LabelSubmitted) and event.adjudication:
             return  # a reviewer's decision: no label of theirs, no place in anyone's queue
         per_trace = self._known.setdefault((event.org, event.project, event.labeler), {})
@@ -101,6 +170,7 @@ class Overlay:
 
     def expire(self) -> None:
         """Drop every entry older than the TTL (called now and then)."""
+        self.votes.expire()
         for key in list(self._known):
             self._drop_old(self._known[key])
             if not self._known[key]:
@@ -112,8 +182,10 @@ def note_label_event(overlay: Overlay, value: bytes | None) -> None:
     if value is None:
         return
     try:
-        event = EVENT_ADAPTER.validate_json(value)
+        event: Any = EVENT_ADAPTER.validate_json(value)
     except ValidationError:
         return  # the worker dead-letters it; nothing for the queue
-    if isinstance(event, LabelSubmitted | LabelSkipped | LabelRetracted):
+    if isinstance(  # not pair.void: the join's notice between a pair's traces
+        event, LabelSubmitted | LabelSkipped | LabelRetracted | LabelCompared | LabelUncompared
+    ):
         overlay.note(event)

@@ -23,6 +23,7 @@ from rl_export.corpora.store import ObjectStore, open_store
 from rl_export.formats.specs import SOURCE_CORPORA
 from rl_export.index.follower import Followed, Indexer
 from rl_export.index.memo import AGREEMENT_REPORTS
+from rl_export.index.pairbook import PairBook
 from rl_export.index.queryindex import CorpusKey, QueryIndex
 from rl_export.index.reports import Reports
 from rl_export.kafka import access
@@ -77,6 +78,7 @@ class Services:
     claims: Claims
     store_health: StoreHealth
     agreement_reports: Reports  # by (corpus id, filters), kept warm
+    pairbook: PairBook  # the comparison queue's pairs, from the traces corpora
     # The corpora of RL_EXPORT_WEB_WARM, followed from the start: /readyz waits for them.
     warming: list[Followed] = field(default_factory=list)
     # Why the instance must end (the broker refused our TLS handshake or login), and what
@@ -114,6 +116,7 @@ class Services:
         ]
         self._tasks = [
             asyncio.create_task(self._warm_redaction(), name="redact-warm-up"),
+            asyncio.create_task(self._warm_pairs(), name="pairs-warm-up"),
             asyncio.create_task(self._fatal_ends(self._topics()), name="topics"),
             asyncio.create_task(
                 self._fatal_ends(self._labels_tail().run(self._stop)), name="labels"
@@ -152,6 +155,26 @@ class Services:
         then answers from what there is), and a failed pass is no reason to take traffic.
         """
         return [f.key.name for f in self.warming if f.passes == 0]
+
+    async def _warm_pairs(self) -> None:
+        """Build the warmed projects' pairs to compare once their traces are indexed (every
+        body read once: the first comparison request would otherwise wait for it); not a
+        condition of readiness."""
+        while self.cold() and not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.5)
+        for followed in self.warming:
+            if self._stop.is_set() or followed.key.corpus != "traces":
+                continue
+            cid = followed.corpus_id
+            if cid is None:
+                continue
+            try:
+                settings = await self.labeling.get(followed.key.org, followed.key.project)
+                await asyncio.to_thread(self.pairbook.pairs, cid, settings)
+            except Exception as exc:  # a warm-up: the first request builds them instead
+                log.warning("web: pairs of %s not built ahead (%s)", followed.key.name,
+                            type(exc).__name__)  # fmt: skip
 
     async def _warm_redaction(self) -> None:
         """Load the redaction libraries in a thread (Presidio's bring spaCy: 1.5 s of CPU),
@@ -294,4 +317,5 @@ def build_services(
         claims=Claims(store, claim_book, publisher.broadcast),
         store_health=StoreHealth(store),
         agreement_reports=Reports(AGREEMENT_REPORTS, settings.web_agreement_max_age_s),
+        pairbook=PairBook(index, settings.compare_partners),
     )

@@ -3,18 +3,21 @@ comparisons between them published in a shuffled order (comparisons before their
 retractions, a deleted trace) to the real broker, joined and sunk by two worker processes
 that share the partitions (so a pair's traces sit on different partitions and processes),
 into SeaweedFS; then each trace's record, the pair corpus and ``rl-export export --source
-comparisons --format preference`` are checked against the reference of
-:mod:`tests.comparisondata`."""
+comparisons --format preference`` and ``rl-export ratings`` are checked against the
+reference of :mod:`tests.comparisondata` and a closed form."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rl_export.corpora.store import open_store
 from rl_export.export import source_ref, write_export
@@ -133,3 +136,55 @@ def test_comparisons_reach_both_traces_the_pair_corpus_and_the_preference_export
                          timeout=120, env=settings_env(settings), check=False)  # fmt: skip
     assert bad.returncode == 2
     assert b"Traceback" not in bad.stderr
+
+    ratings = subprocess.run(
+        [sys.executable, "-m", "rl_export.cli", "ratings", "--store", settings.store_url,
+         "--org", ORG, "--project", PROJECT],
+        capture_output=True, timeout=120, env=settings_env(settings), check=False,
+    )  # fmt: skip
+    assert ratings.returncode == 0, ratings.stderr
+    check_ratings(json.loads(ratings.stdout), live)
+
+
+def version_of(trace_id: str) -> str:
+    return trace(trace_id)["agent_version"]
+
+
+def check_ratings(report: dict[str, Any], live: dict[str, dict[str, Any]]) -> None:
+    """The ratings of the votes the corpora hold, against the closed form of two versions:
+    Bradley-Terry's maximum puts the odds of v0 over v1 at the ratio of their wins (ties and
+    both_bad half a win each), so on the Elo scale (mean 1000) v0 is 1000 + 200 log10 of it.
+    Agreement: over pairs of two or more labelers, the share of each pair's labeler pairs
+    that chose alike, averaged."""
+    wins = {"v0": 0.0, "v1": 0.0}
+    counted = 0
+    shares: list[float] = []
+    for pair in live.values():
+        choices = [c for c, _ in pair["votes"].values()]
+        if len(choices) >= 2:
+            alike = [a == b for i, a in enumerate(choices) for b in choices[i + 1 :]]
+            shares.append(sum(alike) / len(alike))
+        va, vb = version_of(pair["a"]), version_of(pair["b"])
+        if va == vb:
+            continue  # no information about the versions
+        for choice in choices:
+            counted += 1
+            if choice in ("tie", "both_bad"):
+                wins[va] += 0.5
+                wins[vb] += 0.5
+            else:
+                wins[va if choice == "a" else vb] += 1.0
+    assert counted  # the seed gives votes between the versions
+    assert wins["v0"] > 0  # and a maximum
+    assert wins["v1"] > 0
+    by_version = {r["agent_version"]: r for r in report["ratings"]}
+    expected = 1000 + 200 * math.log10(wins["v0"] / wins["v1"])
+    assert by_version["v0"]["rating"] == pytest.approx(expected, abs=0.01)
+    assert by_version["v1"]["rating"] == pytest.approx(2000 - expected, abs=0.01)
+    for rating in by_version.values():
+        assert rating["comparisons"] == counted
+        low, high = rating["ci95"]
+        assert low <= rating["rating"] <= high
+    assert report["agreement"]["pairs"] == len(shares)
+    if shares:
+        assert report["agreement"]["percent"] == pytest.approx(sum(shares) / len(shares))

@@ -28,6 +28,9 @@ OPERATIONS = [
     ("GET", "rubric"), ("PUT", "rubric"), ("POST", "rubric/preview"), ("GET", "mylabels"),
     ("GET", "traces/{trace_id}"), ("GET", "review/queue"), ("POST", "review/claim"),
     ("DELETE", "review/claims/{trace_id}"), ("GET", "splits"),
+    ("GET", "compare/queue"), ("POST", "compare/claim"), ("PUT", "compare/claims/{pair_id}"),
+    ("DELETE", "compare/claims/{pair_id}"), ("POST", "comparisons"),
+    ("DELETE", "comparisons/{pair_id}"), ("GET", "comparisons/ratings"),
 ]  # fmt: skip
 # Changing acme/bot's labeling settings would change the other tests' queues, and its versions
 # other tests' retention: an admin of a project of its own fuzzes them.

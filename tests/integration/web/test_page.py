@@ -89,8 +89,9 @@ def stat(page: Page, name: str) -> int:
 
 def arrow_to(page: Page, tab: str, key: str = "ArrowRight") -> None:
     """From the focused tab, the arrow key over the tab list until ``tab`` is selected (the
-    list: Label, My labels, Review when the token may review, Rubric, Export, Agreement)."""
-    for _ in range(6):
+    list: Label, Compare, My labels, Review when the token may review, Rubric, Export,
+    Agreement)."""
+    for _ in range(7):
         if page.locator(f"#tab-{tab}").get_attribute("aria-selected") == "true":
             return
         page.keyboard.press(key)
@@ -505,12 +506,16 @@ def test_an_admin_changes_the_team_settings_on_the_page(
     form.locator("input[name=labels_per_trace]").fill("3")
     form.locator("select[name=order]").select_option("uncertain")
     form.locator("input[name=adjudicate_spread]").fill("0.4")
+    form.locator("select[name=pair_on]").select_option("scenario")
+    form.locator("input[name=comparisons_per_pair]").fill("2")
     page.locator("#labeling-save").click()
     expect(page.locator("#toast")).to_have_text("Team settings saved.")
     with web.client(tokens["lead"], project=project) as lead:
         saved = lead.get("labeling").json()
     assert (saved["labels_per_trace"], saved["order"], saved["adjudicate_spread"]) == (
         3, "uncertain", 0.4)  # fmt: skip
+    assert (saved["pair_on"], saved["pair_versions"], saved["comparisons_per_pair"]) == (
+        "scenario", "different", 2)  # fmt: skip
     # Out of range: the browser refuses to send it (the API would answer 422 naming lease_s).
     form.locator("input[name=lease_s]").fill("5")
     page.locator("#labeling-save").click()

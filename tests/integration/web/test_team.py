@@ -364,7 +364,8 @@ def test_settings_set_on_one_instance_apply_on_the_other_within_seconds(
         assert answer.json() == {"labels_per_trace": stack.settings.labels_per_trace,
                                  "lease_s": 120, "order": "uncertain", "adjudicate_spread": None,
                                  "blind": True, "show_evaluations": "after_label",
-                                 "editable": True}  # fmt: skip
+                                 "pair_on": "prompt", "pair_versions": "different",
+                                 "comparisons_per_pair": 1, "editable": True}  # fmt: skip
     with team.client("ana", 1) as other:
         wait_for("the other instance to apply the settings",
                  lambda: other.get("labeling").json()["order"] == "uncertain", 15)  # fmt: skip

@@ -1,4 +1,5 @@
-// RL Export page: the Label, My labels, Review, Rubric, Export and Agreement tabs over /api/v1.
+// RL Export page: the Label, Compare, My labels, Review, Rubric, Export and Agreement tabs over
+// /api/v1 (the Compare tab's own code is compare.js, given this file's helpers as window.RLX).
 // No framework, no build step. Every piece of data is put on the page as text (textContent /
 // text nodes), never as HTML: transcripts are untrusted. The one exception is the project's
 // guidelines, which the service renders from Markdown to HTML that runs nothing (raw HTML off,
@@ -101,7 +102,9 @@
   });
 
   // --- tabs ------------------------------------------------------------------------------
-  const TAB_NAMES = ["label", "mylabels", "review", "rubric", "export", "agreement"];
+  const TAB_NAMES = ["label", "compare", "mylabels", "review", "rubric", "export", "agreement"];
+  // The Compare tab (compare.js): entered and left with the tab, given its keys.
+  const compareTab = () => window.RLXCompare || { enter() {}, leave() {}, key() {} };
   const tabs = TAB_NAMES.map((name) => $(`tab-${name}`));
   let activeTab = TAB_NAMES.includes(location.hash.slice(1)) ? location.hash.slice(1) : "label";
 
@@ -124,6 +127,8 @@
     if (name === "rubric") showRubricTab();
     if (name === "review") enterReview();
     else serial(releaseReview);
+    if (name === "compare" && token) compareTab().enter(label.me);
+    else compareTab().leave();
     // Only the Label tab holds a trace: leaving it gives the claim back at once.
     if (token && label.me) {
       if (name === "label") enterLabel();
@@ -685,6 +690,9 @@
       order: values.order,
       adjudicate_spread: values.adjudicate_spread === undefined ? null : Number(values.adjudicate_spread),
       show_evaluations: values.show_evaluations || "after_label",
+      pair_on: values.pair_on || "prompt",
+      pair_versions: values.pair_versions || "different",
+      comparisons_per_pair: Number(values.comparisons_per_pair || 1),
     };
     const error = $("labeling-error");
     try {
@@ -958,6 +966,10 @@
     }
     if (activeTab === "review") {
       reviewKey(event, typing);
+      return;
+    }
+    if (activeTab === "compare") {
+      compareTab().key(event, typing);
       return;
     }
     if (activeTab !== "label" || $("panel-label").hidden) return;
@@ -2152,6 +2164,7 @@
       return;
     }
     error.hidden = true;
+    if (window.RLXCompare) window.RLXCompare.ratings(params);
     $("agreement-scope").textContent = params.size ? "(filtered)" : "";
     $("agreement-counts").replaceChildren(
       ...[["Traces", report.traces], ["Labeled", report.labeled],
@@ -2218,6 +2231,8 @@
     await loadSettings(false);
   }
 
+  window.RLX = { api, h, renderMessages, toast, ApiError, active: () => activeTab };
   label.form.render(null);
-  start();
+  // compare.js runs after this file (both deferred, in order): start once it has.
+  document.addEventListener("DOMContentLoaded", () => start());
 })();
