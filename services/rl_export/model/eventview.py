@@ -420,11 +420,16 @@ def read_event(
     try:
         view, occurred = _fast(raw)
     except _Slow:
-        decoded = decode_event(
-            raw, max_bytes=max_bytes, now=now, future_tolerance_s=future_tolerance_s, key=key,
-            family=family,
-        )  # fmt: skip
+        try:
+            decoded = decode_event(
+                raw, max_bytes=max_bytes, now=now, future_tolerance_s=future_tolerance_s,
+                key=key, family=family,
+            )  # fmt: skip
+        except (RecursionError, TypeError) as exc:
+            return _too_deep(exc)
         return decoded if isinstance(decoded, EventRejection) else view_of(decoded)
+    except (RecursionError, TypeError) as exc:
+        return _too_deep(exc)
     rejection = placement_rejection(
         view.event_type, view.trace_id, occurred,
         family=family, key=key, now=now, future_tolerance_s=future_tolerance_s,
@@ -440,6 +445,21 @@ def reread_event(raw: bytes) -> EventView | EventRejection:
     except _Slow:
         from rl_export.model.events import redecode
 
-        decoded = redecode(raw)
+        try:
+            decoded = redecode(raw)
+        except (RecursionError, TypeError) as exc:
+            return _too_deep(exc)
         return decoded if isinstance(decoded, EventRejection) else view_of(decoded)
+    except (RecursionError, TypeError) as exc:
+        return _too_deep(exc)
     return view
+
+
+def _too_deep(exc: RecursionError | TypeError) -> EventRejection:
+    """The rejection of JSON nested deeper than the parsers go (orjson stops at 254 levels
+    with a TypeError, msgspec and pydantic with a RecursionError): such an event would
+    otherwise raise out of the decoder on every retry and stop its partition. Any other
+    TypeError is a bug of ours and raised again."""
+    if isinstance(exc, TypeError) and "recursion" not in str(exc).lower():
+        raise exc
+    return EventRejection(RejectReason.BAD_JSON, "JSON nested too deeply to decode")

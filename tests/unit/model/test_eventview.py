@@ -24,9 +24,10 @@ from rl_export.model.events import (
     PAIR_EVENT_TYPES,
     EventFamily,
     EventRejection,
+    RejectReason,
     decode_event,
 )
-from rl_export.model.eventview import _fast, _Slow, read_event, view_of
+from rl_export.model.eventview import EventView, _fast, _Slow, read_event, reread_event, view_of
 from tests.factories import event
 from tests.unit.corpora.test_records_unchanged import special_events
 
@@ -203,6 +204,31 @@ def test_what_msgspec_keeps_raw_and_is_not_text_gets_the_models_answer(
     raw = orjson.dumps(event("trace.completed"))
     assert text in raw
     assert_same(raw.replace(text, replacement, 1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    depth=st.integers(256, 6000),
+    where=st.sampled_from([b'"Plan my wellness goals"', b'"happy_path"']),
+    kind=st.sampled_from([b"[]", b"{}"]),
+)
+def test_json_nested_too_deeply_is_a_rejection_not_a_crash(
+    depth: int, where: bytes, kind: bytes
+) -> None:
+    """orjson stops at 254 levels (a TypeError), msgspec and pydantic at Python's recursion
+    limit: an event nested deeper once raised out of the decoder on every retry, a poison
+    pill that stopped its partition. Now it is dead-lettered, fresh or waiting."""
+    raw = orjson.dumps(event("trace.completed"))
+    assert where in raw
+    opener, closer = kind[:1], kind[1:]
+    inner = b"[]" if kind == b"{}" else b""
+    nested = (opener + b'"k":') * depth if kind == b"{}" else opener * depth
+    deep = nested + inner + closer * depth if kind == b"[]" else nested + b"1" + closer * depth
+    raw = raw.replace(where, deep, 1)
+    found = read_event(raw, **KW)  # never raises
+    assert isinstance(found, EventRejection)
+    assert found.reason in {RejectReason.BAD_JSON, RejectReason.INVALID}
+    assert isinstance(reread_event(raw), EventView | EventRejection)
 
 
 def test_topic_key_and_clock_checks_come_out_the_same() -> None:
