@@ -85,14 +85,17 @@ class Tail:
             assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
             if not assigned:
                 raise KafkaError(f"no partition of {self.topic} was assigned (does it exist?)")
+            # The ends first, then the first record since ``lookback_s`` ago; a partition
+            # with none starts at the end read before: a record written meanwhile is read.
+            # (A lazy seek_to_end resolved at the first fetch skipped a record written
+            # between the two: a new trace the index never got.) Under read_committed the
+            # end is the last stable offset, so an open transaction is read once committed.
+            ends = await consumer.end_offsets(assigned)
             since_ms = int((time.time() - self.lookback_s) * 1000)
             offsets = await consumer.offsets_for_times(dict.fromkeys(assigned, since_ms))
             for tp in assigned:
                 found = offsets.get(tp)
-                if found is None:
-                    await consumer.seek_to_end(tp)
-                else:
-                    consumer.seek(tp, found.offset)
+                consumer.seek(tp, ends[tp] if found is None else found.offset)
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=500, max_records=1000)
                 for records in batches.values():
