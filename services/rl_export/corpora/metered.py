@@ -10,13 +10,13 @@ files are counted by compaction from the table's commit (:mod:`rl_export.corpora
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from prometheus_client import Counter
 
 from rl_export.corpora.erasures import ERASURES_ROOT
-from rl_export.corpora.store import CHUNK, ObjectStore
+from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.wrapped import StoreWrapper
 from rl_export.runtime.metrics import OTHER, ProjectLabels
 
 
@@ -39,12 +39,11 @@ def kind_of(key: str) -> tuple[str, str, str]:
     return org, project, "other"
 
 
-class MeteredStore:
+class MeteredStore(StoreWrapper):
     """Another store, every object written counted (see the module)."""
 
     def __init__(self, inner: ObjectStore, counter: Counter, projects: ProjectLabels) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.counter = counter
         self.projects = projects
 
@@ -67,30 +66,3 @@ class MeteredStore:
     async def put_file(self, key: str, path: Path) -> None:
         await self.inner.put_file(key, path)
         self._wrote(key)
-
-    async def get(self, key: str) -> bytes:
-        return await self.inner.get(key)
-
-    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        return await self.inner.get_ranges(key, ranges)
-
-    def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
-        return self.inner.chunks(key, size)
-
-    async def sha256(self, key: str) -> str:
-        return await self.inner.sha256(key)
-
-    async def folders(self, prefix: str) -> list[str]:
-        return await self.inner.folders(prefix)
-
-    async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
-        return await self.inner.list(prefix, start_after)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def check(self) -> None:
-        await self.inner.check()
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -27,13 +27,13 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 from rl_export.corpora.commits import Commit
 from rl_export.corpora.layout import SCHEMA_VERSION, CorpusRef, utc_now
 from rl_export.corpora.pairlines import PairLines, pair_lines
-from rl_export.corpora.store import CHUNK, ObjectStore
+from rl_export.corpora.store import ObjectStore
+from rl_export.corpora.wrapped import StoreWrapper
 from rl_export.formats.specs import CorpusSpec
 from rl_export.index.queryindex import CorpusKey
 from rl_export.model.pairs import COMPARISONS
@@ -119,7 +119,7 @@ FRESH_TOPIC = "fresh"
 """The virtual chain ``fresh-0`` a direct export reads fresh lines from (:class:`FreshStore`)."""
 
 
-class FreshStore:
+class FreshStore(StoreWrapper):
     """The store as a direct export reads it: one corpus gets a virtual chain, ``fresh-0``,
     of one commit holding the lines the web service has from the trajectories topic (the
     corpus's lines of the last few minutes), so an export has a new trace within a second
@@ -130,8 +130,7 @@ class FreshStore:
     """
 
     def __init__(self, inner: ObjectStore, ref: CorpusRef, lines: bytes) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.ref = ref
         self.stream = f"{FRESH_TOPIC}-0"
         self.key = ref.manifest_key(self.stream, 0)
@@ -152,33 +151,6 @@ class FreshStore:
 
     async def get(self, key: str) -> bytes:
         return self.commit if key == self.key else await self.inner.get(key)
-
-    async def put(self, key: str, data: bytes) -> None:
-        await self.inner.put(key, data)
-
-    async def put_if_absent(self, key: str, data: bytes) -> None:
-        await self.inner.put_if_absent(key, data)
-
-    async def put_file(self, key: str, path: Path) -> None:
-        await self.inner.put_file(key, path)
-
-    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        return await self.inner.get_ranges(key, ranges)
-
-    def chunks(self, key: str, size: int = CHUNK) -> AsyncIterator[bytes]:
-        return self.inner.chunks(key, size)
-
-    async def sha256(self, key: str) -> str:
-        return await self.inner.sha256(key)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def check(self) -> None:
-        await self.inner.check()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     async def list(self, prefix: str = "", start_after: str = "") -> list[str]:
         keys = await self.inner.list(prefix, start_after)
