@@ -128,7 +128,11 @@ class LabelerQueue:
             remaining += self._keeps(row.labels)
             team_remaining += short(current, self.team.settings)
             labeled += self.labeler in current.sums
-        return Counts(remaining, team_remaining, labeled)
+        # The totals come from a team scan kept while the corpus's rows do not change, the
+        # touched rows from a read of now: a line ingested between the two (the trajectories
+        # topic's fresh lines arrive every 50 ms) can leave them one apart for a request.
+        # Never below nothing; the next request reads both again.
+        return Counts(max(remaining, 0), max(team_remaining, 0), labeled)
 
     async def head(self, limit: int, exclude: frozenset[str] = frozenset()) -> list[TraceLabels]:
         """The first ``limit`` traces of the queue, in its order, not in ``exclude``."""
