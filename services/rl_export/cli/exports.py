@@ -289,6 +289,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def no_traces_corpus(org: str, project: str, url: str) -> ConfigError:
+    """The error of a command over a project's traces corpus (agreement, ratings) when the
+    store has none: it names --org and --project, not --source, which those have not."""
+    return ConfigError(
+        "--org/--project",
+        f"no traces corpus for {org}/{project} in {url} (check --org and --project)",
+    )
+
+
 def cmd_agreement(args: argparse.Namespace) -> int:
     from rl_export.corpora.rubrics import RubricVersions
     from rl_export.export import latest_records, source_ref
@@ -330,11 +339,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
                     builder.add(record)
                     questions.add(record)
         except NoDataError:  # its message names --source, which this command has not
-            raise ConfigError(
-                "--org/--project",
-                f"no traces corpus for {ref.org}/{ref.project} in {store.url} (check --org "
-                "and --project)",
-            ) from None
+            raise no_traces_corpus(ref.org, ref.project, store.url) from None
         finally:
             await store.close()
         return builder.build()

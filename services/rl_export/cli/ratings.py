@@ -14,11 +14,10 @@ import argparse
 import asyncio
 
 from rl_export.cli.flags import _open, _pinned, _settings
-from rl_export.model.errors import ConfigError
 
 
 def cmd_ratings(args: argparse.Namespace) -> int:
-    from rl_export.cli.exports import _filter_values
+    from rl_export.cli.exports import _filter_values, no_traces_corpus
     from rl_export.export import latest_records, source_ref
     from rl_export.formats.filters import parse_filters
     from rl_export.labeling.ratings import RatingsBuilder, RatingsInput, ratings_report
@@ -43,11 +42,7 @@ def cmd_ratings(args: argparse.Namespace) -> int:
                 for record in batch:
                     builder.add(record)
         except NoDataError:  # its message names --source, which this command has not
-            raise ConfigError(
-                "--org/--project",
-                f"no traces corpus for {ref.org}/{ref.project} in {store.url} (check --org "
-                "and --project)",
-            ) from None
+            raise no_traces_corpus(ref.org, ref.project, store.url) from None
         finally:
             await store.close()
         return builder.build()
