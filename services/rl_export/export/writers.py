@@ -37,6 +37,16 @@ from rl_export.privacy.redact import Redactor
 
 ROW_GROUP = 5000  # rows per Parquet row group
 COPY_CHUNK = 1 << 20  # bytes copied at a time into the archive
+# Every archive entry carries this time, not the clock's: the same export gives the same bytes
+# (and sha256) whenever it runs, as the other formats do.
+ENTRY_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def _entry(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=ENTRY_TIME)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16  # a plain readable file when unpacked
+    return info
 
 
 async def tabular_chunks(
@@ -114,10 +124,10 @@ async def zip_archive(
                     break
             data.write(encoder.end())
             data.seek(0)
-            with archive.open(f"data.{zip_data}", "w") as entry:
+            with archive.open(_entry(f"data.{zip_data}"), "w") as entry:
                 shutil.copyfileobj(data, entry, COPY_CHUNK)
-            archive.writestr("files/manifest.json", dumps(manifest) + b"\n")
-            archive.writestr(CARD_NAME, card(summary))
+            archive.writestr(_entry("files/manifest.json"), dumps(manifest) + b"\n")
+            archive.writestr(_entry(CARD_NAME), card(summary))
     finally:
         await fetcher.close()
 
@@ -155,7 +165,7 @@ async def _attachments(
                 content = text.encode()
             else:
                 add_counts(summary.redactions, {"unscanned": 1})
-        archive.writestr(path, content)
+        archive.writestr(_entry(path), content)
         summary.attachments += 1
         entry.update(path=path, bytes=len(content))
         manifest.append(entry)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,22 @@ async def test_zip_holds_the_data_file_and_a_manifest_of_refused_attachments(
     await write_export(store, EVALUATOR, format="zip", out=json_zip, zip_data="json")
     with zipfile.ZipFile(json_zip) as archive:
         assert len(json.loads(archive.read("data.json"))) == 7
+
+
+async def test_a_zip_is_the_same_bytes_whenever_it_is_made(
+    story: MemoryStore, tmp_path: Path
+) -> None:
+    """The archive's entries carry a fixed time, not the clock's: an export made later (here
+    the clock moved on by an hour) has the same sha256, like every other format's."""
+    first = await write_export(story, EVALUATOR, format="zip", out=tmp_path / "a.zip")
+    with zipfile.ZipFile(tmp_path / "a.zip") as archive:
+        assert {i.date_time for i in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    real = time.time
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time", lambda: real() + 3600)
+        later = await write_export(story, EVALUATOR, format="zip", out=tmp_path / "b.zip")
+    assert later.sha256 == first.sha256
+    assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
 
 
 # --- stats, names, errors -------------------------------------------------------------------
