@@ -251,7 +251,7 @@ profile: install ## the join and the sink in process: CPU µs per event, per tra
 	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
 	$(BIN)/python -m tests.perf.profile --shape small --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
 
-soak: install ## fault soaks: the short one (pytest), then 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
+soak: install ## fault soaks: the short one and the slowest fault scenarios (pytest -m soak), then 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
 	$(BIN)/python -m pytest -m soak $(PYTEST_ARGS)
 	$(BIN)/python -m tests.soak.soak $(if $(SEED),--seed $(SEED))
 

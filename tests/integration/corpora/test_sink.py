@@ -164,6 +164,7 @@ async def test_a_paused_zombie_writer_cannot_overwrite_or_double_commit(
     assert conflicts >= 1, "the zombie should have lost at least one commit race"
 
 
+@pytest.mark.soak  # an outage held until the buffer fills, about 45 s: make soak runs it
 async def test_a_store_outage_pauses_the_sink_at_its_buffer_bound_and_loses_nothing(
     s3_settings: Settings, s3: LocalS3
 ) -> None:

@@ -30,7 +30,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
+# SIGHUP (about 17 s, a stop in order like the other stops tested here) runs in make soak.
+@pytest.mark.parametrize(
+    "sig", [pytest.param(signal.SIGHUP, marks=pytest.mark.soak), signal.SIGKILL]
+)
 def test_the_broker_and_the_stages_die_with_dev(tmp_path: Path, sig: signal.Signals) -> None:
     """SIGHUP (its terminal closed) stops the stack in order; SIGKILL leaves nothing either."""
     port = free_port()

@@ -2,7 +2,8 @@
 
 ``make soak`` runs it (about 100 s, a fixed seed: ``RL_EXPORT_SOAK_SEED`` overrides it), then
 the long one (24 SIGKILLs, ten minutes) with a new seed each time. ``make test`` leaves both
-out: the faults each have their own integration tests there.
+out: the faults each have their own integration tests there (the four slowest of which are
+marked ``soak`` too, and run with this one).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rl_export.local.process import child_pids
 from rl_export.local.synthetic import generate
 from rl_export.model.partitioning import partition_for
@@ -119,6 +121,7 @@ async def test_three_join_processes_keep_each_trace_in_one_member(settings: Sett
     }
 
 
+@pytest.mark.soak  # a paused process waited out, about 45 s: make soak runs it
 async def test_a_paused_sibling_holding_its_stores_stalls_nothing_else(
     settings: Settings,
 ) -> None:

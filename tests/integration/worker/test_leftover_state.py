@@ -16,6 +16,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from rl_export.local.broker import LocalKafka
 from rl_export.local.synthetic import generate
 from rl_export.runtime.net import free_port
@@ -46,6 +48,7 @@ def make_older(data_dir: Path) -> int:
     return changed
 
 
+@pytest.mark.soak  # ten worker starts, about a minute: make soak runs it, make test does not
 async def test_ten_starts_on_a_dir_left_by_a_run_against_another_broker(
     settings: Settings, tmp_path: Path
 ) -> None:
