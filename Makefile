@@ -42,7 +42,7 @@ AXE := .cache/axe-core/$(AXE_VERSION)/axe.min.js
 PEERS_VENV := .cache/peers/venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help prereqs install native browser kustomize promtool axe run test test-trainers test-engines unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling
+.PHONY: help prereqs install native browser kustomize promtool axe run test test-trainers test-engines unit integration lint typecheck format schemas docs clean bench bench-ab bench-ceiling bench-export bench-web bench-agreement bench-redact bench-eos bench-isolation bench-tenants bench-peers profile soak bench-restart bench-scaling screenshots
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -250,6 +250,9 @@ bench-isolation: install ## p99 of stats, queue, claim and /readyz, and memory, 
 profile: install ## the join and the sink in process: CPU µs per event, per traffic shape (BASELINE=<checkout>: its code interleaved, each stage beside)
 	$(BIN)/python -m tests.perf.profile --shape standard --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
 	$(BIN)/python -m tests.perf.profile --shape small --traces 24000 $(if $(BASELINE),--baseline $(BASELINE) --detail)
+
+screenshots: install browser ## photograph the pages into docs/screenshots/ (the page tests, in headless Chromium)
+	RL_EXPORT_SCREENSHOTS="$(abspath docs/screenshots)" $(BIN)/python -m pytest tests/integration/web/test_page.py $(PYTEST_ARGS)
 
 soak: install ## fault soaks: the short one and the slowest fault scenarios (pytest -m soak), then 2 workers, 10 min of load, 24 SIGKILLs, broker restart, store outages, a pause (SEED=n)
 	$(BIN)/python -m pytest -m soak $(PYTEST_ARGS)

@@ -8,8 +8,9 @@ reordered columns); a large export runs as a job behind the floating indicator; 
 holding markup shows it as text. The team's flow: the Label tab claims one trace at a time and
 shows the claim, the team's progress and the labeler's own count; an admin changes the team's
 settings there; the Agreement tab shows the report. The Content-Security-Policy refuses a
-script planted in the page. Each tab is photographed into docs/screenshots/ for the README
-and the docs site.
+script planted in the page. Each tab is photographed: into a temporary folder, or into
+docs/screenshots/ for the README and the docs site with ``make screenshots``
+(``RL_EXPORT_SCREENSHOTS`` names the folder), so a test run leaves the checkout as it was.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import os
+import tempfile
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -36,7 +39,9 @@ from tests.integration.webproc import WebProcess, wait_for
 from tests.integration.workers import publish
 
 T = TypeVar("T")
-SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
+SCREENSHOTS = Path(
+    os.environ.get("RL_EXPORT_SCREENSHOTS") or Path(tempfile.gettempdir()) / "rl-export-screenshots"
+)
 
 
 def latest(stack: Stack, corpus: str) -> dict[str, dict[str, Any]]:
