@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, TypeGuard, cast, get_args
 
 import orjson
 
@@ -56,11 +56,17 @@ _MERGE_SEPARATOR = "\n\n"
 _TEXT_KEYS = ("text", "refusal")
 
 
+def _mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    """A JSON object: a dict (what a decoder gives, tested first: the ABC check is slow)
+    or another mapping."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _part_text(part: Any) -> str | None:
     """The text of one content part, or None when it holds none (an image, a file...)."""
     if isinstance(part, str):
         return part
-    if isinstance(part, Mapping):
+    if _mapping(part):
         for key in _TEXT_KEYS:
             text = part.get(key)
             if isinstance(text, str):
@@ -104,12 +110,12 @@ def _tool_calls(calls: Any, style: ChatStyle) -> Any:
     convert = _arguments_object if style == "hf" else _arguments_string
     out = []
     for given in calls:
-        if not isinstance(given, Mapping):
+        if not _mapping(given):
             out.append(given)
             continue
         call = dict(given)
         function = call.get("function")
-        if isinstance(function, Mapping) and "arguments" in function:
+        if _mapping(function) and "arguments" in function:
             call["function"] = {**function, "arguments": convert(function["arguments"])}
         elif "arguments" in call:  # a flat call, {name, arguments}
             call["arguments"] = convert(call["arguments"])
@@ -211,7 +217,7 @@ def restyle(
     if system not in SYSTEM_MODES:
         raise ValueError(f"unknown system mode {system!r} (modes: {', '.join(SYSTEM_MODES)})")
     out: list[Any] = [
-        _styled(message, style) if isinstance(message, Mapping) else message for message in messages
+        _styled(message, style) if _mapping(message) else message for message in messages
     ]
     if style == "hf" and split:
         out = [part for m in out for part in (_split_calls(m) if isinstance(m, dict) else [m])]

@@ -64,7 +64,8 @@ def _found(text: str, rendered: str, start: int) -> int:
     found = rendered.find(text, start)
     length = len(text)
     # An escaped form is at least as long as the text: it can come first only with room.
-    if found < 0 or found - start >= length:
+    # Printable ASCII without quotes or backslashes has no escaped form but itself.
+    if (found < 0 or found - start >= length) and not _plain(text):
         end = found if found >= 0 else len(rendered)
         for form in (json.dumps(text, ensure_ascii=False), json.dumps(text), repr(text)):
             if form[1:-1] != text:
@@ -72,6 +73,14 @@ def _found(text: str, rendered: str, start: int) -> int:
                 if at >= 0:
                     found, length, end = at, len(form) - 2, at
     return found + length if found >= 0 else -1
+
+
+def _plain(text: str) -> bool:
+    """Whether JSON and Python escape nothing in ``text`` (its forms are the text)."""
+    return (
+        text.isascii() and text.isprintable()
+        and '"' not in text and "'" not in text and "\\" not in text
+    )  # fmt: skip
 
 
 def _leaves(value: Any) -> list[str]:

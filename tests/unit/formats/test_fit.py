@@ -4,6 +4,7 @@ conversation is adapted to it, and the check that every message's text is in the
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from rl_export.formats.adapt import ALPHABETS, IdShape, Requirements, adapt, derive_id, split_at
 from rl_export.formats.chat import Chat
-from rl_export.formats.fit import DROPS_CALLS, DROPS_TEXT, GARBLES, TemplateFit, missing
+from rl_export.formats.fit import DROPS_CALLS, DROPS_TEXT, GARBLES, TemplateFit, _plain, missing
 from rl_export.formats.probes import probe
 from rl_export.formats.templating import ChatTemplate
 from tests.chattemplates import CONVERSATIONS, TEMPLATES, template
@@ -194,6 +195,18 @@ def test_the_check_reads_escaped_text_and_every_argument() -> None:
     assert missing(messages, shown.replace("Oslo", "")) == DROPS_CALLS
     assert missing(messages, shown.replace("days=3", "")) == DROPS_CALLS
     assert missing(messages, shown.replace("then", "")) == DROPS_TEXT
+
+
+@settings(max_examples=500)
+@given(st.text())
+def test_text_taken_as_plain_has_no_escaped_form_but_itself(text: str) -> None:
+    """The check's shortcut (no escaped forms looked for) holds only where JSON, JSON in
+    ASCII and Python would all write the text as it is."""
+    if _plain(text):
+        forms = (json.dumps(text, ensure_ascii=False), json.dumps(text), repr(text))
+        assert {form[1:-1] for form in forms} == {text}
+    for escaped in ('"', "\\", "'", "\n", "\u2028", "é"):
+        assert not _plain(text + escaped)
 
 
 def test_split_formats_are_checked_as_trl_renders_them() -> None:
