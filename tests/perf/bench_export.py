@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile  # noqa: F401 - named here so readers know what profiles; run as a module
+import fnmatch
 import hashlib
 import json
 import os
@@ -351,7 +352,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pin_version(store)
     cases = dict(CASES) | (MORE_CASES if args.all else {})
     if args.only:
-        cases = {k: v for k, v in cases.items() if k in args.only or k.split()[0] in args.only}
+        cases = {k: v for k, v in cases.items()
+                 if any(fnmatch.fnmatchcase(k, pattern) for pattern in args.only)}  # fmt: skip
         if not cases:
             raise SystemExit(f"bench_export: --only {args.only}: no such case; the cases: "
                              + ", ".join(repr(k) for k in (*CASES, *MORE_CASES)))  # fmt: skip
@@ -363,27 +365,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = base / "export-out"
     out_dir.mkdir(parents=True, exist_ok=True)
     load = [os.getloadavg()[0]]
+    able = {name: {tree: path for tree, path in trees.items() if understands(case, path)}
+            for name, case in cases.items()}  # fmt: skip
+    # Interleaved: every case, tree and sink once per round, the order turning each round,
+    # so a change in the machine's load (it drifts by a third here from one minute to the
+    # next) falls on all of them alike, and the ratios between cases (the redaction's cost)
+    # compare runs made side by side.
+    order = [(name, tree, sink) for name in cases for tree in able[name] for sink in sinks]
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for n in range(args.runs):
+        for name, tree, sink in order[n % len(order) :] + order[: n % len(order)]:
+            case = cases[name]
+            log(f"{name}: round {n + 1} of {args.runs}, {tree} code, to {sink}")
+            runs.setdefault((name, tree, sink), []).append(measure(
+                store, case, out_dir / ("out." + case[1]), sink=sink, pythonpath=trees[tree]
+            ))  # fmt: skip
+            load.append(os.getloadavg()[0])
     for name, case in cases.items():
         out = out_dir / ("out." + case[1])
-        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        able = {tree: path for tree, path in trees.items() if understands(case, path)}
-        for n in range(args.runs):
-            # Interleaved: every tree and sink once per round, the order turning each round,
-            # so a change in the machine's load falls on all of them alike.
-            order = [(tree, sink) for tree in able for sink in sinks]
-            order = order[n % len(order) :] + order[: n % len(order)]
-            for tree, sink in order:
-                log(f"{name}: round {n + 1} of {args.runs}, {tree} code, to {sink}")
-                runs.setdefault((tree, sink), []).append(
-                    measure(store, case, out, sink=sink, pythonpath=trees[tree])
-                )
-                load.append(os.getloadavg()[0])
         result: dict[str, Any] = {
-            tree: {sink: _summary(runs[(tree, sink)]) for sink in sinks} for tree in able
+            tree: {sink: _summary(runs[(name, tree, sink)]) for sink in sinks}
+            for tree in able[name]
         }
         if args.digest:
             digests = {}
-            for tree, path in able.items():
+            for tree, path in able[name].items():
                 log(f"{name}: sha256 of the {tree} code's export")
                 digests[tree] = digest(store, case, pythonpath=path)
             result["digest"] = digests
@@ -538,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument(
         "--only", nargs="*",
-        help="only these cases: a whole name ('messages --chat-template') or a first word "
-        "(trajectory: every trajectory case)",
+        help="only these cases, by name or pattern: 'messages --chat-template', "
+        "'trajectory*' (every trajectory case)",
     )  # fmt: skip
     parser.add_argument("--dir", default="var/bench")
     parser.add_argument("--build-only", action="store_true", help="only build the corpus")
