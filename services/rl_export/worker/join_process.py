@@ -26,6 +26,7 @@ from rl_export.worker.inprocess import InProcessJoin
 from rl_export.worker.runtime import (
     configure_logging,
     die_with,
+    run_bounded,
     run_stages,
     stop_on_signals,
 )
@@ -83,7 +84,7 @@ def run_join_process(parent_pid: int, fd: int, refusals: int | None = None) -> i
         log.info("join process stopped")
 
     try:
-        asyncio.run(main())
+        run_bounded(main())
     except KafkaSecurityError as exc:  # one line, not a traceback; the worker stops too
         log.error("join process: %s", exc)
         if refusals is not None:

@@ -36,7 +36,7 @@ from rl_export.stream.topics import ensure_service_topics
 from rl_export.worker.inprocess import InProcessJoin, JoinStage
 from rl_export.worker.joins import ChildJoins
 from rl_export.worker.pages import serve_pages
-from rl_export.worker.runtime import configure_logging, run_stages, stop_on_signals
+from rl_export.worker.runtime import configure_logging, run_bounded, run_stages, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -223,5 +223,5 @@ def run_worker(settings: Settings) -> int:
             raise refused[0]
         log.info("worker stopped")
 
-    asyncio.run(main())  # a WorkerError is reported by the command line, in one line
+    run_bounded(main())  # a WorkerError is reported by the command line, in one line
     return 0

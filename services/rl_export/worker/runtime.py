@@ -1,7 +1,7 @@
 """Process plumbing shared by the worker and its join processes.
 
-Logging, signals, dying with a parent process, and running stages side by side until one
-fails.
+Logging, signals, dying with a parent process, running stages side by side until one
+fails, and a process's event loop that ends in bounded time.
 """
 
 from __future__ import annotations
@@ -12,8 +12,15 @@ import ctypes
 import logging
 import os
 import signal
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from rl_export.runtime.settings import Settings
+
+T = TypeVar("T")
+LEFTOVER_S = 1.0
+"""How long a process waits, once its main coroutine has ended, for tasks still running
+(a Kafka client's closing, cancelled by a stop cut short) before it closes its loop."""
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,41 @@ async def run_stages(tasks: list[asyncio.Task[None]], stop: asyncio.Event, grace
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=5.0)
+
+
+def run_bounded(main: Coroutine[Any, Any, T], leftover_s: float = LEFTOVER_S) -> T:
+    """``asyncio.run(main)``, but the tasks still running once ``main`` has ended are given
+    ``leftover_s`` to end after they are cancelled, not forever.
+
+    A stop cut short (:func:`run_stages`, a broker that does not answer) cancels a stage
+    while its Kafka clients close; aiokafka's consumer then sends LeaveGroup from a task of
+    its own, which waits for the broker's answer up to its request timeout (40 s).
+    ``asyncio.run`` waits for every such task, so the process outlived its grace by that
+    long. Nothing is lost by not waiting: what the stages write is exactly once, and the
+    group notices the member gone when its session ends.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in left:
+                task.cancel()
+            if left:
+                _, late = loop.run_until_complete(asyncio.wait(left, timeout=leftover_s))
+                if late:
+                    log.warning("%d tasks did not end within %.0fs of the stop (a broker that "
+                                "does not answer): left", len(late), leftover_s)  # fmt: skip
+            loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), leftover_s))
+            loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), leftover_s))
+        except TimeoutError:
+            log.warning("the loop's generators or threads did not end within %.0fs: left",
+                        leftover_s)  # fmt: skip
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 _LOG_LEVELS = {"crit": "CRITICAL", "error": "ERROR", "warn": "WARNING", "info": "INFO",
