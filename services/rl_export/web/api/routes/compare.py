@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rl_export.labeling.pairs import compare_space
 from rl_export.labeling.ratings import RatingsBuilder, RatingsReport, ratings_report
-from rl_export.model.errors import StoreError
 from rl_export.model.events import Answer
 from rl_export.model.pairs import pair_id
 from rl_export.model.rubrics import MAX_TEXT, check_answers
@@ -37,6 +36,7 @@ from rl_export.web.api.deps import (
     stamp,
 )
 from rl_export.web.api.items import answer, known_trace, traces_corpus
+from rl_export.web.api.routes.workspace import answered_rubric
 from rl_export.web.compare import CompareQueue
 from rl_export.web.errors import Conflict, Invalid, NotFound, Unavailable
 from rl_export.web.labels import comparison_retracted, label_compared
@@ -185,13 +185,7 @@ async def delete_compare_claim(
 async def _check_answers(svc: Services, org: str, project: str, body: ComparisonIn) -> None:
     if body.rubric is None:
         return
-    try:
-        found = await svc.rubrics.get(org, project, body.rubric_version)
-    except StoreError as exc:
-        raise Unavailable(f"the object store did not answer ({exc}); retry") from None
-    if found is None:
-        raise Invalid(f"rubric_version: {org}/{project} has no rubric version "
-                      f"{body.rubric_version} (GET rubric)")  # fmt: skip
+    found = await answered_rubric(svc, org, project, body.rubric_version)
     optional = found.spec.model_copy(update={"questions": [
         q.model_copy(update={"required": False}) for q in found.spec.questions]})  # fmt: skip
     problem = check_answers(optional, body.rubric)

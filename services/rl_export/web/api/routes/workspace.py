@@ -13,6 +13,7 @@ from typing import Annotated, Any, cast
 import orjson
 from fastapi import APIRouter, Path, Query
 
+from rl_export.corpora.rubrics import StoredRubric
 from rl_export.index import labelqueries
 from rl_export.index.workspace import Cursor, my_labels
 from rl_export.labeling.evaluations import evaluations_shown
@@ -31,16 +32,23 @@ router = APIRouter(prefix="/api/v1/{org}/{project}", tags=["label"])
 MYLABELS_MAX = 100
 
 
-async def check_label_answers(svc: Services, org: str, project: str, body: LabelIn) -> None:
-    """422 when the label's answers do not fit its rubric version (or the version does not
-    exist); 503 when the store does not answer."""
+async def answered_rubric(svc: Services, org: str, project: str, version: int) -> StoredRubric:
+    """The rubric version answers were given for: 422 when the project has no such version,
+    503 when the store does not answer (labels and comparisons alike)."""
     try:
-        found = await svc.rubrics.get(org, project, body.rubric_version)
+        found = await svc.rubrics.get(org, project, version)
     except StoreError as exc:
         raise Unavailable(f"the object store did not answer ({exc}); retry") from None
     if found is None:
         raise Invalid(f"rubric_version: {org}/{project} has no rubric version "
-                      f"{body.rubric_version} (GET rubric)")  # fmt: skip
+                      f"{version} (GET rubric)")  # fmt: skip
+    return found
+
+
+async def check_label_answers(svc: Services, org: str, project: str, body: LabelIn) -> None:
+    """422 when the label's answers do not fit its rubric version (or the version does not
+    exist); 503 when the store does not answer."""
+    found = await answered_rubric(svc, org, project, body.rubric_version)
     problem = check_answers(found.spec, body.rubric)
     if problem is not None:
         raise Invalid(f"{problem} (rubric version {body.rubric_version})")
