@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -289,38 +290,65 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def no_traces_corpus(org: str, project: str, url: str) -> ConfigError:
-    """The error of a command over a project's traces corpus (agreement, ratings) when the
-    store has none: it names --org and --project, not --source, which those have not."""
-    return ConfigError(
-        "--org/--project",
-        f"no traces corpus for {org}/{project} in {url} (check --org and --project)",
-    )
+class TracesRecords:
+    """What a report over a project's ``traces`` corpus reads (``agreement``, ``ratings``):
+    the flags' settings, filters and pinned version, made once from the command line."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from rl_export.export import source_ref
+        from rl_export.formats.filters import parse_filters
+        from rl_export.runtime.gctune import tune_gc
+
+        self.args = args
+        self.settings = _settings(args, store_url="store")
+        self.filters = parse_filters(_filter_values(args))
+        self.ref = source_ref(args.org, args.project, "traces")
+        self.version = _pinned(args, self.settings, self.ref)
+        tune_gc()
+
+    async def each(
+        self, store: Any, fields: frozenset[str], add: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """``add(record)`` for each latest record that matches the filters (``fields`` of it).
+        A store without the corpus is a ConfigError naming --org and --project, not --source,
+        which these commands have not."""
+        from rl_export.export import latest_records
+        from rl_export.model.errors import NoDataError
+
+        version, ref = self.version, self.ref
+        try:
+            async for batch in latest_records(
+                store, ref, filters=self.filters, fields=fields,
+                at=None if version is None else version.at,
+            ):  # fmt: skip
+                for record in batch:
+                    add(record)
+        except NoDataError:
+            raise ConfigError(
+                "--org/--project", f"no traces corpus for {ref.org}/{ref.project} in "
+                f"{store.url} (check --org and --project)",
+            ) from None  # fmt: skip
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
     from rl_export.corpora.rubrics import RubricVersions
-    from rl_export.export import latest_records, source_ref
-    from rl_export.formats.filters import parse_filters
     from rl_export.labeling.agreement import AgreementBuilder, AgreementInput, agreement_report
     from rl_export.labeling.questions import QuestionsBuilder, with_questions
     from rl_export.model.codec import dumps
-    from rl_export.model.errors import NoDataError
     from rl_export.model.rubrics import RubricSpec
-    from rl_export.runtime.gctune import tune_gc
 
-    settings = _settings(args, store_url="store")
-    filters = parse_filters(_filter_values(args))
-    ref = source_ref(args.org, args.project, "traces")
-    version = _pinned(args, settings, ref)
-    tune_gc()
-
+    traces = TracesRecords(args)
     questions = QuestionsBuilder()
     specs: dict[int, RubricSpec] = {}
 
     async def run() -> AgreementInput:
-        store = _open(args.store, settings)
+        store = _open(args.store, traces.settings)
         builder = AgreementBuilder()
+
+        def add(record: dict[str, Any]) -> None:
+            builder.add(record)
+            questions.add(record)
+
         try:
             versions = RubricVersions(store)
             for n in range(await versions.latest_version(args.org, args.project) + 1):
@@ -330,16 +358,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
             if args.rubric_version is not None and args.rubric_version not in specs:
                 raise ConfigError("--rubric-version", f"{args.org}/{args.project} has no rubric "
                                   f"version {args.rubric_version}")  # fmt: skip
-            async for batch in latest_records(
-                store, ref, filters=filters,
-                fields=AgreementBuilder.FIELDS | QuestionsBuilder.FIELDS,
-                at=None if version is None else version.at,
-            ):  # fmt: skip
-                for record in batch:
-                    builder.add(record)
-                    questions.add(record)
-        except NoDataError:  # its message names --source, which this command has not
-            raise no_traces_corpus(ref.org, ref.project, store.url) from None
+            await traces.each(store, AgreementBuilder.FIELDS | QuestionsBuilder.FIELDS, add)
         finally:
             await store.close()
         return builder.build()
