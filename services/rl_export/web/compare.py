@@ -26,9 +26,7 @@ from rl_export.labeling.pairs import Pair, compare_space, in_queue, order_key, s
 from rl_export.web.api.deps import query
 from rl_export.web.api.items import items
 from rl_export.web.services import Services
-from rl_export.web.team import Team
-
-CLAIM_ROUNDS = 4  # queue reads per claim request (each after every candidate was lost)
+from rl_export.web.team import Team, claim_in_rounds
 
 
 @dataclass(frozen=True)
@@ -128,22 +126,14 @@ class CompareQueue:
             if renewed is not None:
                 counter.labels("renewed").inc()
                 got.append((pair, renewed))
-        tried = {p.pair_id for p, _ in got}
-        for _ in range(CLAIM_ROUNDS):
-            wanted = limit - len(got)
-            if wanted <= 0:
-                break
-            rows = self.head(2 * wanted + 4, frozenset(tried))
-            if not rows:
-                break
-            for pair in rows:
-                tried.add(pair.pair_id)
-                taken = await self.claim_one(pair)
-                counter.labels("lost" if taken is None else "granted").inc()
-                if taken is not None:
-                    got.append((pair, taken))
-                    if len(got) >= limit:
-                        break
+
+        async def head(n: int, exclude: frozenset[str]) -> list[Pair]:
+            return self.head(n, exclude)
+
+        got += await claim_in_rounds(
+            limit - len(got), {p.pair_id for p, _ in got}, head,
+            key=lambda pair: pair.pair_id, claim_one=self.claim_one, counter=counter,
+        )  # fmt: skip
         return [p for p, _ in got], [e for _, e in got]
 
     async def items(self, pairs: list[Pair]) -> list[bytes]:

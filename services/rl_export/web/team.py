@@ -15,7 +15,11 @@ within milliseconds, not after the sink's shard age and the index's poll.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from prometheus_client import Counter
 
 from rl_export.index import labelqueries
 from rl_export.index.labelqueries import QueueAsk, QueueFilter, QueueRow
@@ -26,6 +30,39 @@ from rl_export.web.api.deps import query
 from rl_export.web.services import Services
 
 CLAIM_ROUNDS = 4  # queue reads per claim request (each after every candidate was lost)
+R = TypeVar("R")
+
+
+async def claim_in_rounds(
+    wanted: int,
+    tried: set[str],
+    head: Callable[[int, frozenset[str]], Awaitable[list[R]]],
+    *,
+    key: Callable[[R], str],
+    claim_one: Callable[[R], Awaitable[SlotEntry | None]],
+    counter: Counter,
+) -> list[tuple[R, SlotEntry]]:
+    """Claim up to ``wanted`` places from the head of a queue (traces or pairs): at most
+    :data:`CLAIM_ROUNDS` reads of it, each for more than is left to claim (other labelers
+    may win some first), none of ``tried`` (which grows with every candidate). Counts each
+    attempt as ``granted`` or ``lost``; returns the candidates won and their claims."""
+    got: list[tuple[R, SlotEntry]] = []
+    for _ in range(CLAIM_ROUNDS):
+        left = wanted - len(got)
+        if left <= 0:
+            break
+        rows = await head(2 * left + 4, frozenset(tried))
+        if not rows:
+            break
+        for row in rows:
+            tried.add(key(row))
+            taken = await claim_one(row)
+            counter.labels("lost" if taken is None else "granted").inc()
+            if taken is not None:
+                got.append((row, taken))
+                if len(got) >= wanted:
+                    break
+    return got
 
 
 @dataclass(frozen=True)
@@ -189,23 +226,11 @@ class LabelerQueue:
             if entry is not None:
                 counter.labels("renewed").inc()
                 entries.append(entry)
-        tried = {e.trace_id for e in entries}
-        for _ in range(CLAIM_ROUNDS):
-            wanted = limit - len(entries)
-            if wanted <= 0:
-                break
-            # More than needed: other labelers may win some of them first.
-            rows = await self.head(2 * wanted + 4, frozenset(tried))
-            if not rows:
-                break
-            for row in rows:
-                tried.add(row.trace_id)
-                entry = await self._claim_one(row)
-                counter.labels("lost" if entry is None else "granted").inc()
-                if entry is not None:
-                    entries.append(entry)
-                    if len(entries) >= limit:
-                        break
+        won = await claim_in_rounds(
+            limit - len(entries), {e.trace_id for e in entries}, self.head,
+            key=lambda row: row.trace_id, claim_one=self._claim_one, counter=counter,
+        )  # fmt: skip
+        entries += [entry for _, entry in won]
         trace_ids = [e.trace_id for e in entries]
         return Claimed(QueueView(await self._bodies(trace_ids), trace_ids, await self.counts()),
                        entries)  # fmt: skip
