@@ -38,9 +38,7 @@ from typing import Any
 import orjson
 
 from rl_export.formats.adapt import Reading, Requirements, adapt, split_at
-from rl_export.formats.engines import Rendering
-from rl_export.formats.probes import TOOLS as PROBE_TOOLS
-from rl_export.formats.probes import conversations, probe
+from rl_export.formats.probes import probe
 from rl_export.formats.templating import ChatTemplate
 
 DROPS_TEXT = "drops text"
@@ -178,7 +176,6 @@ class TemplateFit:
         self.requirements = requirements
         self.reading = reading or Reading()
         self._verl_parts: tuple[str, str] | None = None
-        self._rendering: Rendering | None = None
 
     @classmethod
     def probed(
@@ -198,24 +195,7 @@ class TemplateFit:
     # --- one conversation ------------------------------------------------------------------
 
     def _render(self, messages: list[Any], tools: Any, prompt: bool = False) -> str:
-        rendering = self._rendering
-        if rendering is None:
-            rendering = self._rendering = Rendering(self.template, self._checked())
-        return rendering.render(messages, tools, add_generation_prompt=prompt)
-
-    def _checked(self) -> list[tuple[list[Any], Any]]:
-        """What minijinja must render as jinja2 does (:mod:`~rl_export.formats.engines`):
-        the probes' conversations as given and as rows are adapted, without and with a
-        tools list."""
-        out: list[tuple[list[Any], Any]] = []
-        for messages in conversations():
-            for tools in (None, PROBE_TOOLS):
-                out.append((messages, tools))
-                try:
-                    out.append(self._shown(messages, tools))
-                except Exception:  # a conversation the fit refuses
-                    continue
-        return out
+        return self.template.render(messages, tools, add_generation_prompt=prompt)
 
     def _shown(self, messages: list[Any], tools: Any) -> tuple[list[Any], Any]:
         return self.reading.view(messages, tools if isinstance(tools, list) else None)

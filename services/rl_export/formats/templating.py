@@ -33,7 +33,6 @@ Public interface::
         .has_generation                                        # the template marks output
         .sha256, .name, .text
     def without_nulls(messages) -> list                        # apply_chat_template's 5.25 step
-    def aliased(messages) -> list                              # reasoning's older names too
     GENERATION_RE                                              # a {% generation %} tag
     SPECIAL_TOKENS                                             # the placeholder tokens
     TemplateSyntaxError                                        # jinja2's, re-exported
@@ -64,7 +63,6 @@ __all__ = [
     "SPECIAL_TOKENS",
     "ChatTemplate",
     "TemplateSyntaxError",
-    "aliased",
     "without_nulls",
 ]
 
@@ -207,7 +205,7 @@ def without_nulls(messages: Sequence[Any]) -> list[Any]:
     ]
 
 
-def aliased(messages: Sequence[Any]) -> Sequence[Any]:
+def _aliased(messages: Sequence[Any]) -> Sequence[Any]:
     """Reasoning under an older name also given as ``reasoning_content`` (and ``thinking``),
     as transformers does; the messages themselves when none has any (the usual case)."""
     out: list[Any] | None = None
@@ -254,7 +252,7 @@ class ChatTemplate:
         self, messages: Sequence[Any], tools: Sequence[Any] | None, add_generation_prompt: bool
     ) -> dict[str, Any]:
         return {
-            "messages": aliased(messages),
+            "messages": _aliased(messages),
             "tools": tools,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
