@@ -119,18 +119,29 @@ def byte_search(pattern: Any) -> Callable[[bytes, int], int]:
     call (about 4 µs, half of what a ``--redact all`` export spent in the gates); the
     compiled program's own ``Match`` is called directly when the installed version has it,
     else ``search`` (the answer is the same: a unit test holds them to it)."""
+    bounded = bounded_search(pattern)
+
+    def search(data: bytes, pos: int) -> int:
+        return -1 if pos > len(data) else bounded(data, pos, len(data))
+
+    return search
+
+
+def bounded_search(pattern: Any) -> Callable[[bytes, int, int], int]:
+    """``search(data, pos, endpos)``: where a compiled RE2 pattern first matches
+    ``data[pos:endpos]`` (-1: nowhere), as :func:`byte_search`."""
     import re2
 
     program = getattr(pattern, "_regexp", None)
     anchor = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
     if program is None or anchor is None or not hasattr(program, "Match"):
-        return lambda data, pos: -1 if (m := pattern.search(data, pos)) is None else m.start()
+        return lambda data, pos, endpos: (
+            -1 if (m := pattern.search(data, pos, endpos)) is None else m.start()
+        )
     match = program.Match
 
-    def search(data: bytes, pos: int) -> int:
-        if pos > len(data):
-            return -1
-        start: int = match(anchor, data, pos, len(data))[0][0]
+    def search(data: bytes, pos: int, endpos: int) -> int:
+        start: int = match(anchor, data, pos, endpos)[0][0]
         return start
 
     return search

@@ -54,11 +54,11 @@ from rl_export.privacy.detectors import (
     MARGINS,
     Gates,
     Span,
-    byte_search,
     json_gate,
     pii_detector,
     widen,
 )
+from rl_export.privacy.gatescan import gate_search
 from rl_export.privacy.kinds import PII_KINDS, Counts, RedactError, placeholder
 from rl_export.privacy.structural import ID, JSON_TEXT, STRUCTURAL, Each, Names, Spec
 
@@ -117,11 +117,7 @@ class Redactor:
         self._secrets: Any = None
         self._search: Callable[[bytes, int], int] = lambda data, pos: -1
         if self.kinds:
-            import re2
-
-            options = re2.Options()
-            options.max_mem = 64 << 20
-            self._search = byte_search(re2.compile(json_gate(self.kinds).encode(), options))
+            self._search = gate_search(json_gate(self.kinds))
             if "secrets" in self.kinds:
                 from rl_export.privacy.secrets import secrets_detector
 
