@@ -342,7 +342,8 @@ async def _export_chunks(
     if template is not None:  # a chat format (check_export): probed once, here
         making = None
         if format != "preference" and file != "parquet":  # rows made in the pool from lines
-            making = LineMaking(fields, mask, chat, scrub.kinds if scrub is not None else ())
+            kinds = scrub.kinds if scrub is not None else ()
+            making = LineMaking(fields, mask, chat, kinds, root=str(ref.root))
         fitting = Fitting(template, format, file, chat, summary, records=view.total,
                           making=making)  # fmt: skip
     chunks = _chunks(

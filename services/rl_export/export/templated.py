@@ -108,6 +108,7 @@ class LineMaking:
     mask: TurnMask | None
     chat: Chat
     kinds: tuple[str, ...] = ()
+    root: str = ""  # the corpus's, for an error's message
 
 
 @dataclass
@@ -160,14 +161,14 @@ def _pooled(fmt: str, batch: bytes, encode: bool) -> Any:
     return (kept if encode else orjson.dumps(kept)), refused
 
 
-def _decoded(chunk: bytes) -> list[dict[str, Any]]:
+def _decoded(chunk: bytes, root: str) -> list[dict[str, Any]]:
     """The records of a chunk of whole lines, decoded as the export's scan decodes them."""
     try:
         if _DECODER is not None:
             return _DECODER.decode(chunk)
         return [orjson.loads(line) for line in block_lines((chunk, 0, len(chunk)))]
     except (DecodeError, orjson.JSONDecodeError) as exc:
-        raise ChainError(f"a line is not a record ({exc})") from None
+        raise ChainError(f"{root}: a line is not a record ({exc})") from None
 
 
 def _made(fmt: str, chunk: bytes) -> Made:
@@ -180,7 +181,7 @@ def _made(fmt: str, chunk: bytes) -> Made:
     scrub = redactor(making.kinds) if making.kinds else None
     made = Made([], [], redactions={} if scrub is not None else None)
     kept = made.lines
-    for record in _decoded(chunk):
+    for record in _decoded(chunk, making.root):
         row = render_row(fmt, record, mask=mask, chat=chat, tools=True)
         if row is None:
             made.skipped += 1
