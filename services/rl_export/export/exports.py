@@ -106,7 +106,13 @@ from rl_export.export.tabular import (
     PromptsParquetEncoder,
 )
 from rl_export.export.targets import check_targets
-from rl_export.export.templated import Fitting, TemplateChoice, template_lines, template_parquet
+from rl_export.export.templated import (
+    Fitting,
+    LineMaking,
+    TemplateChoice,
+    template_lines,
+    template_parquet,
+)
 from rl_export.export.writers import row_groups, tabular_chunks, zip_archive
 from rl_export.formats.chat import HF, Chat
 from rl_export.formats.filters import Filters
@@ -334,7 +340,12 @@ async def _export_chunks(
     )  # fmt: skip
     fitting = None
     if template is not None:  # a chat format (check_export): probed once, here
-        fitting = Fitting(template, format, file, chat, summary, records=view.total)
+        making = None
+        if format != "preference" and file != "parquet":  # rows made in the pool from lines
+            kinds = scrub.kinds if scrub is not None else ()
+            making = LineMaking(fields, mask, chat, kinds, root=str(ref.root))
+        fitting = Fitting(template, format, file, chat, summary, records=view.total,
+                          making=making)  # fmt: skip
     chunks = _chunks(
         store, ref, scan, picked, fitting, format=format, filters=filters, pair_by=pair_by,
         margin=margin, max_pairs=max_pairs, zip_data=zip_data, mask=mask, file=file,

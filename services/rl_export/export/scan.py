@@ -192,10 +192,14 @@ class Scan:
         if self.progress is not None:
             self.progress(self.summary.scanned, self.view.total)
 
-    async def lines(self) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
-        """Batches of (line, record) that passed the filters."""
+    async def lines(
+        self, *, with_lines: bool | None = None
+    ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
+        """Batches of (line, record) that passed the filters (``with_lines``: the lines
+        given whatever the scan was made with)."""
         if self.decoder is not None:
-            async for decoded in self._decoded(self.decoder):
+            lines = self.with_lines if with_lines is None else with_lines
+            async for decoded in self._decoded(self.decoder, lines):
                 yield decoded
             return
         matches = self._matcher()
@@ -212,7 +216,7 @@ class Scan:
                 yield out
 
     async def _decoded(
-        self, decoder: FieldDecoder
+        self, decoder: FieldDecoder, with_lines: bool
     ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         matches = self._matcher()
         async for data, start, end, passed_over in self._ranges():
@@ -223,7 +227,7 @@ class Scan:
                 records = decoder.decode(memoryview(data)[start:end])
             except DecodeError as exc:
                 raise ChainError(f"{self.view.ref.root}: a line is not a record ({exc})") from None
-            if self.with_lines:
+            if with_lines:
                 starts = line_starts(data, start, end)
                 if len(starts) != len(records):
                     raise ChainError(f"{self.view.ref.root}: an empty line in the corpus")

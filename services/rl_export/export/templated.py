@@ -15,14 +15,18 @@ An export of a chat format with a template:
    fail``, the export stops at the first with an ExportError naming the trace and the reason.
 
 Rendering is the cost of such an export. A large one (at least :data:`POOL_RECORDS` records
-in the view, more than one CPU) renders its batches in a pool of processes, each holding
-the template compiled once, while this process reads the next batches; the rows come back
-in order.
+in the view, more than one CPU) makes its rows in a pool of processes, each holding the
+template compiled once: this process reads chunks of the corpus's lines (whole blocks when
+no filter, split or dedup is set; else the lines of the records that passed) and sends
+their bytes; a pool process decodes them, makes, redacts, adapts, renders and checks the
+rows and sends back the finished JSON Lines and what the summary counts (steps 2 and 3);
+the chunks come back in order. A Parquet file's rows are made here and fitted in the pool.
 
 Public interface::
 
     TemplateChoice(loaded, on_unrenderable="skip", processes=None)
-    class Fitting(choice, fmt, file, chat, summary, *, records=0)
+    LineMaking(fields, mask, chat, kinds)                    # steps 2-3 in a pool process
+    class Fitting(choice, fmt, file, chat, summary, *, records=0, making=None)
         .row(row, trace_id) -> dict | None                   # one row, here
         async .lines(batches) -> AsyncIterator[list[bytes]]  # JSON Lines, in order
         async .rows(batches) -> AsyncIterator[list[dict]]    # rows (Parquet), in order
@@ -46,6 +50,8 @@ from typing import Any, Literal
 
 import orjson
 
+from rl_export.corpora.commits import ChainError, block_lines
+from rl_export.export.lazy import DecodeError, FieldDecoder
 from rl_export.export.scan import ExportSummary, Scan, limited
 from rl_export.export.tabular import MessagesParquetEncoder
 from rl_export.formats.adapt import Reading
@@ -56,6 +62,8 @@ from rl_export.formats.templates import LoadedTemplate
 from rl_export.formats.turns import TurnMask, outside_turns, report_of
 from rl_export.model.codec import RawJson, dumps_line
 from rl_export.model.errors import ExportError
+from rl_export.privacy.kinds import add_counts
+from rl_export.privacy.redact import redactor
 
 OnUnrenderable = Literal["skip", "fail"]
 ON_UNRENDERABLE: tuple[str, ...] = ("skip", "fail")
@@ -64,6 +72,8 @@ POOL_RECORDS = 20_000
 MAX_REASONS = 20
 OTHER = "raises: (other messages)"
 """Where the reasons past the first :data:`MAX_REASONS` distinct ones are counted."""
+CHUNK_BYTES = 1 << 20
+"""About how many bytes of the corpus's lines a pool process is sent at a time."""
 
 
 @dataclass(frozen=True)
@@ -88,14 +98,43 @@ def template_chat(chat: Chat) -> Chat:
     return Chat("hf", chat.system, split=False)
 
 
+@dataclass(frozen=True)
+class LineMaking:
+    """What a pool process needs to make an export's rows from the corpus's lines, as this
+    process would (:func:`template_batches`): the fields the scan reads (``(parsed, raw)``,
+    None: whole records), the turn mask, the chat style asked and the redaction's kinds."""
+
+    fields: tuple[frozenset[str], frozenset[str]] | None
+    mask: TurnMask | None
+    chat: Chat
+    kinds: tuple[str, ...] = ()
+    root: str = ""  # the corpus's, for an error's message
+
+
+@dataclass
+class Made:
+    """A chunk's rows as a pool process made them: the kept rows' lines, the refused rows'
+    trace ids and reasons (in order), and the counts the summary adds."""
+
+    lines: list[bytes]
+    refused: list[tuple[Any, str]]
+    skipped: int = 0
+    turns_outside: int = 0
+    redactions: dict[str, int] | None = None
+
+
 # --- in a pool's processes ------------------------------------------------------------------
 
 _FIT: TemplateFit | None = None
+_MAKING: LineMaking | None = None
+_DECODER: FieldDecoder | None = None
 
 
-def _start(fit: TemplateFit) -> None:
-    global _FIT  # noqa: PLW0603 - one fit per pool process, compiled once
-    _FIT = fit
+def _start(fit: TemplateFit, making: LineMaking | None = None) -> None:
+    global _FIT, _MAKING, _DECODER  # noqa: PLW0603 - one per pool process, made once
+    _FIT, _MAKING = fit, making
+    if making is not None and making.fields is not None:
+        _DECODER = FieldDecoder(*making.fields)
 
 
 def _fitted(
@@ -122,6 +161,47 @@ def _pooled(fmt: str, batch: bytes, encode: bool) -> Any:
     return (kept if encode else orjson.dumps(kept)), refused
 
 
+def _decoded(chunk: bytes, root: str) -> list[dict[str, Any]]:
+    """The records of a chunk of whole lines, decoded as the export's scan decodes them."""
+    try:
+        if _DECODER is not None:
+            return _DECODER.decode(chunk)
+        return [orjson.loads(line) for line in block_lines((chunk, 0, len(chunk)))]
+    except (DecodeError, orjson.JSONDecodeError) as exc:
+        raise ChainError(f"{root}: a line is not a record ({exc})") from None
+
+
+def _made(fmt: str, chunk: bytes) -> Made:
+    """Steps 2 and 3 for a chunk of the corpus's lines (records that passed the filters):
+    the rows made, redacted, adapted, rendered and checked, as finished lines."""
+    fit, making = _FIT, _MAKING
+    assert fit is not None, "the pool's initializer sets it"
+    assert making is not None, "the pool's initializer sets it"
+    mask, chat = making.mask, template_chat(making.chat)
+    scrub = redactor(making.kinds) if making.kinds else None
+    made = Made([], [], redactions={} if scrub is not None else None)
+    kept = made.lines
+    for record in _decoded(chunk, making.root):
+        row = render_row(fmt, record, mask=mask, chat=chat, tools=True)
+        if row is None:
+            made.skipped += 1
+            continue
+        if mask is not None:
+            messages = record["messages"]
+            messages = messages.value() if isinstance(messages, RawJson) else messages
+            made.turns_outside += outside_turns(messages, report_of(record), mask)
+        if scrub is not None:
+            row, counts = scrub.record(row)
+            if counts:
+                add_counts(made.redactions, counts)  # type: ignore[arg-type]  # set above
+        fitted, reason = fit.row(fmt, row)
+        if fitted is None:
+            made.refused.append((record.get("trace_id"), reason or "unrenderable"))
+        else:
+            kept.append(dumps_line(fitted))
+    return made
+
+
 # --- in the export's process ----------------------------------------------------------------
 
 
@@ -137,6 +217,7 @@ class Fitting:
         summary: ExportSummary,
         *,
         records: int = 0,
+        making: LineMaking | None = None,
     ) -> None:
         self.choice = choice
         self.fmt = fmt
@@ -153,8 +234,9 @@ class Fitting:
         if workers > 1 and (processes is not None or records >= POOL_RECORDS):
             self.pool = ProcessPoolExecutor(
                 max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start, initargs=(self.fit,),
+                initializer=_start, initargs=(self.fit, making),
             )  # fmt: skip
+        self.making = making if self.pool is not None else None
         self.depth = 2 * workers
         self._encode = True
 
@@ -212,6 +294,33 @@ class Fitting:
             self._refused(reason, ids[n])
         return list(kept) if self._encode else list(orjson.loads(kept))
 
+    async def made_lines(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+        """JSON Lines of each chunk's kept rows, made in the pool from the corpus's lines
+        (:attr:`making` set), in order, with up to ``depth`` chunks in flight."""
+        assert self.pool is not None
+        loop = asyncio.get_running_loop()
+        pending: deque[asyncio.Future[Made]] = deque()
+        try:
+            async for chunk in chunks:
+                pending.append(loop.run_in_executor(self.pool, _made, self.fmt, chunk))
+                while pending and (len(pending) > self.depth or pending[0].done()):
+                    yield self._counted(await pending.popleft())
+            while pending:
+                yield self._counted(await pending.popleft())
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def _counted(self, made: Made) -> list[bytes]:
+        summary = self.summary
+        summary.skipped += made.skipped
+        summary.turns_outside += made.turns_outside
+        if made.redactions:
+            add_counts(summary.redactions, made.redactions)
+        for trace_id, reason in made.refused:
+            self._refused(reason, trace_id)
+        return made.lines
+
     def lines(
         self, batches: AsyncIterator[tuple[list[dict[str, Any]], list[Any]]]
     ) -> AsyncIterator[list[bytes]]:
@@ -254,12 +363,43 @@ async def template_batches(
         yield [r for _, r in scan.redact([(b"", r) for r in rows])], ids
 
 
+async def line_chunks(scan: Scan) -> AsyncIterator[bytes]:
+    """The corpus's lines of the records that pass the filters (and the split or dedup), in
+    chunks of about :data:`CHUNK_BYTES`: the view's blocks as read when nothing is left out
+    and no record need be read here (no dataset card's rules versions), else the lines of
+    the records the scan yields."""
+    if scan.filters.is_empty() and scan.select is None and not scan.collect_rules:
+        async for block, _ in scan.raw():
+            for piece in _pieces(block):
+                yield piece
+        return
+    async for batch in scan.lines(with_lines=True):
+        yield b"".join(line for line, _ in batch)
+
+
+def _pieces(block: memoryview) -> list[bytes]:
+    """A block of whole lines cut at line ends into pieces of about :data:`CHUNK_BYTES`."""
+    data = bytes(block)
+    pieces = []
+    start, size = 0, len(data)
+    while start < size:
+        end = data.find(b"\n", min(start + CHUNK_BYTES, size) - 1) + 1 or size
+        pieces.append(data[start:end])
+        start = end
+    return pieces
+
+
 async def template_lines(
     fitting: Fitting, scan: Scan, mask: TurnMask | None, limit: int | None, chat: Chat
 ) -> AsyncGenerator[bytes | memoryview, None]:
-    """The export's JSON Lines, the rows the template keeps (step 3), up to the limit."""
+    """The export's JSON Lines, the rows the template keeps (step 3), up to the limit: made
+    in the pool from the corpus's lines when the fitting has a pool and :class:`LineMaking`,
+    else made here."""
     summary = fitting.summary
-    batches = fitting.lines(template_batches(scan, fitting.fmt, mask, summary, chat))
+    if fitting.making is not None:
+        batches = fitting.made_lines(line_chunks(scan))
+    else:
+        batches = fitting.lines(template_batches(scan, fitting.fmt, mask, summary, chat))
     async with contextlib.aclosing(batches):  # type: ignore[type-var]  # an async generator
         async for lines in batches:
             yield b"".join(limited(lines, summary, limit))

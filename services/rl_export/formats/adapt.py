@@ -223,6 +223,9 @@ def adapt(messages: Sequence[Any], req: Requirements) -> tuple[list[Any], list[i
             # Without a user message the systems became one user message where the first was.
             origins = kept if len(source) == len(kept) else sorted([*kept, systems[0]])
     calls = _Calls(req.call_ids)
+    # Calls are followed to their results only for what a result gets from its call (a new
+    # id, the name): without either, a call and a result are left as they are.
+    follow = req.call_ids is not None or req.tool_names
     out: list[Any] = []
     where: list[int] = []
     strings = req.arguments == "string"
@@ -235,14 +238,14 @@ def adapt(messages: Sequence[Any], req: Requirements) -> tuple[list[Any], list[i
         if role == "assistant":
             given = message.get("tool_calls")
             if type(given) is list and given:
-                made = [calls.call(c) if type(c) is dict else c for c in given]
+                made = [calls.call(c) if type(c) is dict else c for c in given] if follow else given
                 if strings:
                     made = [_arguments_string(c) if type(c) is dict else c for c in made]
                 pieces = _layout(message, made, req)
                 out += pieces
                 where += [origin] * len(pieces)
                 continue
-        elif role == "tool":
+        elif role == "tool" and follow:
             out.append(_answered(message, calls.answer(message.get("tool_call_id")), req))
             where.append(origin)
             continue

@@ -243,6 +243,10 @@ class ChatTemplate:
         self.tokens = dict(SPECIAL_TOKENS if tokens is None else tokens)
         self.has_generation = GENERATION_RE.search(text) is not None
         self._compiled = _environment().from_string(text)
+        # Its globals as one dict: jinja2 copies them into every render's context, and a
+        # ChainMap (the template's over the environment's) is slow to copy. Nothing changes
+        # the environment's globals after this.
+        self._compiled.globals = dict(self._compiled.globals)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its text (a process compiles it again)."""

@@ -18,13 +18,18 @@ import pytest
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
 from rl_export.export import ExportSummary, check_export, write_export
+from rl_export.export.dedup import parse_dedup
 from rl_export.export.requests import parse_on_unrenderable
+from rl_export.export.splits import parse_split
 from rl_export.export.templated import TemplateChoice
 from rl_export.formats.adapt import Reading
 from rl_export.formats.chat import Chat
+from rl_export.formats.filters import Filters
 from rl_export.formats.fit import DROPS_CALLS, TemplateFit, missing
+from rl_export.formats.masks import mark
 from rl_export.formats.render import CHAT_FORMATS
 from rl_export.formats.templates import load_template
+from rl_export.formats.turns import TurnMask
 from rl_export.model.codec import iter_lines
 from rl_export.model.errors import ExportError
 from tests.chattemplates import CONVERSATIONS, TEMPLATES, TOOLS, template_paths
@@ -61,6 +66,15 @@ async def store() -> MemoryStore:
 
 def choice(name: str, **kw: Any) -> TemplateChoice:
     return TemplateChoice(load_template(str(template_paths()[name])), **kw)
+
+
+def chosen(name: str, **kw: Any) -> TemplateChoice:
+    """A template of the tests by name, or a file."""
+    return (
+        choice(name, **kw)
+        if name in template_paths()
+        else TemplateChoice(load_template(name), **kw)
+    )
 
 
 async def export(store: Any, fmt: str, **kw: Any) -> tuple[bytes, ExportSummary]:
@@ -114,6 +128,54 @@ async def test_the_process_pool_writes_the_same_bytes(store: MemoryStore) -> Non
     assert pooled == inline
     assert again.unrenderable == counted.unrenderable
     assert again.records == counted.records > 0
+
+
+POOLED_CASES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "filtered": {"filters": Filters(passed=True)},
+    "limited": {"filters": Filters(limit=5)},
+    "redacted": {"redact": "all"},
+    "masked": {"mask": TurnMask()},
+    "split": {"split": parse_split("train", "train=0.5,eval=0.5")},
+    "dedup": {"dedup": parse_dedup("exact", on="prompt")},
+}
+
+
+POOLED = [("llama3_1_json_tools", case) for case in POOLED_CASES] + [
+    (name, "plain") for name in ("hermes_3_tool_use", "qwq_32b", "granite_3_3", "marked")
+] + [("marked", "masked")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "case"), POOLED)
+async def test_rows_made_in_the_pool_from_lines_are_the_same_bytes(
+    store: MemoryStore, name: str, case: str, tmp_path: Path
+) -> None:
+    """The pool's processes make the rows from the corpus's lines (read whole when nothing
+    is left out, else the lines of the records that passed): the same bytes and counts as
+    rows made here, with filters, a limit, redaction, masks, a split, a dedup; with
+    templates that show tool calls, need tools, have {% generation %} blocks or leave rows
+    out."""
+    kw = POOLED_CASES[case]
+    if name == "marked":  # ChatML with {% generation %} blocks (rl-export template mark)
+        path = tmp_path / "chatml_marked.jinja"
+        path.write_text(mark(load_template("chatml").template).text)
+        name = str(path)
+    inline, counted = await export(store, "messages", template=chosen(name), **kw)
+    pooled, again = await export(store, "messages", template=chosen(name, processes=2), **kw)
+    assert pooled == inline
+    both = again.as_dict(), counted.as_dict()
+    if case == "limited":  # how far the view was read before the limit: as far as a chunk
+        for summary in both:
+            del summary["scanned"], summary["matched"]
+    assert both[0] == both[1]
+
+
+async def test_on_unrenderable_fail_in_the_pool_names_the_first_row(store: MemoryStore) -> None:
+    refusing = choice("granite_3_3", on_unrenderable="fail", processes=2)
+    with pytest.raises(ExportError, match=r"on-unrenderable: a messages row \(trace tr-\d+\) "
+                       "cannot be rendered with chat template .*granite_3_3.*: drops tool "
+                       "calls"):  # fmt: skip
+        await export(store, "messages", template=refusing)
 
 
 async def test_verl_parquet_renders_as_verl_reads_it(store: MemoryStore, tmp_path: Path) -> None:
