@@ -41,8 +41,8 @@ import itertools
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rl_export.corpora.commits import (
@@ -75,7 +75,7 @@ from rl_export.corpora.table import TableSync, locate, read_generation
 from rl_export.corpora.versions import list_versions
 from rl_export.model.codec import dumps, loads
 from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError
-from rl_export.model.partitioning import Partitioner, partition_for
+from rl_export.model.partitioning import Partitioner
 
 # --- layout helpers -------------------------------------------------------------------------
 
@@ -168,7 +168,8 @@ async def compact(
     folder = tempfile.mkdtemp(prefix="rl-export-compaction-")
     try:
         return await _compact(
-            store, ref, folder, base, folders, positions, streams, writer=writer,
+            store, ref, folder, base=base, folders=folders, positions=positions,
+            streams=streams, writer=writer,
             compression=compression, max_part_records=max_part_records,
             partitioning=partitioning, tombstone_retention_s=tombstone_retention_s, now=now,
             sidecars=sidecars, table=table,
@@ -181,11 +182,11 @@ async def _compact(
     store: ObjectStore,
     ref: CorpusRef,
     folder: str,
+    *,
     base: Compaction | None,
     folders: dict[int, list[str]],
     positions: dict[str, int],
     streams: list[str],
-    *,
     writer: str,
     compression: Compression,
     max_part_records: int,

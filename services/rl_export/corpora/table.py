@@ -217,10 +217,11 @@ def write_table(
     generation ``applies_to``; ``records``: every live record at the position, for a table
     that is not at ``applies_to`` (read as a stream, in batches: called again for each
     attempt); ``fields``: every field those records hold, when known (else a first pass
-    over ``records`` finds them); ``rewrite``: the changes are many, overwrite the table
-    from ``records`` (``changes`` then need hold only the tombstones); ``generation``: the generation the table reflects after
-    this write (None: a position within a generation, a pinned version's, which leaves the
-    table's generation as it is); ``erased``: the changes delete an erased trace.
+    over ``records`` finds them); ``rewrite``: the changes are many, overwrite the
+    table from ``records`` (``changes`` then need hold only the tombstones);
+    ``generation``: the generation the table reflects after this write (None: a position
+    within a generation, a pinned version's, which leaves the table's generation as it
+    is); ``erased``: the changes delete an erased trace.
     Raises :class:`TableError` when delta-rs fails.
     """
     try:
@@ -413,7 +414,8 @@ def _overwrite(
         def converted() -> list[pa.RecordBatch]:
             arrow = tablerows.to_arrow(fmt, columns, batch).drop_columns([tablerows.DELETED])
             keys.append(arrow.select(list(tablerows.KEYS)))
-            return arrow.to_batches()
+            converted_batches: list[pa.RecordBatch] = arrow.to_batches()
+            return converted_batches
 
         for row in records():
             if row.get("deleted"):
