@@ -234,36 +234,39 @@ async def _compact(
         touched, touched_bytes = winners.touched()
         rewrite = table is not None and table.rewrites(touched, touched_bytes)
         clock = time.time() if now is None else now
+        parts: list[dict[str, Any]] = []
+        files: list[Path] = []
+        loop = asyncio.get_running_loop()
+
+        async def upload(part: PartFile) -> None:
+            parts.append(await _put_part(store, ref, generation, part, compression))
+            files.append(part.path)
+            if table is None:
+                await asyncio.to_thread(part.path.unlink)
+
+        def on_part(part: PartFile) -> None:
+            """In the walk's thread: the part stored before the walk goes on (a long run of
+            new traces between two base records makes many parts in one call)."""
+            asyncio.run_coroutine_threadsafe(upload(part), loop).result()
+
         walk = Walk(
             winners, folder, max_part_records,
             erased=await erased_traces(store, ref.org, ref.project),
             since=_iso(clock - tombstone_retention_s),
             sidecars=sidecars and compression == "none", partitioning=partitioning,
-            changes_wanted=table is not None, tombstones_only=rewrite,
+            changes_wanted=table is not None, tombstones_only=rewrite, on_part=on_part,
         )  # fmt: skip
-        parts: list[dict[str, Any]] = []
-        files: list[Path] = []
-
-        async def upload() -> None:
-            for part in walk.take_done():
-                parts.append(await _put_part(store, ref, generation, part, compression))
-                files.append(part.path)
-                if table is None:
-                    await asyncio.to_thread(part.path.unlink)
-
         if base is not None:
             for described in base.parts:
                 part = compaction_part(ref, described)
                 count = 0
                 async for data, start, end in object_blocks(store, part):
                     count += await asyncio.to_thread(walk.base_block, data, start, end, part.key)
-                    await upload()
                 if count != described["records"]:
                     raise ChainError(
                         f"{part.key}: {count} records, its compaction says {described['records']}"
                     )
         await asyncio.to_thread(walk.finish)
-        await upload()
     finally:
         winners.close()
 

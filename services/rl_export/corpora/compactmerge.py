@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -167,8 +167,10 @@ class Walk:
     sidecars: bool  # build each part's sidecar rows
     partitioning: tuple[Partitioner, int] | None
     changes_wanted: bool  # keep the latest row of each touched trace (the table's MERGE)
+    # Called with each part as it is closed, in the walk's thread, which waits for it (the
+    # part stored, its sidecar rows let go, before the next part starts).
+    on_part: Callable[[PartFile], None]
     tombstones_only: bool = False  # ... only the touched traces' tombstones
-    done: list[PartFile] = field(default_factory=list)
     records: int = 0
     tombstones: list[bytes] = field(default_factory=list)
     changes: list[dict[str, Any]] = field(default_factory=list)
@@ -226,10 +228,6 @@ class Walk:
             self._at += 1
         self._close()
 
-    def take_done(self) -> list[PartFile]:
-        done, self.done = self.done, []
-        return done
-
     # --- output -----------------------------------------------------------------------------
 
     def _winner(self, trace_id: str) -> None:
@@ -279,15 +277,13 @@ class Walk:
         if self._file is None:
             return
         self._file.close()
-        self.done.append(
-            PartFile(
-                n=self._parts,
-                path=Path(self._file.name),
-                records=self._count,
-                sha256=self._hash.hexdigest(),
-                lengths=self._lengths,
-                index_rows=self._index_rows if self.sidecars else None,
-            )
+        part = PartFile(
+            n=self._parts,
+            path=Path(self._file.name),
+            records=self._count,
+            sha256=self._hash.hexdigest(),
+            lengths=self._lengths,
+            index_rows=self._index_rows if self.sidecars else None,
         )
         self._parts += 1
         self._file = None
@@ -295,6 +291,7 @@ class Walk:
         self._count = 0
         self._lengths = []
         self._index_rows = []
+        self.on_part(part)
 
 
 def read_part_files(paths: Sequence[Path]) -> Iterator[dict[str, Any]]:

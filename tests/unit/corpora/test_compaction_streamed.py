@@ -186,10 +186,12 @@ async def test_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     async def peak(n: int) -> int:
         store = LocalStore(tmp_path / str(n))
         heads: dict[int, int] = {}
-        pad = "x" * 4000
+        pad, notes = "x" * 3000, "y" * 1000
 
         def row(k: int, revision: int) -> dict[str, Any]:
-            return {"trace_id": f"t{k:07d}", "revision": revision, "pad": pad}
+            # The sidecar keeps ``evaluation`` while its part is written.
+            return {"trace_id": f"t{k:07d}", "revision": revision, "messages": pad,
+                    "evaluation": {"notes": notes, "k": k}}  # fmt: skip
 
         for at in range(0, n // 2, 100):
             await add(store, heads, 0, [row(k, 1) for k in range(at, at + 100)], CREATED, "none")
@@ -199,7 +201,7 @@ async def test_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
         await add(store, heads, 1, [row(k, 2) for k in range(0, n // 2, 10)], CREATED, "none")
         tracemalloc.start()
         try:
-            made = await compact(store, REF, writer="w", max_part_records=500, sidecars=False)
+            made = await compact(store, REF, writer="w", max_part_records=500)
             assert made is not None
             assert made.records == n
             return tracemalloc.get_traced_memory()[1]
