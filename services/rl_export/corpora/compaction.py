@@ -3,27 +3,39 @@
 
 How a generation is made (:func:`compact`):
 
-1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions),
-   its records and the tombstones it keeps.
+1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions).
 2. For every chain of the corpus, follow the commits from the base position and read their
-   shards (checksums verified). A later revision of a trace replaces an earlier one; on equal
-   revisions the one read later wins; a tombstone hides the trace, and so does the project's
-   erasure log (:mod:`rl_export.corpora.erasures`: a deleted trace, whichever chain its
-   records are on, and whatever was written while a writer did not know of the deletion).
+   shards (checksums verified), one commit at a time. A later revision of a trace replaces an
+   earlier one; on equal revisions the one read later wins (the base's records are read
+   first, then the tombstones it keeps, then the chains); a tombstone hides the trace, and
+   so does the project's erasure log (:mod:`rl_export.corpora.erasures`: a deleted trace,
+   whichever chain its records are on, and whatever was written while a writer did not know
+   of the deletion). Of the new lines only the winners' revisions and places stay in memory,
+   their bytes in a spill file (:class:`~rl_export.corpora.compactmerge.Winners`).
 3. Nothing new since the base: stop, no new generation.
 4. Write the surviving records, sorted by ``trace_id``, as part objects under
    ``_compacted/<g+1>/``, named by content hash so two compactors never overwrite each
-   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes). Beside them, for
-   the writers (:func:`rl_export.corpora.chainstate.load_chain_state`): the tombstones younger
-   than the tombstone retention (the parts leave deletions out; a writer must still know
-   them, or an older revision written later on another chain would bring the trace back),
-   and, when the partitioning is given, a holdings index per partition (the parts' trace
-   ids and revisions), so a writer starting up reads its partition's index, not the parts.
+   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes): the base's parts,
+   already sorted, are read line by line and merged with the sorted winners, and each part is
+   stored as soon as it holds ``max_part_records``
+   (:class:`~rl_export.corpora.compactmerge.Walk`). Memory is bounded by a part and an index
+   of a few hundred bytes per new trace, not by the corpus. Beside the parts, for the writers
+   (:func:`rl_export.corpora.chainstate.load_chain_state`): the tombstones younger than the
+   tombstone retention (the parts leave deletions out; a writer must still know them, or an
+   older revision written later on another chain would bring the trace back), and, when the
+   partitioning is given, a holdings index per partition (the parts' trace ids and
+   revisions), so a writer starting up reads its partition's index, not the parts.
 5. Create ``_compacted/<g+1>/_compaction.json`` create-only. Whoever creates it first wins;
    a loser leaves the winner alone, and its parts are harmless leftovers.
 6. With a :class:`~rl_export.corpora.table.TableSync`, the winner brings the corpus's open
-   table (``_table/``, Delta Lake) to the new generation: a MERGE of the traces that changed
-   since the base (:mod:`rl_export.corpora.table`).
+   table (``_table/``, Delta Lake) to the new generation (:mod:`rl_export.corpora.table`): a
+   MERGE of the traces that changed since the base; when their bytes pass
+   :data:`~rl_export.corpora.table.MERGE_BYTES`, an overwrite of the table from the new
+   generation's parts (kept as local files until then), streamed in batches.
+
+The spill file and the part files are in a folder of the system's temporary directory
+(``TMPDIR``), removed when compaction ends, also on an error: it needs about the new lines'
+bytes and, with a table, the generation's.
 
 :func:`expire` removes what no reader starting from one of the newest compactions needs:
 data objects, then commits, covered by an old enough compaction, then the folders of

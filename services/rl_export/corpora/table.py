@@ -12,11 +12,12 @@ compaction, never by the sink, so the table costs nothing per event. How a write
 2. Already at or past the generation being written: nothing to do. At the generation the
    changes apply to: MERGE the changes on ``trace_id`` (a newer revision replaces the row, a
    tombstone of the same or a newer revision deletes it, a new trace is inserted). Anywhere
-   else (the table was made late, or a write failed): MERGE every live record, replacing
-   rows of another revision and deleting the rows no record names.
+   else (the table was made late, or a write failed), or when the changes are many
+   (``rewrite``: their bytes past :data:`MERGE_BYTES`): overwrite the table with every live
+   record, streamed in Arrow batches (one commit that removes every earlier file).
 3. A MERGE that changes nothing makes no Delta commit: an empty append records the position.
-4. Deletion wins: when an erased trace's tombstone was merged (or a full merge deleted
-   rows), every file the log no longer uses is deleted at once (``vacuum`` with no
+4. Deletion wins: when an erased trace's tombstone was written (or a table that was behind
+   lost rows), every file the log no longer uses is deleted at once (``vacuum`` with no
    retention), so no version of the table returns the trace; reading an earlier version
    then fails rather than answers. Otherwise, past :data:`MAX_FILES` data files, the small
    files are compacted (``optimize``) and files older than the retention vacuumed, except
@@ -93,7 +94,7 @@ class TableCommit:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
-    full: bool = False  # every live record was merged (the table was behind)
+    full: bool = False  # the table was behind: rewritten from every live record
     vacuumed: bool = False  # files of earlier versions were deleted (an erasure)
     objects: int = 0  # files written: log entries, data files, checkpoints
 
@@ -274,8 +275,7 @@ def _write(
                 done = _overwrite(table, fmt, records, fields, full=full, generation=generation,
                                   position=position)  # fmt: skip
             else:
-                done = _merge(table, fmt, changes, full=False, generation=generation,
-                              position=position)  # fmt: skip
+                done = _merge(table, fmt, changes, generation=generation, position=position)
         except DeltaError as exc:
             # Another writer committed first (CommitFailedError), or deleted files of the
             # version this one read (its vacuum after an erasure): read the table again,
@@ -319,11 +319,10 @@ def _merge(
     fmt: str,
     rows: Sequence[Mapping[str, Any]],
     *,
-    full: bool,
     generation: int | None,
     position: Mapping[str, Any],
 ) -> TableCommit:
-    """One MERGE (steps 2 and 3); its version and counts."""
+    """One MERGE of the changes (steps 2 and 3); its version and counts."""
     from deltalake import write_deltalake
     from deltalake.schema import Field, PrimitiveType
 
@@ -337,23 +336,18 @@ def _merge(
         )
         columns += added
     before = table.version()
-    if rows or full:  # a full merge of nothing still deletes every row
+    if rows:
         source = tablerows.to_arrow(fmt, columns, rows)
         values = {c: f"s.{_quoted(c)}" for c in columns}
         merger = table.merge(
             source, "t.trace_id = s.trace_id", source_alias="s", target_alias="t",
             commit_properties=properties,
         )  # fmt: skip
-        if full:
-            merger = merger.when_matched_update(values, "s.revision <> t.revision")
-            merger = merger.when_not_matched_insert(values)
-            merger = merger.when_not_matched_by_source_delete()
-        else:
-            deleted = tablerows.DELETED
-            merger = merger.when_matched_delete(f"s.{deleted} AND s.revision >= t.revision")
-            merger = merger.when_matched_update(values, f"NOT s.{deleted} AND "
-                                                        "s.revision > t.revision")  # fmt: skip
-            merger = merger.when_not_matched_insert(values, f"NOT s.{deleted}")
+        deleted = tablerows.DELETED
+        merger = merger.when_matched_delete(f"s.{deleted} AND s.revision >= t.revision")
+        merger = merger.when_matched_update(values, f"NOT s.{deleted} AND "
+                                                    "s.revision > t.revision")  # fmt: skip
+        merger = merger.when_not_matched_insert(values, f"NOT s.{deleted}")
         metrics = merger.execute()
     else:
         metrics = {}
@@ -365,7 +359,6 @@ def _merge(
         inserted=int(metrics.get("num_target_rows_inserted", 0)),
         updated=int(metrics.get("num_target_rows_updated", 0)),
         deleted=int(metrics.get("num_target_rows_deleted", 0)),
-        full=full,
         objects=int(metrics.get("num_target_files_added", 0)),
     )
 
