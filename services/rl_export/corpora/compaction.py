@@ -350,11 +350,11 @@ async def _put_part(
         "sha256": sha256,
         "compression": compression,
     }
-    if part.index_rows is not None:
-        from rl_export.corpora.sidecar import write_sidecar  # pyarrow: on use
+    if part.index is not None:
+        from rl_export.corpora.sidecar import write_sidecar_from  # pyarrow: on use
 
-        index = await write_sidecar(store, key, part.index_rows, part.lengths, sha256,
-                                    relative=ref.relative)  # fmt: skip
+        index = await write_sidecar_from(store, key, part.index, part.lengths, sha256,
+                                         relative=ref.relative)  # fmt: skip
         if index is not None:
             described["index"] = index.model_dump(mode="json")
     return described

@@ -25,6 +25,7 @@ same, byte for byte, whichever wrote it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,12 @@ from typing import IO, Any
 from rl_export.corpora.commits import ChainError, Commit
 from rl_export.model.codec import dumps_line, loads
 from rl_export.model.partitioning import Partitioner, partition_for
+
+SIDECAR_BATCH_ROWS = 4096
+"""Sidecar rows converted to Arrow at once while a part is written (they hold their records'
+lists and objects until then)."""
+
+log = logging.getLogger(__name__)
 
 DELETED = 1  # the winner is a tombstone
 TOUCHED = 2  # a line after the base names the trace
@@ -152,7 +159,7 @@ class PartFile:
     records: int
     sha256: str  # of the lines
     lengths: list[int]
-    index_rows: list[tuple[Any, ...]] | None
+    index: list[Any] | None  # its sidecar rows, converted (sidecar.index_batch); None: none
 
 
 @dataclass
@@ -189,6 +196,7 @@ class Walk:
         self._count = 0
         self._lengths: list[int] = []
         self._index_rows: list[tuple[Any, ...]] = []
+        self._index: list[Any] | None = [] if self.sidecars else None
         if self.partitioning is not None:
             self.holdings = [[] for _ in range(self.partitioning[1])]
         self.winners.flush()
@@ -260,7 +268,10 @@ class Walk:
         if self.sidecars:
             from rl_export.corpora.sidecar import index_row  # pyarrow: on use
 
-            self._index_rows.append(index_row(row))
+            if self._index is not None:
+                self._index_rows.append(index_row(row))
+                if len(self._index_rows) == SIDECAR_BATCH_ROWS:
+                    self._convert()
         fields = self.fields
         for name in row:
             if name not in fields:
@@ -273,17 +284,33 @@ class Walk:
         if self._count == self.max_part_records:
             self._close()
 
+    def _convert(self) -> None:
+        """The sidecar rows held, as Arrow; a part whose rows cannot make a sidecar goes
+        without one (logged), as :func:`~rl_export.corpora.sidecar.write_sidecar` does."""
+        from rl_export.corpora.sidecar import SIDECAR_ERRORS, index_batch
+
+        rows, self._index_rows = self._index_rows, []
+        if self._index is None or not rows:
+            return
+        try:
+            self._index.append(index_batch(rows))
+        except SIDECAR_ERRORS as exc:
+            log.warning("part %d of the new generation: no index sidecar (%s: %s)",
+                        self._parts, type(exc).__name__, exc)  # fmt: skip
+            self._index = None
+
     def _close(self) -> None:
         if self._file is None:
             return
         self._file.close()
+        self._convert()
         part = PartFile(
             n=self._parts,
             path=Path(self._file.name),
             records=self._count,
             sha256=self._hash.hexdigest(),
             lengths=self._lengths,
-            index_rows=self._index_rows if self.sidecars else None,
+            index=self._index,
         )
         self._parts += 1
         self._file = None
@@ -291,6 +318,7 @@ class Walk:
         self._count = 0
         self._lengths = []
         self._index_rows = []
+        self._index = [] if self.sidecars else None
         self.on_part(part)
 
 

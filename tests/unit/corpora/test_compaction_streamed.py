@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rl_export.corpora import compaction as compaction_module
+from rl_export.corpora import compactmerge
 from rl_export.corpora.commits import Commit, encode_shard
 from rl_export.corpora.compaction import compact
 from rl_export.corpora.erasures import record_erasures
@@ -98,6 +99,8 @@ async def test_the_streamed_compaction_writes_what_the_in_memory_one_wrote(
 ) -> None:
     rng = random.Random(seed)
     monkeypatch.setattr(compaction_module, "utc_now", lambda: CREATED)
+    # Sidecar rows converted a few at a time, or a part's at once: the same sidecar.
+    monkeypatch.setattr(compactmerge, "SIDECAR_BATCH_ROWS", rng.choice([1, 2, 3, 4096]))
     traces = [f"t{k:02d}" for k in range(rng.randint(1, 14))] + ["té", "t\u2028"]
     streamed, reference = MemoryStore(), MemoryStore()
     heads: dict[int, int] = {}
