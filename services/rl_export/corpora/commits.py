@@ -330,3 +330,38 @@ async def read_chain(
 
     shards = await asyncio.gather(*(shard(c) for c in commits))
     return list(zip(commits, shards, strict=True))
+
+
+async def iter_chain_lines(
+    store: ObjectStore, ref: CorpusRef, stream: str, start: int, concurrency: int = 8
+) -> AsyncIterator[tuple[Commit, bytes]]:
+    """:func:`read_chain` one commit at a time, unparsed: each commit and its shard's JSON
+    Lines (checksum verified, decompressed), in chain order. At most ``concurrency`` shards
+    are fetched ahead, so memory holds a few shards, not the chain. The caller parses the
+    lines and checks their count against ``commit.records`` (:func:`check_lines`).
+    """
+    commits = await follow_chain(store, ref, stream, start)
+
+    async def fetch(commit: Commit) -> bytes:
+        key = ref.key(commit.shard)
+        data = commit.inline.encode() if commit.inline is not None else await store.get(key)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != commit.sha256:
+            raise ChainError(f"{key}: sha256 {digest[:16]}… does not match its commit")
+        try:
+            return gzip.decompress(data) if commit.compression == "gzip" else data
+        except (OSError, EOFError) as exc:
+            raise ChainError(f"{key}: unreadable shard ({exc})") from None
+
+    for at in range(0, len(commits), concurrency):
+        window = commits[at : at + concurrency]
+        for commit, data in zip(window, await asyncio.gather(*map(fetch, window)), strict=True):
+            yield commit, data
+
+
+def check_lines(ref: CorpusRef, commit: Commit, count: int) -> None:
+    """ChainError when a shard read by :func:`iter_chain_lines` had not ``commit.records``
+    lines."""
+    if count != commit.records:
+        key = ref.key(commit.shard)
+        raise ChainError(f"{key}: {count} records, its commit says {commit.records}")

@@ -3,27 +3,39 @@
 
 How a generation is made (:func:`compact`):
 
-1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions),
-   its records and the tombstones it keeps.
+1. Read the latest compaction (generation ``g``; none means ``g = 0`` and empty positions).
 2. For every chain of the corpus, follow the commits from the base position and read their
-   shards (checksums verified). A later revision of a trace replaces an earlier one; on equal
-   revisions the one read later wins; a tombstone hides the trace, and so does the project's
-   erasure log (:mod:`rl_export.corpora.erasures`: a deleted trace, whichever chain its
-   records are on, and whatever was written while a writer did not know of the deletion).
+   shards (checksums verified), one commit at a time. A later revision of a trace replaces an
+   earlier one; on equal revisions the one read later wins (the base's records are read
+   first, then the tombstones it keeps, then the chains); a tombstone hides the trace, and
+   so does the project's erasure log (:mod:`rl_export.corpora.erasures`: a deleted trace,
+   whichever chain its records are on, and whatever was written while a writer did not know
+   of the deletion). Of the new lines only the winners' revisions and places stay in memory,
+   their bytes in a spill file (:class:`~rl_export.corpora.compactmerge.Winners`).
 3. Nothing new since the base: stop, no new generation.
 4. Write the surviving records, sorted by ``trace_id``, as part objects under
    ``_compacted/<g+1>/``, named by content hash so two compactors never overwrite each
-   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes). Beside them, for
-   the writers (:func:`rl_export.corpora.chainstate.load_chain_state`): the tombstones younger
-   than the tombstone retention (the parts leave deletions out; a writer must still know
-   them, or an older revision written later on another chain would bring the trace back),
-   and, when the partitioning is given, a holdings index per partition (the parts' trace
-   ids and revisions), so a writer starting up reads its partition's index, not the parts.
+   other's parts (gzip with ``mtime=0``, so a retry writes the same bytes): the base's parts,
+   already sorted, are read line by line and merged with the sorted winners, and each part is
+   stored as soon as it holds ``max_part_records``
+   (:class:`~rl_export.corpora.compactmerge.Walk`). Memory is bounded by a part and an index
+   of a few hundred bytes per new trace, not by the corpus. Beside the parts, for the writers
+   (:func:`rl_export.corpora.chainstate.load_chain_state`): the tombstones younger than the
+   tombstone retention (the parts leave deletions out; a writer must still know them, or an
+   older revision written later on another chain would bring the trace back), and, when the
+   partitioning is given, a holdings index per partition (the parts' trace ids and
+   revisions), so a writer starting up reads its partition's index, not the parts.
 5. Create ``_compacted/<g+1>/_compaction.json`` create-only. Whoever creates it first wins;
    a loser leaves the winner alone, and its parts are harmless leftovers.
 6. With a :class:`~rl_export.corpora.table.TableSync`, the winner brings the corpus's open
-   table (``_table/``, Delta Lake) to the new generation: a MERGE of the traces that changed
-   since the base (:mod:`rl_export.corpora.table`).
+   table (``_table/``, Delta Lake) to the new generation (:mod:`rl_export.corpora.table`): a
+   MERGE of the traces that changed since the base; when their bytes pass
+   :data:`~rl_export.corpora.table.MERGE_BYTES`, an overwrite of the table from the new
+   generation's parts (kept as local files until then), streamed in batches.
+
+The spill file and the part files are in a folder of the system's temporary directory
+(``TMPDIR``), removed when compaction ends, also on an error: it needs about the new lines'
+bytes and, with a table, the generation's.
 
 :func:`expire` removes what no reader starting from one of the newest compactions needs:
 data objects, then commits, covered by an old enough compaction, then the folders of
@@ -38,19 +50,29 @@ import asyncio
 import gzip
 import hashlib
 import itertools
+import shutil
+import tempfile
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from rl_export.corpora.commits import chain_keys, encode_shard, read_chain, read_commit
+from rl_export.corpora.commits import (
+    ChainError,
+    chain_keys,
+    check_lines,
+    iter_chain_lines,
+    object_blocks,
+    read_commit,
+)
 from rl_export.corpora.compacted import (
     Compaction,
+    compaction_part,
     encode_holdings,
     latest_compaction,
-    read_compaction,
     read_tombstones,
 )
+from rl_export.corpora.compactmerge import PartFile, Walk, Winners, read_part_files
 from rl_export.corpora.erasures import erased_traces
 from rl_export.corpora.layout import (
     OFFSET_WIDTH,
@@ -63,51 +85,9 @@ from rl_export.corpora.layout import (
 from rl_export.corpora.store import ObjectStore
 from rl_export.corpora.table import TableSync, locate, read_generation
 from rl_export.corpora.versions import list_versions
-from rl_export.model.codec import dumps, dumps_lines, loads
+from rl_export.model.codec import dumps, loads
 from rl_export.model.errors import ObjectExistsError, ObjectNotFoundError
-from rl_export.model.partitioning import Partitioner, partition_for
-
-# --- the pure core --------------------------------------------------------------------------
-
-
-class Latest:
-    """The latest revision per trace, tombstones included (with when they were written)."""
-
-    def __init__(self) -> None:
-        self._rows: dict[str, dict[str, Any]] = {}
-
-    def apply(self, rows: Iterable[dict[str, Any]], deleted_at: str | None = None) -> None:
-        """Rows in the order they were written; ``deleted_at`` stamps their tombstones."""
-        for row in rows:
-            current = self._rows.get(row["trace_id"])
-            # ">=": on equal revisions the row read later wins.
-            if current is None or row["revision"] >= current["revision"]:
-                if row.get("deleted") and deleted_at is not None and "deleted_at" not in row:
-                    row = {**row, "deleted_at": deleted_at}  # noqa: PLW2901
-                self._rows[row["trace_id"]] = row
-
-    def records(self) -> list[dict[str, Any]]:
-        """The live records, sorted by ``trace_id`` (tombstones dropped)."""
-        return [self._rows[t] for t in sorted(self._rows) if not self._rows[t].get("deleted")]
-
-    def current(self, trace_ids: Iterable[str]) -> list[dict[str, Any]]:
-        """The latest row (record or tombstone) of each of ``trace_ids``."""
-        return [self._rows[t] for t in sorted(set(trace_ids)) if t in self._rows]
-
-    def tombstones(self, since: str) -> list[dict[str, Any]]:
-        """The tombstones written at ``since`` or later (ISO 8601), sorted by ``trace_id``."""
-        return [
-            row
-            for t in sorted(self._rows)
-            if (row := self._rows[t]).get("deleted") and row.get("deleted_at", "") >= since
-        ]
-
-
-def split(records: list[dict[str, Any]], max_part_records: int) -> list[list[dict[str, Any]]]:
-    if max_part_records < 1:
-        raise ValueError(f"max_part_records must be at least 1, got {max_part_records}")
-    return [records[i : i + max_part_records] for i in range(0, len(records), max_part_records)]
-
+from rl_export.model.partitioning import Partitioner
 
 # --- layout helpers -------------------------------------------------------------------------
 
@@ -186,7 +166,6 @@ async def compact(
     # 1. The base: the latest readable compaction.
     folders = await _generation_folders(store, ref)
     base = await latest_compaction(store, ref)
-    latest = Latest()
     positions: dict[str, int] = dict(base.positions) if base else {}
     streams = await _streams(store, ref)
     if min_commits > 1:
@@ -195,72 +174,132 @@ async def compact(
             tail += len(await chain_keys(store, ref, stream, positions.get(stream, 0)))
         if tail < min_commits:
             return None
+    if max_part_records < 1:
+        raise ValueError(f"max_part_records must be at least 1, got {max_part_records}")
 
-    # 2. Every chain after the base (read before the base's records: when nothing is new,
-    # those are never read).
-    new: list[tuple[str, list[dict[str, Any]]]] = []
-    for stream in streams:
-        for commit, rows in await read_chain(store, ref, stream, positions.get(stream, 0)):
-            new.append((commit.created_at, rows))
-            positions[stream] = commit.last_offset + 1
+    folder = tempfile.mkdtemp(prefix="rl-export-compaction-")
+    try:
+        return await _compact(
+            store, ref, folder, base=base, folders=folders, positions=positions,
+            streams=streams, writer=writer,
+            compression=compression, max_part_records=max_part_records,
+            partitioning=partitioning, tombstone_retention_s=tombstone_retention_s, now=now,
+            sidecars=sidecars, table=table,
+        )  # fmt: skip
+    finally:
+        await asyncio.to_thread(shutil.rmtree, folder, True)
 
-    # 3. Nothing new.
-    if not new:
-        if table is not None and table.catch_up and base is not None:
-            await _catch_up(store, ref, base, table)
-        return None
-    # The heavy, CPU-bound steps run in a thread, so the worker's event loop (its consumers'
-    # heartbeats, /healthz) keeps its turn while a large corpus is compacted.
-    if base is not None:
-        rows = list(await read_compaction(store, ref, base))
-        await asyncio.to_thread(latest.apply, rows)
-        latest.apply(await read_tombstones(store, ref, base))
-    for created_at, rows in new:
-        latest.apply(rows, deleted_at=created_at)
 
-    # A generation whose _compaction.json is unreadable still holds its name: skip past it,
-    # or every later attempt would lose the create-only write to it.
-    generation = max((g for g, keys in folders.items() if ref.compaction_key(g) in keys), default=0)
-    generation = max(generation, base.generation if base else 0) + 1
+async def _compact(
+    store: ObjectStore,
+    ref: CorpusRef,
+    folder: str,
+    *,
+    base: Compaction | None,
+    folders: dict[int, list[str]],
+    positions: dict[str, int],
+    streams: list[str],
+    writer: str,
+    compression: Compression,
+    max_part_records: int,
+    partitioning: tuple[Partitioner, int] | None,
+    tombstone_retention_s: float,
+    now: float | None,
+    sidecars: bool,
+    table: TableSync | None,
+) -> Compaction | None:
+    # 2. Every chain after the base, a commit at a time: the winners' bytes spilled to
+    # ``folder``, an index of them kept (read before the base's records: when nothing is new,
+    # those are never read). The CPU-bound steps run in a thread, so the worker's event loop
+    # (its consumers' heartbeats, /healthz) keeps its turn while a large corpus is compacted.
+    winners = Winners(folder)
+    try:
+        commits = 0
+        for stream in streams:
+            async for commit, data in iter_chain_lines(store, ref, stream,
+                                                       positions.get(stream, 0)):  # fmt: skip
+                where = ref.key(commit.shard)
+                count = await asyncio.to_thread(winners.add_commit, commit, data, where)
+                check_lines(ref, commit, count)
+                positions[stream] = commit.last_offset + 1
+                commits += 1
 
-    # 4. Parts first, tombstones and holdings beside them ...
-    records = await asyncio.to_thread(latest.records)
-    erased = await erased_traces(store, ref.org, ref.project)
-    if erased:
-        records = [r for r in records if r["trace_id"] not in erased]
-    parts: list[dict[str, Any]] = []
-    for n, part_rows in enumerate(split(records, max_part_records)):
-        shard = await asyncio.to_thread(encode_shard, part_rows, compression)
-        key = part_key(ref, generation, n, shard.sha256, compression)
-        await store.put(key, shard.data)
-        described = _described(ref, key, shard.data, shard.records, compression)
-        if sidecars and compression == "none":
-            from rl_export.corpora.sidecar import line_lengths, write_sidecar  # pyarrow: on use
+        # 3. Nothing new.
+        if not commits:
+            if table is not None and table.catch_up and base is not None:
+                await _catch_up(store, ref, base, table, folder)
+            return None
+        if base is not None:
+            await asyncio.to_thread(
+                winners.add_base_tombstones, await read_tombstones(store, ref, base)
+            )
 
-            index_rows = await asyncio.to_thread(_index_rows, part_rows)
-            index = await write_sidecar(store, key, index_rows, line_lengths(shard.data),
-                                        shard.sha256, relative=ref.relative)  # fmt: skip
-            if index is not None:
-                described["index"] = index.model_dump(mode="json")
-        parts.append(described)
-    clock = time.time() if now is None else now
-    kept = latest.tombstones(since=_iso(clock - tombstone_retention_s))
+        # A generation whose _compaction.json is unreadable still holds its name: skip past
+        # it, or every later attempt would lose the create-only write to it.
+        generation = max(
+            (g for g, keys in folders.items() if ref.compaction_key(g) in keys), default=0
+        )
+        generation = max(generation, base.generation if base else 0) + 1
+
+        # 4. Parts first (the base's records merged with the winners, a part written as soon
+        # as it is full), tombstones and holdings beside them ...
+        touched, touched_bytes = winners.touched()
+        rewrite = table is not None and table.rewrites(touched, touched_bytes)
+        clock = time.time() if now is None else now
+        parts: list[dict[str, Any]] = []
+        files: list[Path] = []
+        loop = asyncio.get_running_loop()
+
+        async def upload(part: PartFile) -> None:
+            parts.append(await _put_part(store, ref, generation, part, compression))
+            files.append(part.path)
+            if table is None:
+                await asyncio.to_thread(part.path.unlink)
+
+        def on_part(part: PartFile) -> None:
+            """In the walk's thread: the part stored before the walk goes on (a long run of
+            new traces between two base records makes many parts in one call)."""
+            asyncio.run_coroutine_threadsafe(upload(part), loop).result()
+
+        walk = Walk(
+            winners, folder, max_part_records,
+            erased=await erased_traces(store, ref.org, ref.project),
+            since=_iso(clock - tombstone_retention_s),
+            sidecars=sidecars and compression == "none", partitioning=partitioning,
+            changes_wanted=table is not None, tombstones_only=rewrite, on_part=on_part,
+        )  # fmt: skip
+        if base is not None:
+            for described in base.parts:
+                part = compaction_part(ref, described)
+                count = 0
+                async for data, start, end in object_blocks(store, part):
+                    count += await asyncio.to_thread(walk.base_block, data, start, end, part.key)
+                if count != described["records"]:
+                    raise ChainError(
+                        f"{part.key}: {count} records, its compaction says {described['records']}"
+                    )
+        await asyncio.to_thread(walk.finish)
+    finally:
+        winners.close()
+
     tombstones = None
-    if kept:
-        data = gzip.compress(dumps_lines(kept), compresslevel=6, mtime=0)
+    if walk.tombstones:
+        data = await asyncio.to_thread(
+            gzip.compress, b"".join(walk.tombstones), compresslevel=6, mtime=0
+        )
         key = f"{generation_prefix(ref, generation)}tombstones-{_sha(data)[:16]}.jsonl.gz"
         await store.put(key, data)
-        tombstones = _described(ref, key, data, len(kept), "gzip")
+        tombstones = _described(ref, key, data, len(walk.tombstones), "gzip")
     holdings = None
     if partitioning is not None:
-        holdings = await _write_holdings(store, ref, generation, records, partitioning)
+        holdings = await _write_holdings(store, ref, generation, walk.holdings, partitioning)
 
     # 5. ... then the create-only manifest of the generation.
     compaction = Compaction(
         generation=generation,
         positions=dict(sorted(positions.items())),
         parts=parts,
-        records=len(records),
+        records=walk.records,
         schema_version=SCHEMA_VERSION,
         created_at=utc_now(),
         writer=writer,
@@ -275,27 +314,78 @@ async def compact(
     except ObjectExistsError:
         return None
 
-    # 6. The open table, from the traces the new lines touched.
+    # 6. The open table, from the traces the new lines touched (many: rewritten from the
+    # generation's parts, which are still in ``folder``).
     if table is not None:
-        touched = {row["trace_id"] for _, rows in new for row in rows}
         await table.update(
             store, ref, applies_to=base.generation if base else 0, generation=generation,
-            positions=compaction.positions, changes=latest.current(touched),
-            records=lambda: records,
+            positions=compaction.positions, changes=walk.changes,
+            records=lambda: read_part_files(files), fields=list(walk.fields), rewrite=rewrite,
         )  # fmt: skip
     return compaction
 
 
-async def _catch_up(store: ObjectStore, ref: CorpusRef, base: Compaction, table: TableSync) -> None:
+async def _put_part(
+    store: ObjectStore, ref: CorpusRef, generation: int, part: PartFile, compression: Compression
+) -> dict[str, Any]:
+    """Store one part of the generation (and its sidecar); its entry in ``parts``."""
+    if compression == "gzip":
+        raw = await asyncio.to_thread(part.path.read_bytes)
+        data = await asyncio.to_thread(gzip.compress, raw, compresslevel=6, mtime=0)
+        del raw
+        sha256 = _sha(data)
+        key = part_key(ref, generation, part.n, sha256, compression)
+        await store.put(key, data)
+        size = len(data)
+        del data
+    else:
+        sha256 = part.sha256
+        key = part_key(ref, generation, part.n, sha256, compression)
+        await store.put_file(key, part.path)
+        size = sum(part.lengths)
+    described: dict[str, Any] = {
+        "shard": ref.relative(key),
+        "records": part.records,
+        "bytes": size,
+        "sha256": sha256,
+        "compression": compression,
+    }
+    if part.index is not None:
+        from rl_export.corpora.sidecar import write_sidecar_from  # pyarrow: on use
+
+        index = await write_sidecar_from(store, key, part.index, part.lengths, sha256,
+                                         relative=ref.relative)  # fmt: skip
+        if index is not None:
+            described["index"] = index.model_dump(mode="json")
+    return described
+
+
+async def _catch_up(
+    store: ObjectStore, ref: CorpusRef, base: Compaction, table: TableSync, folder: str
+) -> None:
     """Nothing is new, but the table may be behind the latest generation: bring it there
-    from the generation's records (a table that is there costs one read of its log)."""
+    from the generation's records (a table that is there costs one read of its log). The
+    parts are copied to ``folder`` first (checksums verified), then read from there."""
     location = await asyncio.to_thread(locate, store, ref)
     if location is None or await asyncio.to_thread(read_generation, location) == base.generation:
         return
-    records = list(await read_compaction(store, ref, base))
+    files = []
+    for n, described in enumerate(base.parts):
+        part = compaction_part(ref, described)
+        path = Path(folder) / f"base-{n:05d}.jsonl"
+        count = 0
+        with path.open("wb") as f:
+            async for data, start, end in object_blocks(store, part):
+                count += data.count(b"\n", start, end)
+                await asyncio.to_thread(f.write, data[start:end])
+        if count != described["records"]:
+            raise ChainError(
+                f"{part.key}: {count} records, its compaction says {described['records']}"
+            )
+        files.append(path)
     await table.update(
         store, ref, applies_to=-1, generation=base.generation, positions=base.positions,
-        changes=(), records=lambda: records,
+        changes=(), records=lambda: read_part_files(files),
     )  # fmt: skip
 
 
@@ -303,21 +393,10 @@ async def _write_holdings(
     store: ObjectStore,
     ref: CorpusRef,
     generation: int,
-    records: list[dict[str, Any]],
+    by_partition: list[list[tuple[str, int]]],
     partitioning: tuple[Partitioner, int],
 ) -> dict[str, Any]:
     partitioner, count = partitioning
-
-    def split_by_partition() -> list[list[tuple[str, int]]]:
-        by_partition: list[list[tuple[str, int]]] = [[] for _ in range(count)]
-        for row in records:
-            trace_id = row["trace_id"]
-            by_partition[partition_for(trace_id.encode(), count, partitioner)].append(
-                (trace_id, row["revision"])
-            )
-        return by_partition
-
-    by_partition = await asyncio.to_thread(split_by_partition)
     folder = f"{generation_prefix(ref, generation)}holdings/{partitioner}-{count}/"
     described = []
     for partition, entries in enumerate(by_partition):
@@ -328,12 +407,6 @@ async def _write_holdings(
             {"partition": partition} | _described(ref, key, data, len(entries), "gzip")
         )
     return {"partitioner": partitioner, "partitions": count, "parts": described}
-
-
-def _index_rows(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    from rl_export.corpora.sidecar import index_row
-
-    return [index_row(r) for r in records]
 
 
 def _described(

@@ -163,12 +163,48 @@ def build_sidecar(rows: Sequence[tuple[Any, ...]], lengths: Sequence[int],
     columns["line_offset"] = offsets
     columns["line_length"] = [length - 1 for length in lengths]
     schema = SCHEMA.with_metadata({_META_VERSION: SIDECAR_VERSION, _META_SHARD: shard_sha256})
-    table = pa.Table.from_pydict(columns, schema=schema)
+    return _parquet(pa.Table.from_pydict(columns, schema=schema))
+
+
+def _parquet(table: pa.Table) -> bytes:
     out = io.BytesIO()
     # Fixed options (and no statistics' timestamps in Parquet): a retry writes the same bytes.
     pq.write_table(table, out, compression="zstd", compression_level=3, use_dictionary=True,
-                   write_statistics=False, row_group_size=max(len(rows), 1))  # fmt: skip
+                   write_statistics=False, row_group_size=max(table.num_rows, 1))  # fmt: skip
     return out.getvalue()
+
+
+def index_batch(rows: Sequence[tuple[Any, ...]]) -> pa.Table:
+    """:func:`index_row` rows as the sidecar's columns, the line places left out: a writer of
+    a large object converts its rows as they come (:func:`build_sidecar_from`) rather than
+    keeping them (each holds its record's lists and objects). Raises as :func:`build_sidecar`.
+    """
+    names = SCHEMA.names[: len(SCHEMA.names) - 2]  # without line_offset and line_length
+    schema = pa.schema([SCHEMA.field(name) for name in names])
+    columns: dict[str, list[Any]] = {name: list(values) for name, values in
+                                     zip(names, zip(*rows, strict=True), strict=True)}  # fmt: skip
+    if not rows:
+        columns = {name: [] for name in names}
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def build_sidecar_from(batches: Sequence[pa.Table], lengths: Sequence[int],
+                       shard_sha256: str) -> bytes:  # fmt: skip
+    """:func:`build_sidecar` of rows already converted by :func:`index_batch` (the same bytes)."""
+    table = pa.concat_tables(batches) if batches else index_batch([])
+    if table.num_rows != len(lengths):
+        raise ValueError(f"{table.num_rows} rows for {len(lengths)} lines")
+    offsets = [0] * len(lengths)
+    offset = 0
+    for n, length in enumerate(lengths):
+        offsets[n] = offset
+        offset += length
+    table = table.append_column(SCHEMA.field("line_offset"), pa.array(offsets, pa.int64()))
+    table = table.append_column(
+        SCHEMA.field("line_length"), pa.array([length - 1 for length in lengths], pa.int64())
+    )
+    schema = SCHEMA.with_metadata({_META_VERSION: SIDECAR_VERSION, _META_SHARD: shard_sha256})
+    return _parquet(table.combine_chunks().cast(schema))
 
 
 def make_ref(key: str, data: bytes, rows: int) -> SidecarRef:
@@ -332,9 +368,27 @@ async def write_sidecar(store: ObjectStore, data_key: str, rows: Sequence[tuple[
     cannot make one (logged: the object is then read whole, as before sidecars)."""
     try:
         data = await asyncio.to_thread(build_sidecar, rows, lengths, shard_sha256)
-    except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
+    except SIDECAR_ERRORS as exc:
         log.warning("%s: no index sidecar (%s: %s)", data_key, type(exc).__name__, exc)
         return None
     key = sidecar_key(data_key)
     await store.put(key, data)
     return make_ref(relative(key), data, len(rows))
+
+
+async def write_sidecar_from(store: ObjectStore, data_key: str, batches: Sequence[pa.Table],
+                             lengths: Sequence[int], shard_sha256: str, *,
+                             relative: Callable[[str], str]) -> SidecarRef | None:  # fmt: skip
+    """:func:`write_sidecar` of rows converted by :func:`index_batch`."""
+    try:
+        data = await asyncio.to_thread(build_sidecar_from, batches, lengths, shard_sha256)
+    except SIDECAR_ERRORS as exc:
+        log.warning("%s: no index sidecar (%s: %s)", data_key, type(exc).__name__, exc)
+        return None
+    key = sidecar_key(data_key)
+    await store.put(key, data)
+    return make_ref(relative(key), data, len(lengths))
+
+
+SIDECAR_ERRORS = (ValueError, TypeError, OverflowError, pa.ArrowException)
+"""What rows that cannot make a sidecar raise (the object then goes without one)."""

@@ -12,11 +12,12 @@ compaction, never by the sink, so the table costs nothing per event. How a write
 2. Already at or past the generation being written: nothing to do. At the generation the
    changes apply to: MERGE the changes on ``trace_id`` (a newer revision replaces the row, a
    tombstone of the same or a newer revision deletes it, a new trace is inserted). Anywhere
-   else (the table was made late, or a write failed): MERGE every live record, replacing
-   rows of another revision and deleting the rows no record names.
+   else (the table was made late, or a write failed), or when the changes are many
+   (``rewrite``: their bytes past :data:`MERGE_BYTES`): overwrite the table with every live
+   record, streamed in Arrow batches (one commit that removes every earlier file).
 3. A MERGE that changes nothing makes no Delta commit: an empty append records the position.
-4. Deletion wins: when an erased trace's tombstone was merged (or a full merge deleted
-   rows), every file the log no longer uses is deleted at once (``vacuum`` with no
+4. Deletion wins: when an erased trace's tombstone was written (or a table that was behind
+   lost rows), every file the log no longer uses is deleted at once (``vacuum`` with no
    retention), so no version of the table returns the trace; reading an earlier version
    then fails rather than answers. Otherwise, past :data:`MAX_FILES` data files, the small
    files are compacted (``optimize``) and files older than the retention vacuumed, except
@@ -61,9 +62,19 @@ MAX_FILES = 32
 TARGET_FILE_BYTES = 128 << 20
 CHECKPOINT_INTERVAL = 100
 """delta-rs writes a checkpoint every this many versions (``delta.checkpointInterval``)."""
+MERGE_BYTES = 64 << 20
+"""Changes past this many bytes of JSON (their records as the corpus holds them) rewrite the
+table instead of merging into it. A MERGE holds its source in memory, parsed and as Arrow
+(several times these bytes), and as trace ids are spread over every file of the table, a
+merge of that many rows rewrites nearly every file anyway: overwriting the table from the
+generation, streamed in batches, costs about the same writes in bounded memory."""
 ATTEMPTS = 10
 """Commits tried against concurrent writers before a write gives up (the next compaction
 tries again)."""
+
+
+Records = Callable[[], Iterable[Mapping[str, Any]]]
+"""Every live record of a position, read again at each call (a list, or a stream)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,7 @@ class TableCommit:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
-    full: bool = False  # every live record was merged (the table was behind)
+    full: bool = False  # the table was behind: rewritten from every live record
     vacuumed: bool = False  # files of earlier versions were deleted (an erasure)
     objects: int = 0  # files written: log entries, data files, checkpoints
 
@@ -190,29 +201,36 @@ def write_table(
     fmt: str,
     *,
     changes: Sequence[Mapping[str, Any]],
-    records: Callable[[], Sequence[Mapping[str, Any]]] | None,
+    records: Records | None,
     applies_to: int,
     generation: int | None,
     position: Mapping[str, Any],
     erased: bool = False,
     keep_versions: Sequence[int] = (),
     retention_s: float = 7 * 86400.0,
+    fields: Sequence[str] | None = None,
+    rewrite: bool = False,
 ) -> TableCommit | None:
     """Bring the table up to ``position`` (see the module's steps); None when it already is,
     or when it is behind and ``records`` is None (nothing to rebuild it from).
 
     ``changes``: the final state (record or tombstone) of every trace that changed since
     generation ``applies_to``; ``records``: every live record at the position, for a table
-    that is not at ``applies_to``; ``generation``: the generation the table reflects after
-    this write (None: a position within a generation, a pinned version's, which leaves the
-    table's generation as it is); ``erased``: the changes delete an erased trace.
+    that is not at ``applies_to`` (read as a stream, in batches: called again for each
+    attempt); ``fields``: every field those records hold, when known (else a first pass
+    over ``records`` finds them); ``rewrite``: the changes are many, overwrite the
+    table from ``records`` (``changes`` then need hold only the tombstones);
+    ``generation``: the generation the table reflects after this write (None: a position
+    within a generation, a pinned version's, which leaves the table's generation as it
+    is); ``erased``: the changes delete an erased trace.
     Raises :class:`TableError` when delta-rs fails.
     """
     try:
         return _write(
             location, fmt, changes=changes, records=records, applies_to=applies_to,
             generation=generation, position=position, erased=erased,
-            keep_versions=keep_versions, retention_s=retention_s,
+            keep_versions=keep_versions, retention_s=retention_s, fields=fields,
+            rewrite=rewrite,
         )  # fmt: skip
     except TableError:
         raise
@@ -225,13 +243,15 @@ def _write(
     fmt: str,
     *,
     changes: Sequence[Mapping[str, Any]],
-    records: Callable[[], Sequence[Mapping[str, Any]]] | None,
+    records: Records | None,
     applies_to: int,
     generation: int | None,
     position: Mapping[str, Any],
     erased: bool,
     keep_versions: Sequence[int],
     retention_s: float,
+    fields: Sequence[str] | None,
+    rewrite: bool,
 ) -> TableCommit | None:
     from deltalake.exceptions import CommitFailedError, DeltaError
 
@@ -239,7 +259,6 @@ def _write(
     first = -1 if table is None else table.version()  # the log entries before ours
     if table is None:
         table = _create(location, fmt)
-    everything: Sequence[Mapping[str, Any]] | None = None
     for attempt in range(ATTEMPTS):
         current = table_generation(table)
         if generation is not None and current >= generation:  # 2.
@@ -247,14 +266,16 @@ def _write(
         if generation is None and current > applies_to:  # a pin behind the table: never back
             return None
         full = current != applies_to
-        if full and records is None:
-            return None
-        if full and everything is None:
-            everything = records() if records is not None else ()
-        source = everything if full and everything is not None else changes
+        if (full or rewrite) and records is None:
+            if full:
+                return None
+            rewrite = False  # nothing to rewrite from: merge the changes
         try:
-            done = _merge(table, fmt, source, full=full, generation=generation,
-                          position=position)  # fmt: skip
+            if (full or rewrite) and records is not None:
+                done = _overwrite(table, fmt, records, fields, full=full, generation=generation,
+                                  position=position)  # fmt: skip
+            else:
+                done = _merge(table, fmt, changes, generation=generation, position=position)
         except DeltaError as exc:
             # Another writer committed first (CommitFailedError), or deleted files of the
             # version this one read (its vacuum after an erasure): read the table again,
@@ -298,11 +319,10 @@ def _merge(
     fmt: str,
     rows: Sequence[Mapping[str, Any]],
     *,
-    full: bool,
     generation: int | None,
     position: Mapping[str, Any],
 ) -> TableCommit:
-    """One MERGE (steps 2 and 3); its version and counts."""
+    """One MERGE of the changes (steps 2 and 3); its version and counts."""
     from deltalake import write_deltalake
     from deltalake.schema import Field, PrimitiveType
 
@@ -316,23 +336,18 @@ def _merge(
         )
         columns += added
     before = table.version()
-    if rows or full:  # a full merge of nothing still deletes every row
+    if rows:
         source = tablerows.to_arrow(fmt, columns, rows)
         values = {c: f"s.{_quoted(c)}" for c in columns}
         merger = table.merge(
             source, "t.trace_id = s.trace_id", source_alias="s", target_alias="t",
             commit_properties=properties,
         )  # fmt: skip
-        if full:
-            merger = merger.when_matched_update(values, "s.revision <> t.revision")
-            merger = merger.when_not_matched_insert(values)
-            merger = merger.when_not_matched_by_source_delete()
-        else:
-            deleted = tablerows.DELETED
-            merger = merger.when_matched_delete(f"s.{deleted} AND s.revision >= t.revision")
-            merger = merger.when_matched_update(values, f"NOT s.{deleted} AND "
-                                                        "s.revision > t.revision")  # fmt: skip
-            merger = merger.when_not_matched_insert(values, f"NOT s.{deleted}")
+        deleted = tablerows.DELETED
+        merger = merger.when_matched_delete(f"s.{deleted} AND s.revision >= t.revision")
+        merger = merger.when_matched_update(values, f"NOT s.{deleted} AND "
+                                                    "s.revision > t.revision")  # fmt: skip
+        merger = merger.when_not_matched_insert(values, f"NOT s.{deleted}")
         metrics = merger.execute()
     else:
         metrics = {}
@@ -344,8 +359,81 @@ def _merge(
         inserted=int(metrics.get("num_target_rows_inserted", 0)),
         updated=int(metrics.get("num_target_rows_updated", 0)),
         deleted=int(metrics.get("num_target_rows_deleted", 0)),
-        full=full,
         objects=int(metrics.get("num_target_files_added", 0)),
+    )
+
+
+REWRITE_BATCH_ROWS = 4096
+"""Records per Arrow batch when a table is rewritten (a few MB each)."""
+
+
+def _overwrite(
+    table: Any,
+    fmt: str,
+    records: Records,
+    fields: Sequence[str] | None,
+    *,
+    full: bool,
+    generation: int | None,
+    position: Mapping[str, Any],
+) -> TableCommit:
+    """The table overwritten with every live record of the position, streamed in batches
+    (one Delta commit: every earlier file removed, the new ones added); the counts are
+    those a MERGE would give (rows inserted, of another revision, no longer there)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+    from deltalake.schema import Field, PrimitiveType
+
+    columns = [f.name for f in table.schema().to_arrow()]
+    if fields is None:
+        added = tablerows.new_columns(columns, records())
+    else:
+        known = set(columns) | {"deleted", "deleted_at"}
+        added = [name for name in fields if name not in known]
+    if added:  # fields the record gained since the table was made: JSON string columns
+        table.alter.add_columns(
+            [Field(name, PrimitiveType("string"), nullable=True) for name in added],
+            commit_properties=_properties(position, None),
+        )
+        columns += added
+    before = pa.table(table.to_pyarrow_table(columns=list(tablerows.KEYS)))
+    schema = tablerows.schema(fmt, columns)
+    keys: list[pa.Table] = []
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        batch: list[Mapping[str, Any]] = []
+
+        def converted() -> list[pa.RecordBatch]:
+            arrow = tablerows.to_arrow(fmt, columns, batch).drop_columns([tablerows.DELETED])
+            keys.append(arrow.select(list(tablerows.KEYS)))
+            converted_batches: list[pa.RecordBatch] = arrow.to_batches()
+            return converted_batches
+
+        for row in records():
+            if row.get("deleted"):
+                continue
+            batch.append(row)
+            if len(batch) == REWRITE_BATCH_ROWS:
+                yield from converted()
+                batch = []
+        if batch:
+            yield from converted()
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    write_deltalake(table, reader, mode="overwrite", target_file_size=TARGET_FILE_BYTES,
+                    commit_properties=_properties(position, generation))  # fmt: skip
+    after = pa.concat_tables(keys) if keys else schema.empty_table().select(list(tablerows.KEYS))
+    old = before.rename_columns(["trace_id", "old_revision"])
+    both = after.join(old, "trace_id", join_type="inner")
+    changed = pc.sum(pc.not_equal(both["revision"], both["old_revision"])).as_py() or 0
+    return TableCommit(
+        version=table.version(),
+        inserted=after.num_rows - both.num_rows,
+        updated=int(changed),
+        deleted=before.num_rows - both.num_rows,
+        full=full,
+        objects=len(table.file_uris()),
     )
 
 
@@ -377,12 +465,18 @@ class TableSync:
     formats: Mapping[str, str] = field(default_factory=dict)
     retention_s: float = 7 * 86400.0
     catch_up: bool = False
+    merge_bytes: int = MERGE_BYTES
     written: TableCommit | None = None  # the last write (None: nothing written)
     error: TableError | None = None  # the last write's failure
     seconds: float = 0.0  # the last write's time
 
     def format_of(self, ref: CorpusRef) -> str:
         return self.formats.get(ref.corpus, "trajectory")
+
+    def rewrites(self, changed: int, changed_bytes: int) -> bool:
+        """Whether changes of ``changed`` traces (``changed_bytes`` of JSON) rewrite the table
+        rather than MERGE into it (:data:`MERGE_BYTES`)."""
+        return changed > 0 and changed_bytes > self.merge_bytes
 
     async def update(
         self,
@@ -393,10 +487,13 @@ class TableSync:
         generation: int,
         positions: Mapping[str, int],
         changes: Sequence[Mapping[str, Any]],
-        records: Callable[[], Sequence[Mapping[str, Any]]] | None,
+        records: Records | None,
+        fields: Sequence[str] | None = None,
+        rewrite: bool = False,
     ) -> TableCommit | None:
         """Write generation ``generation`` (``positions``) to the corpus's table: the
-        ``changes`` since ``applies_to``, or every record when the table is elsewhere.
+        ``changes`` since ``applies_to``, or every record when the table is elsewhere or
+        ``rewrite`` (:func:`write_table`).
         Never raises :class:`TableError`: it is logged and kept in :attr:`error` (the
         corpus itself is written; the next generation tries the table again)."""
         self.written = self.error = None
@@ -415,7 +512,8 @@ class TableSync:
                 write_table, location, self.format_of(ref), changes=changes, records=records,
                 applies_to=applies_to, generation=generation,
                 position=tablerows.position(generation, positions), erased=erased,
-                keep_versions=keep, retention_s=self.retention_s,
+                keep_versions=keep, retention_s=self.retention_s, fields=fields,
+                rewrite=rewrite,
             )  # fmt: skip
         except StoreError as exc:  # TableError, or the erasures or versions unreadable
             log.error("the table of %s was not written: %s", ref.root, exc)
