@@ -259,13 +259,19 @@ async def read_commit(store: ObjectStore, key: str) -> Commit:
         raise ChainError(f"{key}: unreadable commit ({exc})") from None
 
 
-async def read_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list[dict[str, Any]]:
-    """Fetch a commit's shard, check its checksum and count, and parse it."""
+async def _verified(store: ObjectStore, ref: CorpusRef, commit: Commit) -> tuple[str, bytes]:
+    """A commit's shard (its key and bytes as stored), its checksum checked."""
     key = ref.key(commit.shard)
     data = commit.inline.encode() if commit.inline is not None else await store.get(key)
     digest = hashlib.sha256(data).hexdigest()
     if digest != commit.sha256:
         raise ChainError(f"{key}: sha256 {digest[:16]}… does not match its commit")
+    return key, data
+
+
+async def read_shard(store: ObjectStore, ref: CorpusRef, commit: Commit) -> list[dict[str, Any]]:
+    """Fetch a commit's shard, check its checksum and count, and parse it."""
+    key, data = await _verified(store, ref, commit)
     try:
         rows = decode_shard(data, commit.compression)
     except (ValueError, OSError, EOFError) as exc:
@@ -343,11 +349,7 @@ async def iter_chain_lines(
     commits = await follow_chain(store, ref, stream, start)
 
     async def fetch(commit: Commit) -> bytes:
-        key = ref.key(commit.shard)
-        data = commit.inline.encode() if commit.inline is not None else await store.get(key)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != commit.sha256:
-            raise ChainError(f"{key}: sha256 {digest[:16]}… does not match its commit")
+        key, data = await _verified(store, ref, commit)
         try:
             return gzip.decompress(data) if commit.compression == "gzip" else data
         except (OSError, EOFError) as exc:

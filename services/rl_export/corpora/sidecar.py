@@ -366,28 +366,33 @@ async def write_sidecar(store: ObjectStore, data_key: str, rows: Sequence[tuple[
     """Build and store the sidecar of the object at ``data_key``; the reference its commit
     carries (``relative`` makes the key relative to the corpus), or None when the rows
     cannot make one (logged: the object is then read whole, as before sidecars)."""
-    try:
-        data = await asyncio.to_thread(build_sidecar, rows, lengths, shard_sha256)
-    except SIDECAR_ERRORS as exc:
-        log.warning("%s: no index sidecar (%s: %s)", data_key, type(exc).__name__, exc)
-        return None
-    key = sidecar_key(data_key)
-    await store.put(key, data)
-    return make_ref(relative(key), data, len(rows))
+    return await _stored(store, data_key, len(rows), relative,
+                         lambda: build_sidecar(rows, lengths, shard_sha256))  # fmt: skip
 
 
 async def write_sidecar_from(store: ObjectStore, data_key: str, batches: Sequence[pa.Table],
                              lengths: Sequence[int], shard_sha256: str, *,
                              relative: Callable[[str], str]) -> SidecarRef | None:  # fmt: skip
     """:func:`write_sidecar` of rows converted by :func:`index_batch`."""
+    return await _stored(store, data_key, len(lengths), relative,
+                         lambda: build_sidecar_from(batches, lengths, shard_sha256))  # fmt: skip
+
+
+async def _stored(
+    store: ObjectStore,
+    data_key: str,
+    records: int,
+    relative: Callable[[str], str],
+    build: Callable[[], bytes],
+) -> SidecarRef | None:
     try:
-        data = await asyncio.to_thread(build_sidecar_from, batches, lengths, shard_sha256)
+        data = await asyncio.to_thread(build)
     except SIDECAR_ERRORS as exc:
         log.warning("%s: no index sidecar (%s: %s)", data_key, type(exc).__name__, exc)
         return None
     key = sidecar_key(data_key)
     await store.put(key, data)
-    return make_ref(relative(key), data, len(lengths))
+    return make_ref(relative(key), data, records)
 
 
 SIDECAR_ERRORS = (ValueError, TypeError, OverflowError, pa.ArrowException)
