@@ -53,6 +53,8 @@ import itertools
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,7 @@ async def _compact(
     # those are never read). The CPU-bound steps run in a thread, so the worker's event loop
     # (its consumers' heartbeats, /healthz) keeps its turn while a large corpus is compacted.
     winners = Winners(folder)
+    walker: ThreadPoolExecutor | None = None
     try:
         commits = 0
         for stream in streams:
@@ -261,6 +264,15 @@ async def _compact(
             new traces between two base records makes many parts in one call)."""
             asyncio.run_coroutine_threadsafe(upload(part), loop).result()
 
+        # The walk has a thread of its own: it waits there for the loop to store a part,
+        # and storing one takes threads of the loop's pool (files, gzip), which a walk in
+        # that pool could hold, the last of them on a loop with few (found by a test that
+        # had left its session's loop one thread).
+        walker = own = ThreadPoolExecutor(1, thread_name_prefix="rl-export-compaction")
+
+        async def walking(step: Callable[..., Any], *args: Any) -> Any:
+            return await loop.run_in_executor(own, step, *args)
+
         walk = Walk(
             winners, folder, max_part_records,
             erased=await erased_traces(store, ref.org, ref.project),
@@ -273,14 +285,16 @@ async def _compact(
                 part = compaction_part(ref, described)
                 count = 0
                 async for data, start, end in object_blocks(store, part):
-                    count += await asyncio.to_thread(walk.base_block, data, start, end, part.key)
+                    count += await walking(walk.base_block, data, start, end, part.key)
                 if count != described["records"]:
                     raise ChainError(
                         f"{part.key}: {count} records, its compaction says {described['records']}"
                     )
-        await asyncio.to_thread(walk.finish)
+        await walking(walk.finish)
     finally:
         winners.close()
+        if walker is not None:
+            walker.shutdown(wait=False)
 
     tombstones = None
     if walk.tombstones:

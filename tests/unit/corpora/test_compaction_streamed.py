@@ -217,3 +217,24 @@ async def test_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     # was above the records' size: 80 MB at 20,000.
     assert large < 2.5 * small, (small, large)
     assert large < 40 << 20, large
+
+
+def test_compaction_ends_on_a_loop_whose_pool_has_one_thread() -> None:
+    """The walk waits in its own thread for the loop to store each part, and storing one
+    takes a thread of the loop's pool: with the walk in that pool, a pool of one (or of as
+    many as there are compactions at once) waited forever."""
+    import asyncio
+    import concurrent.futures
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        )
+        store, heads = MemoryStore(), {}
+        rows = [{"trace_id": f"t{k}", "revision": 1, "reward": 0.5} for k in range(5)]
+        await add(store, heads, 0, rows, CREATED, "none")
+        made = await asyncio.wait_for(compact(store, REF, writer="w", max_part_records=1), 30)
+        assert made is not None
+        assert len(made.parts) == 5
+
+    asyncio.run(main())

@@ -164,13 +164,18 @@ async def test_waiting_for_a_chunk_holds_no_thread_of_the_apis_pool(pool: Export
     must not take it (the old design waited for chunks on that pool)."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
-    started, stopped = threading.Event(), threading.Event()
-    stream = pool.stream(ANA, forever(started, stopped))
-    reader = asyncio.ensure_future(stream.next())
-    await asyncio.sleep(0)
-    assert await asyncio.wait_for(asyncio.to_thread(lambda: "query answered"), GUARD_S) == (
-        "query answered"
-    )
-    reader.cancel()
-    stream.close()
-    await asyncio.to_thread(stream.join, GUARD_S)
+    try:
+        started, stopped = threading.Event(), threading.Event()
+        stream = pool.stream(ANA, forever(started, stopped))
+        reader = asyncio.ensure_future(stream.next())
+        await asyncio.sleep(0)
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "query answered"), GUARD_S) == (
+            "query answered"
+        )
+        reader.cancel()
+        stream.close()
+        await asyncio.to_thread(stream.join, GUARD_S)
+    finally:  # the session's loop goes on to other tests: give it back a pool of its size
+        loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(thread_name_prefix="asyncio")
+        )
