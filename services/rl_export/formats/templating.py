@@ -168,6 +168,10 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+_ENCODERS: dict[tuple[Any, ...], json.JSONEncoder] = {}
+"""``json.dumps``'s encoder for each set of ``tojson``'s options (it makes one a call)."""
+
+
 def _tojson(
     x: Any,
     ensure_ascii: bool = False,
@@ -175,9 +179,23 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    key = (ensure_ascii, indent, type(indent), separators, sort_keys)  # indent 4, not 4.0
+    try:
+        encoder = _ENCODERS.get(key)
+    except TypeError:  # unhashable options (a list of separators): json.dumps itself
+        encoder = None
+    else:
+        if encoder is None and len(_ENCODERS) < 64:
+            encoder = _ENCODERS[key] = json.JSONEncoder(
+                ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                sort_keys=sort_keys,
+            )  # fmt: skip
+    if encoder is None:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+            sort_keys=sort_keys,
+        )  # fmt: skip
+    return encoder.encode(x)
 
 
 def _strftime_now(format: str) -> str:
