@@ -160,8 +160,7 @@ def missing(messages: Sequence[Any], rendered: str) -> str | None:
                     found = _found(text, rendered, start)
                     if found < 0:
                         return DROPS_TEXT
-                if found > end:
-                    end = found
+                end = max(end, found)
         if message.get("tool_calls"):
             for text, reason in _call_pieces(message):
                 found = _found(text, rendered, start)
