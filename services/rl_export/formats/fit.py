@@ -154,7 +154,8 @@ def missing(messages: Sequence[Any], rendered: str) -> str | None:
             text = content.strip()
             if text:
                 found = find(text, start)
-                if 0 <= found < start + len(text):  # as written, where no escape comes first
+                # As written, where no escaped form can come first (_found).
+                if found >= 0 and (found - start < len(text) or _plain(text)):
                     found += len(text)
                 else:
                     found = _found(text, rendered, start)
@@ -163,9 +164,13 @@ def missing(messages: Sequence[Any], rendered: str) -> str | None:
                 end = max(end, found)
         if message.get("tool_calls"):
             for text, reason in _call_pieces(message):
-                found = _found(text, rendered, start)
-                if found < 0:
-                    return reason
+                found = find(text, start)
+                if found >= 0 and (found - start < len(text) or _plain(text)):
+                    found += len(text)
+                else:
+                    found = _found(text, rendered, start)
+                    if found < 0:
+                        return reason
                 end = max(end, found)
         start = end
     return None
