@@ -22,7 +22,10 @@ One difference, for speed and with the same results: attribute access on a plain
 the sandbox's check of an attribute of a ``str`` or of jinja's ``loop`` is skipped when its
 name does not start with ``_`` (each is what the sandbox decides for them, without raising
 and catching an ``AttributeError`` for every ``message.role``, nor walking its checks for
-every ``loop.last``). ``tests/unit/formats/test_templating.py``
+every ``loop.last``); ``strftime_now`` with a format of the date alone gives the text it
+gave earlier the same day (``strftime`` costs more than the rest of a short render's
+calls; the process's locale is never changed); ``tojson`` reuses ``json``'s encoder for
+its options. ``tests/unit/formats/test_templating.py``
 renders every template of the test data both ways and compares.
 
 Public interface::
@@ -206,8 +209,21 @@ def _tojson(
     return encoder.encode(x)
 
 
+_DATE_ONLY = re.compile(r"(?:[^%]|%[aAbBdjmyY%])*")
+"""A format of the date alone (no time, no zone): the same text all day."""
+_TODAY: dict[str, tuple[int, str]] = {}
+"""Each date-only format's text, and the day it is of (strftime is the cost of a call)."""
+
+
 def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
+    now = datetime.now()
+    cached = _TODAY.get(format) if type(format) is str else None
+    if cached is not None and cached[0] == now.toordinal():
+        return cached[1]
+    text = now.strftime(format)
+    if type(format) is str and len(_TODAY) < 64 and _DATE_ONLY.fullmatch(format):
+        _TODAY[format] = (now.toordinal(), text)
+    return text
 
 
 def _environment() -> _Environment:
