@@ -226,7 +226,8 @@ def restyle(
     if system not in SYSTEM_MODES:
         raise ValueError(f"unknown system mode {system!r} (modes: {', '.join(SYSTEM_MODES)})")
     out: list[Any] = [
-        _styled(message, style) if _mapping(message) else message for message in messages
+        _styled(message, style) if type(message) is dict or _mapping(message) else message
+        for message in messages
     ]
     if style == "hf" and split:
         out = [part for m in out for part in (_split_calls(m) if isinstance(m, dict) else [m])]
