@@ -197,7 +197,8 @@ def _layout(message: dict[str, Any], calls: list[Any], req: Requirements) -> lis
     together = req.text_with_calls == "together" or not text or type(text) is not str
     many = req.calls_per_message == "many" or len(calls) == 1
     if together and many:
-        return [{**message, "tool_calls": calls}]
+        # The message as it is when its calls are (nothing changed them): no copy.
+        return [message if calls is message.get("tool_calls") else {**message, "tool_calls": calls}]
     rest = {k: v for k, v in message.items() if k not in {"content", "tool_calls"}}
     groups = [calls] if many else [[c] for c in calls]
     out: list[dict[str, Any]] = []
@@ -212,8 +213,8 @@ def _layout(message: dict[str, Any], calls: list[Any], req: Requirements) -> lis
 def adapt(messages: Sequence[Any], req: Requirements) -> tuple[list[Any], list[int]]:
     """The conversation adapted to ``req`` (see the module), and for each message the index
     of the input message it came from (a merged system message: the user message's)."""
-    source: list[Any] = list(messages)
-    origins = list(range(len(source)))
+    source: Sequence[Any] = messages
+    origins: Sequence[int] = range(len(source))
     if req.merge_system:
         systems = [n for n, m in enumerate(source)
                    if isinstance(m, dict) and m.get("role") == "system"]  # fmt: skip

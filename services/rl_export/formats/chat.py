@@ -56,6 +56,9 @@ _MERGE_SEPARATOR = "\n\n"
 _TEXT_KEYS = ("text", "refusal")
 
 
+_ABSENT: Any = object()
+
+
 def _mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """A JSON object: a dict (what a decoder gives, tested first: the ABC check is slow)
     or another mapping."""
@@ -64,6 +67,10 @@ def _mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
 
 def _part_text(part: Any) -> str | None:
     """The text of one content part, or None when it holds none (an image, a file...)."""
+    if type(part) is dict:  # the usual part, {"type": "text", "text": ...}: at once
+        text = part.get("text")
+        if type(text) is str:
+            return text
     if isinstance(part, str):
         return part
     if _mapping(part):
@@ -84,7 +91,7 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(text for text in map(_part_text, content) if text is not None)
+        return "".join([text for text in map(_part_text, content) if text is not None])
     return orjson.dumps(content).decode()
 
 
@@ -127,13 +134,15 @@ def _styled(message: Mapping[str, Any], style: ChatStyle) -> dict[str, Any]:
     out = dict(message)
     if style == "raw":
         return out
-    out["content"] = content_text(message.get("content"))
-    if "tool_calls" in out:
-        if out["tool_calls"] is None or out["tool_calls"] == []:
+    content = out.get("content")
+    out["content"] = content if type(content) is str else content_text(content)
+    calls = out.get("tool_calls", _ABSENT)
+    if calls is not _ABSENT:
+        if calls is None or calls == []:
             if style == "hf":
                 del out["tool_calls"]
         else:
-            out["tool_calls"] = _tool_calls(out["tool_calls"], style)
+            out["tool_calls"] = _tool_calls(calls, style)
     return out
 
 
@@ -217,7 +226,8 @@ def restyle(
     if system not in SYSTEM_MODES:
         raise ValueError(f"unknown system mode {system!r} (modes: {', '.join(SYSTEM_MODES)})")
     out: list[Any] = [
-        _styled(message, style) if _mapping(message) else message for message in messages
+        _styled(message, style) if type(message) is dict or _mapping(message) else message
+        for message in messages
     ]
     if style == "hf" and split:
         out = [part for m in out for part in (_split_calls(m) if isinstance(m, dict) else [m])]

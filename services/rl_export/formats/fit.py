@@ -118,6 +118,12 @@ def _pieces(message: dict[str, Any]) -> list[tuple[str, str]]:
     content = message.get("content")
     if type(content) is str and content.strip():
         pieces.append((content.strip(), DROPS_TEXT))
+    return pieces + _call_pieces(message)
+
+
+def _call_pieces(message: dict[str, Any]) -> list[tuple[str, str]]:
+    """A message's pieces (:func:`_pieces`) but its text: its tool calls'."""
+    pieces = []
     for call in message.get("tool_calls") or ():
         if type(call) is not dict:
             continue
@@ -137,15 +143,35 @@ def missing(messages: Sequence[Any], rendered: str) -> str | None:
     name or an argument shown only in the tool definitions, or a text shown only before its
     place, does not count."""
     start = 0
+    find = rendered.find
     for message in messages:
         if type(message) is not dict:
             continue
         end = start
-        for text, reason in _pieces(message):
-            found = _found(text, rendered, start)
-            if found < 0:
-                return reason
-            end = max(end, found)
+        # _pieces(message) in order, its text (the usual piece) looked for here.
+        content = message.get("content")
+        if type(content) is str:
+            text = content.strip()
+            if text:
+                found = find(text, start)
+                # As written, where no escaped form can come first (_found).
+                if found >= 0 and (found - start < len(text) or _plain(text)):
+                    found += len(text)
+                else:
+                    found = _found(text, rendered, start)
+                    if found < 0:
+                        return DROPS_TEXT
+                end = max(end, found)
+        if message.get("tool_calls"):
+            for text, reason in _call_pieces(message):
+                found = find(text, start)
+                if found >= 0 and (found - start < len(text) or _plain(text)):
+                    found += len(text)
+                else:
+                    found = _found(text, rendered, start)
+                    if found < 0:
+                        return reason
+                end = max(end, found)
         start = end
     return None
 

@@ -22,7 +22,10 @@ One difference, for speed and with the same results: attribute access on a plain
 the sandbox's check of an attribute of a ``str`` or of jinja's ``loop`` is skipped when its
 name does not start with ``_`` (each is what the sandbox decides for them, without raising
 and catching an ``AttributeError`` for every ``message.role``, nor walking its checks for
-every ``loop.last``). ``tests/unit/formats/test_templating.py``
+every ``loop.last``); ``strftime_now`` with a format of the date alone gives the text it
+gave earlier the same day (``strftime`` costs more than the rest of a short render's
+calls; the process's locale is never changed); ``tojson`` reuses ``json``'s encoder for
+its options. ``tests/unit/formats/test_templating.py``
 renders every template of the test data both ways and compares.
 
 Public interface::
@@ -163,9 +166,21 @@ class _Environment(ImmutableSandboxedEnvironment):
                 return self.undefined(obj=obj, name=attribute)
         return super().getattr(obj, attribute)
 
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if __obj is _strftime_now:
+            # The sandbox would find it safe, the context pass it nothing (the module).
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            return __obj(*args, **kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
 
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
+
+
+_ENCODERS: dict[tuple[Any, ...], json.JSONEncoder] = {}
+"""``json.dumps``'s encoder for each set of ``tojson``'s options (it makes one a call)."""
 
 
 def _tojson(
@@ -175,13 +190,40 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    key = (ensure_ascii, indent, type(indent), separators, sort_keys)  # indent 4, not 4.0
+    try:
+        encoder = _ENCODERS.get(key)
+    except TypeError:  # unhashable options (a list of separators): json.dumps itself
+        encoder = None
+    else:
+        if encoder is None and len(_ENCODERS) < 64:
+            encoder = _ENCODERS[key] = json.JSONEncoder(
+                ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                sort_keys=sort_keys,
+            )  # fmt: skip
+    if encoder is None:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+            sort_keys=sort_keys,
+        )  # fmt: skip
+    return encoder.encode(x)
+
+
+_DATE_ONLY = re.compile(r"(?:[^%]|%[aAbBdjmyY%])*")
+"""A format of the date alone (no time, no zone): the same text all day."""
+_TODAY: dict[str, tuple[int, str]] = {}
+"""Each date-only format's text, and the day it is of (strftime is the cost of a call)."""
 
 
 def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
+    now = datetime.now()
+    cached = _TODAY.get(format) if type(format) is str else None
+    if cached is not None and cached[0] == now.toordinal():
+        return cached[1]
+    text = now.strftime(format)
+    if type(format) is str and len(_TODAY) < 64 and _DATE_ONLY.fullmatch(format):
+        _TODAY[format] = (now.toordinal(), text)
+    return text
 
 
 def _environment() -> _Environment:

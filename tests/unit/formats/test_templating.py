@@ -114,3 +114,26 @@ def test_a_template_pickles_as_its_text() -> None:
     messages = HF.apply(CONVERSATIONS["openai_call"])
     assert again.render(messages) == template("qwq_32b").render(messages)
     assert again.sha256 == template("qwq_32b").sha256
+
+
+def test_strftime_now_is_now_and_a_date_only_format_is_kept_for_the_day(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import datetime as dt
+
+    from rl_export.formats import templating
+
+    days = iter([dt.datetime(2026, 1, 2, 23, 59), dt.datetime(2026, 1, 2, 23, 59, 59),
+                 dt.datetime(2026, 1, 3, 0, 0), dt.datetime(2026, 1, 3, 0, 1)])  # fmt: skip
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return next(days)
+
+    monkeypatch.setattr(templating, "datetime", Clock)
+    monkeypatch.setattr(templating, "_TODAY", {})
+    rendered = ChatTemplate("{{ strftime_now('%d %b %Y') }} {{ strftime_now('%H:%M') }}")
+    assert rendered.render([]) == "02 Jan 2026 23:59"  # the two calls: the first two times
+    assert rendered.render([]) == "03 Jan 2026 00:01"  # the next day: not the cached text
+    assert set(templating._TODAY) == {"%d %b %Y"}  # a time of day is never kept
