@@ -18,7 +18,7 @@ room's size is a speed-up, never a limit. Where shared memory cannot be made (no
 Public interface::
 
     class Slots(count, size=ROOM_BYTES)          # in the export's process
-        .name; .put(data) -> slot | None; .take(slot, size) -> bytes; .free(slot); .close()
+        .name; .put(pieces) -> slot | None; .take(slot, size) -> bytes; .free(slot); .close()
     class Attached(name, size)                   # in a pool process (the Slots' size)
         .chunk(slot, length) -> memoryview; .give(slot, lines) -> size | None
     def make_slots(count) -> Slots | None        # None: no shared memory here
@@ -40,6 +40,13 @@ def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
     return buf
 
 
+def _put(buf: memoryview, at: int, pieces: Sequence[bytes | memoryview]) -> None:
+    for piece in pieces:
+        end = at + len(piece)
+        buf[at:end] = piece
+        at = end
+
+
 class Slots:
     """Slots of shared memory, each a task's in room and out room (the module)."""
 
@@ -52,13 +59,13 @@ class Slots:
     def name(self) -> str:
         return self.memory.name
 
-    def put(self, data: bytes | memoryview) -> int | None:
-        """A free slot with ``data`` in its in room, or None (none free, or it is too long)."""
-        if len(data) > self.size or not self._free:
+    def put(self, pieces: Sequence[bytes | memoryview]) -> int | None:
+        """A free slot with the pieces one after another in its in room, or None (none
+        free, or they are too long)."""
+        if sum(map(len, pieces)) > self.size or not self._free:
             return None
         slot = self._free.pop()
-        start = 2 * slot * self.size
-        _buffer(self.memory)[start : start + len(data)] = data
+        _put(_buffer(self.memory), 2 * slot * self.size, pieces)
         return slot
 
     def take(self, slot: int, size: int) -> bytes:
@@ -104,10 +111,5 @@ class Attached:
         size = sum(map(len, lines))
         if size > self.size:
             return None
-        buf = _buffer(self.memory)
-        at = (2 * slot + 1) * self.size
-        for line in lines:
-            end = at + len(line)
-            buf[at:end] = line
-            at = end
+        _put(_buffer(self.memory), (2 * slot + 1) * self.size, lines)
         return size

@@ -331,9 +331,7 @@ class Fitting:
             self._refused(reason, ids[n])
         return list(kept) if self._encode else list(orjson.loads(kept))
 
-    async def made_lines(
-        self, chunks: AsyncIterator[bytes | memoryview]
-    ) -> AsyncIterator[tuple[bytes, int]]:
+    async def made_lines(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[bytes, int]]:
         """JSON Lines of each chunk's kept rows and their number, made in the pool from the
         corpus's lines (:attr:`making` set), in order, with up to ``depth`` chunks in
         flight: through the shared slots where they fit, else the pool's pipes."""
@@ -344,9 +342,10 @@ class Fitting:
             async for chunk in chunks:
                 slot = self.slots.put(chunk) if self.slots is not None else None
                 if slot is None:
-                    future = loop.run_in_executor(self.pool, _made, self.fmt, bytes(chunk))
+                    future = loop.run_in_executor(self.pool, _made, self.fmt, b"".join(chunk))
                 else:
-                    future = loop.run_in_executor(self.pool, _made_in, self.fmt, slot, len(chunk))
+                    size = sum(map(len, chunk))
+                    future = loop.run_in_executor(self.pool, _made_in, self.fmt, slot, size)
                 pending.append((future, slot))
                 while pending and (len(pending) > self.depth or pending[0][0].done()):
                     future, slot = pending.popleft()
@@ -421,18 +420,32 @@ async def template_batches(
         yield [r for _, r in scan.redact([(b"", r) for r in rows])], ids
 
 
-async def line_chunks(scan: Scan) -> AsyncIterator[bytes | memoryview]:
+Chunk = list[bytes | memoryview]
+"""Whole lines of the corpus for a pool process: pieces, one after another."""
+
+
+async def line_chunks(scan: Scan) -> AsyncIterator[Chunk]:
     """The corpus's lines of the records that pass the filters (and the split or dedup), in
     chunks of about :data:`CHUNK_BYTES`: the view's blocks as read when nothing is left out
-    and no record need be read here (no dataset card's rules versions), else the lines of
-    the records the scan yields."""
+    and no record need be read here (no dataset card's rules versions), a block longer
+    than a chunk cut at line ends, shorter ones together; else the lines of the records
+    the scan yields."""
     if scan.filters.is_empty() and scan.select is None and not scan.collect_rules:
+        chunk: Chunk = []
+        size = 0
         async for block, _ in scan.raw():
-            for piece in _pieces(block):
-                yield piece
+            for piece in _pieces(block) if len(block) > CHUNK_BYTES else (block,):
+                if size and size + len(piece) > CHUNK_BYTES:
+                    yield chunk
+                    chunk, size = [], 0
+                if piece:
+                    chunk.append(piece)
+                    size += len(piece)
+        if chunk:
+            yield chunk
         return
     async for batch in scan.lines(with_lines=True):
-        yield b"".join(line for line, _ in batch)
+        yield [b"".join(line for line, _ in batch)]
 
 
 def _pieces(block: memoryview) -> list[memoryview]:

@@ -20,14 +20,14 @@ def slots() -> Iterator[Slots]:
 
 def test_a_chunk_goes_in_and_lines_come_back(slots: Slots) -> None:
     attached = Attached(slots.name, slots.size)
-    slot = slots.put(memoryview(b"0123456789abcdef"))
+    slot = slots.put([memoryview(b"0123456789"), b"", b"abcdef"])
     assert slot is not None
     assert bytes(attached.chunk(slot, 16)) == b"0123456789abcdef"
     assert attached.give(slot, [b"ab\n", b"", b"cde\n"]) == 7
     assert slots.take(slot, 7) == b"ab\ncde\n"
     # the slot's in room is its own: the other slot's chunk does not touch it
-    other = slots.put(b"xyz")
-    again = slots.put(b"uvw")
+    other = slots.put([b"xyz"])
+    again = slots.put([b"uvw"])
     assert {other, again} == {0, 1}
     assert other is not None
     assert again is not None
@@ -37,11 +37,12 @@ def test_a_chunk_goes_in_and_lines_come_back(slots: Slots) -> None:
 
 def test_what_does_not_fit_is_refused(slots: Slots) -> None:
     attached = Attached(slots.name, slots.size)
-    assert slots.put(b"x" * 17) is None  # longer than a room
-    slot = slots.put(b"x" * 16)
+    assert slots.put([b"x" * 17]) is None  # longer than a room
+    assert slots.put([b"x" * 9, b"x" * 8]) is None
+    slot = slots.put([b"x" * 16])
     assert slot is not None
     assert attached.give(slot, [b"12345678\n", b"12345678\n"]) is None  # 18 bytes
-    assert slots.put(b"y") is not None
-    assert slots.put(b"z") is None  # both slots taken
+    assert slots.put([b"y"]) is not None
+    assert slots.put([b"z"]) is None  # both slots taken
     slots.free(slot)
-    assert slots.put(b"z") == slot
+    assert slots.put([b"z"]) == slot

@@ -4,6 +4,8 @@ not a record named with its corpus."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
@@ -38,7 +40,7 @@ def started() -> None:
 
 @pytest.mark.usefixtures("started")
 def test_a_chunk_s_rows_are_made_from_its_lines() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"trace_id": "t1", "messages": [{"role": "user", "content": "Hi"},
                                         {"role": "assistant", "content": "Hello"}]},
         {"trace_id": "t2", "messages": [{"role": "assistant", "content": "no user"}]},
@@ -71,7 +73,7 @@ def test_rows_longer_than_the_slot_come_back_as_lines() -> None:
         slots = Slots(1, size)
         try:
             templated._start(fit, LineMaking(fields, None, HF, ()), (slots.name, size))
-            slot = slots.put(line)
+            slot = slots.put([line])
             assert slot is not None
             made = templated._made_in("messages", slot, len(line))
             expected = templated._made("messages", line).lines
@@ -86,3 +88,36 @@ def test_rows_longer_than_the_slot_come_back_as_lines() -> None:
         finally:
             templated._SLOTS = None
             slots.close()
+
+
+async def test_chunks_hold_short_blocks_together_and_cut_long_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The view's blocks go to the pool in chunks of about CHUNK_BYTES: short blocks (and
+    the empty view after an object) together, a long block cut at line ends; every byte
+    once, in order, each piece whole lines."""
+    monkeypatch.setattr(templated, "CHUNK_BYTES", 40)
+    lines = [b'{"n":%d}\n' % n for n in range(60)]  # 9 or 10 bytes
+    sizes = [1, 0, 2, 1, 12, 0, 3, 1, 1, 30, 2, 1, 6]  # lines per block
+    blocks, at = [], 0
+    for size in sizes:
+        blocks.append(memoryview(b"".join(lines[at : at + size])))
+        at += size
+
+    class View:  # the part of a Scan line_chunks reads
+        filters, select, collect_rules = Filters(), None, False
+
+        async def raw(self) -> Any:
+            for block in blocks:
+                yield block, 0
+
+    chunks = [chunk async for chunk in templated.line_chunks(View())]  # type: ignore[arg-type]
+    assert b"".join(b"".join(chunk) for chunk in chunks) == b"".join(lines[:at])
+    assert all(bytes(piece).endswith(b"\n") for chunk in chunks for piece in chunk)
+    # a chunk holds at most CHUNK_BYTES, or one piece cut at the first line end past it
+    assert all(sum(map(len, chunk)) <= 40 or len(chunk) == 1 for chunk in chunks)
+    assert all(len(piece) < 40 + 10 for chunk in chunks for piece in chunk)
+    # short blocks together: a chunk ends only where the next piece would not fit
+    for chunk, after in zip(chunks, chunks[1:], strict=False):
+        assert sum(map(len, chunk)) + len(after[0]) > 40
+    assert max(len(chunk) for chunk in chunks) > 1
