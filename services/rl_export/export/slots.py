@@ -12,8 +12,10 @@ lines and an *out* room for the rows' lines, and sends a slot's number with each
 pool's processes attach to the block once (:func:`attach`). A slot is this process's until
 the task's answer is taken, so no two tasks share one. What does not fit (a chunk with a
 line longer than a room, or rows that came out longer) goes through the pipe as before: a
-room's size is a speed-up, never a limit. Where shared memory cannot be made (no
-``/dev/shm``), the export uses the pipes.
+room's size is a speed-up, never a limit. The block's pages are taken when it is made
+(``posix_fallocate``: a full ``/dev/shm`` refuses it then, where touching a page later would
+kill the process), there are at most :data:`MAX_SLOTS` (with more tasks in flight the rest
+take the pipes), and where shared memory cannot be had the export uses the pipes alone.
 
 Public interface::
 
@@ -21,17 +23,20 @@ Public interface::
         .name; .put(pieces) -> slot | None; .take(slot, size) -> bytes; .free(slot); .close()
     class Attached(name, size)                   # in a pool process (the Slots' size)
         .chunk(slot, length) -> memoryview; .give(slot, lines) -> size | None
-    def make_slots(count) -> Slots | None        # None: no shared memory here
+    def make_slots(count) -> Slots | None        # None: no shared memory to be had here
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from multiprocessing import shared_memory
 
 ROOM_BYTES = 2 << 20
 """The size of a slot's in room and of its out room (a chunk of the corpus's lines is about
 1 MiB: :data:`~rl_export.export.templated.CHUNK_BYTES`)."""
+MAX_SLOTS = 12
+"""At most this many slots an export (48 MiB of a container's 64 MiB ``/dev/shm``)."""
 
 
 def _buffer(memory: shared_memory.SharedMemory) -> memoryview:
@@ -53,6 +58,13 @@ class Slots:
     def __init__(self, count: int, size: int = ROOM_BYTES) -> None:
         self.size = size
         self.memory = shared_memory.SharedMemory(create=True, size=count * 2 * size)
+        fd = getattr(self.memory, "_fd", -1)  # POSIX shared memory's file (tmpfs)
+        if fd >= 0 and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, count * 2 * size)
+            except OSError:
+                self.close()
+                raise
         self._free = list(range(count))
 
     @property
@@ -84,9 +96,10 @@ class Slots:
 
 
 def make_slots(count: int, size: int = ROOM_BYTES) -> Slots | None:
-    """Slots, or None where shared memory cannot be made (the pipes then carry it all)."""
+    """Up to :data:`MAX_SLOTS` slots, or None where shared memory cannot be had (the pipes
+    then carry it all)."""
     try:
-        return Slots(count, size)
+        return Slots(min(count, MAX_SLOTS), size)
     except OSError:
         return None
 

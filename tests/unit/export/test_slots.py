@@ -4,11 +4,13 @@ the caller sends it through the pipes."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterator
 
 import pytest
 
-from rl_export.export.slots import Attached, Slots
+from rl_export.export.slots import MAX_SLOTS, Attached, Slots, make_slots
 
 
 @pytest.fixture
@@ -46,3 +48,23 @@ def test_what_does_not_fit_is_refused(slots: Slots) -> None:
     assert slots.put([b"z"]) is None  # both slots taken
     slots.free(slot)
     assert slots.put([b"z"]) == slot
+
+
+def test_a_full_dev_shm_refuses_the_slots_when_they_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pages are taken when the slots are made: where /dev/shm has no room the export
+    uses the pipes (no slots), and nothing is left behind; there are never more than
+    MAX_SLOTS."""
+    made = make_slots(MAX_SLOTS + 5, size=16)
+    assert made is not None
+    assert len(made._free) == MAX_SLOTS
+    made.close()
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = set(os.listdir("/dev/shm"))
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert make_slots(2, size=16) is None
+    assert set(os.listdir("/dev/shm")) == before
