@@ -20,7 +20,9 @@ template compiled once: this process reads chunks of the corpus's lines (whole b
 no filter, split or dedup is set; else the lines of the records that passed) and sends
 their bytes; a pool process decodes them, makes, redacts, adapts, renders and checks the
 rows and sends back the finished JSON Lines and what the summary counts (steps 2 and 3);
-the chunks come back in order. A Parquet file's rows are made here and fitted in the pool.
+the chunks come back in order. The bytes go both ways through memory the processes share
+(:mod:`rl_export.export.slots`), what does not fit there through the pool's pipes. A
+Parquet file's rows are made here and fitted in the pool.
 
 Public interface::
 
@@ -29,6 +31,7 @@ Public interface::
     class Fitting(choice, fmt, file, chat, summary, *, records=0, making=None)
         .row(row, trace_id) -> dict | None                   # one row, here
         async .lines(batches) -> AsyncIterator[list[bytes]]  # JSON Lines, in order
+        async .made_lines(chunks) -> AsyncIterator[(bytes, int)]  # in the pool, from lines
         async .rows(batches) -> AsyncIterator[list[dict]]    # rows (Parquet), in order
         .close()
     def template_chat(chat) -> Chat                          # the chat style rows are made in
@@ -54,6 +57,7 @@ import orjson
 from rl_export.corpora.commits import ChainError, block_lines
 from rl_export.export.lazy import DecodeError, FieldDecoder
 from rl_export.export.scan import ExportSummary, Scan, limited
+from rl_export.export.slots import Attached, Slots, make_slots
 from rl_export.export.tabular import MessagesParquetEncoder
 from rl_export.formats.adapt import Reading
 from rl_export.formats.chat import Chat
@@ -122,6 +126,8 @@ class Made:
     skipped: int = 0
     turns_outside: int = 0
     redactions: dict[str, int] | None = None
+    kept: int = 0  # the rows kept (their lines in ``lines``, or in a slot: ``given``)
+    given: int | None = None  # the size of the lines left in the task's slot
 
 
 # --- in a pool's processes ------------------------------------------------------------------
@@ -129,6 +135,7 @@ class Made:
 _FIT: TemplateFit | None = None
 _MAKING: LineMaking | None = None
 _DECODER: FieldDecoder | None = None
+_SLOTS: Attached | None = None
 
 
 GC_THRESHOLD = 20_000
@@ -137,12 +144,18 @@ GC_THRESHOLD = 20_000
 them again and again, for about a tenth of the CPU a record; they hold no cycles."""
 
 
-def _start(fit: TemplateFit, making: LineMaking | None = None) -> None:
-    global _FIT, _MAKING, _DECODER  # noqa: PLW0603 - one per pool process, made once
+def _start(
+    fit: TemplateFit, making: LineMaking | None = None, slots: tuple[str, int] | None = None
+) -> None:
+    global _FIT, _MAKING, _DECODER, _SLOTS  # noqa: PLW0603 - one per pool process, made once
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     _FIT, _MAKING = fit, making
     if making is not None and making.fields is not None:
         _DECODER = FieldDecoder(*making.fields)
+    if slots is not None:
+        # A process started as the export ends finds the slots gone; it is sent no slot.
+        with contextlib.suppress(FileNotFoundError):
+            _SLOTS = Attached(*slots)
 
 
 def _fitted(
@@ -169,17 +182,17 @@ def _pooled(fmt: str, batch: bytes, encode: bool) -> Any:
     return (kept if encode else orjson.dumps(kept)), refused
 
 
-def _decoded(chunk: bytes, root: str) -> list[dict[str, Any]]:
+def _decoded(chunk: bytes | memoryview, root: str) -> list[dict[str, Any]]:
     """The records of a chunk of whole lines, decoded as the export's scan decodes them."""
     try:
         if _DECODER is not None:
             return _DECODER.decode(chunk)
-        return [orjson.loads(line) for line in block_lines((chunk, 0, len(chunk)))]
+        return [orjson.loads(line) for line in block_lines((bytes(chunk), 0, len(chunk)))]
     except (DecodeError, orjson.JSONDecodeError) as exc:
         raise ChainError(f"{root}: a line is not a record ({exc})") from None
 
 
-def _made(fmt: str, chunk: bytes) -> Made:
+def _made(fmt: str, chunk: bytes | memoryview) -> Made:
     """Steps 2 and 3 for a chunk of the corpus's lines (records that passed the filters):
     the rows made, redacted, adapted, rendered and checked, as finished lines."""
     fit, making = _FIT, _MAKING
@@ -207,6 +220,18 @@ def _made(fmt: str, chunk: bytes) -> Made:
             made.refused.append((record.get("trace_id"), reason or "unrenderable"))
         else:
             kept.append(dumps_line(fitted))
+    made.kept = len(kept)
+    return made
+
+
+def _made_in(fmt: str, slot: int, length: int) -> Made:
+    """:func:`_made` for the chunk the export put in a slot, its lines left in the slot when
+    they fit there."""
+    assert _SLOTS is not None, "a task names a slot only when the process has them"
+    made = _made(fmt, _SLOTS.chunk(slot, length))
+    made.given = _SLOTS.give(slot, made.lines)
+    if made.given is not None:
+        made.lines = []
     return made
 
 
@@ -238,14 +263,18 @@ class Fitting:
         summary.adaptations = self.fit.adaptations()
         processes = choice.processes
         workers = processes if processes is not None else (os.cpu_count() or 1)
+        self.depth = 2 * workers
         self.pool: ProcessPoolExecutor | None = None
+        self.slots: Slots | None = None
         if workers > 1 and (processes is not None or records >= POOL_RECORDS):
+            if making is not None:  # chunks in flight: at most depth + 1
+                self.slots = make_slots(self.depth + 1)
+            slots = (self.slots.name, self.slots.size) if self.slots is not None else None
             self.pool = ProcessPoolExecutor(
                 max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start, initargs=(self.fit, making),
+                initializer=_start, initargs=(self.fit, making, slots),
             )  # fmt: skip
         self.making = making if self.pool is not None else None
-        self.depth = 2 * workers
         self._encode = True
 
     def _refused(self, reason: str, trace_id: Any) -> None:
@@ -302,24 +331,41 @@ class Fitting:
             self._refused(reason, ids[n])
         return list(kept) if self._encode else list(orjson.loads(kept))
 
-    async def made_lines(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
-        """JSON Lines of each chunk's kept rows, made in the pool from the corpus's lines
-        (:attr:`making` set), in order, with up to ``depth`` chunks in flight."""
+    async def made_lines(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[bytes, int]]:
+        """JSON Lines of each chunk's kept rows and their number, made in the pool from the
+        corpus's lines (:attr:`making` set), in order, with up to ``depth`` chunks in
+        flight: through the shared slots where they fit, else the pool's pipes."""
         assert self.pool is not None
         loop = asyncio.get_running_loop()
-        pending: deque[asyncio.Future[Made]] = deque()
+        pending: deque[tuple[asyncio.Future[Made], int | None]] = deque()
         try:
             async for chunk in chunks:
-                pending.append(loop.run_in_executor(self.pool, _made, self.fmt, chunk))
-                while pending and (len(pending) > self.depth or pending[0].done()):
-                    yield self._counted(await pending.popleft())
+                slot = self.slots.put(chunk) if self.slots is not None else None
+                if slot is None:
+                    future = loop.run_in_executor(self.pool, _made, self.fmt, b"".join(chunk))
+                else:
+                    size = sum(map(len, chunk))
+                    future = loop.run_in_executor(self.pool, _made_in, self.fmt, slot, size)
+                pending.append((future, slot))
+                while pending and (len(pending) > self.depth or pending[0][0].done()):
+                    future, slot = pending.popleft()
+                    yield self._counted(await future, slot)
             while pending:
-                yield self._counted(await pending.popleft())
+                future, slot = pending.popleft()
+                yield self._counted(await future, slot)
         finally:
-            for future in pending:
+            for future, _ in pending:
                 future.cancel()
 
-    def _counted(self, made: Made) -> list[bytes]:
+    def _counted(self, made: Made, slot: int | None) -> tuple[bytes, int]:
+        """A chunk's lines and their number, its counts added to the summary."""
+        if slot is not None and made.given is not None:
+            assert self.slots is not None
+            blob = self.slots.take(slot, made.given)
+        else:
+            if slot is not None and self.slots is not None:
+                self.slots.free(slot)
+            blob = b"".join(made.lines)
         summary = self.summary
         summary.skipped += made.skipped
         summary.turns_outside += made.turns_outside
@@ -327,7 +373,7 @@ class Fitting:
             add_counts(summary.redactions, made.redactions)
         for trace_id, reason in made.refused:
             self._refused(reason, trace_id)
-        return made.lines
+        return blob, made.kept
 
     def lines(
         self, batches: AsyncIterator[tuple[list[dict[str, Any]], list[Any]]]
@@ -345,6 +391,9 @@ class Fitting:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
+        if self.slots is not None:
+            self.slots.close()  # a process still making a chunk keeps its own mapping
+            self.slots = None
 
 
 # --- an export's rows -----------------------------------------------------------------------
@@ -371,28 +420,44 @@ async def template_batches(
         yield [r for _, r in scan.redact([(b"", r) for r in rows])], ids
 
 
-async def line_chunks(scan: Scan) -> AsyncIterator[bytes]:
+Chunk = list[bytes | memoryview]
+"""Whole lines of the corpus for a pool process: pieces, one after another."""
+
+
+async def line_chunks(scan: Scan) -> AsyncIterator[Chunk]:
     """The corpus's lines of the records that pass the filters (and the split or dedup), in
     chunks of about :data:`CHUNK_BYTES`: the view's blocks as read when nothing is left out
-    and no record need be read here (no dataset card's rules versions), else the lines of
-    the records the scan yields."""
+    and no record need be read here (no dataset card's rules versions), a block longer
+    than a chunk cut at line ends, shorter ones together; else the lines of the records
+    the scan yields."""
     if scan.filters.is_empty() and scan.select is None and not scan.collect_rules:
+        chunk: Chunk = []
+        size = 0
         async for block, _ in scan.raw():
-            for piece in _pieces(block):
-                yield piece
+            for piece in _pieces(block) if len(block) > CHUNK_BYTES else (block,):
+                if size and size + len(piece) > CHUNK_BYTES:
+                    yield chunk
+                    chunk, size = [], 0
+                if piece:
+                    chunk.append(piece)
+                    size += len(piece)
+        if chunk:
+            yield chunk
         return
     async for batch in scan.lines(with_lines=True):
-        yield b"".join(line for line, _ in batch)
+        yield [b"".join(line for line, _ in batch)]
 
 
-def _pieces(block: memoryview) -> list[bytes]:
-    """A block of whole lines cut at line ends into pieces of about :data:`CHUNK_BYTES`."""
+def _pieces(block: memoryview) -> list[memoryview]:
+    """A block of whole lines cut at line ends into pieces of about :data:`CHUNK_BYTES`
+    (views of one copy of the block)."""
     data = bytes(block)
+    view = memoryview(data)
     pieces = []
     start, size = 0, len(data)
     while start < size:
         end = data.find(b"\n", min(start + CHUNK_BYTES, size) - 1) + 1 or size
-        pieces.append(data[start:end])
+        pieces.append(view[start:end])
         start = end
     return pieces
 
@@ -405,14 +470,31 @@ async def template_lines(
     else made here."""
     summary = fitting.summary
     if fitting.making is not None:
-        batches = fitting.made_lines(line_chunks(scan))
-    else:
-        batches = fitting.lines(template_batches(scan, fitting.fmt, mask, summary, chat))
+        made = fitting.made_lines(line_chunks(scan))
+        async with contextlib.aclosing(made):  # type: ignore[type-var]  # an async generator
+            async for blob, count in made:
+                kept = count
+                if limit is not None and summary.records + count > limit:
+                    kept = max(limit - summary.records, 0)
+                summary.records += kept
+                yield blob if kept == count else first_lines(blob, kept)
+                if limit is not None and summary.records >= limit:
+                    return
+        return
+    batches = fitting.lines(template_batches(scan, fitting.fmt, mask, summary, chat))
     async with contextlib.aclosing(batches):  # type: ignore[type-var]  # an async generator
         async for lines in batches:
             yield b"".join(limited(lines, summary, limit))
             if limit is not None and summary.records >= limit:
                 return
+
+
+def first_lines(blob: bytes, count: int) -> bytes:
+    """The first ``count`` lines of JSON Lines ``blob``."""
+    end = 0
+    for _ in range(count):
+        end = blob.index(b"\n", end) + 1
+    return blob[:end]
 
 
 async def template_parquet(

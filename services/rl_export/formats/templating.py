@@ -25,8 +25,9 @@ and catching an ``AttributeError`` for every ``message.role``, nor walking its c
 every ``loop.last``); ``strftime_now`` with a format of the date alone gives the text it
 gave earlier the same day (``strftime`` costs more than the rest of a short render's
 calls; the process's locale is never changed); ``tojson`` reuses ``json``'s encoder for
-its options. ``tests/unit/formats/test_templating.py``
-renders every template of the test data both ways and compares.
+its options, and the C encoder ``json`` makes for each value when there is no indent.
+``tests/unit/formats/test_templating.py`` renders every template of the test data both
+ways and compares.
 
 Public interface::
 
@@ -45,11 +46,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.encoder
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 import jinja2
@@ -181,6 +185,28 @@ def _raise_exception(message: str) -> None:
 
 _ENCODERS: dict[tuple[Any, ...], json.JSONEncoder] = {}
 """``json.dumps``'s encoder for each set of ``tojson``'s options (it makes one a call)."""
+c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's, in C
+_ABSENT = object()
+_C_ENCODERS = threading.local()
+"""Each thread's C encoders (see :func:`_c_encoder`), by the same options."""
+
+
+def _c_encoder(encoder: json.JSONEncoder, indent: int | None) -> Any:
+    """The C encoder ``encoder.encode`` makes for each value it writes in one go (no
+    indent), made once: its text for a value is ``encode``'s. It keeps the containers it is
+    in the middle of (to find a cycle), so each thread has its own and one that raised is
+    made again. None where CPython's C encoder is not there."""
+    if c_make_encoder is None or indent is not None:
+        return None
+    markers: dict[int, Any] | None = {} if encoder.check_circular else None
+    strings = encode_basestring_ascii if encoder.ensure_ascii else encode_basestring
+    try:
+        return c_make_encoder(
+            markers, encoder.default, strings, None, encoder.key_separator,
+            encoder.item_separator, encoder.sort_keys, encoder.skipkeys, encoder.allow_nan,
+        )  # fmt: skip
+    except TypeError:  # another Python's signature: encode itself
+        return None
 
 
 def _tojson(
@@ -194,19 +220,31 @@ def _tojson(
     try:
         encoder = _ENCODERS.get(key)
     except TypeError:  # unhashable options (a list of separators): json.dumps itself
-        encoder = None
-    else:
-        if encoder is None and len(_ENCODERS) < 64:
-            encoder = _ENCODERS[key] = json.JSONEncoder(
-                ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                sort_keys=sort_keys,
-            )  # fmt: skip
-    if encoder is None:
         return json.dumps(
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
             sort_keys=sort_keys,
         )  # fmt: skip
-    return encoder.encode(x)
+    if encoder is None:
+        if len(_ENCODERS) >= 64:
+            _ENCODERS.clear()
+        encoder = _ENCODERS[key] = json.JSONEncoder(
+            ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+    if isinstance(x, str):
+        return encoder.encode(x)
+    made: dict[Any, Any] = _C_ENCODERS.__dict__
+    c_encoder = made.get(key, _ABSENT)
+    if c_encoder is _ABSENT:
+        if len(made) >= 64:
+            made.clear()
+        c_encoder = made[key] = _c_encoder(encoder, indent)
+    if c_encoder is None:
+        return encoder.encode(x)
+    try:
+        return "".join(c_encoder(x, 0))
+    except BaseException:
+        made.pop(key, None)  # it may still hold the containers it was in
+        raise
 
 
 _DATE_ONLY = re.compile(r"(?:[^%]|%[aAbBdjmyY%])*")

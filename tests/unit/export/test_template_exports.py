@@ -17,9 +17,10 @@ import pytest
 
 from rl_export.corpora.layout import CorpusRef
 from rl_export.corpora.store import MemoryStore
-from rl_export.export import ExportSummary, check_export, write_export
+from rl_export.export import ExportSummary, check_export, templated, write_export
 from rl_export.export.dedup import parse_dedup
 from rl_export.export.requests import parse_on_unrenderable
+from rl_export.export.slots import Slots
 from rl_export.export.splits import parse_split
 from rl_export.export.templated import TemplateChoice
 from rl_export.formats.adapt import Reading
@@ -231,3 +232,48 @@ def test_template_options_are_checked() -> None:
     with pytest.raises(ExportError, match=r"chat-template: .*is not a template name"):
         load_template("../etc/passwd", files=False)
     assert len(TEMPLATES) == 23
+
+
+class CountedSlots(Slots):
+    """Slots that count the chunks whose rows came back in them (``taken``) and those whose
+    rows came through the pipe (``freed``)."""
+
+    def __init__(self, count: int, size: int) -> None:
+        super().__init__(count, size)
+        self.taken = self.freed = 0
+
+    def take(self, slot: int, size: int) -> bytes:
+        self.taken += 1
+        return super().take(slot, size)
+
+    def free(self, slot: int) -> None:
+        self.freed += 1
+        super().free(slot)
+
+
+@pytest.mark.parametrize("room", ["none", "small", "ample"])
+async def test_rows_made_in_the_pool_without_room_in_the_slots_are_the_same_bytes(
+    store: MemoryStore, room: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks and rows go through shared slots where they fit, else through the pool's
+    pipes: with no shared memory (``none``), with rooms no chunk fits (``small``) and where
+    all do (``ample``), the export is the same bytes and counts (rows that do not fit:
+    ``test_templated_pool``)."""
+    inline, counted = await export(store, "messages", template=choice("llama3_1_json_tools"))
+    monkeypatch.setattr(templated, "CHUNK_BYTES", 3000)
+    rooms = {"small": 100, "ample": 1 << 20}
+    made: list[CountedSlots] = []
+
+    def slots(count: int) -> Slots | None:
+        if room == "none":
+            return None
+        made.append(CountedSlots(count, rooms[room]))
+        return made[-1]
+
+    monkeypatch.setattr(templated, "make_slots", slots)
+    pooled, again = await export(store, "messages",
+                                 template=choice("llama3_1_json_tools", processes=2))  # fmt: skip
+    assert pooled == inline
+    assert again.as_dict() == counted.as_dict()
+    ways = {(s.taken > 0, s.freed > 0) for s in made}
+    assert ways == {"none": set(), "small": {(False, False)}, "ample": {(True, False)}}[room]

@@ -137,3 +137,60 @@ def test_strftime_now_is_now_and_a_date_only_format_is_kept_for_the_day(
     assert rendered.render([]) == "02 Jan 2026 23:59"  # the two calls: the first two times
     assert rendered.render([]) == "03 Jan 2026 00:01"  # the next day: not the cached text
     assert set(templating._TODAY) == {"%d %b %Y"}  # a time of day is never kept
+
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=8),
+    st.floats(allow_nan=True, allow_infinity=True),
+)  # fmt: skip
+_keys = st.one_of(st.text(max_size=4), st.integers(-3, 3), st.booleans(), st.none(),
+                  st.floats(allow_nan=False, width=16))  # fmt: skip
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner, max_size=4),
+    max_leaves=12,
+)
+_options = st.fixed_dictionaries(
+    {},
+    optional={"ensure_ascii": st.booleans(), "sort_keys": st.booleans(),
+              "separators": st.sampled_from([(",", ":"), (", ", ": ")]),
+              "indent": st.sampled_from([None, 2, 4])},
+)  # fmt: skip
+
+
+def _json(encode: Any, x: Any, options: dict[str, Any]) -> str:
+    try:
+        text: str = encode(x, **options)
+        return "ok: " + text
+    except Exception as exc:  # the same error, or the same text
+        return f"raises {type(exc).__name__}: {exc}"
+
+
+@given(_values, _options)
+@settings(max_examples=400, deadline=None)
+def test_tojson_writes_what_json_dumps_writes(value: Any, options: dict[str, Any]) -> None:
+    """``tojson`` keeps json's encoder and its C encoder for each set of options: the text
+    (or the error) is transformers' (json.dumps, ASCII kept) for any value, NaN, keys of
+    any type and mixed keys sorted included, and a value it cannot write leaves the next
+    one written right."""
+    import json
+
+    from rl_export.formats import templating
+
+    for x in (value, [value, object()], value):
+        expected = _json(json.dumps, x, {"ensure_ascii": False, **options})  # tojson's default
+        assert _json(templating._tojson, x, options) == expected
+
+
+def test_tojson_after_a_cycle_writes_the_next_value() -> None:
+    """A cycle stops json's C encoder in the middle of its containers: it is made again."""
+    import json
+
+    from rl_export.formats import templating
+
+    cycle: list[Any] = [1]
+    cycle.append({"a": cycle})
+    for _ in range(2):
+        with pytest.raises(ValueError, match="Circular reference detected"):
+            templating._tojson(cycle)
+        assert templating._tojson([{"a": [1]}, {"a": [1]}]) == json.dumps([{"a": [1]}, {"a": [1]}])
