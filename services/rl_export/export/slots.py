@@ -9,7 +9,7 @@ a chunk is one copy in and its lines one copy out.
 
 The export's process creates a block of :class:`Slots`, each an *in* room for a chunk's
 lines and an *out* room for the rows' lines, and sends a slot's number with each task; the
-pool's processes attach to the block once (:func:`attach`). A slot is this process's until
+pool's processes attach to the block once (:class:`Attached`). A slot is this process's until
 the task's answer is taken, so no two tasks share one. What does not fit (a chunk with a
 line longer than a room, or rows that came out longer) goes through the pipe as before: a
 room's size is a speed-up, never a limit. The block's pages are taken when it is made
