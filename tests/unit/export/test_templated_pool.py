@@ -4,6 +4,11 @@ not a record named with its corpus."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import subprocess
+import sys
+import time
 from typing import Any
 
 import orjson
@@ -118,6 +123,57 @@ async def test_chunks_hold_short_blocks_together_and_cut_long_ones(
     assert all(sum(map(len, chunk)) <= 40 or len(chunk) == 1 for chunk in chunks)
     assert all(len(piece) < 40 + 10 for chunk in chunks for piece in chunk)
     # short blocks together: a chunk ends only where the next piece would not fit
-    for chunk, after in zip(chunks, chunks[1:], strict=False):
+    for chunk, after in itertools.pairwise(chunks):
         assert sum(map(len, chunk)) + len(after[0]) > 40
     assert max(len(chunk) for chunk in chunks) > 1
+
+
+_KILLED_EXPORT = """
+import multiprocessing, os, sys
+from rl_export.export.scan import ExportSummary
+from rl_export.export.templated import Fitting, TemplateChoice
+from rl_export.formats.chat import HF
+from rl_export.formats.templates import load_template
+
+if __name__ == "__main__":
+    choice = TemplateChoice(load_template("chatml"), processes=2)
+    fitting = Fitting(choice, "messages", "jsonl", HF, ExportSummary())
+    assert fitting.pool is not None
+    futures = [fitting.pool.submit(os.getpid) for _ in range(2)]
+    if sys.argv[1] == "working":
+        for future in futures:
+            future.result()
+    print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+    sys.stdin.read()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:\tZ") for line in status)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("when", ["working", "starting"])
+def test_the_pool_s_processes_end_when_the_export_is_killed(when: str) -> None:
+    """An export's process killed (a cancelled job's is terminated) sends its pool no word:
+    the pool's processes see it gone and end, instead of waiting for work forever; also
+    those still starting when it was killed."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _KILLED_EXPORT, when], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as export:  # fmt: skip
+        try:
+            assert export.stdout is not None
+            pids = [int(pid) for pid in export.stdout.readline().split()]
+            assert len(pids) == 2
+            assert all(map(_alive, pids))
+        finally:
+            export.kill()
+    deadline = time.monotonic() + 20 * templated.PARENT_CHECK_S
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids))
