@@ -46,8 +46,6 @@ import contextlib
 import gc
 import multiprocessing
 import os
-import threading
-import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ProcessPoolExecutor
@@ -71,6 +69,7 @@ from rl_export.model.codec import RawJson, dumps_line
 from rl_export.model.errors import ExportError
 from rl_export.privacy.kinds import add_counts
 from rl_export.privacy.redact import redactor
+from rl_export.runtime.orphans import end_with_parent
 
 OnUnrenderable = Literal["skip", "fail"]
 ON_UNRENDERABLE: tuple[str, ...] = ("skip", "fail")
@@ -146,26 +145,11 @@ GC_THRESHOLD = 20_000
 them again and again, for about a tenth of the CPU a record; they hold no cycles."""
 
 
-PARENT_CHECK_S = 1.0
-"""How often a pool process looks whether the export's process is still there."""
-
-
-def _watch(parent: int) -> None:
-    """End this pool process when the export's process is gone: killed (a cancelled job's
-    process is terminated), it sends no word, and its pool's processes would wait for work
-    forever, holding the shared slots."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_CHECK_S)
-    os._exit(1)
-
-
 def _start(
     fit: TemplateFit, making: LineMaking | None = None, slots: tuple[str, int] | None = None
 ) -> None:
     global _FIT, _MAKING, _DECODER, _SLOTS  # noqa: PLW0603 - one per pool process, made once
-    parent = multiprocessing.parent_process()  # None: a test calls it in its own process
-    if parent is not None and parent.pid is not None:  # the export's, even if gone by now
-        threading.Thread(target=_watch, args=(parent.pid,), name="watch", daemon=True).start()
+    end_with_parent()  # killed, the export sends no word: the pool would wait forever
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     _FIT, _MAKING = fit, making
     if making is not None and making.fields is not None:

@@ -61,6 +61,7 @@ from rl_export.model.codec import dumps, loads
 from rl_export.model.errors import ObjectNotFoundError, StoreError
 from rl_export.model.events import UtcDatetime
 from rl_export.runtime.metrics import REDACTION_KINDS, WebMetrics
+from rl_export.runtime.orphans import end_with_parent
 from rl_export.runtime.settings import Settings
 from rl_export.web.limits import Slot, SubjectLimit
 
@@ -305,6 +306,7 @@ class Jobs:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.settings.web_export_processes,
                 mp_context=multiprocessing.get_context("spawn"),
+                initializer=end_with_parent,  # a killed web process's jobs end, not wait
             )
         return self._pool
 

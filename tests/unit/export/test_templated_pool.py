@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import sys
-import time
 from typing import Any
 
 import orjson
@@ -24,6 +21,7 @@ from rl_export.formats.chat import HF
 from rl_export.formats.filters import Filters
 from rl_export.formats.fit import TemplateFit
 from rl_export.formats.templates import load_template
+from tests.orphans import children_of_a_killed, gone
 
 
 def test_blocks_are_cut_at_line_ends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,32 +146,10 @@ if __name__ == "__main__":
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return not any(line.startswith("State:\tZ") for line in status)
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 @pytest.mark.parametrize("when", ["working", "starting"])
 def test_the_pool_s_processes_end_when_the_export_is_killed(when: str) -> None:
     """An export's process killed (a cancelled job's is terminated) sends its pool no word:
     the pool's processes see it gone and end, instead of waiting for work forever; also
     those still starting when it was killed."""
-    with subprocess.Popen(
-        [sys.executable, "-c", _KILLED_EXPORT, when], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    ) as export:  # fmt: skip
-        try:
-            assert export.stdout is not None
-            pids = [int(pid) for pid in export.stdout.readline().split()]
-            assert len(pids) == 2
-            assert all(map(_alive, pids))
-        finally:
-            export.kill()
-    deadline = time.monotonic() + 20 * templated.PARENT_CHECK_S
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(map(_alive, pids))
+    assert gone(children_of_a_killed(_KILLED_EXPORT, when))
