@@ -5,7 +5,6 @@ not a record named with its corpus."""
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Any
 
 import orjson
@@ -21,7 +20,6 @@ from rl_export.formats.chat import HF
 from rl_export.formats.filters import Filters
 from rl_export.formats.fit import TemplateFit
 from rl_export.formats.templates import load_template
-from tests.orphans import children_of_a_killed, gone
 
 
 def test_blocks_are_cut_at_line_ends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,32 +122,3 @@ async def test_chunks_hold_short_blocks_together_and_cut_long_ones(
     for chunk, after in itertools.pairwise(chunks):
         assert sum(map(len, chunk)) + len(after[0]) > 40
     assert max(len(chunk) for chunk in chunks) > 1
-
-
-_KILLED_EXPORT = """
-import multiprocessing, os, sys
-from rl_export.export.scan import ExportSummary
-from rl_export.export.templated import Fitting, TemplateChoice
-from rl_export.formats.chat import HF
-from rl_export.formats.templates import load_template
-
-if __name__ == "__main__":
-    choice = TemplateChoice(load_template("chatml"), processes=2)
-    fitting = Fitting(choice, "messages", "jsonl", HF, ExportSummary())
-    assert fitting.pool is not None
-    futures = [fitting.pool.submit(os.getpid) for _ in range(2)]
-    if sys.argv[1] == "working":
-        for future in futures:
-            future.result()
-    print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
-    sys.stdin.read()
-"""
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-@pytest.mark.parametrize("when", ["working", "starting"])
-def test_the_pool_s_processes_end_when_the_export_is_killed(when: str) -> None:
-    """An export's process killed (a cancelled job's is terminated) sends its pool no word:
-    the pool's processes see it gone and end, instead of waiting for work forever; also
-    those still starting when it was killed."""
-    assert gone(children_of_a_killed(_KILLED_EXPORT, when))

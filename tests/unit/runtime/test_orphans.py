@@ -1,6 +1,7 @@
 """A pool's processes end when the process that started them is killed (it sends no word,
-and they would wait for work forever); also those still starting then; the web service's
-export processes are such a pool."""
+and they would wait for work forever); also those still starting then. An export's pool
+for a chat template's rows (a cancelled job's process is terminated) and the web
+service's export processes are such pools."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ from concurrent.futures import ProcessPoolExecutor
 from rl_export.runtime.orphans import end_with_parent
 
 def pool():
+    if sys.argv[2] == "export":  # an export's pool, for a chat template's rows
+        from rl_export.export.scan import ExportSummary
+        from rl_export.export.templated import Fitting, TemplateChoice
+        from rl_export.formats.chat import HF
+        from rl_export.formats.templates import load_template
+
+        choice = TemplateChoice(load_template("chatml"), processes=2)
+        return Fitting(choice, "messages", "jsonl", HF, ExportSummary()).pool
     if sys.argv[2] == "web":  # the web service's export processes
         from prometheus_client import CollectorRegistry
         from rl_export.corpora.store import MemoryStore
@@ -42,7 +51,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-@pytest.mark.parametrize("pool", ["plain", "web"])
+@pytest.mark.parametrize("pool", ["plain", "export", "web"])
 @pytest.mark.parametrize("when", ["working", "starting"])
 def test_a_pool_s_processes_end_when_their_parent_is_killed(when: str, pool: str) -> None:
     assert gone(children_of_a_killed(_KILLED_PARENT, when, pool))
